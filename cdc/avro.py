@@ -1,0 +1,289 @@
+"""Avro schemas and encoding of change events (fastavro).
+
+Per table, :func:`value_schema` builds Debezium's ``Envelope`` around a ``Value`` record of the
+table's columns, with the fixed ``source`` and ``transaction`` blocks read from ``schemas/``.
+:class:`EventCodec` registers those schemas in the :class:`~cdc.log.schemas.SchemaStore` (a new
+version whenever the columns change) and turns events into log records and back.
+
+Column names that are not valid Avro names (spaces, quotes, dots, leading digits...) are adjusted
+like Debezium's ``field.name.adjustment.mode=avro`` (invalid characters become ``_``; collisions
+get a numeric suffix); the original name is kept in the field's ``cdc.column`` property and is
+what every decoded row uses.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import fastavro
+
+from cdc import __version__
+from cdc.errors import EncodingError, SchemaError
+from cdc.events import ChangeEvent, Column, Op, TableSchema, encode_key
+from cdc.log.base import Record
+from cdc.log.schemas import RegisteredSchema, SchemaStore
+from cdc.types import ColumnType
+
+SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+MAGIC = 0
+_FRAME = struct.Struct(">bI")
+_INVALID = re.compile(r"[^A-Za-z0-9_]")
+SOURCE_SCHEMA_FILES = {"postgresql": "source.postgresql.avsc", "mysql": "source.mysql.avsc"}
+
+
+@cache
+def fixed_schema(file_name: str) -> Any:
+    """A fixed part of the envelope from ``schemas/``."""
+    path = SCHEMAS_DIR / file_name
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SchemaError(f"the envelope schema {path} is missing",
+                          "reinstall the project (pip install -e .)") from None
+
+
+def avro_name(name: str) -> str:
+    """``name`` made a valid Avro name."""
+    adjusted = _INVALID.sub("_", name)
+    if not adjusted or adjusted[0].isdigit():
+        adjusted = "_" + adjusted
+    return adjusted
+
+
+def field_names(columns: tuple[Column, ...]) -> list[str]:
+    """Valid, distinct Avro field names for ``columns``, in order."""
+    used: set[str] = set()
+    out = []
+    for column in columns:
+        candidate = base = avro_name(column.name)
+        suffix = 1
+        while candidate in used:
+            suffix += 1
+            candidate = f"{base}_{suffix}"
+        used.add(candidate)
+        out.append(candidate)
+    return out
+
+
+def _namespace(schema: TableSchema) -> str:
+    return ".".join(avro_name(part) for part in (schema.source, schema.table.schema,
+                                                 schema.table.table))
+
+
+def _fields(columns: tuple[Column, ...]) -> list[dict[str, Any]]:
+    out = []
+    for column, name in zip(columns, field_names(columns), strict=True):
+        avro_type = column.type.avro()
+        field: dict[str, Any] = {"name": name, "cdc.type": column.type.describe()}
+        if column.nullable:
+            branches = avro_type if isinstance(avro_type, list) else [avro_type]
+            field["type"] = ["null", *branches]
+            field["default"] = None
+        else:
+            field["type"] = avro_type
+        if name != column.name:
+            field["cdc.column"] = column.name
+        out.append(field)
+    return out
+
+
+def value_schema(schema: TableSchema) -> dict[str, Any]:
+    """Debezium's envelope for ``schema``'s table."""
+    namespace = _namespace(schema)
+    source_file = SOURCE_SCHEMA_FILES.get(schema.connector)
+    if source_file is None:
+        raise SchemaError(f"unknown connector {schema.connector!r} for {schema.table}")
+    value = {"type": "record", "name": "Value", "namespace": namespace,
+             "fields": _fields(schema.columns)}
+    optional_long = {"type": ["null", "long"], "default": None}
+    return {
+        "type": "record",
+        "name": "Envelope",
+        "namespace": namespace,
+        "connect.name": f"{namespace}.Envelope",
+        "cdc.key": list(schema.key),
+        "fields": [
+            {"name": "before", "type": ["null", value], "default": None},
+            {"name": "after", "type": ["null", f"{namespace}.Value"], "default": None},
+            {"name": "source", "type": fixed_schema(source_file)},
+            {"name": "transaction", "type": ["null", fixed_schema("transaction.avsc")],
+             "default": None},
+            {"name": "op", "type": "string"},
+            {"name": "ts_ms", **optional_long},
+            {"name": "ts_us", **optional_long},
+            {"name": "ts_ns", **optional_long},
+        ],
+    }
+
+
+def key_schema(schema: TableSchema) -> dict[str, Any]:
+    """The Avro schema of the key's columns (the key *bytes* are canonical JSON)."""
+    columns = tuple(schema.column(name) for name in schema.key)
+    return {"type": "record", "name": "Key", "namespace": _namespace(schema),
+            "fields": _fields(columns)}
+
+
+# ----------------------------------------------------------------------------------- encoding
+
+Converter = Callable[[Any], Any]
+
+
+@dataclass
+class TableCodec:
+    """Everything needed to encode events of one table schema version."""
+
+    schema: TableSchema
+    registered: RegisteredSchema
+    parsed: Any
+    #: (column name, avro field name, converter) per column
+    columns: list[tuple[str, str, Converter]]
+
+    @property
+    def schema_id(self) -> int:
+        return self.registered.id
+
+    def row(self, row: dict[str, Any] | None) -> dict[str, Any] | None:
+        if row is None:
+            return None
+        out: dict[str, Any] = {}
+        for column, field, convert in self.columns:
+            value = row.get(column)
+            if value is None:
+                out[field] = None
+                continue
+            try:
+                out[field] = convert(value)
+            except EncodingError as exc:
+                raise EncodingError(f"{self.schema.table}.{column}: {exc.problem}",
+                                    exc.fix) from None
+        return out
+
+
+@dataclass
+class DecodedValue:
+    """A value read back from the log, as JSON-friendly Python objects."""
+
+    schema_id: int
+    envelope: dict[str, Any]
+
+
+class EventCodec:
+    """Encodes :class:`ChangeEvent` s as log records and decodes log values back to JSON."""
+
+    def __init__(self, store: SchemaStore) -> None:
+        self.store = store
+        self._codecs: dict[str, TableCodec] = {}
+        self._parsed: dict[int, tuple[Any, list[tuple[str, str, ColumnType]]]] = {}
+
+    def table(self, schema: TableSchema) -> TableCodec:
+        """The codec for ``schema``, registering a new schema version when the columns changed."""
+        fingerprint = json.dumps(schema.describe(), sort_keys=True)
+        codec = self._codecs.get(fingerprint)
+        if codec is None:
+            envelope = value_schema(schema)
+            registered = self.store.register(f"{schema.topic}-value", envelope)
+            self.store.register(f"{schema.topic}-key", key_schema(schema))
+            columns = [
+                (column.name, field, column.type.to_avro)
+                for column, field in zip(schema.columns, field_names(schema.columns), strict=True)
+            ]
+            parsed = fastavro.parse_schema(envelope)
+            codec = TableCodec(schema, registered, parsed, columns)
+            self._codecs[fingerprint] = codec
+        return codec
+
+    def source_block(self, event: ChangeEvent) -> dict[str, Any]:
+        schema = event.schema
+        block: dict[str, Any] = {
+            "version": __version__, "connector": schema.connector, "name": schema.source,
+            "ts_ms": event.ts_ms, "snapshot": "false", "db": schema.database,
+            "sequence": None, "ts_us": event.ts_ms * 1000, "ts_ns": event.ts_ms * 1_000_000,
+        }
+        if schema.connector == "postgresql":
+            block.update(schema=schema.table.schema, table=schema.table.table, txId=None,
+                         lsn=None, xmin=None)
+        else:
+            block.update(table=schema.table.table, server_id=0, gtid=None, file="", pos=0, row=0,
+                         thread=None, query=None)
+        block.update(event.source_info)
+        return block
+
+    def encode_value(self, event: ChangeEvent) -> bytes:
+        codec = self.table(event.schema)
+        processed = event.processed_ms if event.processed_ms is not None else int(
+            time.time() * 1000)
+        datum = {
+            "before": codec.row(event.before),
+            "after": codec.row(event.after),
+            "source": self.source_block(event),
+            "transaction": event.transaction.to_dict() if event.transaction else None,
+            "op": event.op.value,
+            "ts_ms": processed,
+            "ts_us": processed * 1000,
+            "ts_ns": processed * 1_000_000,
+        }
+        buffer = io.BytesIO()
+        buffer.write(_FRAME.pack(MAGIC, codec.schema_id))
+        try:
+            fastavro.schemaless_writer(buffer, codec.parsed, datum)
+        except (ValueError, TypeError) as exc:
+            raise EncodingError(f"cannot encode a change of {event.schema.table}: {exc}",
+                                "this is a bug in the connector; please report it") from None
+        return buffer.getvalue()
+
+    def records(self, event: ChangeEvent) -> list[Record]:
+        """The log records for ``event``: the event itself, plus a tombstone after a delete.
+
+        A truncate has no key of its own; it is keyed by the empty JSON object so it has a
+        place in the topic (its tombstones per key are the connector's job).
+        """
+        topic = event.schema.topic
+        position = event.position.to_bytes()
+        key_values = event.key
+        key = encode_key(event.schema, key_values) if key_values is not None else b"{}"
+        records = [Record(topic, key, self.encode_value(event), position)]
+        if event.op is Op.DELETE:
+            records.append(Record(topic, key, None, position))
+        return records
+
+    # -- decoding ----------------------------------------------------------------------------
+    def _reader(self, schema_id: int) -> tuple[Any, list[tuple[str, str, ColumnType]]]:
+        cached = self._parsed.get(schema_id)
+        if cached is None:
+            envelope = self.store.get(schema_id).schema
+            value = envelope["fields"][0]["type"][1]
+            columns = [
+                (f.get("cdc.column", f["name"]), f["name"], ColumnType.from_description(
+                    f["cdc.type"]))
+                for f in value["fields"]
+            ]
+            cached = (fastavro.parse_schema(envelope), columns)
+            self._parsed[schema_id] = cached
+        return cached
+
+    def decode_value(self, value: bytes) -> DecodedValue:
+        """The envelope of a log value, JSON-friendly (numerics as strings, times ISO-8601)."""
+        if len(value) < _FRAME.size or value[0] != MAGIC:
+            raise SchemaError("a log value does not start with the Avro wire-format header",
+                              "the log was written by something else; check log.path")
+        _, schema_id = _FRAME.unpack_from(value)
+        parsed, columns = self._reader(schema_id)
+        datum = fastavro.schemaless_reader(io.BytesIO(value[_FRAME.size :]), parsed, None)
+        assert isinstance(datum, dict)
+        for image in ("before", "after"):
+            row = datum.get(image)
+            if row is not None:
+                datum[image] = {
+                    column: None if row[field] is None else ctype.to_json(row[field])
+                    for column, field, ctype in columns
+                }
+        return DecodedValue(schema_id, datum)

@@ -1,0 +1,325 @@
+"""The one YAML configuration file, validated on load.
+
+Shape (every key except ``sources`` has a default)::
+
+    log: {backend: local, path: ./cdc-data/log, partitions: 8}
+    sources:
+      - name: shop
+        kind: postgres
+        dsn: postgresql://cdc@127.0.0.1:5432/shop   # password via password_env or ~/.pgpass
+        tables: [public.orders, public.customers]
+
+Relative paths are resolved against the directory of the config file, so a config means the same
+thing whatever the working directory. Errors name the key (``sources[0].tables[1]``), the problem
+and the fix. DSNs are secrets: they are kept as :class:`Secret` and only ever shown redacted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from cdc.errors import ConfigError
+
+DEFAULT_CONFIG_NAME = "cdc.yaml"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
+_SIZE = re.compile(r"^\s*(\d+)\s*(b|kb|kib|mb|mib|gb|gib)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    None: 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2,
+    "gb": 1000**3, "gib": 1024**3,
+}
+_IDENT = r"[A-Za-z_][A-Za-z0-9_$]*"
+_TABLE_NAME = re.compile(rf'^(?:{_IDENT}|"(?:[^"]|"")+")\.(?:{_IDENT}|"(?:[^"]|"")+")$')
+_SOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``30``, ``"500ms"``, ``"24h"``, ``"7d"``."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30s, 15m, 24h or 7d")
+    if isinstance(value, int | float):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError("expected a duration such as 30s, 15m, 24h or 7d")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from ``1048576``, ``"64MiB"``, ``"1GB"``."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 64MiB or 1GiB")
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError("expected a size such as 64MiB or 1GiB")
+    unit = match.group(2).lower() if match.group(2) else None
+    return int(match.group(1)) * _SIZE_UNITS[unit]
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with any password replaced by ``***`` (URL and key=value forms)."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, host = netloc.rsplit("@", 1)
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{host}"
+        query = re.sub(r"(?i)(password=)[^&]*", r"\1***", parts.query)
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return re.sub(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+
+
+class Secret:
+    """A string that never shows itself: ``str()`` and ``repr()`` give the redacted form."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The real value, for handing to a driver. Never log the result."""
+        return self._value
+
+    def __str__(self) -> str:
+        return redact_dsn(self._value)
+
+    __repr__ = __str__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+def _to_secret(value: Any) -> Secret:
+    if isinstance(value, Secret):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("expected a connection string")
+    return Secret(value)
+
+
+SecretDsn = Annotated[Secret, BeforeValidator(_to_secret)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, frozen=True)
+
+
+class LogConfig(_Strict):
+    """Where and how the change log is kept."""
+
+    backend: Literal["local"] = "local"
+    path: Path = Path("./cdc-data/log")
+    partitions: int = Field(8, ge=1, le=4096)
+    segment_bytes: Size = Field(64 * 1024**2, ge=4096)
+    #: group commit: an append waits at most this long for company before it is made durable
+    commit_interval: Duration = Field(0.05, ge=0, le=60)
+    #: ... and a group never holds more than this many records
+    commit_max_records: int = Field(20_000, ge=1)
+    #: tombstones stay this long after they were appended, then compaction drops them
+    tombstone_retention: Duration = Field(24 * 3600.0, ge=0)
+    #: false only for throwaway logs: appends are then not fsynced
+    fsync: bool = True
+
+
+class SourceConfig(_Strict):
+    """One leader database to capture."""
+
+    name: str
+    kind: Literal["postgres", "mysql"]
+    dsn: SecretDsn
+    #: name of an environment variable holding the password (never put it in the file)
+    password_env: str | None = None
+    tables: list[str] = Field(min_length=1)
+    slot: str | None = None
+    publication: str | None = None
+    heartbeat_interval: Duration = Field(10.0, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, value: str) -> str:
+        if not _SOURCE_NAME.match(value):
+            raise ValueError(
+                "must start with a letter and hold only letters, digits, '_' or '-' (max 63)"
+            )
+        return value
+
+    @field_validator("tables")
+    @classmethod
+    def _tables_ok(cls, value: list[str]) -> list[str]:
+        for index, table in enumerate(value):
+            if not _TABLE_NAME.match(table):
+                raise ValueError(
+                    f"table #{index + 1} {table!r} is not schema-qualified: write it as "
+                    "schema.table, e.g. public.orders (quote names with odd characters)"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError("lists a table twice")
+        return value
+
+    def password(self) -> str | None:
+        """The password from ``password_env``, if configured and set."""
+        return os.environ.get(self.password_env) if self.password_env else None
+
+
+class Config(_Strict):
+    """The whole file."""
+
+    log: LogConfig = LogConfig()
+    sources: list[SourceConfig] = Field(default_factory=list)
+    #: where the file was read from (set by :func:`load_config`, not by the user)
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @model_validator(mode="after")
+    def _unique_sources(self) -> Config:
+        names = [source.name for source in self.sources]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"source names must be unique; repeated: {', '.join(duplicates)}")
+        return self
+
+    @property
+    def log_path(self) -> Path:
+        path = self.log.path.expanduser()
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+    def source(self, name: str) -> SourceConfig:
+        for source in self.sources:
+            if source.name == name:
+                return source
+        known = ", ".join(s.name for s in self.sources) or "none"
+        raise ConfigError(f"no source named {name!r} in the config (known: {known})",
+                          "pass one of the names under `sources:`")
+
+
+# --------------------------------------------------------------------------- loading and errors
+
+_FIX_BY_TYPE = {
+    "missing": "add the key",
+    "int_parsing": "write a whole number",
+    "int_type": "write a whole number",
+    "bool_parsing": "write true or false",
+    "literal_error": "use one of the allowed values",
+    "greater_than_equal": "raise the value",
+    "less_than_equal": "lower the value",
+    "too_short": "add at least one entry",
+    "list_type": "write a YAML list, e.g. [a, b]",
+    "model_type": "write a mapping of key: value pairs",
+    "dict_type": "write a mapping of key: value pairs",
+    "string_type": "write a string",
+}
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path or "(top level)"
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = Config
+    for part in loc:
+        if model is None or isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return model
+        annotation = field.annotation
+        args = getattr(annotation, "__args__", ())
+        candidates = [annotation, *args]
+        model = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+    return model
+
+
+def _describe(error: Any) -> str:
+    loc = tuple(error["loc"])
+    key = _key_path(loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        known = sorted(parent.model_fields) if parent else []
+        known = [k for k in known if k != "base_dir"]
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+        return f"{key}: unknown key\n  fix: remove it or correct the spelling ({hint})"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    fix = _FIX_BY_TYPE.get(kind, "correct the value")
+    if kind == "missing" and loc and loc[-1] == "sources":
+        fix = "add a `sources:` list naming the databases to capture"
+    return f"{key}: {message}\n  fix: {fix}"
+
+
+def parse_config(data: Any, base_dir: Path, origin: str = "config") -> Config:
+    """Validate already-parsed YAML data; raise :class:`ConfigError` listing every problem."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: the top level must be a mapping (log:, sources:)",
+                          "start the file with `log:` and `sources:` keys")
+    if "base_dir" in data:
+        raise ConfigError(f"{origin}: base_dir: unknown key", "remove it")
+    try:
+        return Config.model_validate({**data, "base_dir": base_dir})
+    except ValidationError as exc:
+        details = "\n".join(_describe(error) for error in exc.errors())
+        count = len(exc.errors())
+        raise ConfigError(
+            f"{origin}: {count} problem{'s' if count > 1 else ''} in the configuration:\n"
+            f"{details}"
+        ) from None
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Read and validate the YAML file at ``path`` (default ``$CDC_CONFIG`` or ``./cdc.yaml``)."""
+    file = Path(path or os.environ.get("CDC_CONFIG") or DEFAULT_CONFIG_NAME)
+    if not file.exists():
+        raise ConfigError(f"config file {file} does not exist",
+                          "pass --config PATH or create cdc.yaml (see README.md)")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.__class__.__name__}",
+                          "check the path and its permissions; it must be UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{file}: not valid YAML{where}: {problem}",
+                          "fix the YAML syntax (indentation, colons, quotes)") from None
+    return parse_config(data, file.resolve().parent, origin=str(file))

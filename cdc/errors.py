@@ -1,0 +1,54 @@
+"""One exception family for everything a user can get wrong or a machine can do to us.
+
+Every error names three things: *what* went wrong, *where* (a config key, a file, a table), and
+*how to fix it*. The CLI prints ``str(error)`` and exits non-zero; it never shows a traceback for a
+:class:`CdcError`. Messages must never contain secrets: build them from redacted values only
+(see :func:`cdc.config.redact_dsn`).
+"""
+
+from __future__ import annotations
+
+
+class CdcError(Exception):
+    """Base of every error this project raises on purpose.
+
+    ``problem`` says what is wrong, ``fix`` says what the user can do about it.
+    """
+
+    exit_code = 1
+
+    def __init__(self, problem: str, fix: str | None = None) -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        if self.fix:
+            return f"{self.problem}\n  fix: {self.fix}"
+        return self.problem
+
+
+class ConfigError(CdcError):
+    """The configuration file is missing, unreadable, not YAML, or fails validation."""
+
+    exit_code = 2
+
+
+class LogError(CdcError):
+    """The change log cannot be opened, written or read."""
+
+
+class LogLockedError(LogError):
+    """Another process holds the change log's writer lock."""
+
+
+class LogCorruptError(LogError):
+    """Bytes that were acknowledged as durable fail their checksum: the disk lost data."""
+
+
+class SchemaError(CdcError):
+    """A schema cannot be generated, registered or resolved."""
+
+
+class EncodingError(CdcError):
+    """A value cannot be encoded for its column type."""

@@ -1,0 +1,538 @@
+"""The local change log: segment files on disk plus one atomically replaced commit file.
+
+Layout of a log directory::
+
+    LOCK                      held (flock) by the one writer; holds its pid
+    state.json                the committed state — the single commit point
+    schemas.jsonl             the schema store (see cdc/log/schemas.py)
+    topics/<topic>/<p>/<base>-<gen>.seg   segment files (format: cdc/log/segment.py)
+
+**Commit protocol.** ``append`` writes each touched partition's records to the end of its active
+segment, fdatasyncs those files, then writes the new ``state.json`` (per partition: next offset,
+active segment, committed byte length; plus the source offsets) to a temporary file, fsyncs it and
+renames it over the old one, and fsyncs the directory. The rename is the commit: records and
+source offsets become visible and durable together. A crash before it leaves bytes past the
+committed length, which readers never look at and the next writer truncates away; a crash after it
+loses nothing.
+
+**Readers** read ``state.json`` (re-reading it when it changes) and never look past a partition's
+committed next offset, nor past the committed byte length of an active segment that has not been
+rewritten. Compaction rewrites only segments that were already closed, into a new generation
+file, so a reader holding an old state still reads consistent bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import fcntl
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+from cdc.errors import LogCorruptError, LogError, LogLockedError
+from cdc.log.base import (
+    AppendResult,
+    ChangeLogReader,
+    ChangeLogWriter,
+    PartitionStats,
+    Record,
+    StoredRecord,
+    TopicInfo,
+)
+from cdc.log.partitioner import partition_for
+from cdc.log.segment import encode_record, list_segments, scan, segment_name
+
+STATE_FILE = "state.json"
+LOCK_FILE = "LOCK"
+TOPICS_DIR = "topics"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class PartitionState:
+    """Committed state of one partition."""
+
+    next_offset: int = 0
+    active_base: int = 0
+    active_bytes: int = 0
+
+
+@dataclass
+class TopicState:
+    info: TopicInfo
+    parts: list[PartitionState]
+
+
+@dataclass
+class LogState:
+    """Everything ``state.json`` holds."""
+
+    commit: int
+    topics: dict[str, TopicState]
+    source_offsets: dict[str, Any]
+
+    @classmethod
+    def empty(cls) -> LogState:
+        return cls(0, {}, {})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "commit": self.commit,
+            "topics": {
+                name: {
+                    "partitions": topic.info.partitions,
+                    "meta": topic.info.meta,
+                    "parts": [[p.next_offset, p.active_base, p.active_bytes] for p in topic.parts],
+                }
+                for name, topic in self.topics.items()
+            },
+            "source_offsets": self.source_offsets,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: Path) -> LogState:
+        if data.get("format") != FORMAT_VERSION:
+            raise LogError(f"{where} has log format {data.get('format')!r}, this version reads "
+                           f"format {FORMAT_VERSION}", "use the cdc version that wrote the log")
+        topics = {}
+        for name, raw in data["topics"].items():
+            info = TopicInfo(name, int(raw["partitions"]), dict(raw.get("meta", {})))
+            parts = [PartitionState(int(a), int(b), int(c)) for a, b, c in raw["parts"]]
+            topics[name] = TopicState(info, parts)
+        return cls(int(data["commit"]), topics, dict(data.get("source_offsets", {})))
+
+
+def topic_dir(root: Path, topic: str) -> Path:
+    return root / TOPICS_DIR / quote(topic, safe="")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _io_error(action: str, exc: OSError) -> LogError:
+    if exc.errno == errno.ENOSPC:
+        return LogError(f"cannot {action}: the disk is full",
+                        "free space on the log's filesystem (or move log.path), then restart; "
+                        "nothing acknowledged was lost")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return LogError(f"cannot {action}: permission denied ({exc.filename or ''})",
+                        "make the log directory writable by this user, or set log.path elsewhere")
+    return LogError(f"cannot {action}: {exc.strerror or exc}",
+                    "check the log directory's disk and permissions")
+
+
+class LocalChangeLogReader(ChangeLogReader):
+    """Reads a local log directory; safe beside a running writer and a running compaction."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._state = LogState.empty()
+        self._state_stamp: tuple[int, int, int] | None = None
+        # (topic, partition) -> (segment path, next offset, byte position) after the last read,
+        # so a reader that continues where it stopped does not rescan the segment.
+        self._resume: dict[tuple[str, int], tuple[Path, int, int]] = {}
+        if not self.path.is_dir():
+            raise LogError(f"no change log at {self.path}",
+                           "check log.path in the config, or run `cdc capture` to create the log")
+
+    # -- state -------------------------------------------------------------------------------
+    def state(self) -> LogState:
+        """The latest committed state (re-read from disk only when the file changed)."""
+        file = self.path / STATE_FILE
+        try:
+            stat = file.stat()
+        except FileNotFoundError:
+            return self._state
+        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if stamp != self._state_stamp:
+            try:
+                data = json.loads(file.read_bytes())
+            except FileNotFoundError:
+                return self._state
+            except (OSError, ValueError) as exc:
+                raise LogCorruptError(f"cannot read {file}: {exc}",
+                                      "restore the log directory from a copy") from None
+            self._state = LogState.from_json(data, file)
+            self._state_stamp = stamp
+        return self._state
+
+    def topics(self) -> list[TopicInfo]:
+        return [self.state().topics[name].info for name in sorted(self.state().topics)]
+
+    def topic(self, name: str) -> TopicInfo:
+        state = self.state().topics.get(name)
+        if state is None:
+            raise LogError(f"the log has no topic {name!r}", "run `cdc log stats` to list topics")
+        return state.info
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        state = self.state().topics.get(topic)
+        if state is None:
+            return {}
+        return {index: part.next_offset for index, part in enumerate(state.parts)}
+
+    def source_offsets(self) -> dict[str, Any]:
+        return copy.deepcopy(self.state().source_offsets)
+
+    # -- records -----------------------------------------------------------------------------
+    def read(self, topic: str, partition: int, start: int = 0,
+             max_records: int | None = None) -> list[StoredRecord]:
+        state = self.state().topics.get(topic)
+        if state is None or not 0 <= partition < len(state.parts):
+            return []
+        part = state.parts[partition]
+        out: list[StoredRecord] = []
+        if start >= part.next_offset or (max_records is not None and max_records <= 0):
+            return out
+        directory = topic_dir(self.path, topic) / str(partition)
+        for _attempt in range(5):
+            try:
+                self._read_into(out, topic, partition, directory, part, start, max_records)
+                return out
+            except FileNotFoundError:
+                # compaction replaced or removed a segment between listing and opening: relist
+                start = out[-1].offset + 1 if out else start
+                self._resume.pop((topic, partition), None)
+        raise LogError(f"segments of {topic}[{partition}] kept vanishing while reading",
+                       "retry; if it persists, check that only one compaction runs at a time")
+
+    def _read_into(self, out: list[StoredRecord], topic: str, partition: int, directory: Path,
+                   part: PartitionState, start: int, max_records: int | None) -> None:
+        segments = list_segments(directory)
+        resume = self._resume.get((topic, partition))
+        for index, segment in enumerate(segments):
+            if segment.base >= part.next_offset:
+                break
+            following = segments[index + 1].base if index + 1 < len(segments) else None
+            if following is not None and following <= start:
+                continue
+            limit = None
+            if segment.base == part.active_base and segment.generation == 0:
+                limit = part.active_bytes
+            first_byte = 0
+            if resume and resume[0] == segment.path and resume[1] <= start:
+                first_byte = resume[2]
+            for raw in scan(segment.path, first_byte, limit):
+                if raw.offset >= part.next_offset:
+                    break
+                if raw.offset < start:
+                    continue
+                out.append(StoredRecord(topic, partition, raw.offset, raw.timestamp_ms, raw.key,
+                                        raw.value, raw.position))
+                if max_records is not None and len(out) >= max_records:
+                    self._resume[(topic, partition)] = (
+                        segment.path, raw.offset + 1, raw.start + raw.size)
+                    return
+            start = max(start, following or start)
+
+    # -- statistics --------------------------------------------------------------------------
+    def partition_stats(self, topic: str, partition: int) -> PartitionStats:
+        state = self.state().topics[topic]
+        part = state.parts[partition]
+        directory = topic_dir(self.path, topic) / str(partition)
+        stats = PartitionStats(topic, partition, part.next_offset, part.next_offset, 0, 0, 0, 0)
+        for segment in list_segments(directory):
+            if segment.base >= part.next_offset and segment.base > part.active_base:
+                continue
+            stats.segments += 1
+            limit = part.active_bytes if (
+                segment.base == part.active_base and segment.generation == 0) else None
+            for raw in scan(segment.path, 0, limit, verify=False):
+                if raw.offset >= part.next_offset:
+                    break
+                stats.start_offset = min(stats.start_offset, raw.offset)
+                stats.records += 1
+                stats.tombstones += raw.value is None
+                stats.bytes += raw.size
+        return stats
+
+
+class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
+    """The writer. Exactly one per log directory (enforced by an flock on ``LOCK``)."""
+
+    def __init__(self, path: str | Path, *, partitions: int = 8,
+                 segment_bytes: int = 64 * 1024**2, fsync: bool = True) -> None:
+        self.path = Path(path)
+        try:
+            (self.path / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _io_error(f"create the log directory {self.path}", exc) from None
+        if not os.access(self.path, os.W_OK):
+            raise LogError(f"the log directory {self.path} is not writable by this user",
+                           "fix its permissions (chown/chmod) or set log.path elsewhere")
+        super().__init__(path)
+        self.partitions = partitions
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self._lock_fd = self._take_lock()
+        self._mutex = threading.Lock()
+        self._fds: dict[tuple[str, int], tuple[int, int]] = {}  # -> (fd, segment base)
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cdc-fsync")
+        self._closed = False
+        try:
+            self._recover()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- locking and recovery ----------------------------------------------------------------
+    def _take_lock(self) -> int:
+        lock_path = self.path / LOCK_FILE
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise LogLockedError(
+                f"the change log at {self.path} is already open for writing (pid {holder})",
+                "stop the other cdc process first; only one writer may use a log",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+
+    def _recover(self) -> None:
+        """Bring the files back to exactly the committed state."""
+        (self.path / (STATE_FILE + ".tmp")).unlink(missing_ok=True)
+        self._state_stamp = None
+        state = self.state()
+        topics_root = self.path / TOPICS_DIR
+        known = {quote(name, safe=""): name for name in state.topics}
+        for entry in os.listdir(topics_root):
+            name = known.get(entry)
+            if name is None:
+                # a topic created by a writer that died before committing it
+                shutil.rmtree(topics_root / entry)
+                continue
+            for index, part in enumerate(state.topics[name].parts):
+                self._recover_partition(topic_dir(self.path, name) / str(index), part)
+
+    def _recover_partition(self, directory: Path, part: PartitionState) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in os.listdir(directory):
+            if name.endswith(".tmp"):
+                (directory / name).unlink()
+        current = {segment.base: segment for segment in list_segments(directory)}
+        for name in os.listdir(directory):
+            if not name.endswith(".seg"):
+                continue
+            base = int(name[:20])
+            if base > part.active_base or current[base].name != name:
+                (directory / name).unlink()  # uncommitted roll, or a superseded generation
+        active = directory / segment_name(part.active_base)
+        if not active.exists():
+            if part.active_bytes:
+                raise LogCorruptError(
+                    f"the active segment {active} is missing",
+                    "restore the log directory from a copy")
+            active.touch()
+        size = active.stat().st_size
+        if size < part.active_bytes:
+            raise LogCorruptError(
+                f"{active} holds {size} bytes but {part.active_bytes} were committed",
+                "the disk lost acknowledged data: restore the log directory from a copy")
+        if size > part.active_bytes:
+            os.truncate(active, part.active_bytes)  # drop what was never committed
+        _fsync_dir(directory)
+
+    # -- topics ------------------------------------------------------------------------------
+    def ensure_topic(self, topic: str, meta: Mapping[str, Any] | None = None) -> TopicInfo:
+        with self._mutex:
+            state = self.state()
+            existing = state.topics.get(topic)
+            if existing is not None:
+                return existing.info
+            new = copy.deepcopy(state)
+            info = TopicInfo(topic, self.partitions, dict(meta or {}))
+            new.topics[topic] = TopicState(info, [PartitionState() for _ in range(self.partitions)])
+            root = topic_dir(self.path, topic)
+            try:
+                for index in range(self.partitions):
+                    directory = root / str(index)
+                    directory.mkdir(parents=True, exist_ok=True)
+                    (directory / segment_name(0)).touch()
+                    _fsync_dir(directory)
+                _fsync_dir(root)
+                _fsync_dir(root.parent)
+                self._commit(new)
+            except OSError as exc:
+                raise _io_error(f"create topic {topic}", exc) from None
+            return info
+
+    # -- appending ---------------------------------------------------------------------------
+    def append(self, records: Sequence[Record],
+               source_offsets: Mapping[str, Any] | None = None) -> list[AppendResult]:
+        with self._mutex:
+            if self._closed:
+                raise LogError("the change log writer is closed")
+            return self._append_locked(records, source_offsets)
+
+    def _append_locked(self, records: Sequence[Record],
+                       source_offsets: Mapping[str, Any] | None) -> list[AppendResult]:
+        state = self.state()
+        new = copy.deepcopy(state)
+        now_ms = int(time.time() * 1000)
+        results: list[AppendResult] = []
+        pieces: dict[tuple[str, int], list[bytes]] = {}
+        for record in records:
+            topic = new.topics.get(record.topic)
+            if topic is None:
+                raise LogError(f"append to unknown topic {record.topic!r}",
+                               "call ensure_topic() first (this is a bug in the caller)")
+            partition = partition_for(record.key, topic.info.partitions)
+            part = topic.parts[partition]
+            offset = part.next_offset
+            part.next_offset += 1
+            pieces.setdefault((record.topic, partition), []).extend(
+                encode_record(offset, now_ms, record.key, record.value, record.position))
+            results.append(AppendResult(record.topic, partition, offset))
+        written: list[tuple[str, int, int, int]] = []  # topic, partition, fd, committed bytes
+        new_dirs: list[Path] = []
+        try:
+            for (topic_name, partition), chunks in pieces.items():
+                part = new.topics[topic_name].parts[partition]
+                old = state.topics[topic_name].parts[partition]
+                fd, rolled = self._active_fd(topic_name, partition, old, part)
+                if rolled:
+                    new_dirs.append(topic_dir(self.path, topic_name) / str(partition))
+                data = b"".join(chunks)
+                written.append((topic_name, partition, fd, part.active_bytes))
+                _write_all(fd, data, part.active_bytes)
+                part.active_bytes += len(data)
+            if self.fsync:
+                self._sync([fd for _, _, fd, _ in written], new_dirs)
+            if source_offsets:
+                new.source_offsets.update(copy.deepcopy(dict(source_offsets)))
+            self._commit(new)
+        except OSError as exc:
+            self._undo(state, written)
+            raise _io_error("append to the change log", exc) from None
+        return results
+
+    def _active_fd(self, topic: str, partition: int, old: PartitionState,
+                   part: PartitionState) -> tuple[int, bool]:
+        """The fd of the partition's active segment, rolling to a new one when it is full.
+
+        ``part`` (the state being built) is updated in place when the segment rolls.
+        """
+        rolled = False
+        if old.active_bytes >= self.segment_bytes:
+            part.active_base = old.next_offset
+            part.active_bytes = 0
+            rolled = True
+        cached = self._fds.get((topic, partition))
+        if cached is not None and cached[1] == part.active_base:
+            return cached[0], rolled
+        if cached is not None:
+            os.close(cached[0])
+            del self._fds[(topic, partition)]
+        path = topic_dir(self.path, topic) / str(partition) / segment_name(part.active_base)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        self._fds[(topic, partition)] = (fd, part.active_base)
+        return fd, rolled
+
+    def _sync(self, fds: list[int], directories: list[Path]) -> None:
+        if len(fds) == 1:
+            os.fdatasync(fds[0])
+        else:
+            for future in [self._pool.submit(os.fdatasync, fd) for fd in fds]:
+                future.result()
+        for directory in directories:
+            _fsync_dir(directory)
+
+    def _undo(self, state: LogState, written: list[tuple[str, int, int, int]]) -> None:
+        """After a failed append: cut the written bytes off again (best effort)."""
+        for topic, partition, fd, committed in written:
+            old = state.topics[topic].parts[partition]
+            try:
+                if self._fds.get((topic, partition), (None, -1))[1] == old.active_base:
+                    os.ftruncate(fd, committed)
+                else:  # the failed append had rolled to a new segment: forget it
+                    os.close(fd)
+                    del self._fds[(topic, partition)]
+                    path = topic_dir(self.path, topic) / str(partition)
+                    (path / segment_name(old.next_offset)).unlink(missing_ok=True)
+            except OSError:
+                pass
+
+    def _commit(self, new: LogState) -> None:
+        """Make ``new`` the committed state (atomic rename), then adopt it in memory."""
+        new.commit += 1
+        data = json.dumps(new.to_json(), separators=(",", ":")).encode()
+        tmp = self.path / (STATE_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, data, 0)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path / STATE_FILE)
+        if self.fsync:
+            _fsync_dir(self.path)
+        self._state = new
+        stat = (self.path / STATE_FILE).stat()
+        self._state_stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+
+    def roll_all(self) -> int:
+        """Close every non-empty active segment so compaction may rewrite it. Returns how many."""
+        with self._mutex:
+            new = copy.deepcopy(self.state())
+            rolled = 0
+            for name, topic in new.topics.items():
+                for index, part in enumerate(topic.parts):
+                    if part.active_bytes == 0:
+                        continue
+                    directory = topic_dir(self.path, name) / str(index)
+                    (directory / segment_name(part.next_offset)).touch()
+                    _fsync_dir(directory)
+                    part.active_base, part.active_bytes = part.next_offset, 0
+                    rolled += 1
+            if rolled:
+                self._commit(new)
+            return rolled
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for fd, _ in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._pool.shutdown(wait=True)
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> LocalChangeLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _write_all(fd: int, data: bytes, at: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, at)
+        view = view[written:]
+        at += written
+
+
+def topic_of_dir(name: str) -> str:
+    """Inverse of the directory naming in :func:`topic_dir`."""
+    return unquote(name)

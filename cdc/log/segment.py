@@ -1,0 +1,162 @@
+"""Segment files: the on-disk record format of the local log.
+
+A partition is a directory of segment files named ``<base offset:020d>-<generation:04d>.seg``.
+``base`` is the offset the segment started at when it was created; ``generation`` counts
+rewrites by compaction (the writer only ever appends to generation 0 of the newest segment).
+Records never move between segments, so the records of segment ``i`` have offsets in
+``[base_i, base_{i+1})``.
+
+A record is a 35-byte little-endian header followed by three byte strings::
+
+    u32 length      bytes after this field (crc .. end of value)
+    u32 crc         zlib.crc32 of every byte after this field
+    i64 offset
+    i64 timestamp   ms since the epoch, when the log appended it
+    u8  attributes  bit 0: tombstone (the value is null)
+    u16 position length
+    u32 key length
+    u32 value length (0 for a tombstone)
+    position bytes, key bytes, value bytes
+
+A record whose length runs past the readable end or whose CRC does not match is torn: a reader
+never returns it (see ``cdc/log/local.py`` for which bytes are readable).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdc.errors import LogCorruptError
+
+HEADER = struct.Struct("<IIqqBHII")
+PREFIX = struct.Struct("<II")
+BODY_HEADER = struct.Struct("<qqBHII")
+ATTR_TOMBSTONE = 1
+_NAME = re.compile(r"^(\d{20})-(\d{4})\.seg$")
+READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, order=True)
+class SegmentFile:
+    base: int
+    generation: int
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def segment_name(base: int, generation: int = 0) -> str:
+    return f"{base:020d}-{generation:04d}.seg"
+
+
+def list_segments(directory: Path) -> list[SegmentFile]:
+    """The current segment files of a partition, oldest first: the highest generation per base."""
+    best: dict[int, SegmentFile] = {}
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    for name in names:
+        match = _NAME.match(name)
+        if not match:
+            continue
+        segment = SegmentFile(int(match.group(1)), int(match.group(2)), directory / name)
+        current = best.get(segment.base)
+        if current is None or segment.generation > current.generation:
+            best[segment.base] = segment
+    return [best[base] for base in sorted(best)]
+
+
+def encode_record(offset: int, timestamp_ms: int, key: bytes, value: bytes | None,
+                  position: bytes) -> list[bytes]:
+    """The pieces of one framed record (join them, or several records' pieces, to write)."""
+    attributes = 0
+    if value is None:
+        attributes = ATTR_TOMBSTONE
+        value = b""
+    body_header = BODY_HEADER.pack(offset, timestamp_ms, attributes, len(position), len(key),
+                                   len(value))
+    crc = zlib.crc32(value, zlib.crc32(key, zlib.crc32(position, zlib.crc32(body_header))))
+    length = BODY_HEADER.size + 4 + len(position) + len(key) + len(value)
+    return [PREFIX.pack(length, crc), body_header, position, key, value]
+
+
+@dataclass(slots=True)
+class RawRecord:
+    """A record parsed from a segment, with where its bytes are."""
+
+    offset: int
+    timestamp_ms: int
+    key: bytes
+    value: bytes | None
+    position: bytes
+    #: byte position of the record's first byte in its segment, and its total size
+    start: int
+    size: int
+
+
+def scan(path: Path, start_byte: int = 0, limit_bytes: int | None = None,
+         verify: bool = True) -> Iterator[RawRecord]:
+    """Records of a segment from ``start_byte``, stopping at ``limit_bytes`` (or end of file).
+
+    A record cut short by the limit or the end of the file ends the scan silently: the caller
+    decides (from the committed state) whether such bytes may exist. A complete record whose CRC
+    fails raises :class:`LogCorruptError`.
+    """
+    with open(path, "rb") as handle:
+        handle.seek(start_byte)
+        end = limit_bytes if limit_bytes is not None else os.fstat(handle.fileno()).st_size
+        buffer = b""
+        buffer_start = start_byte  # file position of buffer[0]
+        cursor = 0
+        while True:
+            if len(buffer) - cursor < HEADER.size or _need_more(buffer, cursor):
+                remaining = end - (buffer_start + len(buffer))
+                if remaining <= 0:
+                    return
+                chunk = handle.read(min(max(READ_CHUNK, _wanted(buffer, cursor)), remaining))
+                if not chunk:
+                    return
+                buffer = buffer[cursor:] + chunk
+                buffer_start += cursor
+                cursor = 0
+                continue
+            length, crc, offset, timestamp, attributes, pos_len, key_len, value_len = (
+                HEADER.unpack_from(buffer, cursor)
+            )
+            size = 4 + length
+            body = memoryview(buffer)[cursor + 8 : cursor + size]
+            if verify and zlib.crc32(body) != crc:
+                raise LogCorruptError(
+                    f"checksum mismatch in {path} at byte {buffer_start + cursor} "
+                    f"(offset {offset})",
+                    "the disk lost acknowledged data: restore the log from a copy, or rebuild it "
+                    "with a new bootstrap",
+                )
+            data = cursor + HEADER.size
+            position = buffer[data : data + pos_len]
+            data += pos_len
+            key = buffer[data : data + key_len]
+            data += key_len
+            value = None if attributes & ATTR_TOMBSTONE else buffer[data : data + value_len]
+            yield RawRecord(offset, timestamp, key, value, position, buffer_start + cursor, size)
+            cursor += size
+
+
+def _wanted(buffer: bytes, cursor: int) -> int:
+    """How many bytes the record at ``cursor`` needs in total (header size if unknown)."""
+    if len(buffer) - cursor < 4:
+        return HEADER.size
+    return 4 + int.from_bytes(buffer[cursor : cursor + 4], "little")
+
+
+def _need_more(buffer: bytes, cursor: int) -> bool:
+    return len(buffer) - cursor < _wanted(buffer, cursor)
