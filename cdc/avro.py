@@ -182,10 +182,14 @@ class EventCodec:
     def __init__(self, store: SchemaStore) -> None:
         self.store = store
         self._codecs: dict[str, TableCodec] = {}
+        self._by_identity: dict[int, TableCodec] = {}
         self._parsed: dict[int, tuple[Any, list[tuple[str, str, ColumnType]]]] = {}
 
     def table(self, schema: TableSchema) -> TableCodec:
         """The codec for ``schema``, registering a new schema version when the columns changed."""
+        by_identity = self._by_identity.get(id(schema))
+        if by_identity is not None and by_identity.schema is schema:
+            return by_identity
         fingerprint = json.dumps(schema.describe(), sort_keys=True)
         codec = self._codecs.get(fingerprint)
         if codec is None:
@@ -199,6 +203,8 @@ class EventCodec:
             parsed = fastavro.parse_schema(envelope)
             codec = TableCodec(schema, registered, parsed, columns)
             self._codecs[fingerprint] = codec
+        self._by_identity[id(schema)] = TableCodec(schema, codec.registered, codec.parsed,
+                                                   codec.columns)
         return codec
 
     def source_block(self, event: ChangeEvent) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any
 
 from cdc.errors import EncodingError
@@ -43,8 +43,8 @@ INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 EPOCH = dt.datetime(1970, 1, 1)
 EPOCH_DATE = dt.date(1970, 1, 1)
-_SPECIAL_NUMERIC = {"NaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity",
-                    "sNaN": "NaN", "-NaN": "NaN"}
+#: exact arithmetic for any decimal PostgreSQL can hold (131072 digits before the point)
+_WIDE = Context(prec=140_000, Emax=MAX_EMAX, Emin=MIN_EMIN)
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ def _decimal_to_avro(ctype: ColumnType, value: Any) -> Any:
     if special:
         return special
     scale = ctype.scale or 0
-    quantized = number.quantize(Decimal(1).scaleb(-scale))
+    quantized = number.quantize(Decimal(1).scaleb(-scale), context=_WIDE)
     if quantized != number:
         raise _fail(ctype, value, f"has more than {scale} fractional digits")
     return quantized

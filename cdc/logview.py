@@ -1,0 +1,94 @@
+"""Human views of a change log: statistics tables and the JSON-lines dump."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from cdc.avro import EventCodec
+from cdc.errors import LogError
+from cdc.log.local import LocalChangeLogReader
+from cdc.log.schemas import SchemaStore
+from cdc.position import Position
+
+
+def _reader(path: Path) -> LocalChangeLogReader:
+    if not path.exists():
+        raise LogError(f"no change log at {path}",
+                       "check log.path in the config, or run `cdc capture` to create the log")
+    return LocalChangeLogReader(path)
+
+
+def log_stats(path: Path) -> dict[str, Any]:
+    """Per topic and partition: offsets, record and tombstone counts, bytes, segments."""
+    reader = _reader(path)
+    store = SchemaStore(path)
+    topics = []
+    for info in reader.topics():
+        partitions = [reader.partition_stats(info.name, index).__dict__
+                      for index in range(info.partitions)]
+        topics.append({
+            "topic": info.name,
+            "table": info.meta.get("table"),
+            "partitions": partitions,
+            "records": sum(p["records"] for p in partitions),
+            "tombstones": sum(p["tombstones"] for p in partitions),
+            "bytes": sum(p["bytes"] for p in partitions),
+            "segments": sum(p["segments"] for p in partitions),
+            "end_offset_total": sum(p["end_offset"] for p in partitions),
+            "schema_versions": len(store.versions(f"{info.name}-value")),
+        })
+    return {"path": str(path), "commit": reader.state().commit, "topics": topics,
+            "source_offsets": reader.source_offsets()}
+
+
+def print_stats(stats: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"change log at {stats['path']} (commit {stats['commit']})")
+    for column in ("topic", "table", "partitions", "records", "tombstones", "appended",
+                   "bytes", "segments", "schema versions"):
+        table.add_column(column, justify="left" if column in ("topic", "table") else "right")
+    for topic in stats["topics"]:
+        table.add_row(topic["topic"], topic["table"] or "", str(len(topic["partitions"])),
+                      f"{topic['records']:,}", f"{topic['tombstones']:,}",
+                      f"{topic['end_offset_total']:,}", f"{topic['bytes']:,}",
+                      str(topic["segments"]), str(topic["schema_versions"]))
+    console.print(table)
+    if not stats["topics"]:
+        console.print("the log is empty")
+    for source, offset in sorted(stats["source_offsets"].items()):
+        console.print(f"source [bold]{source}[/] resumes at {json.dumps(offset)}",
+                      highlight=False)
+
+
+def dump_lines(path: Path, topics: Sequence[str] = (), partition: int | None = None,
+               start: int = 0) -> Iterator[str]:
+    """The ``cdc log dump`` lines: one JSON object per record, offset order per partition."""
+    reader = _reader(path)
+    codec = EventCodec(SchemaStore(path))
+    known = {info.name: info for info in reader.topics()}
+    missing = [t for t in topics if t not in known]
+    if missing:
+        raise LogError(f"the log has no topic {', '.join(missing)}",
+                       f"known topics: {', '.join(known) or 'none'}")
+    for name in topics or sorted(known):
+        info = known[name]
+        indexes = [partition] if partition is not None else range(info.partitions)
+        for index in indexes:
+            for record in reader.iter_partition(name, index, start):
+                value = None
+                if record.value is not None:
+                    value = codec.decode_value(record.value).envelope
+                yield json.dumps({
+                    "topic": name,
+                    "table": info.meta.get("table"),
+                    "partition": index,
+                    "offset": record.offset,
+                    "position": Position.from_bytes(record.position).to_dict(),
+                    "key": json.loads(record.key),
+                    "value": value,
+                }, ensure_ascii=False, separators=(",", ":"))

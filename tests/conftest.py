@@ -1,0 +1,31 @@
+"""Shared fixtures: throwaway log directories and record builders."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from cdc.log.base import Record
+from cdc.position import Position
+
+TOPIC = "src.public.items"
+
+
+def make_record(seq: int, key: int, topic: str = TOPIC, tombstone: bool = False,
+                size: int = 64) -> Record:
+    """A record whose value is derived from (seq, key), so its content can be re-checked."""
+    key_bytes = f'{{"id":{key}}}'.encode()
+    value = None if tombstone else expected_value(seq, key, size)
+    return Record(topic, key_bytes, value, Position.test(seq).to_bytes())
+
+
+def expected_value(seq: int, key: int, size: int = 64) -> bytes:
+    digest = hashlib.sha256(f"{seq}:{key}".encode()).hexdigest().encode()
+    return (f"{seq}:{key}:".encode() + digest * (size // 64 + 1))[: max(size, 80)]
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    return tmp_path / "log"

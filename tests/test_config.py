@@ -1,0 +1,133 @@
+from pathlib import Path
+
+import pytest
+
+from cdc.config import load_config, parse_config, redact_dsn
+from cdc.errors import ConfigError
+
+GOOD = """
+log: {backend: local, path: ./cdc-data/log, partitions: 8}
+sources:
+  - name: shop
+    kind: postgres
+    dsn: postgresql://cdc@127.0.0.1:5432/shop
+    tables: [public.orders, public.customers]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cdc.yaml"
+    path.write_text(text)
+    return path
+
+
+def error_of(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text))
+    return str(caught.value)
+
+
+def test_the_documented_shape_loads(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD))
+    assert config.log.partitions == 8
+    assert config.sources[0].tables == ["public.orders", "public.customers"]
+    # relative paths are resolved against the config file's directory
+    assert config.log_path == (tmp_path / "cdc-data" / "log").resolve()
+    assert config.log.tombstone_retention == 86400.0
+
+
+def test_durations_and_sizes(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD.replace(
+        "partitions: 8}", "partitions: 8, tombstone_retention: 7d, segment_bytes: 16MiB, "
+        "commit_interval: 20ms}")))
+    assert config.log.tombstone_retention == 7 * 86400
+    assert config.log.segment_bytes == 16 * 1024**2
+    assert config.log.commit_interval == pytest.approx(0.02)
+
+
+def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "log:\n  path: [unclosed\nsources: []\n")
+    assert "not valid YAML" in message and "line" in message and "fix:" in message
+
+
+def test_unknown_key_is_named_with_a_suggestion(tmp_path: Path) -> None:
+    message = error_of(tmp_path, GOOD.replace("tables:", "tabels:"))
+    assert "sources[0].tabels: unknown key" in message
+    assert "did you mean 'tables'" in message
+    assert "sources[0].tables: Field required" in message
+
+
+def test_unknown_top_level_key(tmp_path: Path) -> None:
+    message = error_of(tmp_path, GOOD + "sinks: {}\n")
+    assert "sinks: unknown key" in message
+
+
+def test_wrong_types_and_values(tmp_path: Path) -> None:
+    message = error_of(tmp_path, GOOD.replace("partitions: 8", "partitions: many")
+                       .replace("kind: postgres", "kind: oracle"))
+    assert "log.partitions" in message and "whole number" in message
+    assert "sources[0].kind" in message and "'postgres' or 'mysql'" in message
+    assert "2 problems" in message
+
+
+def test_unqualified_table_name(tmp_path: Path) -> None:
+    message = error_of(tmp_path, GOOD.replace("public.customers", "customers"))
+    assert "sources[0].tables" in message and "schema.table" in message
+
+
+def test_quoted_table_names_are_accepted(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD.replace("public.customers",
+                                                      "'\"My Schema\".\"odd.table\"'")))
+    assert config.sources[0].tables[1] == '"My Schema"."odd.table"'
+
+
+def test_duplicate_source_names(tmp_path: Path) -> None:
+    text = GOOD + """  - name: shop
+    kind: mysql
+    dsn: mysql://root@127.0.0.1/shop
+    tables: [shop.orders]
+"""
+    assert "unique" in error_of(tmp_path, text)
+
+
+def test_bad_duration(tmp_path: Path) -> None:
+    message = error_of(tmp_path, GOOD.replace("partitions: 8", "tombstone_retention: soon"))
+    assert "log.tombstone_retention" in message and "duration" in message
+
+
+def test_missing_file_and_empty_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    config = load_config(write(tmp_path, ""))
+    assert config.sources == []
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    assert "must be a mapping" in error_of(tmp_path, "- a\n- b\n")
+
+
+def test_passwords_never_show(tmp_path: Path) -> None:
+    secret = "s3cr3t-Pa55"
+    text = GOOD.replace("cdc@127.0.0.1", f"cdc:{secret}@127.0.0.1")
+    config = load_config(write(tmp_path, text))
+    source = config.sources[0]
+    assert source.dsn.reveal().count(secret) == 1
+    for shown in (str(source.dsn), repr(source.dsn), repr(source), repr(config),
+                  str(config.model_dump())):
+        assert secret not in shown
+    # ... nor in validation errors about the same source
+    message = error_of(tmp_path, text.replace("kind: postgres", "kind: nope"))
+    assert secret not in message
+
+
+def test_redact_dsn_forms() -> None:
+    assert redact_dsn("postgresql://u:pw@h:5432/db?sslmode=require&password=x") == (
+        "postgresql://u:***@h:5432/db?sslmode=require&password=***")
+    assert redact_dsn("host=h user=u password='a b' dbname=d") == (
+        "host=h user=u password=*** dbname=d")
+    assert redact_dsn("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def test_parse_config_directly() -> None:
+    config = parse_config({"sources": []}, Path("/srv/cdc"))
+    assert config.log_path == Path("/srv/cdc/cdc-data/log")
