@@ -196,7 +196,7 @@ class EventCodec:
             envelope = value_schema(schema)
             registered = self.store.register(f"{schema.topic}-value", envelope)
             self.store.register(f"{schema.topic}-key", key_schema(schema))
-            columns = [
+            columns: list[tuple[str, str, Converter]] = [
                 (column.name, field, column.type.to_avro)
                 for column, field in zip(schema.columns, field_names(schema.columns), strict=True)
             ]

@@ -13,15 +13,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from cdc import __version__
 from cdc.config import Config, load_config
+from cdc.console import make_console
 from cdc.errors import CdcError
 
 F = TypeVar("F", bound=Callable[..., Any])
-err_console = Console(stderr=True)
+err_console = make_console(stderr=True)
 
 
 def friendly_errors(func: F) -> F:
@@ -65,7 +65,7 @@ def main() -> None:
 def check_config(config_path: str | None) -> None:
     """Validate the config file and print what it means (secrets redacted)."""
     config = _load(config_path)
-    console = Console()
+    console = make_console()
     console.print(f"[green]ok[/]: log at {config.log_path} ({config.log.partitions} partitions)")
     for source in config.sources:
         console.print(f"  source {source.name} ({source.kind}) {source.dsn}: "
@@ -91,7 +91,7 @@ def log_stats(config_path: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(stats, indent=2))
     else:
-        print_stats(stats, Console())
+        print_stats(stats, make_console())
 
 
 @log_group.command("compact")
@@ -118,7 +118,7 @@ def log_compact(config_path: str | None, retention: str | None) -> None:
     table.add_row("tombstones dropped", f"{report.tombstones_dropped:,}")
     table.add_row("bytes", f"{report.bytes_before:,} -> {report.bytes_after:,}")
     table.add_row("seconds", f"{report.seconds:.3f}")
-    Console().print(table)
+    make_console().print(table)
 
 
 @log_group.command("dump")

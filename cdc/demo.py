@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cdc.avro import EventCodec
+from cdc.console import make_console
 from cdc.errors import CdcError
 from cdc.log.base import AppendResult, Record
 from cdc.log.compaction import compact
@@ -29,7 +30,7 @@ from cdc.synthetic import ORDERS, Workload
 
 
 def run_demo(directory: str, rows: int, keys: int = 2000) -> None:
-    console = Console()
+    console = make_console()
     path = Path(directory)
     shutil.rmtree(path, ignore_errors=True)
     console.rule("[bold]cdc demo: the local change log")
@@ -104,8 +105,8 @@ def _check(path: Path, workload: Workload, console: Console) -> None:
     table.add_column("result")
     same_keys = set(live) == set(expected)
     same_values = same_keys and all(
-        live[key]["amount"] == format(expected[key]["amount"], "f")  # type: ignore[index]
-        and live[key]["customer"] == expected[key]["customer"]  # type: ignore[index]
+        live[key]["amount"] == format(expected[key]["amount"], "f")
+        and live[key]["customer"] == expected[key]["customer"]
         for key in expected)
     table.add_row(f"{len(expected):,}", f"{len(live):,}",
                   "[green]equal[/]" if same_values else "[red]DIFFERENT[/]")

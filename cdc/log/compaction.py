@@ -91,8 +91,21 @@ def _committed(segment: SegmentFile, part: PartitionState) -> int | None:
     return None
 
 
+def _remove_leftovers(directory: Path) -> None:
+    """Files an interrupted compaction left: ``.tmp`` files and superseded generations."""
+    current = {segment.path.name for segment in list_segments(directory)}
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.endswith(".tmp") or (name.endswith(".seg") and name not in current):
+            (directory / name).unlink(missing_ok=True)
+
+
 def _compact_partition(directory: Path, part: PartitionState, expire_before_ms: int,
                        report: CompactionReport) -> None:
+    _remove_leftovers(directory)
     segments = [s for s in list_segments(directory) if s.base <= part.active_base]
     closed = [s for s in segments if s.base < part.active_base]
     if not closed:
