@@ -131,3 +131,10 @@ def test_redact_dsn_forms() -> None:
 def test_parse_config_directly() -> None:
     config = parse_config({"sources": []}, Path("/srv/cdc"))
     assert config.log_path == Path("/srv/cdc/cdc-data/log")
+
+
+def test_the_shipped_example_configs_are_valid() -> None:
+    root = Path(__file__).resolve().parent.parent
+    for name in ("cdc.example.yaml", "docker/cdc.yaml"):
+        config = load_config(root / name)
+        assert config.sources[0].name == "shop"

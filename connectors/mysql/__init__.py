@@ -1,0 +1,1 @@
+"""MySQL/MariaDB capture (row binlog with GTID). Not implemented yet."""

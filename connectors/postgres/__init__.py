@@ -1,0 +1,1 @@
+"""PostgreSQL capture (pgoutput logical replication and snapshots). Not implemented yet: #3."""
