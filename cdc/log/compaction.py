@@ -92,14 +92,21 @@ def _committed(segment: SegmentFile, part: PartitionState) -> int | None:
 
 
 def _remove_leftovers(directory: Path) -> None:
-    """Files an interrupted compaction left: ``.tmp`` files and superseded generations."""
-    current = {segment.path.name for segment in list_segments(directory)}
+    """Files an interrupted compaction left: ``.tmp`` files and superseded generations.
+
+    Works from one directory listing: a segment the writer creates meanwhile is never touched
+    (it has generation 0 and nothing supersedes it).
+    """
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return
+    newest: dict[str, str] = {}
+    for name in sorted(n for n in names if n.endswith(".seg")):
+        newest[name[:20]] = name  # sorted: the highest generation of a base comes last
     for name in names:
-        if name.endswith(".tmp") or (name.endswith(".seg") and name not in current):
+        superseded = name.endswith(".seg") and newest.get(name[:20]) != name
+        if name.endswith(".tmp") or superseded:
             (directory / name).unlink(missing_ok=True)
 
 

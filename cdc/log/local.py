@@ -142,7 +142,7 @@ class LocalChangeLogReader(ChangeLogReader):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._state = LogState.empty()
-        self._state_stamp: tuple[int, int, int] | None = None
+        self._state_bytes = b""
         # (topic, partition) -> (segment path, next offset, byte position) after the last read,
         # so a reader that continues where it stopped does not rescan the segment.
         self._resume: dict[tuple[str, int], tuple[Path, int, int]] = {}
@@ -152,23 +152,28 @@ class LocalChangeLogReader(ChangeLogReader):
 
     # -- state -------------------------------------------------------------------------------
     def state(self) -> LogState:
-        """The latest committed state (re-read from disk only when the file changed)."""
+        """The latest committed state.
+
+        The file is read on every call and parsed only when its bytes changed. (Comparing
+        ``stat`` results is not enough: the rename reuses freed inode numbers and mtimes are as
+        coarse as the kernel's clock tick, so two commits can look identical.)
+        """
         file = self.path / STATE_FILE
         try:
-            stat = file.stat()
+            data = file.read_bytes()
         except FileNotFoundError:
             return self._state
-        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        if stamp != self._state_stamp:
+        except OSError as exc:
+            raise LogError(f"cannot read {file}: {exc.strerror}",
+                           "check the log directory's permissions") from None
+        if data != self._state_bytes:
             try:
-                data = json.loads(file.read_bytes())
-            except FileNotFoundError:
-                return self._state
-            except (OSError, ValueError) as exc:
-                raise LogCorruptError(f"cannot read {file}: {exc}",
+                parsed = json.loads(data)
+            except ValueError as exc:
+                raise LogCorruptError(f"cannot parse {file}: {exc}",
                                       "restore the log directory from a copy") from None
-            self._state = LogState.from_json(data, file)
-            self._state_stamp = stamp
+            self._state = LogState.from_json(parsed, file)
+            self._state_bytes = data
         return self._state
 
     def topics(self) -> list[TopicInfo]:
@@ -310,7 +315,7 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
     def _recover(self) -> None:
         """Bring the files back to exactly the committed state."""
         (self.path / (STATE_FILE + ".tmp")).unlink(missing_ok=True)
-        self._state_stamp = None
+        self._state_bytes = b""
         state = self.state()
         topics_root = self.path / TOPICS_DIR
         known = {quote(name, safe=""): name for name in state.topics}
@@ -325,9 +330,7 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
 
     def _recover_partition(self, directory: Path, part: PartitionState) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        for name in os.listdir(directory):
-            if name.endswith(".tmp"):
-                (directory / name).unlink()
+        # (.tmp files belong to compaction, which may be running now and cleans up after itself)
         current = {segment.base: segment for segment in list_segments(directory)}
         for name in os.listdir(directory):
             if not name.endswith(".seg"):
@@ -487,8 +490,7 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         if self.fsync:
             _fsync_dir(self.path)
         self._state = new
-        stat = (self.path / STATE_FILE).stat()
-        self._state_stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        self._state_bytes = data
 
     def roll_all(self) -> int:
         """Close every non-empty active segment so compaction may rewrite it. Returns how many."""
