@@ -8,6 +8,8 @@ Every error names three things: *what* went wrong, *where* (a config key, a file
 
 from __future__ import annotations
 
+import errno
+
 
 class CdcError(Exception):
     """Base of every error this project raises on purpose.
@@ -52,3 +54,16 @@ class SchemaError(CdcError):
 
 class EncodingError(CdcError):
     """A value cannot be encoded for its column type."""
+
+
+def storage_error(action: str, exc: OSError) -> LogError:
+    """A :class:`LogError` for a failed file operation, with the fix for the usual causes."""
+    if exc.errno == errno.ENOSPC:
+        return LogError(f"cannot {action}: the disk is full",
+                        "free space on the log's filesystem (or move log.path), then restart; "
+                        "nothing acknowledged was lost")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return LogError(f"cannot {action}: permission denied ({exc.filename or ''})",
+                        "make the log directory writable by this user, or set log.path elsewhere")
+    return LogError(f"cannot {action}: {exc.strerror or exc}",
+                    "check the log directory's disk and permissions")

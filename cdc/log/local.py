@@ -24,7 +24,6 @@ file, so a reader holding an old state still reads consistent bytes.
 from __future__ import annotations
 
 import copy
-import errno
 import fcntl
 import json
 import os
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from cdc.errors import LogCorruptError, LogError, LogLockedError
+from cdc.errors import LogCorruptError, LogError, LogLockedError, storage_error
 from cdc.log.base import (
     AppendResult,
     ChangeLogReader,
@@ -122,18 +121,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _io_error(action: str, exc: OSError) -> LogError:
-    if exc.errno == errno.ENOSPC:
-        return LogError(f"cannot {action}: the disk is full",
-                        "free space on the log's filesystem (or move log.path), then restart; "
-                        "nothing acknowledged was lost")
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return LogError(f"cannot {action}: permission denied ({exc.filename or ''})",
-                        "make the log directory writable by this user, or set log.path elsewhere")
-    return LogError(f"cannot {action}: {exc.strerror or exc}",
-                    "check the log directory's disk and permissions")
 
 
 class LocalChangeLogReader(ChangeLogReader):
@@ -276,7 +263,7 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         try:
             (self.path / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _io_error(f"create the log directory {self.path}", exc) from None
+            raise storage_error(f"create the log directory {self.path}", exc) from None
         if not os.access(self.path, os.W_OK):
             raise LogError(f"the log directory {self.path} is not writable by this user",
                            "fix its permissions (chown/chmod) or set log.path elsewhere")
@@ -375,7 +362,7 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
                 _fsync_dir(root.parent)
                 self._commit(new)
             except OSError as exc:
-                raise _io_error(f"create topic {topic}", exc) from None
+                raise storage_error(f"create topic {topic}", exc) from None
             return info
 
     # -- appending ---------------------------------------------------------------------------
@@ -425,7 +412,7 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
             self._commit(new)
         except OSError as exc:
             self._undo(state, written)
-            raise _io_error("append to the change log", exc) from None
+            raise storage_error("append to the change log", exc) from None
         return results
 
     def _active_fd(self, topic: str, partition: int, old: PartitionState,

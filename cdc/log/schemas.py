@@ -12,6 +12,7 @@ ignored by readers and cut off by the next writer.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdc.errors import SchemaError
+from cdc.errors import SchemaError, storage_error
 
 SCHEMA_FILE = "schemas.jsonl"
 
@@ -93,12 +94,20 @@ class SchemaStore:
                 "schema": schema,
             }
             line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
-            fd = os.open(self.file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                fd = os.open(self.file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                try:
+                    written = os.write(fd, line)
+                    if written != len(line):
+                        raise OSError(errno.ENOSPC, "short write")
+                    os.fsync(fd)
+                except OSError:
+                    os.ftruncate(fd, self._read_bytes)  # never leave half a line behind
+                    raise
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise storage_error(f"register a schema for {subject}", exc) from None
             self._read_bytes += len(line)
             return self._add(entry)
 
