@@ -276,11 +276,17 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         self._fds: dict[tuple[str, int], tuple[int, int]] = {}  # -> (fd, segment base)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cdc-fsync")
         self._closed = False
+        self._recovered = False
         try:
             self._recover()
+            self._recovered = True
         except BaseException:
             self.close()
             raise
+
+    def state(self) -> LogState:
+        """The writer is the only committer: after recovery its own copy is the truth."""
+        return self._state if self._recovered else super().state()
 
     # -- locking and recovery ----------------------------------------------------------------
     def _take_lock(self) -> int:
