@@ -142,16 +142,120 @@ def log_dump(config_path: str | None, topics: tuple[str, ...], partition: int | 
         sys.stderr.close()
 
 
+source_option = click.option("--source", "sources", multiple=True,
+                             help="Only this source (repeatable; default: every source).")
+
+
+def _setup_logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(message)s")
+
+
+def _stream_until_signalled(config: Config, sources: list[Any], writer: Any,
+                            codec: Any) -> None:
+    """Run capture until SIGTERM or SIGINT; both drain what is buffered and exit 0."""
+    import signal
+    import threading
+
+    from cdc.coordinator import run_capture
+
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: object) -> None:
+        err_console.print(f"{signal.Signals(signum).name}: draining and stopping")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    run_capture(config, sources, writer, codec, stop)
+
+
+@main.command("bootstrap")
+@config_option
+@source_option
+@click.option("--follow", is_flag=True, help="Carry on as the capture daemon afterwards.")
+@friendly_errors
+def bootstrap_cmd(config_path: str | None, sources: tuple[str, ...], follow: bool) -> None:
+    """Snapshot the sources' tables into the log with a new replication slot."""
+    from cdc.coordinator import bootstrap, open_log, postgres_sources
+
+    _setup_logging()
+    config = _load(config_path)
+    chosen = postgres_sources(config, sources)
+    writer, codec = open_log(config)
+    console = make_console()
+    try:
+        for source in chosen:
+            report = bootstrap(config, source, writer, codec, console)
+            rows = sum(report.rows.values())
+            vanished = sum(report.vanished.values())
+            console.print(f"source [bold]{source.name}[/]: {rows:,} rows from "
+                          f"{len(report.rows)} table(s) in {report.seconds:.1f} s"
+                          + (f", {vanished:,} vanished keys tombstoned" if vanished else "")
+                          + "; ready to stream", highlight=False)
+        if follow:
+            _stream_until_signalled(config, chosen, writer, codec)
+    finally:
+        writer.close()
+
+
+@main.command("capture")
+@config_option
+@source_option
+@friendly_errors
+def capture_cmd(config_path: str | None, sources: tuple[str, ...]) -> None:
+    """Stream changes into the log until stopped (SIGTERM drains and exits 0)."""
+    from cdc.coordinator import open_log, postgres_sources
+
+    _setup_logging()
+    config = _load(config_path)
+    chosen = postgres_sources(config, sources)
+    writer, codec = open_log(config)
+    try:
+        _stream_until_signalled(config, chosen, writer, codec)
+    finally:
+        writer.close()
+
+
+@main.command("status")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@friendly_errors
+def status_cmd(config_path: str | None, as_json: bool) -> None:
+    """Per source: slot, confirmed LSN, lag, retained WAL, events/s, log size."""
+    from cdc.status import collect, print_status
+
+    config = _load(config_path)
+    status = collect(config)
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+    else:
+        print_status(status, make_console())
+
+
 @main.command("demo")
 @click.option("--dir", "directory", default="./cdc-data/demo", show_default=True,
-              help="Where the demo log is written (wiped first).")
-@click.option("--rows", default=20_000, show_default=True, help="Rows the workload writes.")
+              help="Where the demo writes (wiped first).")
+@click.option("--seconds", default=8.0, show_default=True,
+              help="How long the workload writes while capture runs.")
+@click.option("--log-only", is_flag=True,
+              help="Only the change log (append, read, compact, stats), no database.")
+@click.option("--rows", default=20_000, show_default=True,
+              help="With --log-only: changes the synthetic workload appends.")
 @friendly_errors
-def demo(directory: str, rows: int) -> None:
-    """Show the change log at work: append with group commit, read, compact, stats."""
-    from cdc.demo import run_demo
+def demo(directory: str, seconds: float, log_only: bool, rows: int) -> None:
+    """A throwaway PostgreSQL, a shop workload, bootstrap + capture, and what the log holds."""
+    if log_only:
+        from cdc.demo import run_demo
 
-    run_demo(directory, rows)
+        run_demo(directory, rows)
+        return
+    from cdc.demo_pg import run_pg_demo
+
+    _setup_logging()
+    run_pg_demo(directory, seconds)
 
 
 if __name__ == "__main__":

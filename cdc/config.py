@@ -159,9 +159,28 @@ class SourceConfig(_Strict):
     #: name of an environment variable holding the password (never put it in the file)
     password_env: str | None = None
     tables: list[str] = Field(min_length=1)
+    #: key columns for tables without a primary key (with REPLICA IDENTITY FULL)
+    keys: dict[str, list[str]] = Field(default_factory=dict)
+    #: replication slot and publication names (default: cdc_<name>)
     slot: str | None = None
     publication: str | None = None
     heartbeat_interval: Duration = Field(10.0, ge=0)
+
+    @property
+    def slot_name(self) -> str:
+        return self.slot or "cdc_" + re.sub(r"[^a-z0-9_]", "_", self.name.lower())
+
+    @property
+    def publication_name(self) -> str:
+        return self.publication or f"cdc_{self.name}"
+
+    @field_validator("slot")
+    @classmethod
+    def _slot_ok(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-z0-9_]{1,63}", value):
+            raise ValueError("replication slot names may hold only lower-case letters, digits "
+                             "and '_' (max 63)")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -184,6 +203,13 @@ class SourceConfig(_Strict):
         if len(set(value)) != len(value):
             raise ValueError("lists a table twice")
         return value
+
+    @model_validator(mode="after")
+    def _keys_name_tables(self) -> SourceConfig:
+        unknown = [table for table in self.keys if table not in self.tables]
+        if unknown:
+            raise ValueError(f"keys: names table(s) not in tables: {', '.join(unknown)}")
+        return self
 
     def password(self) -> str | None:
         """The password from ``password_env``, if configured and set."""

@@ -92,3 +92,32 @@ def dump_lines(path: Path, topics: Sequence[str] = (), partition: int | None = N
                     "key": json.loads(record.key),
                     "value": value,
                 }, ensure_ascii=False, separators=(",", ":"))
+
+
+def fold_latest(path: Path, topic: str) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
+    """Counts per op, and the live row per key (JSON key text -> after image) of ``topic``,
+    folded by position: what a follower rebuilt from offset 0 would hold."""
+    reader = _reader(path)
+    codec = EventCodec(SchemaStore(path))
+    counts = {"records": 0, "r": 0, "c": 0, "u": 0, "d": 0, "t": 0, "tombstones": 0}
+    latest: dict[str, tuple[Position, dict[str, Any] | None]] = {}
+    if topic not in {info.name for info in reader.topics()}:
+        return counts, {}
+    for index in range(reader.topic(topic).partitions):
+        for record in reader.iter_partition(topic, index):
+            counts["records"] += 1
+            row = None
+            if record.value is None:
+                counts["tombstones"] += 1
+            else:
+                envelope = codec.decode_value(record.value).envelope
+                counts[envelope["op"]] += 1
+                if envelope["op"] == "t":
+                    continue
+                row = envelope["after"]
+            key = record.key.decode()
+            position = Position.from_bytes(record.position)
+            current = latest.get(key)
+            if current is None or not position < current[0]:
+                latest[key] = (position, row)
+    return counts, {key: row for key, (_, row) in latest.items() if row is not None}

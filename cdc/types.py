@@ -80,6 +80,12 @@ class ColumnType:
         """The JSON value for a non-null Avro datum (numerics as strings, times ISO-8601)."""
         return _CODECS[self.name].to_json(self, datum)
 
+    def from_json(self, value: Any) -> Any:
+        """The Python value of a JSON form made by :meth:`to_json` (used for keys read back)."""
+        if value is None:
+            return None
+        return _from_json(self, value)
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
         if self.precision is not None:
@@ -394,3 +400,26 @@ _CODECS: dict[str, _Codec] = {
 }
 
 TYPE_NAMES = tuple(sorted(_CODECS))
+
+
+def _from_json(ctype: ColumnType, value: Any) -> Any:
+    name = ctype.name
+    if name in ("decimal", "numeric", "uint64"):
+        number = Decimal(value)
+        return int(number) if name == "uint64" else number
+    if name == "bytes":
+        return base64.b64decode(value)
+    if name == "date":
+        return value if _infinity(value) else dt.date.fromisoformat(value)
+    if name in ("timestamp", "timestamptz"):
+        if _infinity(value):
+            return value
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if name == "time":
+        return dt.time.fromisoformat(value)
+    if name in ("float32", "float64") and isinstance(value, str):
+        return float(value.replace("Infinity", "inf"))
+    if name == "array":
+        assert ctype.element is not None
+        return [ctype.element.from_json(item) for item in value]
+    return value

@@ -5,15 +5,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
-APT_PACKAGES=(python3-venv)   # later issues add postgresql, mariadb-server, redis-server here
-
 need_apt=()
-for pkg in "${APT_PACKAGES[@]}"; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
-done
-# python3-venv is only needed when the interpreter cannot create a venv by itself.
-if [ ${#need_apt[@]} -gt 0 ] && [ "${need_apt[*]}" = "python3-venv" ] && "$PY" -m venv --help >/dev/null 2>&1; then
-  need_apt=()
+# python3-venv: only when the interpreter cannot create a virtualenv with pip by itself
+if [ ! -x .venv/bin/python ] && ! "$PY" -c "import ensurepip, venv" >/dev/null 2>&1; then
+  need_apt+=(python3-venv)
+fi
+# PostgreSQL server binaries (initdb, pg_ctl, pg_recvlogical): tests and the demo start their own
+# throwaway clusters from them. (Later issues add mariadb-server and redis-server here.)
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
+  need_apt+=(postgresql)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"

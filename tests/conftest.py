@@ -29,3 +29,25 @@ def expected_value(seq: int, key: int, size: int = 64) -> bytes:
 @pytest.fixture
 def log_dir(tmp_path: Path) -> Path:
     return tmp_path / "log"
+
+
+# --------------------------------------------------------------------- PostgreSQL fixtures
+
+@pytest.fixture(scope="session")
+def pg_cluster():  # type: ignore[no-untyped-def]
+    """One throwaway PostgreSQL 15 cluster for the whole session (wal_level=logical)."""
+    from tests.pgkit import start_cluster
+
+    pg = start_cluster()
+    yield pg
+    pg.cleanup()
+
+
+@pytest.fixture
+def pg_db(pg_cluster):  # type: ignore[no-untyped-def]
+    """A fresh database (and a unique source/slot name) on the session cluster."""
+    from tests.pgkit import new_database
+
+    db = new_database(pg_cluster)
+    yield db
+    db.drop()

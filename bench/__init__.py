@@ -1,0 +1,1 @@
+"""Benchmarks (run as scripts, e.g. ``make bench``); see docs/benchmarks.md for results."""

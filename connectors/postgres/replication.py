@@ -1,0 +1,135 @@
+"""The streaming replication protocol, at the libpq level through psycopg 3.
+
+A replication connection (``replication=database``) runs ``START_REPLICATION SLOT ... LOGICAL``
+and then exchanges copy messages: the server sends ``XLogData`` (``w``) carrying pgoutput
+messages and primary keepalives (``k``); we send standby status updates (``r``) carrying the LSN
+up to which everything is durable on our side, which becomes the slot's
+``confirmed_flush_lsn``.
+
+The flush LSN we report is the caller's business: it must only ever be an LSN whose changes are
+already durable in the change log.
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import pq
+
+from cdc.errors import CdcError
+from cdc.position import format_lsn
+from connectors.postgres.pgoutput import PG_EPOCH_MICROS
+
+_XLOG = struct.Struct(">QQq")
+_KEEPALIVE = struct.Struct(">QqB")
+_STATUS = struct.Struct(">cQQQqB")
+
+
+class ReplicationError(CdcError):
+    """The replication connection failed or was closed by the server."""
+
+
+@dataclass(frozen=True, slots=True)
+class XLogData:
+    start_lsn: int
+    wal_end: int
+    payload: bytes
+
+
+def _now_pg_micros() -> int:
+    return int(time.time() * 1_000_000) - PG_EPOCH_MICROS
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+class ReplicationStream:
+    """One ``START_REPLICATION`` session on an open replication connection."""
+
+    def __init__(self, connection: psycopg.Connection[object], slot: str, publication: str,
+                 start_lsn: int = 0, status_interval: float = 10.0) -> None:
+        self.connection = connection
+        self.pgconn = connection.pgconn
+        self.slot = slot
+        self.publication = publication
+        self.start_lsn = start_lsn
+        self.status_interval = status_interval
+        self.flushed_lsn = start_lsn
+        self.received_lsn = start_lsn
+        self._last_status = 0.0
+
+    def start(self) -> None:
+        command = (
+            f"START_REPLICATION SLOT {quote_ident(self.slot)} LOGICAL "
+            f"{format_lsn(self.start_lsn)} (proto_version '1', "
+            f"publication_names {quote_literal(quote_ident(self.publication))}, "
+            "messages 'true')"
+        )
+        result = self.pgconn.exec_(command.encode())
+        if result.status != pq.ExecStatus.COPY_BOTH:
+            message = (result.error_message or b"").decode(errors="replace").strip()
+            raise ReplicationError(f"START_REPLICATION on slot {self.slot!r} failed: {message}",
+                                   "check that the slot and the publication exist")
+
+    def messages(self, timeout: float = 1.0) -> Iterator[XLogData | None]:
+        """XLogData messages as they arrive; ``None`` after ``timeout`` seconds of silence.
+
+        Keepalives are answered here (with the current flush LSN); status updates are also sent
+        every ``status_interval`` seconds.
+        """
+        pgconn = self.pgconn
+        while True:
+            size, data = pgconn.get_copy_data(1)
+            if size > 0:
+                kind = data[0]
+                if kind == 0x77:  # 'w'
+                    start, wal_end, _ = _XLOG.unpack_from(data, 1)
+                    self.received_lsn = max(self.received_lsn, wal_end)
+                    yield XLogData(start, wal_end, bytes(data[25:]))
+                elif kind == 0x6B:  # 'k'
+                    wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
+                    if reply:
+                        self.send_status(force=True)
+                self._maybe_status()
+                continue
+            if size == 0:
+                self._maybe_status()
+                ready, _, _ = select.select([pgconn.socket], [], [], timeout)
+                if not ready:
+                    yield None
+                    continue
+                pgconn.consume_input()
+                continue
+            # -1: the copy ended; -2: an error
+            message = pgconn.error_message.decode(errors="replace").strip()
+            raise ReplicationError(f"the replication stream ended: {message or 'server closed it'}",
+                                   "capture reconnects by itself; if the slot was dropped, "
+                                   "run `cdc bootstrap` again")
+
+    def confirm(self, lsn: int) -> None:
+        """Everything up to ``lsn`` is durable on our side; tell the server soon."""
+        if lsn > self.flushed_lsn:
+            self.flushed_lsn = lsn
+
+    def _maybe_status(self) -> None:
+        if time.monotonic() - self._last_status >= self.status_interval:
+            self.send_status(force=True)
+
+    def send_status(self, force: bool = False) -> None:
+        """Send a standby status update with the flush LSN."""
+        lsn = self.flushed_lsn
+        message = _STATUS.pack(b"r", lsn, lsn, lsn, _now_pg_micros(), 0)
+        if self.pgconn.put_copy_data(message) != 1 or self.pgconn.flush() != 0:
+            raise ReplicationError("cannot send a status update to the server",
+                                   "capture reconnects by itself")
+        self._last_status = time.monotonic()

@@ -1,0 +1,270 @@
+"""The PostgreSQL connector: a snapshot source and a streaming source that both yield
+:class:`~cdc.events.ChangeEvent` s with :class:`~cdc.position.Position` s.
+
+Positions: a streamed change is ``(commit LSN, stream, ordinal in its transaction)``; a snapshot
+row is ``(consistent point LSN, snapshot, row number)``, which sorts before every change streamed
+from that slot (their commit LSNs are past the consistent point).
+
+Resume contract: :class:`Checkpoint` ``(lsn)`` is yielded after each transaction's last change;
+once everything yielded before it is durable, the caller stores ``lsn`` as the source offset and
+calls :meth:`PostgresStream.confirm`. Streaming again from a stored ``lsn`` skips every
+transaction already covered, so nothing is delivered twice unless it was never confirmed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from cdc.config import SourceConfig
+from cdc.events import ChangeEvent, Column, Op, TableId, TableSchema, TransactionInfo
+from cdc.position import Position, format_lsn
+from connectors.postgres import catalog, pgoutput
+from connectors.postgres.connection import SourceError, connect, describe
+from connectors.postgres.replication import ReplicationStream, quote_ident
+from connectors.postgres.types import PgType, pg_type
+
+HEARTBEAT_PREFIX = "cdc-heartbeat"
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Everything yielded before this is a complete transaction: resume after ``lsn``."""
+
+    lsn: int
+
+
+@dataclass
+class CapturedTable:
+    """A table's current schema and the text parser of each column, in column order."""
+
+    schema: TableSchema
+    parsers: list[PgType]
+
+    def row(self, values: tuple[object, ...]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for column, mapping, value in zip(self.schema.columns, self.parsers, values,
+                                          strict=True):
+            if value is None or value is pgoutput.UNCHANGED_TOAST:
+                out[column.name] = None
+            else:
+                out[column.name] = mapping.parse(value)  # type: ignore[arg-type]
+        return out
+
+
+def database_of(source: SourceConfig) -> str:
+    return describe(source).rsplit("/", 1)[-1]
+
+
+class PostgresSource:
+    """Checks, snapshots and streams one configured PostgreSQL source."""
+
+    def __init__(self, config: SourceConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.database = database_of(config)
+        self.tables = [TableId.parse(t) for t in config.tables]
+
+    # -- checks and catalog ------------------------------------------------------------------
+    def check(self, conn: psycopg.Connection[Any]) -> dict[TableId, CapturedTable]:
+        """Validate server, role and tables; return each table's schema."""
+        catalog.check_server(conn, self.name)
+        catalog.check_role(conn, self.name)
+        out = {}
+        for table in self.tables:
+            info = catalog.table_info(conn, self.name, table)
+            key = catalog.key_columns(info, self.name, self.config.keys.get(str(table)))
+            schema, parsers = catalog.table_schema(conn, self.name, self.database, info, key)
+            out[table] = CapturedTable(_keys_required(schema), parsers)
+        return out
+
+    def connect(self, replication: bool = False) -> psycopg.Connection[Any]:
+        return connect(self.config, replication=replication)
+
+    # -- snapshot ----------------------------------------------------------------------------
+    def create_slot(self, replication: psycopg.Connection[Any]) -> tuple[int, str]:
+        """(consistent point LSN, exported snapshot name) of a new pgoutput slot."""
+        slot = self.config.slot_name
+        result = replication.pgconn.exec_(
+            f"CREATE_REPLICATION_SLOT {quote_ident(slot)} LOGICAL pgoutput EXPORT_SNAPSHOT"
+            .encode())
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            message = (result.error_message or b"").decode(errors="replace").strip()
+            if "all replication slots are in use" in message:
+                raise SourceError(f"source {self.name!r}: {message}",
+                                  "drop an unused slot or raise max_replication_slots")
+            raise SourceError(f"source {self.name!r}: cannot create slot {slot!r}: {message}",
+                              "check the role's REPLICATION attribute and max_replication_slots")
+        lsn_text = (result.get_value(0, 1) or b"").decode()
+        snapshot = (result.get_value(0, 2) or b"").decode()
+        high, low = lsn_text.split("/")
+        return (int(high, 16) << 32) | int(low, 16), snapshot
+
+    def snapshot_rows(self, conn: psycopg.Connection[Any], captured: CapturedTable,
+                      consistent_lsn: int, first_row: int, ts_ms: int
+                      ) -> Iterator[ChangeEvent]:
+        """Every row of a table as op ``r`` events, read with COPY inside the open snapshot
+        transaction of ``conn``. Row numbers continue from ``first_row``."""
+        schema = captured.schema
+        columns = ", ".join(quote_ident(c.name) for c in schema.columns)
+        query = f"COPY (SELECT {columns} FROM {catalog.qualified(schema.table)}) TO STDOUT"
+        number = first_row
+        source_info = {"snapshot": "true", "lsn": consistent_lsn, "txId": None,
+                       "sequence": json.dumps([None, format_lsn(consistent_lsn)])}
+        with conn.cursor() as cursor, cursor.copy(query) as copy:
+            for values in copy.rows():
+                number += 1
+                yield ChangeEvent(schema, Op.READ,
+                                  Position.postgres(consistent_lsn, number, snapshot=True),
+                                  ts_ms, after=captured.row(values), source_info=source_info)
+
+    def count_rows(self, conn: psycopg.Connection[Any], table: TableId) -> int:
+        """An estimate of a table's row count, for progress bars."""
+        row = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
+                           (catalog.qualified(table),)).fetchone()
+        return max(int(row[0]), 0) if row and row[0] is not None else 0
+
+    # -- streaming ---------------------------------------------------------------------------
+    def stream(self, resume_lsn: int, status_interval: float = 10.0) -> PostgresStream:
+        return PostgresStream(self, resume_lsn, status_interval)
+
+
+def _keys_required(schema: TableSchema) -> TableSchema:
+    """Non-key columns are nullable in the Avro schema: before images may be partial."""
+    columns = tuple(Column(c.name, c.type, nullable=c.name not in schema.key)
+                    for c in schema.columns)
+    return TableSchema(schema.source, schema.database, schema.table, columns, schema.key,
+                       schema.connector)
+
+
+@dataclass
+class _Transaction:
+    xid: int
+    commit_lsn: int
+    commit_ms: int
+    ordinal: int = 0
+    per_table: dict[TableId, int] = field(default_factory=dict)
+
+
+class PostgresStream:
+    """A live ``START_REPLICATION`` session decoded into events and checkpoints."""
+
+    def __init__(self, source: PostgresSource, resume_lsn: int, status_interval: float) -> None:
+        self.source = source
+        self.resume_lsn = resume_lsn
+        self.catalog_conn = source.connect()
+        self.captured = source.check(self.catalog_conn)
+        self.replication_conn = source.connect(replication=True)
+        self.stream = ReplicationStream(self.replication_conn, source.config.slot_name,
+                                        source.config.publication_name, resume_lsn,
+                                        status_interval)
+        self.relations: dict[int, CapturedTable] = {}
+        self.last_message_at = time.monotonic()
+
+    def close(self) -> None:
+        for conn in (self.replication_conn, self.catalog_conn):
+            with contextlib.suppress(Exception):  # closing a broken connection may fail too
+                conn.close()
+
+    def confirm(self, lsn: int) -> None:
+        """``lsn`` is durable in the log: the server may recycle WAL before it."""
+        self.stream.confirm(lsn)
+        self.stream.send_status(force=True)
+
+    def events(self, idle_timeout: float = 0.5) -> Iterator[ChangeEvent | Checkpoint | None]:
+        """Decoded changes, a :class:`Checkpoint` after each transaction, ``None`` when idle."""
+        self.stream.start()
+        txn: _Transaction | None = None
+        skipping = False
+        for message in self.stream.messages(idle_timeout):
+            if message is None:
+                yield None
+                continue
+            decoded = pgoutput.decode(message.payload)
+            if isinstance(decoded, pgoutput.Begin):
+                skipping = decoded.final_lsn < self.resume_lsn
+                txn = _Transaction(decoded.xid, decoded.final_lsn, decoded.commit_time // 1000)
+            elif isinstance(decoded, pgoutput.Commit):
+                if not skipping:
+                    yield Checkpoint(decoded.end_lsn)
+                txn, skipping = None, False
+            elif isinstance(decoded, pgoutput.Relation):
+                self.relations[decoded.oid] = self._relation(decoded)
+            elif isinstance(decoded, pgoutput.Message):
+                if decoded.prefix == HEARTBEAT_PREFIX and txn is None:
+                    # every transaction committed before the heartbeat was sent before it
+                    yield Checkpoint(decoded.lsn)
+            elif skipping or txn is None:
+                continue
+            elif isinstance(decoded, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
+                yield from self._row_change(decoded, txn, message.start_lsn)
+            elif isinstance(decoded, pgoutput.Truncate):
+                yield from self._truncate(decoded, txn, message.start_lsn)
+
+    def _relation(self, relation: pgoutput.Relation) -> CapturedTable:
+        table = TableId(relation.namespace, relation.name)
+        known = self.captured.get(table)
+        key = known.schema.key if known else tuple(c.name for c in relation.columns if c.is_key)
+        oids = {c.type_oid for c in relation.columns}
+        types = catalog.type_catalog(self.catalog_conn, oids)
+        parsers = [pg_type(c.type_oid, c.type_modifier, types) for c in relation.columns]
+        columns = tuple(Column(c.name, p.column_type, nullable=c.name not in key)
+                        for c, p in zip(relation.columns, parsers, strict=True))
+        schema = TableSchema(self.source.name, self.source.database, table, columns, key,
+                             connector="postgresql")
+        captured = CapturedTable(schema, parsers)
+        self.captured[table] = captured
+        return captured
+
+    def _event(self, captured: CapturedTable, txn: _Transaction, lsn: int, op: Op,
+               before: dict[str, Any] | None, after: dict[str, Any] | None) -> ChangeEvent:
+        txn.ordinal += 1
+        table = captured.schema.table
+        txn.per_table[table] = txn.per_table.get(table, 0) + 1
+        return ChangeEvent(
+            captured.schema, op, Position.postgres(txn.commit_lsn, txn.ordinal), txn.commit_ms,
+            before=before, after=after,
+            source_info={"txId": txn.xid, "lsn": lsn, "xmin": None, "snapshot": "false",
+                         # [commit LSN, change LSN]: the same on every replay
+                         "sequence": json.dumps([format_lsn(txn.commit_lsn), format_lsn(lsn)])},
+            transaction=TransactionInfo(f"{txn.xid}:{txn.commit_lsn}", txn.ordinal,
+                                        txn.per_table[table]),
+        )
+
+    def _row_change(self, change: pgoutput.Insert | pgoutput.Update | pgoutput.Delete,
+                    txn: _Transaction, lsn: int) -> Iterator[ChangeEvent]:
+        captured = self.relations.get(change.relation_oid)
+        if captured is None:
+            raise SourceError(f"a change for relation {change.relation_oid} arrived before its "
+                              "Relation message", "restart capture; report it if it repeats")
+        if isinstance(change, pgoutput.Insert):
+            yield self._event(captured, txn, lsn, Op.CREATE, None, captured.row(change.new))
+            return
+        if isinstance(change, pgoutput.Delete):
+            yield self._event(captured, txn, lsn, Op.DELETE, captured.row(change.old), None)
+            return
+        after = captured.row(change.new)
+        before = captured.row(change.old) if change.old is not None else None
+        schema = captured.schema
+        if before is not None and schema.key_of(before) != schema.key_of(after):
+            # the primary key changed: the old key is deleted, the new one created
+            yield self._event(captured, txn, lsn, Op.DELETE, before, None)
+            yield self._event(captured, txn, lsn, Op.CREATE, None, after)
+            return
+        if before is not None and change.old_is_key_only:
+            before = None  # only the key was sent; Debezium then reports no before image
+        yield self._event(captured, txn, lsn, Op.UPDATE, before, after)
+
+    def _truncate(self, truncate: pgoutput.Truncate, txn: _Transaction,
+                  lsn: int) -> Iterator[ChangeEvent]:
+        for oid in truncate.relation_oids:
+            captured = self.relations.get(oid)
+            if captured is not None:
+                yield self._event(captured, txn, lsn, Op.TRUNCATE, None, None)

@@ -1,0 +1,367 @@
+"""Helpers for tests against real throwaway PostgreSQL clusters: databases, configs, running the
+``cdc`` command, a concurrent write load with an audit trail, and checking the log against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from cdc.avro import EventCodec
+from cdc.log.local import LocalChangeLogReader
+from cdc.log.schemas import SchemaStore
+from cdc.position import Position, parse_lsn
+from cdc.servers.postgres import ThrowawayPostgres
+
+PROJECT = Path(__file__).resolve().parent.parent
+SECRET_PASSWORD = "s3cr3t-Pa55word-xyzzy"
+
+
+def start_cluster(**settings: str) -> ThrowawayPostgres:
+    pg = ThrowawayPostgres(settings=dict(settings)).start()
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE cdc_password LOGIN REPLICATION PASSWORD '{SECRET_PASSWORD}'")
+        conn.execute("CREATE ROLE norepl LOGIN")
+    return pg
+
+
+@dataclass
+class Database:
+    """A fresh database on a cluster, with a unique source name (and so a unique slot)."""
+
+    pg: ThrowawayPostgres
+    name: str
+    source: str
+
+    def dsn(self, user: str = "postgres", password: str | None = None) -> str:
+        return self.pg.dsn(self.name, user, password)
+
+    def connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.dsn(), autocommit=True)
+
+    def execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with self.connect() as conn:
+            cursor = conn.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def slot(self) -> dict[str, Any] | None:
+        rows = self.execute("SELECT active, confirmed_flush_lsn::text, restart_lsn::text "
+                            "FROM pg_replication_slots WHERE slot_name = %s",
+                            (f"cdc_{self.source}",))
+        if not rows:
+            return None
+        active, confirmed, restart = rows[0]
+        return {"active": active, "confirmed": parse_lsn(confirmed) if confirmed else None,
+                "restart": parse_lsn(restart) if restart else None}
+
+    def current_lsn(self) -> int:
+        return parse_lsn(self.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0])
+
+    def drop(self) -> None:
+        with psycopg.connect(self.pg.dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                         "WHERE database = %s AND active_pid IS NOT NULL", (self.name,))
+            for _ in range(50):
+                try:
+                    conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM "
+                                 "pg_replication_slots WHERE database = %s", (self.name,))
+                    break
+                except psycopg.errors.ObjectInUse:
+                    time.sleep(0.1)
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+def new_database(pg: ThrowawayPostgres) -> Database:
+    suffix = uuid.uuid4().hex[:8]
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "db_{suffix}"')
+    return Database(pg, f"db_{suffix}", f"s{suffix}")
+
+
+def write_config(directory: Path, db: Database, tables: list[str], *, dsn: str | None = None,
+                 log_path: Path | None = None, extra: str = "",
+                 log_options: dict[str, Any] | None = None, **source: Any) -> Path:
+    """A cdc.yaml for one postgres source; returns its path."""
+    lines = [
+        "log:",
+        f"  path: {log_path or directory / 'log'}",
+        "  partitions: 4",
+        "  commit_interval: 20ms",
+        *(f"  {key}: {json.dumps(value)}" for key, value in (log_options or {}).items()),
+        "sources:",
+        f"  - name: {db.source}",
+        "    kind: postgres",
+        f"    dsn: {json.dumps(dsn or db.dsn())}",
+        f"    tables: {json.dumps(tables)}",
+    ]
+    source.setdefault("heartbeat_interval", "500ms")
+    for key, value in source.items():
+        lines.append(f"    {key}: {json.dumps(value)}")
+    path = directory / "cdc.yaml"
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+def cdc(*args: str, timeout: float = 120, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    """Run the ``cdc`` command line; never raises on a non-zero exit."""
+    return subprocess.run([sys.executable, "-m", "cdc.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=PROJECT,
+                          env={**os.environ, **(env or {})})
+
+
+def output(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+class Capture:
+    """A ``cdc capture`` process, started in the background."""
+
+    def __init__(self, config: Path, log_file: Path) -> None:
+        self.config = config
+        self.log_file = log_file
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Capture:
+        with open(self.log_file, "ab") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "cdc.cli", "capture", "--config", str(self.config)],
+                stdout=err, stderr=err, cwd=PROJECT)
+        return self
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(30)
+
+    def terminate(self, timeout: float = 30) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+def stored_offset(log: Path, source: str) -> dict[str, Any] | None:
+    if not (log / "state.json").exists():
+        return None
+    offset: dict[str, Any] | None = LocalChangeLogReader(log).source_offsets().get(source)
+    return offset
+
+
+def wait_for(predicate: Any, timeout: float = 60, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_caught_up(db: Database, log: Path, timeout: float = 120) -> None:
+    """Until the log's stored LSN passes the server's current LSN as of now (heartbeats
+    carry it past when the captured tables are idle)."""
+    target = db.current_lsn()
+    wait_for(lambda: int((stored_offset(log, db.source) or {}).get("lsn", 0)) >= target,
+             timeout, f"capture to reach LSN {target:X}")
+
+
+# ---------------------------------------------------------------------- reading the log back
+
+@dataclass
+class LoggedEvent:
+    position: Position
+    key: str
+    op: str  # r c u d, or "tombstone"
+    envelope: dict[str, Any] | None
+
+
+def read_topic(log: Path, topic: str) -> list[LoggedEvent]:
+    reader = LocalChangeLogReader(log)
+    codec = EventCodec(SchemaStore(log))
+    out = []
+    if topic not in {t.name for t in reader.topics()}:
+        return out
+    for partition in range(reader.topic(topic).partitions):
+        for record in reader.iter_partition(topic, partition):
+            envelope = None if record.value is None else codec.decode_value(record.value).envelope
+            out.append(LoggedEvent(Position.from_bytes(record.position), record.key.decode(),
+                                   envelope["op"] if envelope else "tombstone", envelope))
+    return out
+
+
+def latest_rows(events: list[LoggedEvent]) -> dict[str, dict[str, Any]]:
+    """Fold by position: the live row per key (deleted keys absent)."""
+    latest: dict[str, tuple[Position, dict[str, Any] | None]] = {}
+    for event in events:
+        if event.op == "t":
+            continue
+        current = latest.get(event.key)
+        if current is not None and event.position < current[0]:
+            continue
+        row = event.envelope["after"] if event.envelope and event.op != "d" else None
+        latest[event.key] = (event.position, row)
+    return {key: row for key, (_, row) in latest.items() if row is not None}
+
+
+def table_rows(db: Database, table: str, key: str = "id") -> dict[str, dict[str, Any]]:
+    """The table as JSON-encoded rows keyed like the log's keys (text form of every column)."""
+    with db.connect() as conn:
+        cursor = conn.execute(f"SELECT to_jsonb(t) FROM {table} t")
+        rows = [r[0] for r in cursor.fetchall()]
+    return {json.dumps({key: row[key]}, separators=(",", ":")): row for row in rows}
+
+
+# ---------------------------------------------------------------------------- the write load
+
+LOAD_SCHEMA = """
+CREATE TABLE items (id int PRIMARY KEY, v int NOT NULL, amount numeric(12,2), note text,
+                    updated timestamptz NOT NULL DEFAULT now());
+CREATE TABLE audit (seq bigserial PRIMARY KEY, id int NOT NULL, v int NOT NULL,
+                    op text NOT NULL);
+"""
+
+
+def big_text(key: int, version: int) -> str:
+    """2.5 kB of text that differs per (key, version) and compresses poorly."""
+    seed = random.Random(key * 1_000_003 + version)
+    return "".join(seed.choice("abcdefghijklmnopqrstuvwxyz0123456789 ") for _ in range(2500))
+
+
+@dataclass
+class Load:
+    """Concurrent transactions of 1-4 inserts/updates/deletes on ``items``; each change also
+    writes an ``audit`` row in the same transaction (the independent oracle)."""
+
+    db: Database
+    threads: int = 2
+    deletes: bool = True
+    first_id: int = 1_000_000
+    #: every so many transactions, one of 300 changes (0: never)
+    bulk_every: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    committed: int = 0
+    errors: list[BaseException] = field(default_factory=list)
+    _workers: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> Load:
+        for index in range(self.threads):
+            worker = threading.Thread(target=self._run, args=(index,), daemon=True)
+            worker.start()
+            self._workers.append(worker)
+        return self
+
+    def finish(self) -> None:
+        self.stop.set()
+        for worker in self._workers:
+            worker.join(60)
+        if self.errors:
+            raise self.errors[0]
+
+    def _run(self, index: int) -> None:
+        rng = random.Random(index)
+        live: dict[int, int] = {}
+        next_id = self.first_id + index
+        try:
+            with self.db.connect() as conn:
+                while not self.stop.is_set():
+                    big = self.bulk_every and self.committed % self.bulk_every == index
+                    with conn.transaction():
+                        for _ in range(300 if big else rng.randint(1, 4)):
+                            next_id = self._change(conn, rng, live, next_id)
+                    self.committed += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by finish()
+            self.errors.append(exc)
+
+    def _change(self, conn: psycopg.Connection[Any], rng: random.Random, live: dict[int, int],
+                next_id: int) -> int:
+        roll = rng.random()
+        if not live or roll < 0.35:
+            key, next_id = next_id, next_id + self.threads
+            conn.execute("INSERT INTO items (id, v, amount, note) VALUES (%s, 1, %s, %s)",
+                         (key, rng.randint(0, 10**8) / 100, big_text(key, 1)))
+            conn.execute("INSERT INTO audit (id, v, op) VALUES (%s, 1, 'c')", (key,))
+            live[key] = 1
+        elif roll < 0.85 or not self.deletes:
+            key = rng.choice(list(live))
+            live[key] += 1
+            conn.execute("UPDATE items SET v = %s, amount = %s, note = %s, updated = now() "
+                         "WHERE id = %s", (live[key], rng.randint(0, 10**8) / 100,
+                                           big_text(key, live[key]), key))
+            conn.execute("INSERT INTO audit (id, v, op) VALUES (%s, %s, 'u')", (key, live[key]))
+        else:
+            key = rng.choice(list(live))
+            version = live.pop(key)
+            conn.execute("DELETE FROM items WHERE id = %s", (key,))
+            conn.execute("INSERT INTO audit (id, v, op) VALUES (%s, %s, 'd')", (key, version))
+        return next_id
+
+
+def check_against_audit(db: Database, events: list[LoggedEvent]) -> dict[str, int]:
+    """The log's change history of ``items``, per key, must equal the audit trail exactly.
+
+    Duplicates (replays after a crash) must carry the same position and the same content; after
+    removing them, each key's events in position order must be the audit's (op, version)
+    sequence for that key — starting after the snapshot row if the key was snapshotted. The
+    latest row per key must equal the table. Returns figures for the test report.
+    """
+    audit: dict[str, list[tuple[str, int | None]]] = defaultdict(list)
+    for key, version, op in db.execute("SELECT id, v, op FROM audit ORDER BY seq"):
+        audit[json.dumps({"id": key}, separators=(",", ":"))].append((op, version))
+    by_key: dict[str, dict[Position, LoggedEvent]] = defaultdict(dict)
+    duplicates = 0
+    for event in events:
+        if event.op == "tombstone":
+            continue
+        seen = by_key[event.key].get(event.position)
+        if seen is not None:
+            duplicates += 1
+            assert _content(seen) == _content(event), f"replay of {event.key} differs"
+            continue
+        by_key[event.key][event.position] = event
+    for key in set(audit) | set(by_key):
+        ordered = [by_key[key][p] for p in sorted(by_key[key])]
+        # a delete's before image holds only the key (default replica identity): no version
+        chain = [(e.op, None if e.op == "d" else int((e.envelope or {})["after"]["v"]))
+                 for e in ordered]
+        expected = [(op, None if op == "d" else v) for op, v in audit.get(key, [])]
+        if chain and chain[0][0] == "r":
+            snapshot_version = chain[0][1]
+            starts = [i for i, (op, v) in enumerate(expected)
+                      if op in ("c", "u") and v == snapshot_version]
+            assert starts, f"{key}: snapshot version {snapshot_version} not in the audit"
+            expected = expected[starts[0] + 1:]
+            chain = chain[1:]
+        assert chain == expected, f"{key}: log history {chain} != audit {expected}"
+    logged = latest_rows(events)
+    table = table_rows(db, "items")
+    assert set(logged) == set(table), (
+        f"keys differ: only in log {sorted(set(logged) - set(table))[:5]}, "
+        f"only in table {sorted(set(table) - set(logged))[:5]}")
+    for key, row in table.items():
+        got = logged[key]
+        assert (int(got["v"]), got["note"], got["amount"]) == (
+            row["v"], row["note"], f"{row['amount']:.2f}" if not isinstance(row["amount"], str)
+            else row["amount"]), f"{key}: log row differs from the table"
+    return {"keys": len(table), "audit_changes": sum(len(v) for v in audit.values()),
+            "duplicates": duplicates, "events": len(events)}
+
+
+def _content(event: LoggedEvent) -> Any:
+    envelope = dict(event.envelope or {})
+    for volatile in ("ts_ms", "ts_us", "ts_ns"):
+        envelope.pop(volatile, None)
+    return envelope
