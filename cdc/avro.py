@@ -121,6 +121,10 @@ def value_schema(schema: TableSchema) -> dict[str, Any]:
             {"name": "ts_ms", **optional_long},
             {"name": "ts_us", **optional_long},
             {"name": "ts_ns", **optional_long},
+            # extra (not Debezium's): columns whose value is missing from ``after`` because the
+            # source did not send it and no previous image had it; null when the row is whole
+            {"name": "unavailable_columns",
+             "type": ["null", {"type": "array", "items": "string"}], "default": None},
         ],
     }
 
@@ -166,6 +170,10 @@ class TableCodec:
                 raise EncodingError(f"{self.schema.table}.{column}: {exc.problem}",
                                     exc.fix) from None
         return out
+
+
+#: completes an after image in place; returns the columns it could not fill
+Filler = Callable[[TableCodec, dict[str, Any]], list[str]]
 
 
 @dataclass
@@ -223,19 +231,33 @@ class EventCodec:
         block.update(event.source_info)
         return block
 
-    def encode_value(self, event: ChangeEvent) -> bytes:
+    def encode_value(self, event: ChangeEvent, fill: Filler | None = None) -> bytes:
+        return self.encode(event, fill)[0]
+
+    def encode(self, event: ChangeEvent, fill: Filler | None = None
+               ) -> tuple[bytes, dict[str, Any] | None]:
+        """The log value of ``event`` and its after image in Avro form (by field name).
+
+        ``fill(codec, after)`` completes an after image whose ``event.unchanged`` columns the
+        source did not send, in place, and returns the names of those it could not fill.
+        """
         codec = self.table(event.schema)
         processed = event.processed_ms if event.processed_ms is not None else int(
             time.time() * 1000)
+        after = codec.row(event.after)
+        unavailable = None
+        if event.unchanged and after is not None:
+            unavailable = list(event.unchanged) if fill is None else fill(codec, after) or None
         datum = {
             "before": codec.row(event.before),
-            "after": codec.row(event.after),
+            "after": after,
             "source": self.source_block(event),
             "transaction": event.transaction.to_dict() if event.transaction else None,
             "op": event.op.value,
             "ts_ms": processed,
             "ts_us": processed * 1000,
             "ts_ns": processed * 1_000_000,
+            "unavailable_columns": unavailable,
         }
         buffer = io.BytesIO()
         buffer.write(_FRAME.pack(MAGIC, codec.schema_id))
@@ -244,7 +266,7 @@ class EventCodec:
         except (ValueError, TypeError) as exc:
             raise EncodingError(f"cannot encode a change of {event.schema.table}: {exc}",
                                 "this is a bug in the connector; please report it") from None
-        return buffer.getvalue()
+        return buffer.getvalue(), after
 
     def records(self, event: ChangeEvent) -> list[Record]:
         """The log records for ``event``: the event itself, plus a tombstone after a delete.
@@ -252,14 +274,35 @@ class EventCodec:
         A truncate has no key of its own; it is keyed by the empty JSON object so it has a
         place in the topic (its tombstones per key are the connector's job).
         """
+        return self.records_and_image(event)[0]
+
+    def records_and_image(self, event: ChangeEvent, fill: Filler | None = None
+                          ) -> tuple[list[Record], dict[str, Any] | None]:
+        """:meth:`records`, plus the after image in Avro form (see :meth:`encode`)."""
         topic = event.schema.topic
         position = event.position.to_bytes()
         key_values = event.key
         key = encode_key(event.schema, key_values) if key_values is not None else b"{}"
-        records = [Record(topic, key, self.encode_value(event), position)]
+        value, after = self.encode(event, fill)
+        records = [Record(topic, key, value, position)]
         if event.op is Op.DELETE:
             records.append(Record(topic, key, None, position))
-        return records
+        return records, after
+
+    def decode_raw(self, value: bytes) -> tuple[int, dict[str, Any]]:
+        """The schema id and the envelope of a log value in Avro form (as encoded)."""
+        if len(value) < _FRAME.size or value[0] != MAGIC:
+            raise SchemaError("a log value does not start with the Avro wire-format header",
+                              "the log was written by something else; check log.path")
+        _, schema_id = _FRAME.unpack_from(value)
+        parsed, _ = self._reader(schema_id)
+        datum = fastavro.schemaless_reader(io.BytesIO(value[_FRAME.size :]), parsed, None)
+        assert isinstance(datum, dict)
+        return schema_id, datum
+
+    def columns_of(self, schema_id: int) -> list[tuple[str, str, ColumnType]]:
+        """(column name, Avro field name, type) per column of a registered value schema."""
+        return self._reader(schema_id)[1]
 
     # -- decoding ----------------------------------------------------------------------------
     def _reader(self, schema_id: int) -> tuple[Any, list[tuple[str, str, ColumnType]]]:
@@ -278,13 +321,8 @@ class EventCodec:
 
     def decode_value(self, value: bytes) -> DecodedValue:
         """The envelope of a log value, JSON-friendly (numerics as strings, times ISO-8601)."""
-        if len(value) < _FRAME.size or value[0] != MAGIC:
-            raise SchemaError("a log value does not start with the Avro wire-format header",
-                              "the log was written by something else; check log.path")
-        _, schema_id = _FRAME.unpack_from(value)
-        parsed, columns = self._reader(schema_id)
-        datum = fastavro.schemaless_reader(io.BytesIO(value[_FRAME.size :]), parsed, None)
-        assert isinstance(datum, dict)
+        schema_id, datum = self.decode_raw(value)
+        columns = self.columns_of(schema_id)
         for image in ("before", "after"):
             row = datum.get(image)
             if row is not None:

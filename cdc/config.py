@@ -165,6 +165,10 @@ class SourceConfig(_Strict):
     slot: str | None = None
     publication: str | None = None
     heartbeat_interval: Duration = Field(10.0, ge=0)
+    #: ``cdc status`` warns when the slot retains more WAL than this
+    warn_retained_wal: Size = Field(1024**3, ge=0)
+    #: memory for recent row images, used to complete rows with unsent (unchanged TOAST) values
+    image_cache: Size = Field(48 * 1024**2, ge=0)
 
     @property
     def slot_name(self) -> str:

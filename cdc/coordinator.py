@@ -43,15 +43,11 @@ from cdc.errors import CdcError, ConfigError
 from cdc.events import ChangeEvent, TableId
 from cdc.log.local import LocalChangeLog
 from cdc.log.schemas import SchemaStore
-from cdc.pipeline import Dispatcher
+from cdc.pipeline import TABLE_KEY, Dispatcher
 from cdc.position import Position, format_lsn
 from cdc.status import StatusFile
 
 log = logging.getLogger("cdc.capture")
-
-#: an empty key: what a truncate record is keyed by (it is not a row)
-TABLE_KEY = b"{}"
-
 
 def open_log(config: Config) -> tuple[LocalChangeLog, EventCodec]:
     """The log writer for ``config`` and a codec registering schemas beside it."""
@@ -131,7 +127,8 @@ def bootstrap(config: Config, source_config: SourceConfig, writer: LocalChangeLo
                       f"created at {format_lsn(snap.consistent_lsn)}; snapshotting "
                       f"{len(tables)} table(s)", highlight=False)
         dispatcher = Dispatcher(writer, codec, source_config.name,
-                                max_records=config.log.commit_max_records, interval=1.0)
+                                max_records=config.log.commit_max_records, interval=1.0,
+                                image_cache_bytes=0)  # snapshot rows are never partial
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       _RateColumn(), TimeRemainingColumn(), console=console,
                       transient=False) as progress:
@@ -197,7 +194,9 @@ class StreamRunner:
         self.stop = stop
         self.dispatcher = Dispatcher(writer, codec, self.name,
                                      max_records=config.log.commit_max_records,
-                                     interval=config.log.commit_interval)
+                                     interval=config.log.commit_interval,
+                                     image_cache_bytes=source_config.image_cache)
+        self._unavailable_base: int | None = None
         self.status = StatusFile(config.log_path, self.name)
         self.last_lsn = 0
         self.last_error: str | None = None
@@ -241,6 +240,8 @@ class StreamRunner:
         from connectors.postgres.source import Checkpoint, PostgresSource
 
         offset = self.stored_offset()
+        if self._unavailable_base is None:
+            self._unavailable_base = int(offset.get("unavailable_images", 0))
         source = PostgresSource(self.source_config)
         stream = source.stream(int(offset["lsn"]), status_interval=5.0)
         try:
@@ -253,7 +254,9 @@ class StreamRunner:
                 if isinstance(item, ChangeEvent):
                     self.dispatcher.add(item)
                 elif isinstance(item, Checkpoint):
-                    offset = {**offset, "lsn": item.lsn, "lsn_text": format_lsn(item.lsn)}
+                    offset = {**offset, "lsn": item.lsn, "lsn_text": format_lsn(item.lsn),
+                              "unavailable_images": self._unavailable_base
+                              + self.dispatcher.stats.unavailable}
                     self.dispatcher.checkpoint(offset)
                 if item is None or self.dispatcher.due():
                     self._flush(stream)
@@ -309,7 +312,8 @@ class StreamRunner:
     def _status(self, state: str, force: bool = False) -> None:
         self.status.update(state, self.dispatcher.stats.events, force=force,
                            last_lsn=format_lsn(self.last_lsn), reconnects=self.reconnects,
-                           last_error=self.last_error, records=self.dispatcher.stats.records)
+                           last_error=self.last_error, records=self.dispatcher.stats.records,
+                           unavailable_images=self.dispatcher.stats.unavailable)
 
 
 def _first_line(exc: BaseException) -> str:

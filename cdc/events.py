@@ -173,6 +173,14 @@ class ChangeEvent:
     transaction: TransactionInfo | None = None
     #: time the event was processed by the connector (envelope ``ts_ms``), ms since the epoch
     processed_ms: int | None = None
+    #: columns of ``after`` whose values the source did not send because they did not change
+    #: (PostgreSQL's unchanged TOAST values); the dispatcher fills them from the key's previous
+    #: image, and names those it could not fill in the envelope's ``unavailable_columns``
+    unchanged: tuple[str, ...] = ()
+    #: an update that changed the primary key, as a create carrying the delete of the old key:
+    #: ``unchanged`` values are then filled from the old key's image, and the delete is logged
+    #: first (the delete's position is the lower)
+    replaces: ChangeEvent | None = None
 
     def __post_init__(self) -> None:
         if self.op in (Op.CREATE, Op.READ, Op.UPDATE) and self.after is None:

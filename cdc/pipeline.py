@@ -17,10 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdc.avro import EventCodec
-from cdc.events import ChangeEvent, TableSchema
-from cdc.log.base import ChangeLogWriter, Record
+from cdc.avro import EventCodec, Filler, TableCodec
+from cdc.events import ChangeEvent, Op, TableSchema, encode_key
+from cdc.images import PreviousImages, may_be_partial
+from cdc.log.base import ChangeLogWriter, Record, StoredRecord
+from cdc.log.partitioner import partition_for
 from cdc.position import Position
+
+#: the key of records about a whole table (a TRUNCATE), not one row
+TABLE_KEY = b"{}"
 
 
 @dataclass
@@ -28,6 +33,8 @@ class DispatchStats:
     events: int = 0
     records: int = 0
     commits: int = 0
+    #: events with columns that could not be filled from a previous image
+    unavailable: int = 0
     started: float = field(default_factory=time.monotonic)
 
 
@@ -35,7 +42,8 @@ class Dispatcher:
     """Buffers encoded events for one source and commits them with its source offset."""
 
     def __init__(self, log: ChangeLogWriter, codec: EventCodec, source: str,
-                 max_records: int = 20_000, interval: float = 0.05) -> None:
+                 max_records: int = 20_000, interval: float = 0.05,
+                 image_cache_bytes: int = 48 * 1024**2) -> None:
         self.log = log
         self.codec = codec
         self.source = source
@@ -44,32 +52,93 @@ class Dispatcher:
         self._buffer: list[Record] = []
         self._pending_offset: dict[str, Any] | None = None
         self._oldest: float | None = None
-        self._topics: set[str] = set()
+        self._topics: dict[str, int] = {}  # topic -> partitions
         self.stats = DispatchStats()
+        self.images = PreviousImages(log, codec, lambda: self._buffer, image_cache_bytes)
 
     def add(self, event: ChangeEvent) -> list[Record]:
-        """Buffer ``event``; return its records (the event, plus a tombstone after a delete)."""
+        """Buffer ``event``; return its records (the event, plus a tombstone after a delete).
+
+        Columns the source did not send (``event.unchanged``) are filled from the key's previous
+        image; those that cannot be are named in the envelope and counted in
+        ``stats.unavailable``.
+        """
         self.ensure_topic(event.schema)
-        records = self.codec.records(event)
-        self._buffer.extend(records)
-        self.stats.events += 1
+        fill = None
+        if event.unchanged:
+            image_of = event.replaces or event
+            key = encode_key(event.schema, image_of.key or {})
+            fill = self._counting(self.images.filler(event.schema.topic, key, event.unchanged))
+        records, after = self.codec.records_and_image(event, fill)
+        if event.replaces is not None:
+            self.add(event.replaces)
         if self._oldest is None:
             self._oldest = time.monotonic()
+        self.stats.events += 1
+        if event.op is Op.TRUNCATE:
+            self._buffer.extend(records)
+            self._tombstone_live_keys(event.schema, event.position)
+            return records
+        if self.images.max_bytes and may_be_partial(event.schema):
+            first = records[0]
+            image = None if after is None else (self.codec.table(event.schema).schema_id, after)
+            self.images.remember(first.topic, first.key, image, len(first.value or b""))
+        self._buffer.extend(records)
         return records
+
+    def _tombstone_live_keys(self, schema: TableSchema, truncated_at: Position) -> int:
+        """A tombstone for every key of the table live just before ``truncated_at``.
+
+        The live keys are decided from the records *older* than the TRUNCATE only (in the log
+        and in the buffer), so a replay after a crash finds exactly the same keys; the
+        tombstones carry the TRUNCATE's own position (they are that one change). One partition
+        at a time, so memory grows with a partition's keys, not the table's.
+        """
+        topic, limit = schema.topic, truncated_at.to_bytes()
+        partitions = self._topics[topic]
+        in_log = {t.name for t in self.log.topics()}
+        count = 0
+        for partition in range(partitions):
+            latest: dict[bytes, tuple[bytes, bool]] = {}
+            records: list[Record | StoredRecord] = []
+            if topic in in_log:
+                records.extend(self.log.iter_partition(topic, partition))
+            records.extend(r for r in list(self._buffer)
+                           if r.topic == topic and partition_for(r.key, partitions) == partition)
+            for record in records:
+                if record.key == TABLE_KEY or record.position >= limit:
+                    continue
+                seen = latest.get(record.key)
+                if seen is None or record.position >= seen[0]:
+                    latest[record.key] = (record.position, record.value is not None)
+            for key in sorted(k for k, (_, live) in latest.items() if live):
+                self.add_tombstone(schema, key, truncated_at)
+                count += 1
+        return count
+
+    def _counting(self, fill: Filler) -> Filler:
+        def counted(codec: TableCodec, after: dict[str, Any]) -> list[str]:
+            missing = fill(codec, after)
+            if missing:
+                self.stats.unavailable += 1
+            return missing
+        return counted
 
     def add_tombstone(self, schema: TableSchema, key: bytes, position: Position) -> None:
         """Buffer a tombstone for ``key`` of ``schema``'s table (a row known only by its key)."""
         self.ensure_topic(schema)
         self._buffer.append(Record(schema.topic, key, None, position.to_bytes()))
+        self.images.remember(schema.topic, key, None, 0)
         if self._oldest is None:
             self._oldest = time.monotonic()
 
     def ensure_topic(self, schema: TableSchema) -> None:
         topic = schema.topic
         if topic not in self._topics:
-            self.log.ensure_topic(topic, {"source": self.source, "table": str(schema.table),
-                                          "connector": schema.connector})
-            self._topics.add(topic)
+            info = self.log.ensure_topic(topic, {"source": self.source,
+                                                 "table": str(schema.table),
+                                                 "connector": schema.connector})
+            self._topics[topic] = info.partitions
 
     @property
     def buffered(self) -> int:
@@ -103,6 +172,7 @@ class Dispatcher:
 
     def discard(self) -> None:
         """Forget what is buffered (it was never acknowledged; the source sends it again)."""
+        self.images.forget_all()  # it may hold images of what is discarded
         self._buffer = []
         self._pending_offset = None
         self._oldest = None

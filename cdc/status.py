@@ -101,6 +101,8 @@ def source_status(config: Config, source: SourceConfig,
     row["events_per_s"] = live.get("events_per_s") if live and live["running"] else 0.0
     row["events"] = live.get("events") if live else None
     row["last_error"] = live.get("last_error") if live else None
+    row["unavailable_images"] = int((stored or {}).get("unavailable_images", 0))
+    row["warn_retained_bytes"] = source.warn_retained_wal
     if source.kind == "postgres":
         from connectors.postgres.status import slot_status
 
@@ -153,9 +155,16 @@ def print_status(status: dict[str, Any], console: Console,
                       f"{row['events']:,}" if row.get("events") is not None else "-")
         if row.get("server"):
             warnings.append(f"{row['source']}: {row['server']}")
-        if (row.get("retained_bytes") or 0) > warn_retained_bytes:
+        if (row.get("retained_bytes") or 0) > row.get("warn_retained_bytes",
+                                                       warn_retained_bytes):
             warnings.append(f"{row['source']}: the slot retains {_bytes(row['retained_bytes'])} "
                             "of WAL; start `cdc capture` so it can advance")
+        if row.get("unavailable_images"):
+            warnings.append(
+                f"{row['source']}: {row['unavailable_images']:,} change(s) lack values PostgreSQL "
+                "did not send (unchanged TOAST) and no earlier image of the row had; their "
+                "records name them in unavailable_columns. Set REPLICA IDENTITY FULL on the "
+                "table, or re-bootstrap, to have whole rows again")
         if row.get("last_error") and row["capture"] == "running":
             warnings.append(f"{row['source']}: {row['last_error']}")
     console.print(table)

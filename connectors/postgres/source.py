@@ -136,6 +136,15 @@ class PostgresSource:
         return PostgresStream(self, resume_lsn, status_interval)
 
 
+def _unchanged_toast(captured: CapturedTable, change: pgoutput.Update) -> tuple[str, ...]:
+    """Columns whose values PostgreSQL did not send (TOASTed and unchanged by the update)."""
+    if pgoutput.UNCHANGED_TOAST not in change.new:
+        return ()
+    return tuple(column.name for column, value in zip(captured.schema.columns, change.new,
+                                                      strict=True)
+                 if value is pgoutput.UNCHANGED_TOAST)
+
+
 def _keys_required(schema: TableSchema) -> TableSchema:
     """Non-key columns are nullable in the Avro schema: before images may be partial."""
     columns = tuple(Column(c.name, c.type, nullable=c.name not in schema.key)
@@ -224,7 +233,8 @@ class PostgresStream:
         return captured
 
     def _event(self, captured: CapturedTable, txn: _Transaction, lsn: int, op: Op,
-               before: dict[str, Any] | None, after: dict[str, Any] | None) -> ChangeEvent:
+               before: dict[str, Any] | None, after: dict[str, Any] | None,
+               unchanged: tuple[str, ...] = ()) -> ChangeEvent:
         txn.ordinal += 1
         table = captured.schema.table
         txn.per_table[table] = txn.per_table.get(table, 0) + 1
@@ -236,6 +246,7 @@ class PostgresStream:
                          "sequence": json.dumps([format_lsn(txn.commit_lsn), format_lsn(lsn)])},
             transaction=TransactionInfo(f"{txn.xid}:{txn.commit_lsn}", txn.ordinal,
                                         txn.per_table[table]),
+            unchanged=unchanged,
         )
 
     def _row_change(self, change: pgoutput.Insert | pgoutput.Update | pgoutput.Delete,
@@ -253,14 +264,28 @@ class PostgresStream:
         after = captured.row(change.new)
         before = captured.row(change.old) if change.old is not None else None
         schema = captured.schema
+        unchanged = _unchanged_toast(captured, change)
+        if unchanged and change.old is not None and not change.old_is_key_only:
+            # REPLICA IDENTITY FULL: the old tuple is whole (PostgreSQL detoasts it)
+            assert before is not None
+            old = dict(zip((c.name for c in schema.columns), change.old, strict=True))
+            for name in unchanged:
+                if old[name] is not pgoutput.UNCHANGED_TOAST:
+                    after[name] = before[name]
+            unchanged = tuple(n for n in unchanged if old[n] is pgoutput.UNCHANGED_TOAST)
         if before is not None and schema.key_of(before) != schema.key_of(after):
             # the primary key changed: the old key is deleted, the new one created
-            yield self._event(captured, txn, lsn, Op.DELETE, before, None)
-            yield self._event(captured, txn, lsn, Op.CREATE, None, after)
+            delete = self._event(captured, txn, lsn, Op.DELETE, before, None)
+            create = self._event(captured, txn, lsn, Op.CREATE, None, after, unchanged)
+            if unchanged:  # their values are in the old key's image: one step for both
+                create.replaces = delete
+            else:
+                yield delete
+            yield create
             return
         if before is not None and change.old_is_key_only:
             before = None  # only the key was sent; Debezium then reports no before image
-        yield self._event(captured, txn, lsn, Op.UPDATE, before, after)
+        yield self._event(captured, txn, lsn, Op.UPDATE, before, after, unchanged)
 
     def _truncate(self, truncate: pgoutput.Truncate, txn: _Transaction,
                   lsn: int) -> Iterator[ChangeEvent]:
