@@ -79,10 +79,31 @@ def _namespace(schema: TableSchema) -> str:
                                                  schema.table.table))
 
 
+def _defined_once(avro_type: Any, defined: set[str]) -> Any:
+    """``avro_type`` with each named type after its first definition replaced by its full name:
+    Avro allows one definition per name (two point columns share Debezium's Point record)."""
+    if isinstance(avro_type, list):
+        return [_defined_once(branch, defined) for branch in avro_type]
+    if not isinstance(avro_type, dict):
+        return avro_type
+    if avro_type.get("type") == "array":
+        return {**avro_type, "items": _defined_once(avro_type["items"], defined)}
+    if avro_type.get("type") in ("record", "enum", "fixed"):
+        full = ".".join(part for part in (avro_type.get("namespace"), avro_type["name"]) if part)
+        if full in defined:
+            return full
+        defined.add(full)
+        if avro_type["type"] == "record":
+            return {**avro_type, "fields": [{**f, "type": _defined_once(f["type"], defined)}
+                                            for f in avro_type["fields"]]}
+    return avro_type
+
+
 def _fields(columns: tuple[Column, ...]) -> list[dict[str, Any]]:
     out = []
+    defined: set[str] = set()
     for column, name in zip(columns, field_names(columns), strict=True):
-        avro_type = column.type.avro()
+        avro_type = _defined_once(column.type.avro(), defined)
         field: dict[str, Any] = {"name": name, "cdc.type": column.type.describe()}
         if column.nullable:
             branches = avro_type if isinstance(avro_type, list) else [avro_type]

@@ -17,7 +17,15 @@ Debezium leaves open are stated here and in ``docs/types.md``:
 * **timestamp with time zone**: ISO-8601 ``string`` in UTC ending in ``Z``
   (``io.debezium.time.ZonedTimestamp``); infinities are the strings ``infinity``/``-infinity``.
 * **date**: ``int`` days since the epoch (``io.debezium.time.Date``); infinities are
-  ``2**31 - 1`` and ``-2**31``.
+  ``2**31 - 1`` and ``-2**31``. Dates and timestamps outside Python's years 1-9999 (PostgreSQL's
+  BC dates, years past 9999) are passed as ``int`` days / microseconds since the epoch and print
+  as ISO 8601 expanded years (``-0043-03-15`` is 44 BC: astronomical year numbering).
+* **interval**: Debezium's ``io.debezium.time.Interval`` string ``P<y>Y<m>M<d>DT<h>H<m>M<s>S``
+  (``interval.handling.mode=string``): exact, unlike the approximate ``MicroDuration``.
+* **time with time zone**: ``io.debezium.time.ZonedTime`` string in UTC, ``HH:MM:SS.ffffffZ``.
+* **arrays** may nest up to :data:`MAX_DIMENSIONS` levels (PostgreSQL's limit): each level's item
+  union holds the element type and the next level's array, so one column schema takes 1-D and
+  multidimensional values alike.
 
 Avro ``logicalType`` is only used for decimals: dates and times carry Debezium's ``connect.name``
 instead, so readers never choke on the infinity sentinels.
@@ -29,11 +37,13 @@ import base64
 import datetime as dt
 import json
 import math
+import re
+import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
-from typing import Any
+from typing import Any, NamedTuple
 
 from cdc.errors import EncodingError
 
@@ -43,6 +53,17 @@ INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 EPOCH = dt.datetime(1970, 1, 1)
 EPOCH_DATE = dt.date(1970, 1, 1)
+DAY_MICROS = 86_400_000_000
+#: the deepest array nesting a column schema takes (PostgreSQL's MAXDIM)
+MAX_DIMENSIONS = 6
+
+
+class Interval(NamedTuple):
+    """A PostgreSQL-style interval: its three independent fields, each with its own sign."""
+
+    months: int
+    days: int
+    micros: int
 #: exact arithmetic for any decimal PostgreSQL can hold (131072 digits before the point)
 _WIDE = Context(prec=140_000, Emax=MAX_EMAX, Emin=MIN_EMIN)
 
@@ -270,10 +291,82 @@ def _infinity(value: Any) -> int:
     return 0
 
 
+def days_from_civil(year: int, month: int, day: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date; ``year`` is astronomical (0 = 1 BC)."""
+    year -= month <= 2
+    era = year // 400
+    year_of_era = year - era * 400
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146_097 + day_of_era - 719_468
+
+
+def civil_from_days(days: int) -> tuple[int, int, int]:
+    """(astronomical year, month, day) of ``days`` since 1970-01-01, for any number of days."""
+    days += 719_468
+    era = days // 146_097
+    day_of_era = days - era * 146_097
+    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36_524
+                   - day_of_era // 146_096) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    shifted = (5 * day_of_year + 2) // 153
+    day = day_of_year - (153 * shifted + 2) // 5 + 1
+    month = shifted + 3 if shifted < 10 else shifted - 9
+    return year_of_era + era * 400 + (month <= 2), month, day
+
+
+def _iso_date(days: int) -> str:
+    """ISO 8601 date; years outside 0000-9999 in the expanded form (``-0043``, ``+10000``)."""
+    year, month, day = civil_from_days(days)
+    shown = f"{year:04d}" if 0 <= year <= 9999 else f"+{year}" if year > 0 else f"-{-year:04d}"
+    return f"{shown}-{month:02d}-{day:02d}"
+
+
+def _iso_datetime(micros: int) -> str:
+    days, micros = divmod(micros, DAY_MICROS)
+    return f"{_iso_date(days)}T{_clock(micros)}"
+
+
+def _clock(micros: int) -> str:
+    seconds, micro = divmod(micros, 1_000_000)
+    minutes, second = divmod(seconds, 60)
+    hour, minute = divmod(minutes, 60)
+    return f"{hour:02d}:{minute:02d}:{second:02d}.{micro:06d}"
+
+
+_ISO_DATE = re.compile(r"([+-]?\d{4,})-(\d\d)-(\d\d)")
+_ISO_DATETIME = re.compile(r"([+-]?\d{4,})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?Z?")
+
+
+def _days_of_iso(text: str) -> int:
+    match = _ISO_DATE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not an ISO 8601 date: {text!r}")
+    return days_from_civil(int(match[1]), int(match[2]), int(match[3]))
+
+
+def _micros_of_iso(text: str) -> int:
+    match = _ISO_DATETIME.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not an ISO 8601 date-time: {text!r}")
+    year, month, day, hour, minute, second = (int(part) for part in match.groups()[:6])
+    fraction = int((match[7] or "").ljust(6, "0"))
+    return (days_from_civil(year, month, day) * 86_400 + (hour * 60 + minute) * 60
+            + second) * 1_000_000 + fraction
+
+
+def _plain_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _date_to_avro(ctype: ColumnType, value: Any) -> Any:
     sign = _infinity(value)
     if sign:
         return INT32_MAX if sign > 0 else INT32_MIN
+    if _plain_int(value):
+        if not INT32_MIN < value < INT32_MAX:
+            raise _fail(ctype, value, "days since 1970 beyond a 32-bit int")
+        return value  # days since the epoch already (dates outside Python's years 1-9999)
     if isinstance(value, dt.datetime) or not isinstance(value, dt.date):
         raise _fail(ctype, value, "expected a date")
     return (value - EPOCH_DATE).days
@@ -284,7 +377,10 @@ def _date_to_json(_t: ColumnType, datum: Any) -> Any:
         return "infinity"
     if datum == INT32_MIN:
         return "-infinity"
-    return (EPOCH_DATE + dt.timedelta(days=datum)).isoformat()
+    try:
+        return (EPOCH_DATE + dt.timedelta(days=datum)).isoformat()
+    except OverflowError:
+        return _iso_date(datum)
 
 
 def _time_to_avro(ctype: ColumnType, value: Any) -> Any:
@@ -292,18 +388,27 @@ def _time_to_avro(ctype: ColumnType, value: Any) -> Any:
         return ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + (
             value.microsecond
         )
-    if isinstance(value, dt.timedelta):  # MySQL TIME can exceed a day
+    if isinstance(value, dt.timedelta):  # MySQL TIME can exceed a day; PostgreSQL has 24:00:00
         return (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
     raise _fail(ctype, value, "expected a time")
 
 
 def _time_to_json(_t: ColumnType, datum: Any) -> Any:
     sign = "-" if datum < 0 else ""
-    micros = abs(datum)
-    seconds, micro = divmod(micros, 1_000_000)
-    minutes, second = divmod(seconds, 60)
-    hour, minute = divmod(minutes, 60)
-    return f"{sign}{hour:02d}:{minute:02d}:{second:02d}.{micro:06d}"
+    return sign + _clock(abs(datum))
+
+
+def _timetz_to_avro(ctype: ColumnType, value: Any) -> Any:
+    """``HH:MM:SS.ffffffZ`` in UTC (Debezium's ZonedTime); an ``int`` is UTC micros already."""
+    if _plain_int(value):
+        return _clock(value % DAY_MICROS) + "Z"
+    if not isinstance(value, dt.time) or value.utcoffset() is None:
+        raise _fail(ctype, value, "expected a time with a UTC offset")
+    offset = value.utcoffset()
+    assert offset is not None
+    local = _time_to_avro(ctype, value)
+    shift = (offset.days * 86_400 + offset.seconds) * 1_000_000 + offset.microseconds
+    return _clock((local - shift) % DAY_MICROS) + "Z"
 
 
 def _micros_since_epoch(moment: dt.datetime) -> int:
@@ -315,6 +420,11 @@ def _timestamp_to_avro(ctype: ColumnType, value: Any) -> Any:
     sign = _infinity(value)
     if sign:
         return INT64_MAX if sign > 0 else INT64_MIN
+    if _plain_int(value):
+        if not INT64_MIN < value < INT64_MAX:
+            raise _fail(ctype, value, "microseconds since 1970 beyond a 64-bit long "
+                                      "(after 294247-01-10)")
+        return value  # microseconds since the epoch already
     if not isinstance(value, dt.datetime):
         raise _fail(ctype, value, "expected a datetime")
     if value.tzinfo is not None:
@@ -327,7 +437,10 @@ def _timestamp_to_json(_t: ColumnType, datum: Any) -> Any:
         return "infinity"
     if datum == INT64_MIN:
         return "-infinity"
-    moment = EPOCH + dt.timedelta(microseconds=datum)
+    try:
+        moment = EPOCH + dt.timedelta(microseconds=datum)
+    except OverflowError:
+        return _iso_datetime(datum)
     return moment.isoformat(timespec="microseconds")
 
 
@@ -335,16 +448,116 @@ def _timestamptz_to_avro(ctype: ColumnType, value: Any) -> Any:
     sign = _infinity(value)
     if sign:
         return "infinity" if sign > 0 else "-infinity"
+    if _plain_int(value):
+        return _iso_datetime(value) + "Z"  # UTC microseconds since the epoch
     if not isinstance(value, dt.datetime) or value.tzinfo is None:
         raise _fail(ctype, value, "expected a timezone-aware datetime")
     utc = value.astimezone(dt.UTC).replace(tzinfo=None)
     return utc.isoformat(timespec="microseconds") + "Z"
 
 
+def _toward_zero(value: int, unit: int) -> tuple[int, int]:
+    """(quotient, remainder) with the quotient truncated toward zero, as PostgreSQL and Java do."""
+    quotient = abs(value) // unit * (1 if value >= 0 else -1)
+    return quotient, value - quotient * unit
+
+
+def interval_text(value: Interval) -> str:
+    """Debezium's ``io.debezium.time.Interval`` text: ``P<y>Y<m>M<d>DT<h>H<m>M<s>S``."""
+    years, months = _toward_zero(value.months, 12)
+    hours, rest = _toward_zero(value.micros, 3_600_000_000)
+    minutes, rest = _toward_zero(rest, 60_000_000)
+    whole, fraction = divmod(abs(rest), 1_000_000)
+    seconds = ("-" if rest < 0 else "") + str(whole) + (
+        "." + f"{fraction:06d}".rstrip("0") if fraction else "")
+    return f"P{years}Y{months}M{value.days}DT{hours}H{minutes}M{seconds}S"
+
+
+_INTERVAL_TEXT = re.compile(r"P(-?\d+)Y(-?\d+)M(-?\d+)DT(-?\d+)H(-?\d+)M(-?)(\d+)(?:\.(\d{1,6}))?S")
+
+
+def parse_interval_text(text: str) -> Interval:
+    """The :class:`Interval` of a text made by :func:`interval_text`."""
+    match = _INTERVAL_TEXT.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not an interval text: {text!r}")
+    years, months, days, hours, minutes = (int(part) for part in match.groups()[:5])
+    seconds = int(match[7]) * 1_000_000 + int((match[8] or "").ljust(6, "0"))
+    micros = (hours * 60 + minutes) * 60_000_000 + (-seconds if match[6] else seconds)
+    return Interval(years * 12 + months, days, micros)
+
+
+def _interval_to_avro(ctype: ColumnType, value: Any) -> Any:
+    if isinstance(value, Interval):
+        return interval_text(value)
+    if isinstance(value, dt.timedelta):
+        return interval_text(Interval(0, 0, (value.days * 86_400 + value.seconds) * 1_000_000
+                                      + value.microseconds))
+    raise _fail(ctype, value, "expected an Interval or a timedelta")
+
+
+# -- bits, geometry ----------------------------------------------------------------------------
+def _bits_avro(ctype: ColumnType) -> Any:
+    return {"type": "bytes", "connect.name": "io.debezium.data.Bits", "connect.version": 1,
+            "connect.parameters": {"length": str(ctype.precision)}}
+
+
+def _bits_to_avro(ctype: ColumnType, value: Any) -> Any:
+    """A bit string (``"0101"``) as Debezium's Bits: the number it spells, little-endian, in
+    ceil(length / 8) bytes."""
+    if not isinstance(value, str) or not value or value.strip("01"):
+        raise _fail(ctype, value, "expected a string of 0s and 1s")
+    length = ctype.precision or len(value)
+    if len(value) != length:
+        raise _fail(ctype, value, f"expected exactly {length} bits")
+    return int(value, 2).to_bytes((length + 7) // 8, "little")
+
+
+def _bits_to_json(ctype: ColumnType, datum: Any) -> Any:
+    length = ctype.precision or len(datum) * 8
+    return format(int.from_bytes(datum, "little"), f"0{length}b")
+
+
+_POINT_AVRO = {
+    "type": "record", "name": "Point", "namespace": "io.debezium.data.geometry",
+    "connect.name": "io.debezium.data.geometry.Point", "connect.version": 1,
+    "fields": [
+        {"name": "x", "type": "double"},
+        {"name": "y", "type": "double"},
+        {"name": "wkb", "type": ["null", "bytes"], "default": None},
+        {"name": "srid", "type": ["null", "int"], "default": None},
+    ],
+}
+_WKB_POINT = struct.Struct("<BIdd")
+
+
+def _point_to_avro(ctype: ColumnType, value: Any) -> Any:
+    """An ``(x, y)`` tuple (or a dict with x and y) as Debezium's geometry Point struct."""
+    if isinstance(value, dict):
+        value = (value.get("x"), value.get("y"))
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise _fail(ctype, value, "expected an (x, y) tuple")
+    x, y = (_float_to_avro(ctype, part) for part in value)
+    return {"x": x, "y": y, "wkb": _WKB_POINT.pack(1, 1, x, y), "srid": None}
+
+
+def _point_to_json(_t: ColumnType, datum: Any) -> Any:
+    wkb = datum.get("wkb")
+    return {"x": _float_to_json(_t, datum["x"]), "y": _float_to_json(_t, datum["y"]),
+            "wkb": None if wkb is None else base64.b64encode(wkb).decode("ascii"),
+            "srid": datum.get("srid")}
+
+
 # -- arrays ------------------------------------------------------------------------------------
 def _array_avro(ctype: ColumnType) -> Any:
     assert ctype.element is not None
-    return {"type": "array", "items": ["null", ctype.element.avro()]}
+    inner = ctype.element.avro()
+    branches = inner if isinstance(inner, list) else [inner]
+    items: list[Any] = ["null", *branches]
+    if ctype.element.name != "array":  # nested lists are more dimensions of the same element
+        for _ in range(MAX_DIMENSIONS - 1):
+            items = ["null", *branches, {"type": "array", "items": items}]
+    return {"type": "array", "items": items}
 
 
 def _array_to_avro(ctype: ColumnType, value: Any) -> Any:
@@ -352,13 +565,31 @@ def _array_to_avro(ctype: ColumnType, value: Any) -> Any:
     if not isinstance(value, list | tuple):
         raise _fail(ctype, value, "expected a list")
     element = ctype.element
-    return [None if item is None else element.to_avro(item) for item in value]
+    if element.name == "array":
+        return [None if item is None else element.to_avro(item) for item in value]
+    return _dimension_to_avro(ctype, element, value, 1)
+
+
+def _dimension_to_avro(ctype: ColumnType, element: ColumnType, value: Any, depth: int) -> Any:
+    if depth > MAX_DIMENSIONS:
+        raise _fail(ctype, value, f"more than {MAX_DIMENSIONS} dimensions")
+    return [None if item is None
+            else _dimension_to_avro(ctype, element, item, depth + 1) if type(item) is list
+            else element.to_avro(item) for item in value]
 
 
 def _array_to_json(ctype: ColumnType, datum: Any) -> Any:
     assert ctype.element is not None
     element = ctype.element
-    return [None if item is None else element.to_json(item) for item in datum]
+    if element.name == "array":
+        return [None if item is None else element.to_json(item) for item in datum]
+    return _dimension_to_json(element, datum)
+
+
+def _dimension_to_json(element: ColumnType, datum: Any) -> Any:
+    return [None if item is None
+            else _dimension_to_json(element, item) if type(item) is list
+            else element.to_json(item) for item in datum]
 
 
 def _connect(avro_type: str, name: str) -> Callable[[ColumnType], Any]:
@@ -383,7 +614,10 @@ _CODECS: dict[str, _Codec] = {
                       _numeric_to_avro),
     "string": _Codec(lambda _t: "string", _string_to_avro),
     "bytes": _Codec(lambda _t: "bytes", _bytes_to_avro, _bytes_to_json),
+    "bits": _Codec(_bits_avro, _bits_to_avro, _bits_to_json),
     "json": _Codec(_connect("string", "io.debezium.data.Json"), _json_to_avro),
+    "xml": _Codec(_connect("string", "io.debezium.data.Xml"), _string_to_avro),
+    "ltree": _Codec(_connect("string", "io.debezium.data.Ltree"), _string_to_avro),
     "uuid": _Codec(_connect("string", "io.debezium.data.Uuid"), _uuid_to_avro),
     "enum": _Codec(
         lambda t: {"type": "string", "connect.name": "io.debezium.data.Enum",
@@ -392,10 +626,13 @@ _CODECS: dict[str, _Codec] = {
     ),
     "date": _Codec(_connect("int", "io.debezium.time.Date"), _date_to_avro, _date_to_json),
     "time": _Codec(_connect("long", "io.debezium.time.MicroTime"), _time_to_avro, _time_to_json),
+    "timetz": _Codec(_connect("string", "io.debezium.time.ZonedTime"), _timetz_to_avro),
     "timestamp": _Codec(_connect("long", "io.debezium.time.MicroTimestamp"), _timestamp_to_avro,
                         _timestamp_to_json),
     "timestamptz": _Codec(_connect("string", "io.debezium.time.ZonedTimestamp"),
                           _timestamptz_to_avro),
+    "interval": _Codec(_connect("string", "io.debezium.time.Interval"), _interval_to_avro),
+    "point": _Codec(lambda _t: _POINT_AVRO, _point_to_avro, _point_to_json),
     "array": _Codec(_array_avro, _array_to_avro, _array_to_json),
 }
 
@@ -410,16 +647,39 @@ def _from_json(ctype: ColumnType, value: Any) -> Any:
     if name == "bytes":
         return base64.b64decode(value)
     if name == "date":
-        return value if _infinity(value) else dt.date.fromisoformat(value)
+        if _infinity(value):
+            return value
+        try:
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            return _days_of_iso(value)
     if name in ("timestamp", "timestamptz"):
         if _infinity(value):
             return value
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        try:
+            return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return _micros_of_iso(value)
     if name == "time":
+        if value.startswith("24:"):
+            return dt.timedelta(days=1)
         return dt.time.fromisoformat(value)
+    if name == "timetz":
+        return _micros_of_iso("1970-01-01T" + value)
+    if name == "interval":
+        return parse_interval_text(value)
+    if name == "point":
+        return tuple(_from_json(ColumnType("float64"), value[axis]) for axis in ("x", "y"))
     if name in ("float32", "float64") and isinstance(value, str):
         return float(value.replace("Infinity", "inf"))
     if name == "array":
         assert ctype.element is not None
-        return [ctype.element.from_json(item) for item in value]
+        return _array_from_json(ctype.element, value)
     return value
+
+
+def _array_from_json(element: ColumnType, value: Any) -> Any:
+    if element.name == "array":
+        return [element.from_json(item) for item in value]
+    return [_array_from_json(element, item) if type(item) is list else element.from_json(item)
+            for item in value]

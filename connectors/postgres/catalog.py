@@ -12,7 +12,7 @@ import psycopg
 from cdc.events import Column, TableId, TableSchema
 from connectors.postgres.connection import SourceError
 from connectors.postgres.replication import quote_ident
-from connectors.postgres.types import BUILTIN, PgType, pg_type
+from connectors.postgres.types import BUILTIN, MODIFIED, PgType, pg_type
 
 
 def qualified(table: TableId) -> str:
@@ -101,27 +101,31 @@ def key_columns(info: TableInfo, source: str, configured: list[str] | None) -> t
 
 
 def type_catalog(conn: psycopg.Connection[Any], oids: set[int]) -> dict[int, dict[str, Any]]:
-    """Descriptions of the non-built-in types among ``oids`` (enums, domains, arrays, others)."""
-    wanted = sorted(oid for oid in oids if oid not in BUILTIN and oid != 1700)
+    """Descriptions of the non-built-in types among ``oids`` (enums, domains, arrays, others),
+    and of the types those refer to (a domain's base type, an array's element type)."""
+    wanted = sorted(oid for oid in oids if oid not in BUILTIN and oid not in MODIFIED)
     out: dict[int, dict[str, Any]] = {}
     while wanted:
         rows = conn.execute(
             "SELECT t.oid, t.typname, t.typtype, t.typbasetype, t.typtypmod, t.typelem, "
             "t.typcategory, (SELECT array_agg(e.enumlabel ORDER BY e.enumsortorder) FROM pg_enum e "
-            "WHERE e.enumtypid = t.oid) FROM pg_type t WHERE t.oid = ANY(%s)", (wanted,)).fetchall()
+            "WHERE e.enumtypid = t.oid), (SELECT el.typdelim FROM pg_type el "
+            "WHERE el.oid = t.typelem) FROM pg_type t WHERE t.oid = ANY(%s)",
+            (wanted,)).fetchall()
         more: set[int] = set()
-        for oid, name, kind, base, base_mod, element, category, labels in rows:
+        for oid, name, kind, base, base_mod, element, category, labels, delimiter in rows:
             if kind == "e":
                 out[oid] = {"kind": "enum", "name": name, "values": list(labels or [])}
             elif kind == "d":
                 out[oid] = {"kind": "domain", "name": name, "base": base, "base_modifier": base_mod}
                 more.add(int(base))
             elif category == "A" and element:
-                out[oid] = {"kind": "array", "name": name, "element": element}
+                out[oid] = {"kind": "array", "name": name, "element": element,
+                            "delimiter": str(delimiter or ",")}
                 more.add(int(element))
             else:
                 out[oid] = {"kind": "other", "name": name}
-        wanted = sorted(o for o in more if o not in out and o not in BUILTIN and o != 1700)
+        wanted = sorted(o for o in more if o not in out and o not in BUILTIN and o not in MODIFIED)
     return out
 
 
