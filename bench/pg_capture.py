@@ -209,16 +209,31 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def reap(proc: subprocess.Popen[bytes], poll: Callable[[], None], timeout: float
-         ) -> tuple[int, os.struct_rusage]:
-    """Wait for a child with ``wait4`` (exit code and its rusage), calling ``poll`` meanwhile."""
+@dataclass
+class Exited:
+    code: int
+    cpu_s: float  # user + system, from wait4
+    rss_mb: float | None  # the highest VmHWM seen while polling /proc
+
+
+def reap(proc: subprocess.Popen[bytes], poll: Callable[[], None], timeout: float) -> Exited:
+    """Wait for a child with ``wait4``, calling ``poll`` meanwhile.
+
+    Peak RSS comes from polling ``/proc/<pid>/status`` (VmHWM), not from ``ru_maxrss``: Linux
+    carries the high-water mark across ``fork`` + ``exec``, so a child of this (large) process
+    would report our own peak.
+    """
     deadline = time.monotonic() + timeout
+    peak: float | None = None
     while True:
+        rss = peak_rss_mb(proc.pid)
+        if rss is not None:
+            peak = max(peak or 0.0, rss)
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
             code = os.waitstatus_to_exitcode(status)
             proc.returncode = code
-            return code, usage
+            return Exited(code, usage.ru_utime + usage.ru_stime, peak)
         if time.monotonic() > deadline:
             proc.kill()
             pid, status, usage = os.wait4(proc.pid, 0)
@@ -363,9 +378,9 @@ def create_slot(conn: psycopg.Connection[Any], slot: str) -> None:
 
 def run_cdc(bench: Bench, args: Sequence[str], log_name: str, timeout: float = 600,
             poll: Callable[[], None] | None = None, profile_to: Path | None = None
-            ) -> tuple[subprocess.CompletedProcess[str], os.struct_rusage, float]:
+            ) -> tuple[subprocess.CompletedProcess[str], Exited, float]:
     """Run ``cdc <args>`` to completion (its main thread under cProfile if ``profile_to``):
-    (result, rusage, wall seconds)."""
+    (result, how it exited, wall seconds)."""
     out = bench.work / f"{log_name}.out"
     command = cdc_command(*args)
     if profile_to is not None:
@@ -373,12 +388,12 @@ def run_cdc(bench: Bench, args: Sequence[str], log_name: str, timeout: float = 6
     with open(out, "wb") as sink:
         started = time.perf_counter()
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=PROJECT)
-        code, usage = reap(proc, poll or (lambda: None), timeout)
+        exited = reap(proc, poll or (lambda: None), timeout)
         seconds = time.perf_counter() - started
     text = out.read_text(errors="replace")
-    if code != 0:
-        raise RuntimeError(f"cdc {' '.join(args)} exited {code}:\n{tail(out)}")
-    return subprocess.CompletedProcess(proc.args, code, text, ""), usage, seconds
+    if exited.code != 0:
+        raise RuntimeError(f"cdc {' '.join(args)} exited {exited.code}:\n{tail(out)}")
+    return subprocess.CompletedProcess(proc.args, exited.code, text, ""), exited, seconds
 
 
 def setup(bench: Bench) -> None:
@@ -471,13 +486,13 @@ def measure_recvlogical(bench: Bench) -> Result:
 
         started = time.perf_counter()
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
-        code, usage = reap(proc, poll, bench.args.timeout)
+        exited = reap(proc, poll, bench.args.timeout)
         seconds = time.perf_counter() - started
-    if code != 0:
-        return Result(RECV, "stream", bench.expected, error=f"exit {code}: {tail(errors)}")
+    if exited.code != 0:
+        return Result(RECV, "stream", bench.expected,
+                      error=f"exit {exited.code}: {tail(errors)}")
     counts = count_pgoutput(output)
-    result = Result(RECV, "stream", bench.expected, seconds, usage.ru_maxrss / 1024,
-                    usage.ru_utime + usage.ru_stime,
+    result = Result(RECV, "stream", bench.expected, seconds, exited.rss_mb, exited.cpu_s,
                     extra={"messages": dict(counts), "bytes": output.stat().st_size})
     got = (counts["I"], counts["U"], counts["C"])
     want = (bench.expected_inserts, bench.expected_updates, bench.transactions)
@@ -690,7 +705,7 @@ def measure_debezium(bench: Bench) -> Result:
                                  "--debezium-child", str(spec_file)],
                                 stdout=sink, stderr=subprocess.STDOUT, cwd=directory)
         try:
-            code, _ = reap(proc, poll, bench.args.timeout + 120)
+            code = reap(proc, poll, bench.args.timeout + 120).code
         except TimeoutError as exc:
             result.error = str(exc)
             return result
@@ -806,12 +821,13 @@ def measure_copy(bench: Bench) -> Result:
         bar.add_task(f"{COPY} > /dev/null", total=None, info="")
         started = time.perf_counter()
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
-        code, usage = reap(proc, lambda: None, bench.args.timeout)
+        exited = reap(proc, lambda: None, bench.args.timeout)
         seconds = time.perf_counter() - started
-    if code != 0:
-        return Result(COPY, "snapshot", bench.args.rows, error=f"exit {code}: {tail(errors)}")
-    return Result(COPY, "snapshot", bench.args.rows, seconds, usage.ru_maxrss / 1024,
-                  usage.ru_utime + usage.ru_stime, note="text format, into /dev/null")
+    if exited.code != 0:
+        return Result(COPY, "snapshot", bench.args.rows,
+                      error=f"exit {exited.code}: {tail(errors)}")
+    return Result(COPY, "snapshot", bench.args.rows, seconds, exited.rss_mb, exited.cpu_s,
+                  note="text format, into /dev/null")
 
 
 def measure_copy_rows(bench: Bench) -> Result:
@@ -840,14 +856,13 @@ def measure_bootstrap(bench: Bench, source: str = SNAPSHOT_SOURCE,
     with bench.progress() as bar:
         task = bar.add_task(f"{label} (fresh log)", total=bench.args.rows, info="")
         try:
-            completed, usage, seconds = run_cdc(
+            completed, exited, seconds = run_cdc(
                 bench, ["bootstrap", "--config", str(config)], f"bootstrap-{source}",
                 bench.args.timeout, lambda: bar.update(task, completed=log_records(log)),
                 profile_to)
         except (RuntimeError, TimeoutError) as exc:
             return Result(label, "snapshot", bench.args.rows, error=str(exc))
-    result = Result(label, "snapshot", bench.args.rows, seconds, usage.ru_maxrss / 1024,
-                    usage.ru_utime + usage.ru_stime)
+    result = Result(label, "snapshot", bench.args.rows, seconds, exited.rss_mb, exited.cpu_s)
     match = re.search(r"([\d,]+) rows from \d+ table\(s\) in ([\d.]+) s", completed.stdout)
     records = log_records(log)
     if match:
