@@ -63,6 +63,7 @@ class PreviousImages:
         self._index: dict[tuple[str, int], dict[bytes, int]] = {}
         self._indexed_to: dict[tuple[str, int], int] = {}
         self.log_lookups = 0
+        self.log_scans = 0
 
     # -- keeping the cache -------------------------------------------------------------------
     def remember(self, topic: str, key: bytes, image: Image | None, size: int) -> None:
@@ -84,8 +85,14 @@ class PreviousImages:
         self._bytes = 0
 
     # -- looking up --------------------------------------------------------------------------
-    def latest(self, topic: str, key: bytes) -> Image | None:
-        """The latest after image of ``key``; ``None`` if it has none (unknown or deleted)."""
+    def latest(self, topic: str, key: bytes, before: bytes) -> Image | None:
+        """The latest after image of ``key`` older than position ``before``; ``None`` if it
+        has none (unknown or deleted).
+
+        The cache and the buffer hold only what this process added, in position order, so
+        their newest entry is older than the change being filled. The log may also hold
+        records a crashed run wrote *after* the point being replayed: those are skipped.
+        """
         cached = self._lru.get((topic, key))
         if cached is not None:
             self._lru.move_to_end((topic, key))
@@ -93,7 +100,7 @@ class PreviousImages:
         for record in reversed(self.buffer()):
             if record.topic == topic and record.key == key:
                 return self._image_of(record.value)
-        return self._from_log(topic, key)
+        return self._from_log(topic, key, before)
 
     def _image_of(self, value: bytes | None) -> Image | None:
         if value is None:
@@ -102,7 +109,7 @@ class PreviousImages:
         after = envelope.get("after")
         return None if after is None else (schema_id, after)
 
-    def _from_log(self, topic: str, key: bytes) -> Image | None:
+    def _from_log(self, topic: str, key: bytes, before: bytes) -> Image | None:
         if topic not in {t.name for t in self.log.topics()}:
             return None
         self.log_lookups += 1
@@ -112,9 +119,20 @@ class PreviousImages:
         if offset is None:
             return None
         for record in self.log.read(topic, partition, offset, 1):
-            if record.offset == offset and record.key == key:
+            if record.offset == offset and record.key == key and record.position < before:
                 return self._image_of(record.value)
-        return None  # compacted away meanwhile: only when a newer record (or expiry) exists
+        return self._scan_for(topic, partition, key, before)
+
+    def _scan_for(self, topic: str, partition: int, key: bytes, before: bytes) -> Image | None:
+        """The slow way, for replays after a crash: the key's newest record before ``before``
+        found by reading the whole partition."""
+        self.log_scans += 1
+        best: tuple[bytes, bytes | None] | None = None
+        for record in self.log.iter_partition(topic, partition):
+            if record.key == key and record.position < before and (
+                    best is None or record.position >= best[0]):
+                best = (record.position, record.value)
+        return None if best is None else self._image_of(best[1])
 
     def _catch_up(self, topic: str, partition: int) -> dict[bytes, int]:
         where = (topic, partition)
@@ -127,12 +145,13 @@ class PreviousImages:
         return index
 
     # -- filling -----------------------------------------------------------------------------
-    def filler(self, topic: str, key: bytes, unchanged: Sequence[str]
+    def filler(self, topic: str, key: bytes, unchanged: Sequence[str], position: bytes
                ) -> Callable[[TableCodec, dict[str, Any]], list[str]]:
-        """A fill function for :meth:`EventCodec.encode` completing ``unchanged`` columns."""
+        """A fill function for :meth:`EventCodec.encode` completing ``unchanged`` columns of
+        the change at ``position``."""
 
         def fill(codec: TableCodec, after: dict[str, Any]) -> list[str]:
-            previous = self.latest(topic, key)
+            previous = self.latest(topic, key, position)
             if previous is None:
                 return list(unchanged)
             schema_id, image = previous

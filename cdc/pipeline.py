@@ -68,7 +68,8 @@ class Dispatcher:
         if event.unchanged:
             image_of = event.replaces or event
             key = encode_key(event.schema, image_of.key or {})
-            fill = self._counting(self.images.filler(event.schema.topic, key, event.unchanged))
+            fill = self._counting(self.images.filler(event.schema.topic, key, event.unchanged,
+                                                     image_of.position.to_bytes()))
         records, after = self.codec.records_and_image(event, fill)
         if event.replaces is not None:
             self.add(event.replaces)

@@ -82,7 +82,8 @@ def test_password_from_env_works_and_stays_secret(table_db: Database, tmp_path: 
     env = {"TEST_PG_PASSWORD": SECRET_PASSWORD}
     runs = [cdc("bootstrap", "--config", str(config), env=env)]
     assert runs[0].returncode == 0, output(runs[0])
-    process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "capture", "--config", str(config)],
+    process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "capture", "--config",
+                                str(config)],
                                env={**os.environ, **env}, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     table_db.execute("UPDATE t SET v = 'changed' WHERE id = 1")

@@ -23,6 +23,7 @@ file, so a reader holding an old state still reads consistent bytes.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import fcntl
 import json
@@ -51,6 +52,8 @@ from cdc.log.partitioner import partition_for
 from cdc.log.segment import encode_record, list_segments, scan, segment_name
 
 STATE_FILE = "state.json"
+#: a read from an arbitrary offset starts at the nearest of every so many records seen before
+MARK_EVERY = 64
 LOCK_FILE = "LOCK"
 TOPICS_DIR = "topics"
 FORMAT_VERSION = 1
@@ -133,6 +136,9 @@ class LocalChangeLogReader(ChangeLogReader):
         # (topic, partition) -> (segment path, next offset, byte position) after the last read,
         # so a reader that continues where it stopped does not rescan the segment.
         self._resume: dict[tuple[str, int], tuple[Path, int, int]] = {}
+        # segment path -> (offset, byte position) of every MARK_EVERY-th record seen, so a read
+        # from an arbitrary offset starts near it (paths change when compaction rewrites)
+        self._marks: dict[Path, list[tuple[int, int]]] = {}
         if not self.path.is_dir():
             raise LogError(f"no change log at {self.path}",
                            "check log.path in the config, or run `cdc capture` to create the log")
@@ -217,11 +223,16 @@ class LocalChangeLogReader(ChangeLogReader):
             if segment.base == part.active_base and segment.generation == 0:
                 limit = part.active_bytes
             first_byte = 0
+            marks = self._marks.setdefault(segment.path, [])
             if resume and resume[0] == segment.path and resume[1] <= start:
                 first_byte = resume[2]
+            elif marks and marks[0][0] <= start:  # jump close to ``start``
+                first_byte = marks[bisect.bisect_right(marks, (start, 1 << 62)) - 1][1]
             for raw in scan(segment.path, first_byte, limit):
                 if raw.offset >= part.next_offset:
                     break
+                if raw.offset % MARK_EVERY == 0 and (not marks or raw.offset > marks[-1][0]):
+                    marks.append((raw.offset, raw.start))
                 if raw.offset < start:
                     continue
                 out.append(StoredRecord(topic, partition, raw.offset, raw.timestamp_ms, raw.key,
