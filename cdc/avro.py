@@ -27,6 +27,7 @@ from typing import Any
 import fastavro
 
 from cdc import __version__
+from cdc.avrowriter import Unsupported, Writer, compile_writer
 from cdc.errors import EncodingError, SchemaError
 from cdc.events import ChangeEvent, Column, Op, TableSchema, encode_key
 from cdc.log.base import Record
@@ -171,6 +172,8 @@ class TableCodec:
     parsed: Any
     #: (column name, avro field name, converter) per column
     columns: list[tuple[str, str, Converter]]
+    #: the compiled writer of the envelope (None: the schema needs fastavro's general writer)
+    writer: Writer | None = None
 
     @property
     def schema_id(self) -> int:
@@ -230,10 +233,14 @@ class EventCodec:
                 for column, field in zip(schema.columns, field_names(schema.columns), strict=True)
             ]
             parsed = fastavro.parse_schema(envelope)
-            codec = TableCodec(schema, registered, parsed, columns)
+            try:
+                writer: Writer | None = compile_writer(envelope)
+            except Unsupported:
+                writer = None
+            codec = TableCodec(schema, registered, parsed, columns, writer)
             self._codecs[fingerprint] = codec
         self._by_identity[id(schema)] = TableCodec(schema, codec.registered, codec.parsed,
-                                                   codec.columns)
+                                                   codec.columns, codec.writer)
         return codec
 
     def source_block(self, event: ChangeEvent) -> dict[str, Any]:
@@ -280,8 +287,16 @@ class EventCodec:
             "ts_ns": processed * 1_000_000,
             "unavailable_columns": unavailable,
         }
+        header = _FRAME.pack(MAGIC, codec.schema_id)
+        if codec.writer is not None:
+            out = bytearray(header)
+            try:
+                codec.writer(datum, out)
+                return bytes(out), after
+            except (ValueError, TypeError, KeyError, AttributeError, struct.error):
+                pass  # a value the fast path does not know: fastavro decides (or explains)
         buffer = io.BytesIO()
-        buffer.write(_FRAME.pack(MAGIC, codec.schema_id))
+        buffer.write(header)
         try:
             fastavro.schemaless_writer(buffer, codec.parsed, datum)
         except (ValueError, TypeError) as exc:
