@@ -76,7 +76,7 @@ _PRIMITIVE_WRITERS: dict[str, Writer] = {
 def _decimal_writer(scale: int) -> Writer:
     def write(value: Decimal | bytes, out: bytearray) -> None:
         if value.__class__ is bytes:  # already the unscaled two's complement bytes
-            _write_bytes(value, out)  # type: ignore[arg-type]
+            _write_bytes(value, out)
             return
         assert isinstance(value, Decimal)
         sign, digits, exponent = value.as_tuple()
@@ -141,16 +141,17 @@ class _Compiler:
     def _record(self, schema: dict[str, Any], namespace: str | None) -> Writer:
         full, space = self._name(schema, namespace)
         fields: list[tuple[str, Writer]] = []
+        compiled: list[Writer] = []
 
-        def write(value: dict[str, Any], out: bytearray) -> None:
-            for name, field_writer in fields:
-                field_writer(value.get(name), out)
+        def write(value: dict[str, Any], out: bytearray) -> None:  # until compiled below
+            compiled[0](value, out)
 
         self.writers[full] = write  # recursive references resolve to this
         self.writers[schema["name"]] = write
         for field in schema["fields"]:
             fields.append((field["name"], self.compile(field["type"], space)))
-        return write
+        compiled.append(_generate_record(schema["fields"], fields))
+        return compiled[0]
 
     @staticmethod
     def _array(items: Writer) -> Writer:
@@ -185,6 +186,8 @@ class _Compiler:
 
     def _union(self, branches: list[Any], namespace: str | None) -> Writer:
         """Branch by the value's Python type; ambiguous unions are unsupported."""
+        if len(branches) > 63:
+            raise Unsupported("a union of more than 63 branches")
         by_class: dict[type, tuple[int, Writer]] = {}
         null_index: int | None = None
         for index, branch in enumerate(branches):
@@ -209,14 +212,64 @@ class _Compiler:
             if value is None:
                 if null_index is None:
                     raise ValueError("null for a union without null")
-                write_long(null_index, out)
+                out.append(null_index << 1)
                 return
             found = by_class.get(value.__class__)
             if found is None:
                 raise ValueError(f"no branch of {branches!r} for {value!r}")
-            write_long(found[0], out)
+            out.append(found[0] << 1)  # the branch index as a long (unions are short)
             found[1](value, out)
         return write
+
+
+_INLINE = {
+    "long": ["n = (v << 1) ^ (v >> 63)", "if n < 128: out.append(n)", "else: wl(v, out)"],
+    "string": ["b = v.encode()", "n = len(b) << 1", "if n < 128: out.append(n)",
+               "else: wl(n >> 1, out)", "out += b"],
+    "double": ["out += pd(v)"],
+    "float": ["out += pf(v)"],
+    "boolean": ["out.append(1 if v else 0)"],
+}
+_INLINE["int"] = _INLINE["long"]
+
+
+def _plain(schema: Any) -> str | None:
+    """The primitive a field type is, when it can be written inline (no logical type)."""
+    if isinstance(schema, str):
+        return schema if schema in _INLINE else None
+    if isinstance(schema, dict) and "logicalType" not in schema and isinstance(
+            schema.get("type"), str):
+        return schema["type"] if schema["type"] in _INLINE else None
+    return None
+
+
+def _generate_record(fields: list[dict[str, Any]], writers: list[tuple[str, Writer]]) -> Writer:
+    """Python source for one record's writer, with primitive and nullable-primitive fields
+    inlined (a value of an unexpected type raises, and the caller falls back to fastavro)."""
+    lines = ["def write(value, out):"]
+    scope: dict[str, Any] = {"wl": write_long, "pd": _DOUBLE, "pf": _FLOAT}
+    for index, (field, (name, writer)) in enumerate(zip(fields, writers, strict=True)):
+        lines.append(f"    v = value.get({name!r})")
+        kind, branches = _plain(field["type"]), field["type"]
+        if kind is not None:
+            lines.extend("    " + line for line in _INLINE[kind])
+        elif (isinstance(branches, list) and len(branches) == 2 and "null" in branches
+              and _plain(branches[1 - branches.index("null")]) is not None):
+            null_at = branches.index("null")
+            inner = _plain(branches[1 - null_at])
+            assert inner is not None
+            lines.append(f"    if v is None: out.append({2 * null_at})")
+            lines.append("    else:")
+            lines.append(f"        out.append({2 * (1 - null_at)})")
+            lines.extend("        " + line for line in _INLINE[inner])
+        else:
+            scope[f"w{index}"] = writer
+            lines.append(f"    w{index}(v, out)")
+    if len(lines) == 1:
+        lines.append("    pass")
+    exec("\n".join(lines), scope)  # noqa: S102 - our own generated source, no user text
+    generated: Writer = scope["write"]
+    return generated
 
 
 def _write_fixed(value: bytes, out: bytearray) -> None:

@@ -36,6 +36,7 @@ _LAYOUTS: dict[str, tuple[int, tuple[str, ...]]] = {
 }
 _KIND_BY_TAG = {tag: kind for kind, (tag, _) in _LAYOUTS.items()}
 _U64 = struct.Struct(">Q")
+_POSTGRES = struct.Struct(">BQQQ")  # tag 1 and the three parts
 PHASE_SNAPSHOT = 0
 PHASE_STREAM = 1
 
@@ -72,8 +73,12 @@ class Position:
     # -- constructors ------------------------------------------------------------------------
     @classmethod
     def postgres(cls, lsn: int, ordinal: int, *, snapshot: bool = False) -> Position:
-        phase = PHASE_SNAPSHOT if snapshot else PHASE_STREAM
-        return cls("postgres", (lsn, phase, ordinal))
+        if not (0 <= lsn < 1 << 64 and 0 <= ordinal < 1 << 64):
+            raise ValueError(f"position parts must be unsigned 64-bit integers: {lsn}, {ordinal}")
+        position = cls.__new__(cls)  # the checks above are all __init__ would do
+        position.kind = "postgres"
+        position.parts = (lsn, PHASE_SNAPSHOT if snapshot else PHASE_STREAM, ordinal)
+        return position
 
     @classmethod
     def mysql(cls, file_seq: int, pos: int, row: int) -> Position:
@@ -85,6 +90,8 @@ class Position:
 
     # -- encodings ---------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
+        if self.kind == "postgres":
+            return _POSTGRES.pack(1, *self.parts)
         tag = _LAYOUTS[self.kind][0]
         return bytes([tag]) + b"".join(_U64.pack(part) for part in self.parts)
 

@@ -222,12 +222,14 @@ class LocalChangeLogReader(ChangeLogReader):
             limit = None
             if segment.base == part.active_base and segment.generation == 0:
                 limit = part.active_bytes
-            first_byte = 0
+            first_byte, from_offset = 0, -1
             marks = self._marks.setdefault(segment.path, [])
             if resume and resume[0] == segment.path and resume[1] <= start:
-                first_byte = resume[2]
-            elif marks and marks[0][0] <= start:  # jump close to ``start``
-                first_byte = marks[bisect.bisect_right(marks, (start, 1 << 62)) - 1][1]
+                first_byte, from_offset = resume[2], resume[1]
+            if marks and from_offset < marks[0][0] <= start:  # a mark may be closer
+                mark = marks[bisect.bisect_right(marks, (start, 1 << 62)) - 1]
+                if mark[0] > from_offset:
+                    first_byte = mark[1]
             for raw in scan(segment.path, first_byte, limit):
                 if raw.offset >= part.next_offset:
                     break

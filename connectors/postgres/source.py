@@ -47,16 +47,21 @@ class CapturedTable:
 
     schema: TableSchema
     parsers: list[PgType]
+    #: (column name, text parser) per column, in order
+    plan: list[tuple[str, Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.plan = [(column.name, mapping.parse)
+                     for column, mapping in zip(self.schema.columns, self.parsers, strict=True)]
 
     def row(self, values: tuple[object, ...]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for column, mapping, value in zip(self.schema.columns, self.parsers, values,
-                                          strict=True):
-            if value is None or value is pgoutput.UNCHANGED_TOAST:
-                out[column.name] = None
-            else:
-                out[column.name] = mapping.parse(value)  # type: ignore[arg-type]
-        return out
+        if len(values) != len(self.plan):
+            raise SourceError(f"{self.schema.table}: a tuple of {len(values)} columns for a "
+                              f"schema of {len(self.plan)}",
+                              "restart capture; report it if it repeats")
+        unchanged = pgoutput.UNCHANGED_TOAST
+        return {name: None if value is None or value is unchanged else parse(value)
+                for (name, parse), value in zip(self.plan, values, strict=False)}
 
 
 def database_of(source: SourceConfig) -> str:
@@ -160,6 +165,10 @@ class _Transaction:
     commit_ms: int
     ordinal: int = 0
     per_table: dict[TableId, int] = field(default_factory=dict)
+    commit_text: str = ""
+
+    def __post_init__(self) -> None:
+        self.commit_text = format_lsn(self.commit_lsn)
 
 
 class PostgresStream:
@@ -243,7 +252,7 @@ class PostgresStream:
             before=before, after=after,
             source_info={"txId": txn.xid, "lsn": lsn, "xmin": None, "snapshot": "false",
                          # [commit LSN, change LSN]: the same on every replay
-                         "sequence": json.dumps([format_lsn(txn.commit_lsn), format_lsn(lsn)])},
+                         "sequence": f'["{txn.commit_text}","{format_lsn(lsn)}"]'},
             transaction=TransactionInfo(f"{txn.xid}:{txn.commit_lsn}", txn.ordinal,
                                         txn.per_table[table]),
             unchanged=unchanged,
