@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,3 +189,27 @@ def test_schema_changes_mid_stream(pg_db: Database, tmp_path: Path) -> None:
     assert after['{"id":1}'] == {"id": 1, "a": 10, "b": "one", "c": 1, "d": None, "e": 7}
     versions = SchemaStore(log).versions(f"{pg_db.source}.public.t-value")
     assert len(versions) >= 5  # snapshot, +d, +e, -c, b->bee, a retyped (some may coincide)
+
+
+def test_status_warns_when_the_slot_retains_wal(pg_db: Database, pg_cluster: Any,
+                                                tmp_path: Path) -> None:
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    config = write_config(tmp_path, pg_db, ["public.t"], warn_retained_wal="64kB")
+    assert cdc("bootstrap", "--config", str(config)).returncode == 0
+    import psycopg
+
+    with psycopg.connect(pg_cluster.dsn(), autocommit=True) as other:  # capture is stopped
+        other.execute("CREATE TABLE IF NOT EXISTS noise_status (x int)")
+        other.execute("INSERT INTO noise_status SELECT generate_series(1, 20000)")
+    result = cdc("status", "--config", str(config), "--json")
+    row = json.loads(result.stdout)["sources"][0]
+    assert row["retained_bytes"] > 64 * 1024
+    text = output(cdc("status", "--config", str(config)))
+    assert "retains" in text and "start `cdc capture`" in text, text
+    lag = row["lag_bytes"]
+    # once capture runs, heartbeats let the slot's confirmed position catch up
+    capture = Capture(config, tmp_path / "capture.log").start()
+    wait_caught_up(pg_db, tmp_path / "log")
+    assert capture.terminate() == 0
+    row = json.loads(cdc("status", "--config", str(config), "--json").stdout)["sources"][0]
+    assert row["lag_bytes"] < min(lag, 64 * 1024), row
