@@ -226,7 +226,7 @@ class LocalChangeLogReader(ChangeLogReader):
             marks = self._marks.setdefault(segment.path, [])
             if resume and resume[0] == segment.path and resume[1] <= start:
                 first_byte, from_offset = resume[2], resume[1]
-            if marks and from_offset < marks[0][0] <= start:  # a mark may be closer
+            if marks and marks[0][0] <= start:  # a mark may be closer
                 mark = marks[bisect.bisect_right(marks, (start, 1 << 62)) - 1]
                 if mark[0] > from_offset:
                     first_byte = mark[1]
