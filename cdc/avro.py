@@ -13,8 +13,10 @@ what every decoded row uses.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import re
 import struct
 import time
@@ -27,7 +29,8 @@ from typing import Any
 import fastavro
 
 from cdc import __version__
-from cdc.avrowriter import Unsupported, Writer, compile_writer
+from cdc.avroreader import AfterReader, NotReadable, compile_after_reader
+from cdc.avrowriter import Unsupported, Writer, compile_parts, write_long
 from cdc.errors import EncodingError, SchemaError
 from cdc.events import ChangeEvent, Column, Op, TableSchema, encode_key
 from cdc.log.base import Record
@@ -174,6 +177,23 @@ class TableCodec:
     columns: list[tuple[str, str, Converter]]
     #: the compiled writer of the envelope (None: the schema needs fastavro's general writer)
     writer: Writer | None = None
+    #: the compiled writers of every record's fields, by the record's full name
+    parts: dict[str, list[tuple[str, Writer]]] | None = None
+
+    def __post_init__(self) -> None:
+        #: Avro field name -> column index
+        self.field_index = {field: i for i, (_, field, _) in enumerate(self.columns)}
+        self.header = _FRAME.pack(MAGIC, self.registered.id)
+        #: (Value field types, Value field writers) for the connectors' raw row encoders
+        self.value_fields: list[dict[str, Any]] = (
+            self.registered.schema["fields"][0]["type"][1]["fields"])
+        self.value_writers: list[Writer] | None = None
+        if self.parts is not None:
+            value_name = f"{_namespace(self.schema)}.Value"
+            found = self.parts.get(value_name)
+            if found is not None and [n for n, _ in found] == [f["name"] for f in
+                                                                  self.value_fields]:
+                self.value_writers = [w for _, w in found]
 
     @property
     def schema_id(self) -> int:
@@ -199,6 +219,75 @@ class TableCodec:
 #: completes an after image in place; returns the columns it could not fill
 Filler = Callable[[TableCodec, dict[str, Any]], list[str]]
 
+_PG_SOURCE = "io.debezium.connector.postgresql.Source"
+_PG_SOURCE_KEYS = frozenset({"txId", "lsn", "xmin", "snapshot", "sequence"})
+_ENVELOPE_FIELDS = ["before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns",
+                    "unavailable_columns"]
+#: the envelope's ``op`` field (an Avro string of one character)
+_OPS = {op: b"\x02" + op.value.encode() for op in Op}
+
+
+def envelope_tail(out: bytearray, pieces: tuple[bytes, bytes, bytes], sequence: str | None,
+                  lsn: int | None, txn_prefix: bytes | None, total: int, dco: int, op: bytes,
+                  times: bytes) -> None:
+    """Append a PostgreSQL envelope from ``source`` to ``ts_ns``: the source block's fixed
+    ``pieces`` around its ``sequence`` and ``lsn``, the transaction block (``txn_prefix``: its
+    union byte and id, or None for no block; then ``total`` and ``dco``), the ``op`` bytes and
+    the ``times`` bytes (ts_ms, ts_us, ts_ns)."""
+    out += pieces[0]
+    if sequence is None:
+        out.append(0)
+    else:
+        data = sequence.encode()
+        out.append(2)
+        write_long(len(data), out)
+        out += data
+    out += pieces[1]
+    if lsn is None:
+        out.append(0)
+    else:
+        out.append(2)
+        write_long(lsn, out)
+    out += pieces[2]
+    if txn_prefix is None:
+        out.append(0)
+    else:
+        out += txn_prefix
+        write_long(total, out)
+        write_long(dco, out)
+    out += op
+    out += times
+
+
+ENVELOPE_TAIL: Callable[..., None] = envelope_tail
+if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+    with contextlib.suppress(ImportError):  # the compiled twin (cdc/_fast.pyx), when built
+        from cdc._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore]
+            envelope_tail as ENVELOPE_TAIL,  # noqa: N811
+        )
+
+
+def _no_reader(value: bytes) -> dict[str, Any] | None:
+    raise NotReadable("no reader")
+
+
+def _no_writer(value: Any, out: bytearray) -> None:
+    raise ValueError("no writer")
+
+
+def _once(fill: Filler) -> Filler:
+    """``fill`` that runs once: a second call (the typed path after the fast one declined)
+    replays the values and the answer of the first."""
+    done: list[tuple[dict[str, Any], list[str]]] = []
+
+    def replay(codec: TableCodec, after: dict[str, Any]) -> list[str]:
+        if not done:
+            filled: dict[str, Any] = {}
+            done.append((filled, fill(codec, filled)))
+        after.update(done[0][0])
+        return list(done[0][1])
+    return replay
+
 
 @dataclass
 class DecodedValue:
@@ -213,6 +302,12 @@ class EventCodec:
 
     def __init__(self, store: SchemaStore) -> None:
         self.store = store
+        self._pieces: dict[tuple[Any, ...], tuple[TableCodec, tuple[bytes, bytes, bytes] | None]]
+        self._pieces = {}
+        self._txn: tuple[str, bytes] = ("", b"")
+        self._times: tuple[int, bytes] = (-1, b"")
+        self._unavailable_writer: Writer = _no_writer
+        self._after_readers: dict[int, AfterReader | None] = {}
         self._codecs: dict[str, TableCodec] = {}
         self._by_identity: dict[int, TableCodec] = {}
         self._parsed: dict[int, tuple[Any, list[tuple[str, str, ColumnType]]]] = {}
@@ -234,14 +329,16 @@ class EventCodec:
             ]
             parsed = fastavro.parse_schema(envelope)
             try:
-                writer: Writer | None = compile_writer(envelope)
+                writer: Writer | None
+                writer, parts = compile_parts(envelope)
             except Unsupported:
-                writer = None
-            codec = TableCodec(schema, registered, parsed, columns, writer)
+                writer, parts = None, None
+            codec = TableCodec(schema, registered, parsed, columns, writer, parts)
             self._codecs[fingerprint] = codec
-        self._by_identity[id(schema)] = TableCodec(schema, codec.registered, codec.parsed,
-                                                   codec.columns, codec.writer)
-        return codec
+        by_identity = TableCodec(schema, codec.registered, codec.parsed, codec.columns,
+                                 codec.writer, codec.parts)
+        self._by_identity[id(schema)] = by_identity
+        return by_identity
 
     def source_block(self, event: ChangeEvent) -> dict[str, Any]:
         schema = event.schema
@@ -260,16 +357,31 @@ class EventCodec:
         return block
 
     def encode_value(self, event: ChangeEvent, fill: Filler | None = None) -> bytes:
-        return self.encode(event, fill)[0]
+        return self.encode(event, fill)
 
-    def encode(self, event: ChangeEvent, fill: Filler | None = None
-               ) -> tuple[bytes, dict[str, Any] | None]:
-        """The log value of ``event`` and its after image in Avro form (by field name).
+    def encode(self, event: ChangeEvent, fill: Filler | None = None) -> bytes:
+        """The log value of ``event``.
 
         ``fill(codec, after)`` completes an after image whose ``event.unchanged`` columns the
-        source did not send, in place, and returns the names of those it could not fill.
+        source did not send, in place (by Avro field name, Avro form), and returns the names of
+        those it could not fill; it is called at most once per event.
+
+        Events with raw images (``event.raw``) take the fast path: the connector writes the
+        row images' bytes itself and the fixed parts of the envelope come from caches; the
+        bytes are exactly those of the typed path, which is used whenever the fast one
+        declines.
         """
         codec = self.table(event.schema)
+        if fill is not None:
+            fill = _once(fill)
+        if event.raw is not None and codec.writer is not None:
+            value = self._encode_raw(event, codec, fill)
+            if value is not None:
+                return value
+        return self._encode_typed(event, codec, fill)
+
+    def _encode_typed(self, event: ChangeEvent, codec: TableCodec, fill: Filler | None
+                      ) -> bytes:
         processed = event.processed_ms if event.processed_ms is not None else int(
             time.time() * 1000)
         after = codec.row(event.after)
@@ -287,12 +399,12 @@ class EventCodec:
             "ts_ns": processed * 1_000_000,
             "unavailable_columns": unavailable,
         }
-        header = _FRAME.pack(MAGIC, codec.schema_id)
+        header = codec.header
         if codec.writer is not None:
             out = bytearray(header)
             try:
                 codec.writer(datum, out)
-                return bytes(out), after
+                return bytes(out)
             except (ValueError, TypeError, KeyError, AttributeError, struct.error):
                 pass  # a value the fast path does not know: fastavro decides (or explains)
         buffer = io.BytesIO()
@@ -302,28 +414,117 @@ class EventCodec:
         except (ValueError, TypeError) as exc:
             raise EncodingError(f"cannot encode a change of {event.schema.table}: {exc}",
                                 "this is a bug in the connector; please report it") from None
-        return buffer.getvalue(), after
+        return buffer.getvalue()
 
-    def records(self, event: ChangeEvent) -> list[Record]:
+    # -- the fast path -----------------------------------------------------------------------
+    def _encode_raw(self, event: ChangeEvent, codec: TableCodec, fill: Filler | None
+                    ) -> bytes | None:
+        """The value of an event with raw images, or None when the typed path must do it."""
+        pieces = self._source_pieces(codec, event)
+        raw = event.raw
+        if pieces is None or raw is None:
+            return None
+        filled: dict[str, Any] | None = None
+        unavailable = None
+        if event.unchanged and event.op is not Op.DELETE:
+            filled = {}
+            unavailable = list(event.unchanged) if fill is None else fill(codec, filled) or None
+        out = bytearray(codec.header)
+        if not raw.encode_images(codec, out, filled):
+            return None
+        source_info = event.source_info
+        transaction = event.transaction
+        txn_prefix = None
+        if transaction is not None:
+            if self._txn[0] != transaction.id:
+                data = transaction.id.encode()
+                prefix = bytearray(b"\x02")
+                write_long(len(data), prefix)
+                self._txn = (transaction.id, bytes(prefix) + data)
+            txn_prefix = self._txn[1]
+        processed = event.processed_ms if event.processed_ms is not None else int(
+            time.time() * 1000)
+        if self._times[0] != processed:
+            times = bytearray()
+            for value in (processed, processed * 1000, processed * 1_000_000):
+                times.append(2)
+                write_long(value, times)
+            self._times = (processed, bytes(times))
+        ENVELOPE_TAIL(out, pieces, source_info.get("sequence"), source_info.get("lsn"),
+                      txn_prefix, transaction.total_order if transaction else 0,
+                      transaction.data_collection_order if transaction else 0, _OPS[event.op],
+                      self._times[1])
+        if unavailable is None:
+            out.append(0)
+        else:
+            self._unavailable_writer(unavailable, out)
+        return bytes(out)
+
+    def _source_pieces(self, codec: TableCodec, event: ChangeEvent
+                       ) -> tuple[bytes, bytes, bytes] | None:
+        """The ``source`` block's bytes around its two per-event fields (``sequence``,
+        ``lsn``), cached per table codec, commit time, transaction and snapshot flag; None
+        when the block is not a PostgreSQL one of the usual shape."""
+        source_info = event.source_info
+        key = (id(codec), event.ts_ms, source_info.get("txId"), source_info.get("snapshot"),
+               source_info.get("xmin"))
+        cached = self._pieces.get(key)
+        if cached is not None and cached[0] is codec:
+            return cached[1]
+        pieces = self._make_pieces(codec, event)
+        if len(self._pieces) > 256:
+            self._pieces.clear()
+        self._pieces[key] = (codec, pieces)
+        return pieces
+
+    def _make_pieces(self, codec: TableCodec, event: ChangeEvent
+                     ) -> tuple[bytes, bytes, bytes] | None:
+        if (codec.parts is None or event.schema.connector != "postgresql"
+                or not set(event.source_info) <= _PG_SOURCE_KEYS):
+            return None
+        envelope = codec.parts.get(f"{_namespace(codec.schema)}.Envelope")
+        source = codec.parts.get(_PG_SOURCE)
+        if envelope is None or source is None or [n for n, _ in envelope] != _ENVELOPE_FIELDS:
+            return None
+        self._unavailable_writer = envelope[-1][1]
+        block = self.source_block(event)
+        pieces: list[bytes] = []
+        current = bytearray()
+        for name, writer in source:
+            if name in ("sequence", "lsn"):
+                pieces.append(bytes(current))
+                current = bytearray()
+            else:
+                writer(block[name], current)
+        pieces.append(bytes(current))
+        if [n for n, _ in source if n in ("sequence", "lsn")] != ["sequence", "lsn"]:
+            return None
+        return pieces[0], pieces[1], pieces[2]
+
+    # -- records -----------------------------------------------------------------------------
+    def key_bytes(self, event: ChangeEvent) -> bytes:
+        """The key bytes of ``event`` (:func:`encode_key`; ``{}`` for a truncate)."""
+        if event.op is Op.TRUNCATE:
+            return b"{}"
+        if event.raw is not None:
+            return event.raw.key_bytes()
+        key_values = event.key
+        return encode_key(event.schema, key_values) if key_values is not None else b"{}"
+
+    def records(self, event: ChangeEvent, fill: Filler | None = None) -> list[Record]:
         """The log records for ``event``: the event itself, plus a tombstone after a delete.
 
         A truncate has no key of its own; it is keyed by the empty JSON object so it has a
-        place in the topic (its tombstones per key are the connector's job).
+        place in the topic (its tombstones per key are the connector's job). ``fill``: see
+        :meth:`encode`.
         """
-        return self.records_and_image(event)[0]
-
-    def records_and_image(self, event: ChangeEvent, fill: Filler | None = None
-                          ) -> tuple[list[Record], dict[str, Any] | None]:
-        """:meth:`records`, plus the after image in Avro form (see :meth:`encode`)."""
         topic = event.schema.topic
         position = event.position.to_bytes()
-        key_values = event.key
-        key = encode_key(event.schema, key_values) if key_values is not None else b"{}"
-        value, after = self.encode(event, fill)
-        records = [Record(topic, key, value, position)]
+        key = self.key_bytes(event)
+        value = self.encode(event, fill)
         if event.op is Op.DELETE:
-            records.append(Record(topic, key, None, position))
-        return records, after
+            return [Record(topic, key, value, position), Record(topic, key, None, position)]
+        return [Record(topic, key, value, position)]
 
     def decode_raw(self, value: bytes) -> tuple[int, dict[str, Any]]:
         """The schema id and the envelope of a log value in Avro form (as encoded)."""
@@ -335,6 +536,30 @@ class EventCodec:
         datum = fastavro.schemaless_reader(io.BytesIO(value[_FRAME.size :]), parsed, None)
         assert isinstance(datum, dict)
         return schema_id, datum
+
+    def decode_after(self, value: bytes) -> tuple[int, dict[str, Any] | None]:
+        """The schema id and the after image (Avro form, by field name) of a log value.
+
+        Faster than :meth:`decode_raw` for flat rows (see cdc/avroreader.py); ``decimal``
+        values come back as their unscaled bytes, which every writer here re-encodes to the
+        same bytes as the ``Decimal`` fastavro would return."""
+        if len(value) < _FRAME.size or value[0] != MAGIC:
+            return self._after_of(self.decode_raw(value))
+        schema_id = _FRAME.unpack_from(value)[1]
+        reader = self._after_readers.get(schema_id, _no_reader)
+        if reader is _no_reader:
+            reader = compile_after_reader(self.store.get(schema_id).schema)
+            self._after_readers[schema_id] = reader
+        if reader is not None:
+            try:
+                return schema_id, reader(value)
+            except (NotReadable, IndexError, UnicodeDecodeError, struct.error):
+                pass
+        return self._after_of(self.decode_raw(value))
+
+    @staticmethod
+    def _after_of(decoded: tuple[int, dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
+        return decoded[0], decoded[1].get("after")
 
     def columns_of(self, schema_id: int) -> list[tuple[str, str, ColumnType]]:
         """(column name, Avro field name, type) per column of a registered value schema."""

@@ -98,6 +98,8 @@ class _Compiler:
     def __init__(self) -> None:
         self.named: dict[str, Any] = {}
         self.writers: dict[str, Writer] = {}
+        #: full record name -> (field name, writer) per field, in order
+        self.fields: dict[str, list[tuple[str, Writer]]] = {}
 
     def compile(self, schema: Any, namespace: str | None = None) -> Writer:
         if isinstance(schema, list):
@@ -150,6 +152,7 @@ class _Compiler:
         self.writers[schema["name"]] = write
         for field in schema["fields"]:
             fields.append((field["name"], self.compile(field["type"], space)))
+        self.fields[full] = fields
         compiled.append(_generate_record(schema["fields"], fields))
         return compiled[0]
 
@@ -297,3 +300,11 @@ def _kind(schema: Any, named: dict[str, Any]) -> str:
 def compile_writer(schema: Any) -> Writer:
     """A writer for ``schema`` (a JSON Avro schema, as given to fastavro.parse_schema)."""
     return _Compiler().compile(schema)
+
+
+def compile_parts(schema: Any) -> tuple[Writer, dict[str, list[tuple[str, Writer]]]]:
+    """:func:`compile_writer`, plus the writers of every record's fields by the record's full
+    name (``{"ns.Value": [(field name, writer), ...]}``): writing a record's fields one after
+    the other with them gives exactly the record's bytes."""
+    compiler = _Compiler()
+    return compiler.compile(schema), compiler.fields

@@ -6,6 +6,10 @@ its fix and the command exits non-zero — never with a traceback.
 
 from __future__ import annotations
 
+# first, before the slow imports below: importing it makes a SIGTERM recorded, not fatal
+# (see cdc/shutdown.py; capture then stops cleanly, other commands die as by default)
+from cdc import shutdown  # isort: split
+
 import functools
 import json
 import sys
@@ -53,10 +57,17 @@ def _load(config_path: str | None) -> Config:
     return load_config(config_path)
 
 
+#: commands that handle SIGTERM themselves (drain and exit 0)
+DAEMONS = frozenset({"capture", "apply"})
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cdc")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Change data capture: database logs into a compacted change log, folded into followers."""
+    if ctx.invoked_subcommand not in DAEMONS:
+        shutdown.release()
 
 
 @main.command("check-config")
@@ -169,6 +180,8 @@ def _stream_until_signalled(config: Config, sources: list[Any], writer: Any,
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    if shutdown.requested():  # a SIGTERM came while we were still starting up
+        request_stop(signal.SIGTERM, None)
     run_capture(config, sources, writer, codec, stop)
 
 
@@ -219,6 +232,45 @@ def capture_cmd(config_path: str | None, sources: tuple[str, ...]) -> None:
         writer.close()
 
 
+@main.command("apply")
+@config_option
+@click.option("--follower", "followers", multiple=True, required=True,
+              help="A follower under `followers:` (repeatable: one Spark application runs them "
+                   "all).")
+@click.option("--once", is_flag=True,
+              help="Apply everything committed to the log now, then exit 0 (availableNow).")
+@friendly_errors
+def apply_cmd(config_path: str | None, followers: tuple[str, ...], once: bool) -> None:
+    """Fold the change log into followers with Spark (continuous until SIGTERM, or --once)."""
+    import signal
+    import threading
+
+    config = _load(config_path)
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: object) -> None:
+        err_console.print(f"{signal.Signals(signum).name}: finishing the running batch and "
+                          "stopping")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    if shutdown.requested():  # a SIGTERM came while we were still starting up
+        stop.set()
+    from spark_apply.jobs import run_apply
+    from spark_apply.latency import format_seconds
+
+    console = make_console()
+    job = run_apply(config, list(followers), once, console, stop)
+    for name in job.names:
+        p = job.progress[name]
+        console.print(f"follower [bold]{name}[/]: {p.batches:,} batches, {p.records:,} records, "
+                      f"{p.written:,} written, {p.deleted:,} deleted, {p.skipped:,} skipped by "
+                      "the version gate; commit -> applied latency p50 "
+                      f"{format_seconds(p.latency.quantile(0.5))}, p99 "
+                      f"{format_seconds(p.latency.quantile(0.99))}", highlight=False)
+
+
 @main.command("status")
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -238,15 +290,16 @@ def status_cmd(config_path: str | None, as_json: bool) -> None:
 @main.command("demo")
 @click.option("--dir", "directory", default="./cdc-data/demo", show_default=True,
               help="Where the demo writes (wiped first).")
-@click.option("--seconds", default=8.0, show_default=True,
-              help="How long the workload writes while capture runs.")
+@click.option("--seconds", default=15.0, show_default=True,
+              help="How long the workload writes once the follower has caught up (the "
+                   "latency window).")
 @click.option("--log-only", is_flag=True,
               help="Only the change log (append, read, compact, stats), no database.")
 @click.option("--rows", default=20_000, show_default=True,
               help="With --log-only: changes the synthetic workload appends.")
 @friendly_errors
 def demo(directory: str, seconds: float, log_only: bool, rows: int) -> None:
-    """A throwaway PostgreSQL, a shop workload, bootstrap + capture, and what the log holds."""
+    """A throwaway PostgreSQL and Redis, a shop workload, bootstrap + capture + apply, verify."""
     if log_only:
         from cdc.demo import run_demo
 
@@ -256,6 +309,40 @@ def demo(directory: str, seconds: float, log_only: bool, rows: int) -> None:
 
     _setup_logging()
     run_pg_demo(directory, seconds)
+
+
+@main.command("verify")
+@config_option
+@click.option("--follower", required=True, help="A follower under `followers:`.")
+@click.option("--timeout", default="120s", show_default=True,
+              help="How long to wait for the follower to reach the leader's position.")
+@click.option("--chunk-size", default=1000, show_default=True,
+              help="Rows per checksummed chunk (primary-key order).")
+@click.option("--show", "limit", default=20, show_default=True,
+              help="Differing keys listed per table at most.")
+@friendly_errors
+def verify_cmd(config_path: str | None, follower: str, timeout: str, chunk_size: int,
+               limit: int) -> None:
+    """Compare a follower with the leader: exit 0 when equal, 1 listing differing keys, 3 when
+    the follower did not catch up in time."""
+    from cdc.config import parse_duration
+    from cdc.verify import print_report, verify
+    from sinks import open_sink
+
+    config = _load(config_path)
+    try:
+        seconds = parse_duration(timeout)
+    except ValueError as exc:
+        raise CdcError(f"--timeout: {exc}", "e.g. --timeout 2m") from None
+    sink = open_sink(config, follower)
+    console = make_console()
+    try:
+        report = verify(config, follower, sink, console, timeout=seconds,
+                        chunk_size=chunk_size, limit=max(limit, 0))
+    finally:
+        sink.close()
+    print_report(report, console, max(limit, 0))
+    sys.exit(0 if report.equal else 1)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,12 @@ Shape (every key except ``sources`` has a default)::
         kind: postgres
         dsn: postgresql://cdc@127.0.0.1:5432/shop   # password via password_env or ~/.pgpass
         tables: [public.orders, public.customers]
+    followers:                      # optional: what `cdc apply` folds the log into
+      cache:
+        kind: redis
+        url: redis://127.0.0.1:6379/0   # password via password_env
+        sources: [shop]                 # default: every source
+        tables: [public.orders]         # default: every table of those sources
 
 Relative paths are resolved against the directory of the config file, so a config means the same
 thing whatever the working directory. Errors name the key (``sources[0].tables[1]``), the problem
@@ -19,6 +25,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import string
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -35,6 +42,7 @@ from pydantic import (
 )
 
 from cdc.errors import ConfigError
+from cdc.events import TableId, topic_name
 
 DEFAULT_CONFIG_NAME = "cdc.yaml"
 
@@ -220,11 +228,81 @@ class SourceConfig(_Strict):
         return os.environ.get(self.password_env) if self.password_env else None
 
 
+FOLLOWER_KEY_FIELDS = frozenset({"schema", "table", "source", "key", "key_json"})
+
+
+def check_key_template(template: str) -> str:
+    """``template`` if it is a usable Redis key template; ``ValueError`` naming the problem.
+
+    Allowed fields: ``{schema}``, ``{table}``, ``{source}``, ``{key}``, ``{key_json}``; one of
+    the last two must appear (or every row of a table would share one key)."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template)
+                 if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"key_template {template!r} is not a valid template ({exc}); write "
+                         "literal braces as {{ and }}") from None
+    unknown = sorted(set(names) - FOLLOWER_KEY_FIELDS)
+    if unknown:
+        raise ValueError(f"key_template uses unknown field(s) {unknown}; allowed: "
+                         + ", ".join("{" + f + "}" for f in sorted(FOLLOWER_KEY_FIELDS)))
+    if "key" not in names and "key_json" not in names:
+        raise ValueError("key_template must contain {key} or {key_json}, or every row of a "
+                         "table would share one Redis key")
+    return template
+
+
+def _to_redis_url(value: Any) -> Secret:
+    secret = _to_secret(value)
+    scheme = secret.reveal().split("://", 1)[0].lower() if "://" in secret.reveal() else ""
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"expected a Redis URL such as redis://127.0.0.1:6379/0, got {secret}")
+    return secret
+
+
+class FollowerConfig(_Strict):
+    """One follower that ``cdc apply`` keeps equal to the leader."""
+
+    kind: Literal["redis"]
+    url: Annotated[Secret, BeforeValidator(_to_redis_url)]
+    #: name of an environment variable holding the Redis password (never put it in the file)
+    password_env: str | None = None
+    #: sources to follow (default: every source)
+    sources: list[str] | None = Field(None, min_length=1)
+    #: tables (schema.table) of those sources to follow (default: every table)
+    tables: list[str] | None = Field(None, min_length=1)
+    #: Redis key of a row: {schema} {table} {source} {key} {key_json}
+    key_template: str = "{schema}.{table}:{key}"
+    #: how long a deleted row's version marker stays (keep it >= log.tombstone_retention)
+    tombstone_retention: Duration = Field(24 * 3600.0, ge=0)
+    #: admission control: log records per micro-batch at most
+    max_records_per_batch: int = Field(100_000, ge=1)
+    #: continuous mode: a micro-batch starts at most this often
+    trigger_interval: Duration = Field(1.0, ge=0)
+    #: Spark's checkpoint directory (default: <log dir's parent>/state/apply/<follower>)
+    checkpoint: Path | None = None
+
+    @field_validator("key_template")
+    @classmethod
+    def _template_ok(cls, value: str) -> str:
+        return check_key_template(value)
+
+    @field_validator("tables")
+    @classmethod
+    def _follower_tables_ok(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else SourceConfig._tables_ok(value)
+
+    def password(self) -> str | None:
+        """The password from ``password_env``, if configured and set."""
+        return os.environ.get(self.password_env) if self.password_env else None
+
+
 class Config(_Strict):
     """The whole file."""
 
     log: LogConfig = LogConfig()
     sources: list[SourceConfig] = Field(default_factory=list)
+    followers: dict[str, FollowerConfig] = Field(default_factory=dict)
     #: where the file was read from (set by :func:`load_config`, not by the user)
     base_dir: Path = Field(default=Path("."), exclude=True)
 
@@ -234,11 +312,65 @@ class Config(_Strict):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"source names must be unique; repeated: {', '.join(duplicates)}")
+        for name, follower in self.followers.items():
+            self._check_follower(name, follower)
         return self
+
+    def _check_follower(self, name: str, follower: FollowerConfig) -> None:
+        if not _SOURCE_NAME.match(name):
+            raise ValueError(f"followers: the name {name!r} must start with a letter and hold only "
+                             "letters, digits, '_' or '-' (max 63)")
+        known = {source.name: source for source in self.sources}
+        unknown = [s for s in follower.sources or [] if s not in known]
+        if unknown:
+            raise ValueError(f"followers.{name}.sources: {unknown} are not under `sources:` "
+                             f"(known: {', '.join(known) or 'none'})")
+        followed = [known[s] for s in follower.sources or known]
+        offered = {TableId.parse(t) for source in followed for t in source.tables}
+        missing = [t for t in follower.tables or [] if TableId.parse(t) not in offered]
+        if missing:
+            raise ValueError(f"followers.{name}.tables: {missing} are not captured by the "
+                             "follower's sources (add them to a source's tables, or remove "
+                             "them here)")
 
     @property
     def log_path(self) -> Path:
         path = self.log.path.expanduser()
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+    def follower(self, name: str) -> FollowerConfig:
+        """The follower called ``name``; :class:`ConfigError` listing the known ones."""
+        if name in self.followers:
+            return self.followers[name]
+        known = ", ".join(self.followers) or "none"
+        raise ConfigError(f"no follower named {name!r} in the config (known: {known})",
+                          "pass one of the names under `followers:` (add one: see "
+                          "cdc.example.yaml)")
+
+    def follower_sources(self, name: str) -> list[str]:
+        """The source names follower ``name`` follows (every source by default)."""
+        chosen = self.follower(name).sources
+        return list(chosen) if chosen else [source.name for source in self.sources]
+
+    def follower_topics(self, name: str) -> dict[str, tuple[str, TableId]]:
+        """Topic -> (source, table) of every table follower ``name`` follows."""
+        follower = self.follower(name)
+        wanted = {TableId.parse(t) for t in follower.tables} if follower.tables else None
+        out: dict[str, tuple[str, TableId]] = {}
+        for source_name in self.follower_sources(name):
+            for text in self.source(source_name).tables:
+                table = TableId.parse(text)
+                if wanted is None or table in wanted:
+                    out[topic_name(source_name, table)] = (source_name, table)
+        return out
+
+    def follower_checkpoint(self, name: str) -> Path:
+        """Spark's checkpoint directory for follower ``name`` (relative paths: against the
+        config file's directory)."""
+        path = self.follower(name).checkpoint
+        if path is None:
+            return self.log_path.parent / "state" / "apply" / name
+        path = path.expanduser()
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
     def source(self, name: str) -> SourceConfig:

@@ -157,7 +157,7 @@ def _snapshot_table(snap: Any, table: TableId, dispatcher: Dispatcher, previous:
         previous.discard(records[0].key)
         rows += 1
         if dispatcher.due():
-            dispatcher.flush()
+            dispatcher.flush(wait=False)  # the last flush of the bootstrap waits
         if rows % 2000 == 0:
             progress(rows)
     schema = snap.tables[table].schema
@@ -258,17 +258,19 @@ class StreamRunner:
                               "unavailable_images": self._unavailable_base
                               + self.dispatcher.stats.unavailable}
                     self.dispatcher.checkpoint(offset)
-                if item is None or self.dispatcher.due():
+                if item is None:
                     self._flush(stream)
+                elif self.dispatcher.due():
+                    self._flush(stream, wait=False)  # its fsyncs overlap the next batch
                 if self.stop.is_set():
                     break
                 heartbeat_at = self._heartbeat(stream, heartbeat_at)
             self._flush(stream)
         finally:
-            stream.close()
+            _close(stream)
 
-    def _flush(self, stream: Any) -> None:
-        committed = self.dispatcher.flush()
+    def _flush(self, stream: Any, wait: bool = True) -> None:
+        committed = self.dispatcher.flush(wait)
         if committed is not None:
             self.last_lsn = int(committed["lsn"])
             stream.confirm(self.last_lsn)  # only now: the log holds everything up to it
@@ -316,6 +318,28 @@ class StreamRunner:
                            unavailable_images=self.dispatcher.stats.unavailable)
 
 
+def _close(stream: Any, timeout: float = 5.0) -> None:
+    """Close the replication connection, wait (up to ``timeout`` s) until the server's walsender
+    has let go of the slot, then close the rest.
+
+    The walsender notices the closed socket asynchronously; without the wait, a capture that
+    exited 0 could still show its slot ``active`` for a moment, and a capture restarted at once
+    would be refused with "replication slot ... is active for PID ...".
+    """
+    try:
+        walsender = stream.replication_conn.info.backend_pid
+        stream.replication_conn.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and stream.catalog_conn.execute(
+                "SELECT 1 FROM pg_replication_slots WHERE active_pid = %s",
+                (walsender,)).fetchone():
+            time.sleep(0.02)
+    except (psycopg.Error, OSError) as exc:  # a broken connection: nothing to wait for
+        log.debug("closing the stream: %s", exc)
+    finally:
+        stream.close()
+
+
 def _first_line(exc: BaseException) -> str:
     text = getattr(exc, "problem", None) or str(exc) or exc.__class__.__name__
     return str(text).strip().splitlines()[0]
@@ -323,7 +347,13 @@ def _first_line(exc: BaseException) -> str:
 
 def run_capture(config: Config, sources: list[SourceConfig], writer: LocalChangeLog,
                 codec: EventCodec, stop: threading.Event) -> None:
-    """Stream every source (one thread each) until ``stop``; re-raise the first fatal error."""
+    """Stream every source (one thread each) until ``stop``; re-raise the first fatal error.
+
+    If ``stop`` is already set (a SIGTERM during start-up), nothing is started or checked.
+    """
+    if stop.is_set():
+        log.info("stopped before streaming started")
+        return
     runners = [StreamRunner(config, source, writer, codec, stop) for source in sources]
     for runner in runners:
         runner.stored_offset()  # refuse before starting anything

@@ -1,22 +1,29 @@
-"""``cdc demo``: PostgreSQL capture, live.
+"""``cdc demo``: PostgreSQL -> change log -> Spark -> Redis, live, then ``cdc verify``.
 
 A throwaway PostgreSQL cluster (initdb on a free port, wal_level=logical) gets a small shop
-schema and data; ``cdc bootstrap`` snapshots it into a fresh log while a workload keeps writing;
-``cdc capture`` streams the rest; then the log is folded per key and compared with the tables.
+schema and data, and a throwaway ``redis-server`` is the follower ``cache``. While a workload
+keeps writing: ``cdc bootstrap`` snapshots the tables into a fresh log (the SparkSession starts
+meanwhile), then ``cdc capture`` streams the rest and ``cdc apply --follower cache`` runs
+continuously in this process. Once the follower has caught up, the workload writes for
+``seconds`` more (the latencies reported are of the changes committed in that window), then
+stops; ``cdc verify`` waits for capture and the follower's watermark and compares every table
+with Redis. The summary: per table, rows, events applied and commit -> Redis latency p50/p99.
 The config it writes (``<dir>/cdc.yaml``) works with every ``cdc`` command while the demo runs.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
@@ -27,6 +34,17 @@ from cdc.coordinator import bootstrap, open_log, run_capture
 from cdc.errors import CdcError
 from cdc.log.local import LocalChangeLog
 from cdc.servers.postgres import ThrowawayPostgres
+from cdc.servers.redis import ThrowawayRedis
+from cdc.verify import VerifyReport
+
+if TYPE_CHECKING:
+    from spark_apply.jobs import ApplyJob
+    from spark_apply.latency import LatencyHistogram
+
+#: the follower the demo writes into its config
+FOLLOWER = "cache"
+#: at most this long for the follower to catch up with the backlog before the measured window
+CATCH_UP_S = 120.0
 
 SHOP_SCHEMA = """
 CREATE TYPE order_status AS ENUM ('new', 'paid', 'shipped', 'cancelled');
@@ -48,35 +66,104 @@ def run_pg_demo(directory: str, seconds: float) -> None:
     root = Path(directory).resolve()
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    console.rule("[bold]cdc demo: PostgreSQL -> change log")
+    console.rule("[bold]cdc demo: PostgreSQL -> change log -> Spark -> Redis")
     # (its data lives in a fresh temporary directory the unprivileged server user can reach)
-    with ThrowawayPostgres() as pg:
-        console.print(f"throwaway PostgreSQL on 127.0.0.1:{pg.port} (wal_level=logical)")
+    with ThrowawayPostgres() as pg, ThrowawayRedis() as cache:
+        console.print(f"throwaway PostgreSQL on 127.0.0.1:{pg.port} (wal_level=logical), "
+                      f"throwaway Redis on 127.0.0.1:{cache.port} (follower {FOLLOWER})")
         with psycopg.connect(pg.dsn(), autocommit=True) as conn:
             conn.execute("CREATE DATABASE shop")
         with psycopg.connect(pg.dsn("shop"), autocommit=True) as conn:
             conn.execute(SHOP_SCHEMA)
         console.print("shop schema: customers (2,000 rows), orders (30,000 rows)")
-        config_path = _write_config(root, pg.dsn("shop"))
+        config_path = _write_config(root, pg.dsn("shop"), cache.url)
         console.print(f"config: {config_path}")
         config = load_config(config_path)
         workload = ShopWorkload(pg.dsn("shop"))
+        follower = LiveApply(config)
         writer, codec = open_log(config)
         try:
+            follower.start_spark()  # 10-20 s on 2 cores: overlaps the bootstrap
             workload.start()
-            console.rule("bootstrap (snapshot while the workload writes)")
+            console.rule("bootstrap (snapshot while the workload writes; Spark starts meanwhile)")
             report = bootstrap(config, config.sources[0], writer, codec, console)
             console.print(f"snapshot of {sum(report.rows.values()):,} rows durable in "
                           f"{report.seconds:.1f} s; streaming from the slot's consistent point")
-            console.rule("capture")
-            _capture_live(config, writer, codec, workload, seconds, console)
+            console.rule(f"capture + cdc apply --follower {FOLLOWER} (continuous)")
+            follower.start_queries()
+            verified = _capture_live(config, writer, codec, workload, follower, seconds,
+                                     console)
         finally:
             workload.stop()
+            follower.stop()
             writer.close()
-        _summary(config, pg.dsn("shop"), workload, console)
+        _summary(config, follower, verified, workload, console)
 
 
-def _write_config(root: Path, dsn: str) -> Path:
+class LiveApply:
+    """``cdc apply --follower cache`` running continuously in this process: the SparkSession
+    starts in a thread (:meth:`start_spark`), the queries once the log exists
+    (:meth:`start_queries`); :meth:`stop` ends them like SIGTERM does."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.job: ApplyJob | None = None
+        self.error: BaseException | None = None
+        self._spark: Any = None
+        self._spark_ready = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start_spark(self) -> None:
+        logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines would interleave
+
+        def start() -> None:
+            from spark_apply.jobs import start_spark
+
+            try:
+                self._spark = start_spark()
+            except BaseException as exc:  # noqa: BLE001 - raised by start_queries
+                self.error = exc
+            finally:
+                self._spark_ready.set()
+
+        threading.Thread(target=start, daemon=True).start()
+
+    def start_queries(self) -> None:
+        from spark_apply.jobs import ApplyJob
+
+        self._spark_ready.wait()
+        if self.error is not None:
+            raise self.error
+        job = self.job = ApplyJob.prepare(self.config, [FOLLOWER])
+        job.start(self._spark, once=False)
+
+        def wait() -> None:
+            try:
+                job.wait(None)
+            except BaseException as exc:  # noqa: BLE001 - checked by the demo's loop
+                self.error = exc
+
+        self._thread = threading.Thread(target=wait, daemon=True)
+        self._thread.start()
+
+    def check(self) -> None:
+        """Raise what stopped the follower, if anything did."""
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        if self.job is None:
+            return
+        self.job.request_stop()
+        if self._thread is not None:
+            self._thread.join(90)
+        self.job.stop_queries()
+        self.job.close()
+        if self._spark is not None:
+            self._spark.stop()
+
+
+def _write_config(root: Path, dsn: str, redis_url: str) -> Path:
     path = root / "cdc.yaml"
     path.write_text(f"""\
 # written by `cdc demo`; valid while the demo's PostgreSQL runs
@@ -89,6 +176,11 @@ sources:
     dsn: {dsn}
     tables: [public.customers, public.orders]
     heartbeat_interval: 1s
+followers:
+  {FOLLOWER}:
+    kind: redis
+    url: {redis_url}
+    trigger_interval: 250ms
 """)
     return path
 
@@ -145,8 +237,26 @@ class ShopWorkload:
         return next_id
 
 
+@dataclass
+class LiveResult:
+    """What the live phase measured."""
+
+    verify: VerifyReport
+    #: per topic, the follower's latency histogram when the measured window began
+    baseline: dict[str, LatencyHistogram] = field(default_factory=dict)
+    window_s: float = 0.0
+    changes_in_window: int = 0
+
+
 def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
-                  workload: ShopWorkload, seconds: float, console: Console) -> None:
+                  workload: ShopWorkload, follower: LiveApply, seconds: float,
+                  console: Console) -> LiveResult:
+    """Capture in a thread and the follower running: wait until the follower has caught up,
+    measure ``seconds`` of workload, stop the workload, then ``cdc verify`` (capture and apply
+    still running: verify's heartbeat must travel through both)."""
+    from cdc.verify import verify
+    from sinks import open_sink
+
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -158,23 +268,63 @@ def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
 
     thread = threading.Thread(target=capture, daemon=True)
     thread.start()
-    started = time.monotonic()
-    with Live(console=console, refresh_per_second=4, transient=True) as live:
-        while time.monotonic() - started < seconds and thread.is_alive():
-            offset = writer.source_offsets().get("shop", {})
-            live.update(f"workload: {workload.transactions:,} transactions, "
-                        f"{workload.changes:,} changes written | log: committed up to LSN "
-                        f"{offset.get('lsn_text', '?')}")
-            time.sleep(0.25)
-        workload.stop()
-        live.update("workload stopped; waiting for capture to catch up")
-        _wait_caught_up(config, writer, thread)
+    assert follower.job is not None
+    job, progress = follower.job, follower.job.progress[FOLLOWER]
+
+    def view(phase: str) -> Group:
+        offset = writer.source_offsets().get("shop", {})
+        return Group(f"{phase}\nworkload: {workload.transactions:,} transactions, "
+                     f"{workload.changes:,} changes written | log: committed up to LSN "
+                     f"{offset.get('lsn_text', '?')}", job.table())
+
+    result = LiveResult(VerifyReport(FOLLOWER))
+    try:
+        with Live(view(""), console=console, refresh_per_second=4) as live:
+            began = time.monotonic()
+            target: int | None = None  # the log's LSN when the first batch was applied
+            while time.monotonic() - began < CATCH_UP_S:
+                follower.check()
+                if errors:
+                    raise errors[0]
+                if progress.batches and target is None:
+                    target = int(writer.source_offsets().get("shop", {}).get("lsn", 0))
+                reached = int(progress.watermarks.get("shop", {}).get("lsn", -1))
+                if target is not None and reached >= target:
+                    break
+                live.update(view("the follower is catching up with the snapshot and backlog"))
+                time.sleep(0.25)
+            result.baseline = {t: h.copy() for t, h in progress.latency_by_topic.items()}
+            began, written = time.monotonic(), workload.changes
+            while time.monotonic() - began < seconds and thread.is_alive():
+                follower.check()
+                left = seconds - (time.monotonic() - began)
+                live.update(view(f"measuring commit -> Redis latency: {left:.0f} s left"))
+                time.sleep(0.25)
+            workload.stop()
+            result.window_s = time.monotonic() - began
+            result.changes_in_window = workload.changes - written
+            live.update(view("workload stopped; waiting for capture to catch up"))
+            _wait_caught_up(config, writer, thread)
+            live.update(view("workload stopped; capture caught up"))
+        if not console.is_terminal:
+            console.line()  # rich leaves the last line of a non-terminal Live open
+        if errors:
+            raise errors[0]
+        console.print(f"workload wrote {workload.changes:,} changes in "
+                      f"{workload.transactions:,} transactions; capture and apply kept up")
+        console.rule(f"cdc verify --follower {FOLLOWER}")
+        sink = open_sink(config, FOLLOWER)
+        try:
+            result.verify = verify(config, FOLLOWER, sink, console, timeout=120)
+        finally:
+            sink.close()
+        follower.check()
+    finally:
         stop.set()
         thread.join(30)
     if errors:
         raise errors[0]
-    console.print(f"workload wrote {workload.changes:,} changes in {workload.transactions:,} "
-                  "transactions; capture drained them and stopped (SIGTERM does the same)")
+    return result
 
 
 def _wait_caught_up(config: Config, writer: LocalChangeLog, thread: threading.Thread) -> None:
@@ -191,40 +341,41 @@ def _wait_caught_up(config: Config, writer: LocalChangeLog, thread: threading.Th
         time.sleep(0.1)
 
 
-def _summary(config: Config, dsn: str, workload: ShopWorkload, console: Console) -> None:
-    from cdc.logview import fold_latest
+def _summary(config: Config, follower: LiveApply, live: LiveResult, workload: ShopWorkload,
+             console: Console) -> None:
+    from cdc.verify import print_report
+    from spark_apply.latency import LatencyHistogram, format_seconds
 
-    console.rule("what the log holds")
-    table = Table()
-    for column in ("topic", "records", "snapshot (r)", "creates", "updates", "deletes",
-                   "tombstones", "live keys", "rows in table", "equal"):
-        table.add_column(column, justify="left" if column == "topic" else "right")
-    all_equal = True
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for name in ("customers", "orders"):
-            topic = f"shop.public.{name}"
-            counts, latest = fold_latest(config.log_path, topic)
-            rows = {str(r[0]): r[1] for r in conn.execute(
-                f"SELECT id, to_jsonb(t) FROM {name} t").fetchall()}
-            equal = set(latest) == {f'{{"id":{k}}}' for k in rows} and all(
-                _same(latest[f'{{"id":{k}}}'], row) for k, row in rows.items())
-            all_equal &= equal
-            table.add_row(topic, f"{counts['records']:,}", f"{counts['r']:,}",
-                          f"{counts['c']:,}", f"{counts['u']:,}", f"{counts['d']:,}",
-                          f"{counts['tombstones']:,}", f"{len(latest):,}", f"{len(rows):,}",
-                          "[green]yes[/]" if equal else "[red]NO[/]")
+    print_report(live.verify, console, limit=10)
+    assert follower.job is not None
+    progress = follower.job.progress[FOLLOWER]
+    topics = {str(r.table): f"shop.{r.table}" for r in live.verify.tables}
+    table = Table(title=f"summary: PostgreSQL -> log -> Spark -> Redis (follower {FOLLOWER})",
+                  caption=f"latency: commit at PostgreSQL -> applied in Redis, per change, for "
+                          f"the {live.changes_in_window:,} changes the workload committed in "
+                          f"the {live.window_s:.0f} s after the follower had caught up")
+    for column in ("table", "rows", "events applied", "latency p50", "p99", "verify"):
+        table.add_column(column, justify="left" if column in ("table", "verify") else "right")
+    overall = LatencyHistogram()
+    for result in live.verify.tables:
+        topic = topics[str(result.table)]
+        hist = progress.latency_by_topic.get(topic, LatencyHistogram())
+        window = hist.since(live.baseline.get(topic, LatencyHistogram()))
+        overall.merge(window)
+        table.add_row(str(result.table), f"{result.rows:,}",
+                      f"{progress.records_by_topic.get(topic, 0):,}",
+                      format_seconds(window.quantile(0.5)), format_seconds(window.quantile(0.99)),
+                      "[green]equal[/]" if result.differing == 0 else
+                      f"[red]{result.differing:,} differ[/]")
+    table.add_row("all", f"{live.verify.rows:,}", f"{progress.records:,}",
+                  format_seconds(overall.quantile(0.5)), format_seconds(overall.quantile(0.99)),
+                  "[green]equal[/]" if live.verify.equal else "[red]differs[/]", style="bold")
     console.print(table)
     if workload.error is not None:
         console.print(f"[yellow]workload error:[/] {workload.error}")
-    if not all_equal:
-        raise CdcError("the log does not match the tables", "this is a bug: please report it")
-    console.print("[green]the log, folded per key, equals both tables[/]. Try: "
-                  f"cdc log dump --config {config.base_dir / 'cdc.yaml'} | head", highlight=False)
-
-
-def _same(logged: dict[str, Any], row: dict[str, Any]) -> bool:
-    """Compare a logged row with the table's JSON row on the columns both describe simply."""
-    for column in ("name", "email", "status"):
-        if column in row and logged.get(column) != row[column]:
-            return False
-    return not ("amount" in row and logged.get("amount") != f"{row['amount']:.2f}")
+    if not live.verify.equal:
+        raise CdcError("the follower does not equal the leader", "this is a bug: please report "
+                       "it with the keys listed above")
+    config_file = config.base_dir / "cdc.yaml"
+    console.print(f"[green]Redis equals PostgreSQL[/] ({progress.batches:,} micro-batches). "
+                  f"Try: cdc log dump --config {config_file} | head", highlight=False)

@@ -12,9 +12,10 @@ The log's topic for a table is ``<source name>.<schema>.<table>`` (Debezium's na
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from functools import cached_property
+from typing import Any, Protocol
 
 from cdc.errors import SchemaError
 from cdc.position import Position
@@ -112,7 +113,7 @@ class TableSchema:
                 "add a primary key, or configure key columns for it",
             )
 
-    @property
+    @cached_property
     def topic(self) -> str:
         return topic_name(self.source, self.table)
 
@@ -153,7 +154,26 @@ class TransactionInfo:
                 "data_collection_order": self.data_collection_order}
 
 
-@dataclass
+class RawImages(Protocol):
+    """A connector's row images not yet turned into Python values (see :class:`ChangeEvent`).
+
+    ``rows()`` gives the typed ``(before, after)`` dicts exactly as the connector would have
+    built them; ``key_bytes()`` the :func:`encode_key` bytes of the event's key; the codec asks
+    ``encode_images`` for the Avro bytes of ``before`` and ``after`` directly (see
+    :meth:`cdc.avro.EventCodec.encode`), which must equal encoding ``rows()``.
+    """
+
+    def rows(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]: ...
+
+    def key_bytes(self) -> bytes: ...
+
+    def encode_images(self, codec: Any, out: bytearray,
+                      filled: dict[str, Any] | None) -> bool: ...
+
+
+_PENDING: Any = object()
+
+
 class ChangeEvent:
     """One change to one row (or, for ``op == 't'``, to a whole table).
 
@@ -161,32 +181,78 @@ class ChangeEvent:
     (``db``, ``schema``, ``table``, ``txId``, ``lsn``, ``xmin``, ``snapshot``, ``sequence`` for
     PostgreSQL); ``version``, ``connector``, ``name`` and ``ts_ms`` are filled in from the schema
     and the event when the envelope is built.
+
+    ``raw``: a connector may hand over its row images undecoded (:class:`RawImages`) instead of
+    ``before``/``after``; the typed dicts are then built on first access of ``before``,
+    ``after`` or ``key``, and the codec encodes the raw images directly (the hot path never
+    builds them).
     """
 
-    schema: TableSchema
-    op: Op
-    position: Position
-    ts_ms: int
-    before: dict[str, Any] | None = None
-    after: dict[str, Any] | None = None
-    source_info: dict[str, Any] = field(default_factory=dict)
-    transaction: TransactionInfo | None = None
-    #: time the event was processed by the connector (envelope ``ts_ms``), ms since the epoch
-    processed_ms: int | None = None
-    #: columns of ``after`` whose values the source did not send because they did not change
-    #: (PostgreSQL's unchanged TOAST values); the dispatcher fills them from the key's previous
-    #: image, and names those it could not fill in the envelope's ``unavailable_columns``
-    unchanged: tuple[str, ...] = ()
-    #: an update that changed the primary key, as a create carrying the delete of the old key:
-    #: ``unchanged`` values are then filled from the old key's image, and the delete is logged
-    #: first (the delete's position is the lower)
-    replaces: ChangeEvent | None = None
+    __slots__ = ("schema", "op", "position", "ts_ms", "_before", "_after", "source_info",
+                 "transaction", "processed_ms", "unchanged", "replaces", "raw")
 
-    def __post_init__(self) -> None:
-        if self.op in (Op.CREATE, Op.READ, Op.UPDATE) and self.after is None:
-            raise SchemaError(f"a {self.op.name.lower()} event needs an after image")
-        if self.op is Op.DELETE and self.before is None:
+    def __init__(self, schema: TableSchema, op: Op, position: Position, ts_ms: int,
+                 before: dict[str, Any] | None = None, after: dict[str, Any] | None = None,
+                 source_info: dict[str, Any] | None = None,
+                 transaction: TransactionInfo | None = None, processed_ms: int | None = None,
+                 unchanged: tuple[str, ...] = (), replaces: ChangeEvent | None = None,
+                 raw: RawImages | None = None) -> None:
+        self.schema = schema
+        self.op = op
+        self.position = position
+        self.ts_ms = ts_ms
+        self.source_info: dict[str, Any] = {} if source_info is None else source_info
+        #: Debezium's ``transaction`` block
+        self.transaction = transaction
+        #: time the event was processed by the connector (envelope ``ts_ms``), ms since the
+        #: epoch; ``None``: the time it is encoded
+        self.processed_ms = processed_ms
+        #: columns of ``after`` whose values the source did not send because they did not
+        #: change (PostgreSQL's unchanged TOAST values); the dispatcher fills them from the
+        #: key's previous image, and names those it could not fill in the envelope's
+        #: ``unavailable_columns``
+        self.unchanged = unchanged
+        #: an update that changed the primary key, as a create carrying the delete of the old
+        #: key: ``unchanged`` values are then filled from the old key's image, and the delete
+        #: is logged first (the delete's position is the lower)
+        self.replaces = replaces
+        self.raw = raw
+        if raw is not None:
+            self._before = self._after = _PENDING
+            return
+        self._before, self._after = before, after
+        if op in (Op.CREATE, Op.READ, Op.UPDATE) and after is None:
+            raise SchemaError(f"a {op.name.lower()} event needs an after image")
+        if op is Op.DELETE and before is None:
             raise SchemaError("a delete event needs a before image (at least the key)")
+
+    def _materialize(self) -> None:
+        assert self.raw is not None
+        self._before, self._after = self.raw.rows()
+
+    @property
+    def before(self) -> dict[str, Any] | None:
+        if self._before is _PENDING:
+            self._materialize()
+        return self._before  # type: ignore[no-any-return]
+
+    @before.setter
+    def before(self, value: dict[str, Any] | None) -> None:
+        if self._after is _PENDING:
+            self._materialize()
+        self._before = value
+
+    @property
+    def after(self) -> dict[str, Any] | None:
+        if self._after is _PENDING:
+            self._materialize()
+        return self._after  # type: ignore[no-any-return]
+
+    @after.setter
+    def after(self, value: dict[str, Any] | None) -> None:
+        if self._before is _PENDING:
+            self._materialize()
+        self._after = value
 
     @property
     def key(self) -> dict[str, Any] | None:
@@ -196,6 +262,20 @@ class ChangeEvent:
         row = self.after if self.after is not None else self.before
         assert row is not None
         return self.schema.key_of(row)
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.schema, self.op, self.position, self.ts_ms, self.before, self.after,
+                self.source_info, self.transaction, self.processed_ms, self.unchanged,
+                self.replaces)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ChangeEvent) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"ChangeEvent({self.schema.table}, {self.op.value}, {self.position!r}, "
+                f"before={self.before!r}, after={self.after!r})")
 
 
 def encode_key(schema: TableSchema, key: dict[str, Any]) -> bytes:

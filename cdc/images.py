@@ -4,12 +4,15 @@ partially (PostgreSQL does not send TOASTed values an UPDATE left unchanged).
 Every event in the log must carry the whole row, because compaction throws older events away.
 :class:`PreviousImages` answers "what was the last after image of this key?" from, in order:
 
-1. a bounded in-memory LRU of recent after images (``max_bytes`` of encoded values);
-2. the dispatcher's buffer (records added but not yet durable), newest first;
-3. the log: a per-partition index ``key -> offset of its latest record``, built by reading the
-   partition the first time one of its keys misses the cache and extended with what was
-   appended since on every later miss. Costs one pass over that partition plus about 100 bytes
-   of memory per key; only partitions that needed a lookup are indexed.
+1. a bounded in-memory LRU of recent after images (``max_bytes`` of encoded values, kept as the
+   logged bytes and decoded only when a change needs them);
+2. the dispatcher's records not yet in the log (``buffer()``: lists of records, oldest first:
+   a commit running in the background, the buffer), newest first;
+3. the log: a per-partition index ``key -> offset of its latest record`` (and, for the local
+   log, where its bytes are, so a lookup is one small read). Records this process appends are
+   indexed as they are committed (:meth:`PreviousImages.appended`); older ones by reading the
+   partition, once, the first time one of its keys misses the cache. About 200 bytes of memory
+   per key of a table that can have partial changes.
 
 Images are kept in Avro form (as encoded, by Avro field name) with their schema id, so a value
 is re-encoded exactly as it was read. A value is taken only from a column of the same name and
@@ -24,10 +27,12 @@ from typing import Any
 
 from cdc.avro import EventCodec, TableCodec
 from cdc.events import TableSchema
-from cdc.log.base import ChangeLogReader, Record
+from cdc.log.base import AppendResult, ChangeLogReader, Record
 from cdc.log.partitioner import partition_for
 
 Image = tuple[int, dict[str, Any]]  # (schema id, after image by Avro field name)
+#: a key's latest record in the log: its offset, and where its bytes are when the log says
+IndexEntry = tuple[int, Any]
 
 #: logical types whose values are fixed-width in every source (never TOASTed, always sent)
 FIXED_WIDTH = frozenset({"boolean", "int16", "int32", "int64", "uint64", "float32", "float64",
@@ -53,31 +58,57 @@ class PreviousImages:
     """Finds the latest after image of a key (see the module docstring for where it looks)."""
 
     def __init__(self, log: ChangeLogReader, codec: EventCodec,
-                 buffer: Callable[[], Sequence[Record]], max_bytes: int = 48 * 1024**2) -> None:
+                 buffer: Callable[[], Sequence[Sequence[Record]]],
+                 max_bytes: int = 48 * 1024**2) -> None:
         self.log = log
         self.codec = codec
         self.buffer = buffer
         self.max_bytes = max_bytes
-        self._lru: OrderedDict[tuple[str, bytes], tuple[Image | None, int]] = OrderedDict()
+        self._lru: OrderedDict[tuple[str, bytes], tuple[bytes | None, int]] = OrderedDict()
         self._bytes = 0
-        self._index: dict[tuple[str, int], dict[bytes, int]] = {}
+        self._index: dict[tuple[str, int], dict[bytes, IndexEntry]] = {}
         self._indexed_to: dict[tuple[str, int], int] = {}
         self.log_lookups = 0
         self.log_scans = 0
+        self._partial_topics: set[str] = set()
+        #: keys appended by this process: (topic, partition) -> key -> (offset, location)
+        self._appended: dict[tuple[str, int], dict[bytes, IndexEntry]] = {}
+        #: (topic, partition) -> the first offset this process appended there: the log is
+        #: read (for older keys) only below it
+        self._read_limit: dict[tuple[str, int], int] = {}
+        self._compatible: dict[tuple[int, int], tuple[TableCodec, dict[str, tuple[str, str]]]] = {}
 
     # -- keeping the cache -------------------------------------------------------------------
-    def remember(self, topic: str, key: bytes, image: Image | None, size: int) -> None:
-        """``image`` is now the latest of ``key`` (``None``: the key was deleted)."""
+    def remember(self, topic: str, key: bytes, value: bytes | None) -> None:
+        """``value`` (the record as logged) is now the latest of ``key`` (``None``: the key was
+        deleted). It is decoded only if a later change needs it."""
+        self._partial_topics.add(topic)
         entry = (topic, key)
         old = self._lru.pop(entry, None)
         if old is not None:
             self._bytes -= old[1]
-        size += ENTRY_OVERHEAD
-        self._lru[entry] = (image, size)
+        size = ENTRY_OVERHEAD + (0 if value is None else len(value))
+        self._lru[entry] = (value, size)
         self._bytes += size
         while self._bytes > self.max_bytes and self._lru:
             _, (_, evicted) = self._lru.popitem(last=False)
             self._bytes -= evicted
+
+    def appended(self, records: Sequence[Record], results: Sequence[AppendResult]) -> None:
+        """``records`` are now in the log at ``results``: index the keys of tables whose images
+        this cache keeps, so later lookups need not read the log to find them."""
+        partial = self._partial_topics
+        if not partial:
+            return
+        for record, result in zip(records, results, strict=True):
+            if record.topic in partial:
+                where = (result.topic, result.partition)
+                index = self._appended.get(where)
+                if index is None:
+                    index = self._appended[where] = {}
+                    # older records (other runs) are read from the log up to here
+                    self._read_limit[where] = result.offset
+                index[record.key] = (result.offset, result.location)
 
     def forget_all(self) -> None:
         """Drop the cache (after discarding records that were never made durable)."""
@@ -96,28 +127,39 @@ class PreviousImages:
         cached = self._lru.get((topic, key))
         if cached is not None:
             self._lru.move_to_end((topic, key))
-            return cached[0]
-        for record in reversed(self.buffer()):
-            if record.topic == topic and record.key == key:
-                return self._image_of(record.value)
+            return self._image_of(cached[0])
+        for chunk in reversed(self.buffer()):
+            for record in reversed(chunk):
+                if record.topic == topic and record.key == key:
+                    return self._image_of(record.value)
         return self._from_log(topic, key, before)
 
     def _image_of(self, value: bytes | None) -> Image | None:
         if value is None:
             return None
-        schema_id, envelope = self.codec.decode_raw(value)
-        after = envelope.get("after")
+        schema_id, after = self.codec.decode_after(value)
         return None if after is None else (schema_id, after)
 
     def _from_log(self, topic: str, key: bytes, before: bytes) -> Image | None:
-        if topic not in {t.name for t in self.log.topics()}:
+        ends = self.log.end_offsets(topic)
+        if not ends:
             return None
         self.log_lookups += 1
-        partition = partition_for(key, len(self.log.end_offsets(topic)))
-        index = self._catch_up(topic, partition)
-        offset = index.get(key)
-        if offset is None:
+        partition = partition_for(key, len(ends))
+        where = (topic, partition)
+        found = self._appended.get(where, {}).get(key)
+        if found is None:
+            end = min(ends[partition], self._read_limit.get(where, ends[partition]))
+            found = self._catch_up(topic, partition, end).get(key)
+        if found is None:
             return None
+        offset, where = found
+        if where is not None:
+            record = self.log.read_at(topic, partition, where)  # type: ignore[attr-defined]
+            if record is not None and record.offset == offset and record.key == key:
+                if record.position < before:
+                    return self._image_of(record.value)
+                return self._scan_for(topic, partition, key, before)
         for record in self.log.read(topic, partition, offset, 1):
             if record.offset == offset and record.key == key and record.position < before:
                 return self._image_of(record.value)
@@ -134,13 +176,27 @@ class PreviousImages:
                 best = (record.position, record.value)
         return None if best is None else self._image_of(best[1])
 
-    def _catch_up(self, topic: str, partition: int) -> dict[bytes, int]:
+    def _catch_up(self, topic: str, partition: int, end: int) -> dict[bytes, IndexEntry]:
+        """The partition's index, extended with the records committed since the last call
+        (``end``: the partition's end offset now)."""
         where = (topic, partition)
         index = self._index.setdefault(where, {})
         start = self._indexed_to.get(where, 0)
-        for record in self.log.iter_partition(topic, partition, start):
-            index[record.key] = record.offset
-            start = record.offset + 1
+        if start >= end:
+            return index
+        located = getattr(self.log, "read_located", None)
+        if located is not None:  # the local log: remember where each record's bytes are
+            while True:
+                batch = located(topic, partition, start, 10_000)
+                if not batch:
+                    break
+                for record, place in batch:
+                    index[record.key] = (record.offset, place)
+                start = batch[-1][0].offset + 1
+        else:
+            for record in self.log.iter_partition(topic, partition, start):
+                index[record.key] = (record.offset, None)
+                start = record.offset + 1
         self._indexed_to[where] = start
         return index
 
@@ -155,19 +211,31 @@ class PreviousImages:
             if previous is None:
                 return list(unchanged)
             schema_id, image = previous
-            old_fields = {name: (field, ctype.describe())
-                          for name, field, ctype in self.codec.columns_of(schema_id)}
-            types = {column.name: column.type.describe() for column in codec.schema.columns}
-            fields = dict(zip((c.name for c in codec.schema.columns),
-                              (f for _, f, _ in codec.columns), strict=True))
+            sources = self._sources(schema_id, codec)
             missing = []
             for name in unchanged:
-                old = old_fields.get(name)
-                value = image.get(old[0]) if old is not None else None
-                if old is None or old[1] != types.get(name) or value is None:
+                old_field, new_field = sources.get(name, (None, None))
+                value = image.get(old_field) if old_field is not None else None
+                if value is None or new_field is None:
                     missing.append(name)
                 else:
-                    after[fields[name]] = value
+                    after[new_field] = value
             return missing
 
         return fill
+
+    def _sources(self, schema_id: int, codec: TableCodec) -> dict[str, tuple[str, str]]:
+        """Per column of ``codec`` that has a column of the same name and type in the image's
+        schema ``schema_id``: (its Avro field there, its Avro field here)."""
+        cached = self._compatible.get((schema_id, id(codec)))
+        if cached is not None and cached[0] is codec:
+            return cached[1]
+        old_fields = {name: (field, ctype.describe())
+                      for name, field, ctype in self.codec.columns_of(schema_id)}
+        out = {}
+        for column, (_, field, _) in zip(codec.schema.columns, codec.columns, strict=True):
+            old = old_fields.get(column.name)
+            if old is not None and old[1] == column.type.describe():
+                out[column.name] = (old[0], field)
+        self._compatible[(schema_id, id(codec))] = (codec, out)
+        return out

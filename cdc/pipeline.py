@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.avro import EventCodec, Filler, TableCodec
-from cdc.events import ChangeEvent, Op, TableSchema, encode_key
+from cdc.events import ChangeEvent, Op, TableSchema
 from cdc.images import PreviousImages, may_be_partial
-from cdc.log.base import ChangeLogWriter, Record, StoredRecord
+from cdc.log.base import AppendResult, ChangeLogWriter, Record, StoredRecord
 from cdc.log.partitioner import partition_for
 from cdc.position import Position
 
@@ -54,7 +55,11 @@ class Dispatcher:
         self._oldest: float | None = None
         self._topics: dict[str, int] = {}  # topic -> partitions
         self.stats = DispatchStats()
-        self.images = PreviousImages(log, codec, lambda: self._buffer, image_cache_bytes)
+        #: a commit running in the background: (future, its records, its source offset)
+        self._inflight: tuple[Future[list[AppendResult]], list[Record], dict[str, Any] | None
+                              ] | None = None
+        self._committer: ThreadPoolExecutor | None = None
+        self.images = PreviousImages(log, codec, self._unlogged, image_cache_bytes)
 
     def add(self, event: ChangeEvent) -> list[Record]:
         """Buffer ``event``; return its records (the event, plus a tombstone after a delete).
@@ -67,10 +72,10 @@ class Dispatcher:
         fill = None
         if event.unchanged:
             image_of = event.replaces or event
-            key = encode_key(event.schema, image_of.key or {})
+            key = self.codec.key_bytes(image_of)
             fill = self._counting(self.images.filler(event.schema.topic, key, event.unchanged,
                                                      image_of.position.to_bytes()))
-        records, after = self.codec.records_and_image(event, fill)
+        records = self.codec.records(event, fill)
         if event.replaces is not None:
             self.add(event.replaces)
         if self._oldest is None:
@@ -82,8 +87,8 @@ class Dispatcher:
             return records
         if self.images.max_bytes and may_be_partial(event.schema):
             first = records[0]
-            image = None if after is None else (self.codec.table(event.schema).schema_id, after)
-            self.images.remember(first.topic, first.key, image, len(first.value or b""))
+            self.images.remember(first.topic, first.key,
+                                 None if event.op is Op.DELETE else first.value)
         self._buffer.extend(records)
         return records
 
@@ -95,6 +100,7 @@ class Dispatcher:
         tombstones carry the TRUNCATE's own position (they are that one change). One partition
         at a time, so memory grows with a partition's keys, not the table's.
         """
+        self._finish_inflight()  # the log must hold everything older
         topic, limit = schema.topic, truncated_at.to_bytes()
         partitions = self._topics[topic]
         in_log = {t.name for t in self.log.topics()}
@@ -129,7 +135,7 @@ class Dispatcher:
         """Buffer a tombstone for ``key`` of ``schema``'s table (a row known only by its key)."""
         self.ensure_topic(schema)
         self._buffer.append(Record(schema.topic, key, None, position.to_bytes()))
-        self.images.remember(schema.topic, key, None, 0)
+        self.images.remember(schema.topic, key, None)
         if self._oldest is None:
             self._oldest = time.monotonic()
 
@@ -157,22 +163,55 @@ class Dispatcher:
             return True
         return self._oldest is not None and time.monotonic() - self._oldest >= self.interval
 
-    def flush(self) -> dict[str, Any] | None:
-        """Commit the buffer with the pending offset; return that offset once durable."""
+    def flush(self, wait: bool = True) -> dict[str, Any] | None:
+        """Commit the buffer with the pending offset; return the newest source offset that is
+        durable now and was not returned before (None if there is none).
+
+        ``wait=True``: returns once everything added so far is durable (the offset returned is
+        the pending one, if any). ``wait=False``: the commit runs in the background while the
+        caller goes on adding (its fsyncs overlap the next batch's work); what it returns is
+        the offset of the *previous* background commit, which is durable by then, and the
+        caller acknowledges that one. At most one commit runs at a time, in order.
+        """
+        done = self._finish_inflight()
         offset = self._pending_offset
         if not self._buffer and offset is None:
-            return None
+            return done
         offsets = {self.source: offset} if offset is not None else None
-        self.log.append(self._buffer, offsets)
-        self.stats.records += len(self._buffer)
+        records = self._buffer
+        self.stats.records += len(records)
         self.stats.commits += 1
         self._buffer = []
         self._pending_offset = None
         self._oldest = None
+        if wait:
+            self.images.appended(records, self.log.append(records, offsets))
+            return offset if offset is not None else done
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-commit")
+        self._inflight = (self._committer.submit(self.log.append, records, offsets), records,
+                          offset)
+        return done
+
+    def _finish_inflight(self) -> dict[str, Any] | None:
+        """Wait for the background commit (re-raising its error); its offset, if any."""
+        if self._inflight is None:
+            return None
+        future, records, offset = self._inflight
+        self._inflight = None
+        self.images.appended(records, future.result())
         return offset
 
+    def _unlogged(self) -> list[list[Record]]:
+        """Records added but not yet committed, oldest first (a running commit, the buffer)."""
+        if self._inflight is None:
+            return [self._buffer]
+        return [self._inflight[1], self._buffer]
+
     def discard(self) -> None:
-        """Forget what is buffered (it was never acknowledged; the source sends it again)."""
+        """Forget what is buffered (it was never acknowledged; the source sends it again).
+        A commit already running in the background is waited for (it may succeed)."""
+        self._finish_inflight()
         self.images.forget_all()  # it may hold images of what is discarded
         self._buffer = []
         self._pending_offset = None

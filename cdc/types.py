@@ -101,6 +101,14 @@ class ColumnType:
         """The JSON value for a non-null Avro datum (numerics as strings, times ISO-8601)."""
         return _CODECS[self.name].to_json(self, datum)
 
+    def json_converter(self) -> Callable[[Any], Any] | None:
+        """What :meth:`to_json` does as one callable of the datum, or ``None`` when it returns
+        every datum unchanged (strings, integers, booleans...): lets a hot loop skip the call."""
+        convert = _CODECS[self.name].to_json
+        if convert is _as_is:
+            return None
+        return lambda datum: convert(self, datum)
+
     def from_json(self, value: Any) -> Any:
         """The Python value of a JSON form made by :meth:`to_json` (used for keys read back)."""
         if value is None:
@@ -134,11 +142,16 @@ class ColumnType:
         )
 
 
+def _as_is(_ctype: ColumnType, datum: Any) -> Any:
+    return datum
+
+
+
 @dataclass(frozen=True)
 class _Codec:
     avro: Callable[[ColumnType], Any]
     to_avro: Callable[[ColumnType, Any], Any]
-    to_json: Callable[[ColumnType, Any], Any] = field(default=lambda _t, d: d)
+    to_json: Callable[[ColumnType, Any], Any] = field(default=_as_is)
 
 
 def _fail(ctype: ColumnType, value: Any, why: str = "") -> EncodingError:
@@ -422,14 +435,25 @@ def _timestamp_to_avro(ctype: ColumnType, value: Any) -> Any:
         return INT64_MAX if sign > 0 else INT64_MIN
     if _plain_int(value):
         if not INT64_MIN < value < INT64_MAX:
-            raise _fail(ctype, value, "microseconds since 1970 beyond a 64-bit long "
-                                      "(after 294247-01-10)")
+            raise _timestamp_out_of_range(value)
         return value  # microseconds since the epoch already
     if not isinstance(value, dt.datetime):
         raise _fail(ctype, value, "expected a datetime")
     if value.tzinfo is not None:
         value = value.astimezone(dt.UTC).replace(tzinfo=None)
     return _micros_since_epoch(value)
+
+
+def _timestamp_out_of_range(micros: int) -> EncodingError:
+    """A timestamp (without time zone) the encoding cannot hold: not a bug, a limit."""
+    return EncodingError(
+        f"timestamp {_iso_datetime(micros)} is out of the encoding's range: a timestamp is a "
+        "64-bit count of microseconds since 1970-01-01 (Debezium's MicroTimestamp), which "
+        f"holds PostgreSQL's timestamps from 4713 BC only up to {_iso_datetime(INT64_MAX - 1)} "
+        "(PostgreSQL accepts them up to 294276-12-31; see docs/types.md)",
+        "correct the value in the source table, or change the column to timestamptz or text "
+        "(their encodings are strings, without this limit); a change already in the WAL cannot "
+        "be skipped: after fixing the table run `cdc bootstrap` again to re-snapshot it")
 
 
 def _timestamp_to_json(_t: ColumnType, datum: Any) -> Any:

@@ -11,9 +11,17 @@ if [ ! -x .venv/bin/python ] && ! "$PY" -c "import ensurepip, venv" >/dev/null 2
   need_apt+=(python3-venv)
 fi
 # PostgreSQL server binaries (initdb, pg_ctl, pg_recvlogical): tests and the demo start their own
-# throwaway clusters from them. (Later issues add mariadb-server and redis-server here.)
+# throwaway clusters from them. (Later issues add mariadb-server here.)
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
   need_apt+=(postgresql)
+fi
+# redis-server: the Redis follower's tests and the demo start their own throwaway server
+if ! command -v redis-server >/dev/null; then
+  need_apt+=(redis-server)
+fi
+# Java 17+: Spark (pyspark, local mode) runs the apply jobs
+if ! command -v java >/dev/null; then
+  need_apt+=(openjdk-17-jre-headless)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"
@@ -31,6 +39,6 @@ stamp=.venv/.cdc-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing the project into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[dev,spark]'
   touch "$stamp"
 fi

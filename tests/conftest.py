@@ -51,3 +51,40 @@ def pg_db(pg_cluster):  # type: ignore[no-untyped-def]
     db = new_database(pg_cluster)
     yield db
     db.drop()
+
+
+# --------------------------------------------------------------------------- Redis fixtures
+
+@pytest.fixture(scope="session")
+def redis_server():  # type: ignore[no-untyped-def]
+    """One throwaway redis-server (free loopback port, no persistence) for the whole session.
+    Tests that need an empty server call ``FLUSHALL`` themselves (``redis_url`` does)."""
+    from cdc.servers.redis import ThrowawayRedis
+
+    server = ThrowawayRedis().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:  # type: ignore[no-untyped-def]
+    """The session server's URL, emptied (FLUSHALL) before the test."""
+    import redis
+
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.flushall()
+    return str(redis_server.url)
+
+
+# --------------------------------------------------------------------------- Spark fixture
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """The one local SparkSession of the test run (spark_apply/session.py): starting one takes
+    7-15 s, so every Spark test shares it. Tests must stop the queries they start."""
+    pytest.importorskip("pyspark")
+    from spark_apply.session import spark_session
+
+    session = spark_session(app_name="cdc-tests")
+    yield session
+    session.stop()

@@ -252,6 +252,12 @@ class Load:
     first_id: int = 1_000_000
     #: every so many transactions, one of 300 changes (0: never)
     bulk_every: int = 0
+    #: share of changes that move a row to a new primary key (an UPDATE of ``id``)
+    key_changes: float = 0.0
+    #: seconds each thread sleeps after a transaction (0: as fast as it can)
+    pause: float = 0.0
+    #: varies the threads' random choices (thread i uses seed * 1000 + i)
+    seed: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
     committed: int = 0
     errors: list[BaseException] = field(default_factory=list)
@@ -272,7 +278,7 @@ class Load:
             raise self.errors[0]
 
     def _run(self, index: int) -> None:
-        rng = random.Random(index)
+        rng = random.Random(self.seed * 1000 + index)
         live: dict[int, int] = {}
         next_id = self.first_id + index
         try:
@@ -283,6 +289,8 @@ class Load:
                         for _ in range(300 if big else rng.randint(1, 4)):
                             next_id = self._change(conn, rng, live, next_id)
                     self.committed += 1
+                    if self.pause:
+                        self.stop.wait(self.pause)
         except BaseException as exc:  # noqa: BLE001 - reported by finish()
             self.errors.append(exc)
 
@@ -295,6 +303,12 @@ class Load:
                          (key, rng.randint(0, 10**8) / 100, big_text(key, 1)))
             conn.execute("INSERT INTO audit (id, v, op) VALUES (%s, 1, 'c')", (key,))
             live[key] = 1
+        elif roll < 0.35 + self.key_changes:
+            key, new, next_id = rng.choice(list(live)), next_id, next_id + self.threads
+            live[new] = live.pop(key) + 1  # an update of the key: delete + create in the log
+            conn.execute("UPDATE items SET id = %s, v = %s WHERE id = %s", (new, live[new], key))
+            conn.execute("INSERT INTO audit (id, v, op) VALUES (%s, 0, 'd'), (%s, %s, 'c')",
+                         (key, new, live[new]))
         elif roll < 0.85 or not self.deletes:
             key = rng.choice(list(live))
             live[key] += 1

@@ -21,12 +21,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A record to append. ``value is None`` makes it a tombstone."""
+class Record(NamedTuple):
+    """A record to append. ``value is None`` makes it a tombstone. (A named tuple: one is made
+    per change, and tuples are the cheapest immutable objects to make.)"""
 
     topic: str
     key: bytes
@@ -52,13 +52,15 @@ class StoredRecord:
         return self.value is None
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
+class AppendResult(NamedTuple):
     """Where one appended record went."""
 
     topic: str
     partition: int
     offset: int
+    #: where its bytes are, when the backend can say (the local log: segment file, first byte,
+    #: size); lets a reader fetch it again with one read
+    location: Any = None
 
 
 @dataclass

@@ -49,11 +49,25 @@ from cdc.log.base import (
     TopicInfo,
 )
 from cdc.log.partitioner import partition_for
-from cdc.log.segment import encode_record, list_segments, scan, segment_name
+from cdc.log.segment import (
+    READ_CHUNK,
+    encode_record_bytes,
+    list_segments,
+    parse_record,
+    scan,
+    segment_name,
+)
 
 STATE_FILE = "state.json"
 #: a read from an arbitrary offset starts at the nearest of every so many records seen before
-MARK_EVERY = 64
+MARK_EVERY = 16
+#: bytes read at a time by reads of a few records (e.g. one previous image); larger reads use
+#: segment.READ_CHUNK
+SMALL_READ_CHUNK = 64 * 1024
+#: where a record's bytes are: (segment file, first byte, size)
+Location = tuple[Path, int, int]
+#: segment files kept open for :meth:`LocalChangeLogReader.read_at`
+READ_FDS = 16
 LOCK_FILE = "LOCK"
 TOPICS_DIR = "topics"
 FORMAT_VERSION = 1
@@ -139,6 +153,8 @@ class LocalChangeLogReader(ChangeLogReader):
         # segment path -> (offset, byte position) of every MARK_EVERY-th record seen, so a read
         # from an arbitrary offset starts near it (paths change when compaction rewrites)
         self._marks: dict[Path, list[tuple[int, int]]] = {}
+        #: segment files :meth:`read_at` keeps open (at most READ_FDS, oldest closed first)
+        self._read_fds: dict[Path, int] = {}
         if not self.path.is_dir():
             raise LogError(f"no change log at {self.path}",
                            "check log.path in the config, or run `cdc capture` to create the log")
@@ -209,8 +225,60 @@ class LocalChangeLogReader(ChangeLogReader):
         raise LogError(f"segments of {topic}[{partition}] kept vanishing while reading",
                        "retry; if it persists, check that only one compaction runs at a time")
 
+    def read_located(self, topic: str, partition: int, start: int = 0,
+                     max_records: int | None = None) -> list[tuple[StoredRecord, Location]]:
+        """:meth:`read`, with where each record's bytes are (for :meth:`read_at`)."""
+        located: list[Location] = []
+        state = self.state().topics.get(topic)
+        if state is None or not 0 <= partition < len(state.parts):
+            return []
+        part = state.parts[partition]
+        out: list[StoredRecord] = []
+        if start >= part.next_offset or (max_records is not None and max_records <= 0):
+            return []
+        directory = topic_dir(self.path, topic) / str(partition)
+        for _attempt in range(5):
+            try:
+                self._read_into(out, topic, partition, directory, part, start, max_records,
+                                located)
+                return list(zip(out, located, strict=True))
+            except FileNotFoundError:
+                start = out[-1].offset + 1 if out else start
+                self._resume.pop((topic, partition), None)
+        raise LogError(f"segments of {topic}[{partition}] kept vanishing while reading",
+                       "retry; if it persists, check that only one compaction runs at a time")
+
+    def read_at(self, topic: str, partition: int, where: Location) -> StoredRecord | None:
+        """The record whose bytes :meth:`read_located` said are at ``where``, read with one
+        ``read``; ``None`` when that file is gone (compaction rewrote the segment: use
+        :meth:`read`). The caller checks the offset it expects: a committed record's bytes
+        never change while its file exists."""
+        path, start, size = where
+        fd = self._read_fds.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            if len(self._read_fds) >= READ_FDS:
+                os.close(self._read_fds.pop(next(iter(self._read_fds))))
+            self._read_fds[path] = fd
+        # an unlinked file (compaction replaced it) still holds the committed bytes
+        raw = parse_record(os.pread(fd, size, start), path, start)
+        if raw is None:
+            return None
+        return StoredRecord(topic, partition, raw.offset, raw.timestamp_ms, raw.key, raw.value,
+                            raw.position)
+
+    def close_reads(self) -> None:
+        """Close the files :meth:`read_at` keeps open."""
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
+
     def _read_into(self, out: list[StoredRecord], topic: str, partition: int, directory: Path,
-                   part: PartitionState, start: int, max_records: int | None) -> None:
+                   part: PartitionState, start: int, max_records: int | None,
+                   located: list[Location] | None = None) -> None:
         segments = list_segments(directory)
         resume = self._resume.get((topic, partition))
         for index, segment in enumerate(segments):
@@ -230,7 +298,9 @@ class LocalChangeLogReader(ChangeLogReader):
                 mark = marks[bisect.bisect_right(marks, (start, 1 << 62)) - 1]
                 if mark[0] > from_offset:
                     first_byte = mark[1]
-            for raw in scan(segment.path, first_byte, limit):
+            chunk = SMALL_READ_CHUNK if max_records is not None and max_records <= 64 \
+                else READ_CHUNK
+            for raw in scan(segment.path, first_byte, limit, chunk=chunk):
                 if raw.offset >= part.next_offset:
                     break
                 if raw.offset % MARK_EVERY == 0 and (not marks or raw.offset > marks[-1][0]):
@@ -239,6 +309,8 @@ class LocalChangeLogReader(ChangeLogReader):
                     continue
                 out.append(StoredRecord(topic, partition, raw.offset, raw.timestamp_ms, raw.key,
                                         raw.value, raw.position))
+                if located is not None:
+                    located.append((segment.path, raw.start, raw.size))
                 if max_records is not None and len(out) >= max_records:
                     self._resume[(topic, partition)] = (
                         segment.path, raw.offset + 1, raw.start + raw.size)
@@ -397,10 +469,12 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         state = self.state()
         new = copy.deepcopy(state)
         now_ms = int(time.time() * 1000)
-        results: list[AppendResult] = []
+        placed: list[tuple[str, int, int]] = []  # (topic, partition, offset) per record
         pieces: dict[tuple[str, int], list[bytes]] = {}
-        for record in records:
-            topic = new.topics.get(record.topic)
+        indices: dict[tuple[str, int], list[int]] = {}  # record indices per partition
+        topics = new.topics
+        for index, record in enumerate(records):
+            topic = topics.get(record.topic)
             if topic is None:
                 raise LogError(f"append to unknown topic {record.topic!r}",
                                "call ensure_topic() first (this is a bug in the caller)")
@@ -408,9 +482,16 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
             part = topic.parts[partition]
             offset = part.next_offset
             part.next_offset += 1
-            pieces.setdefault((record.topic, partition), []).extend(
-                encode_record(offset, now_ms, record.key, record.value, record.position))
-            results.append(AppendResult(record.topic, partition, offset))
+            where = (record.topic, partition)
+            chunk = pieces.get(where)
+            if chunk is None:
+                chunk = pieces[where] = []
+                indices[where] = []
+            chunk.append(encode_record_bytes(offset, now_ms, record.key, record.value,
+                                             record.position))
+            indices[where].append(index)
+            placed.append((record.topic, partition, offset))
+        locations: list[Location | None] = [None] * len(placed)
         written: list[tuple[str, int, int, int]] = []  # topic, partition, fd, committed bytes
         new_dirs: list[Path] = []
         try:
@@ -423,6 +504,12 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
                 data = b"".join(chunks)
                 written.append((topic_name, partition, fd, part.active_bytes))
                 _write_all(fd, data, part.active_bytes)
+                path = topic_dir(self.path, topic_name) / str(partition) / segment_name(
+                    part.active_base)
+                at = part.active_bytes
+                for index, framed in zip(indices[(topic_name, partition)], chunks, strict=True):
+                    locations[index] = (path, at, len(framed))
+                    at += len(framed)
                 part.active_bytes += len(data)
             if self.fsync:
                 self._sync([fd for _, _, fd, _ in written], new_dirs)
@@ -432,7 +519,8 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         except OSError as exc:
             self._undo(state, written)
             raise storage_error("append to the change log", exc) from None
-        return results
+        return [AppendResult(topic_name, partition, offset, location) for (
+            topic_name, partition, offset), location in zip(placed, locations, strict=True)]
 
     def _active_fd(self, topic: str, partition: int, old: PartitionState,
                    part: PartitionState) -> tuple[int, bool]:
@@ -517,14 +605,18 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
             return rolled
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for fd, _ in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-        self._pool.shutdown(wait=True)
-        os.close(self._lock_fd)
+        """Close the files and release the lock; an append running in another thread finishes
+        first."""
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+            for fd, _ in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+            self.close_reads()
+            self._pool.shutdown(wait=True)
+            os.close(self._lock_fd)
 
     def __enter__(self) -> LocalChangeLog:
         return self

@@ -7,6 +7,9 @@ be used for this.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
 _MASK = 0xFFFFFFFF
@@ -41,3 +44,12 @@ def murmur2(data: bytes) -> int:
 def partition_for(key: bytes, partitions: int) -> int:
     """The partition Kafka's default partitioner picks for ``key`` among ``partitions``."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+    # the compiled twins (cdc/log/_fast.pyx), when the install could build them
+    with contextlib.suppress(ImportError):
+        from cdc.log._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore] # noqa: F401
+            murmur2,
+            partition_for,
+        )

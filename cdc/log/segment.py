@@ -24,6 +24,7 @@ never returns it (see ``cdc/log/local.py`` for which bytes are readable).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
@@ -89,6 +90,20 @@ def encode_record(offset: int, timestamp_ms: int, key: bytes, value: bytes | Non
     return [PREFIX.pack(length, crc), body_header, position, key, value]
 
 
+def encode_record_bytes(offset: int, timestamp_ms: int, key: bytes, value: bytes | None,
+                        position: bytes) -> bytes:
+    """:func:`encode_record` joined into one bytes object (compiled when built: see
+    ``cdc/log/_fast.pyx``; ``CDC_PURE_PYTHON=1`` selects this pure-Python one)."""
+    return b"".join(encode_record(offset, timestamp_ms, key, value, position))
+
+
+if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+    with contextlib.suppress(ImportError):
+        from cdc.log._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore] # noqa: F401
+            encode_record_bytes,
+        )
+
+
 @dataclass(slots=True)
 class RawRecord:
     """A record parsed from a segment, with where its bytes are."""
@@ -104,8 +119,9 @@ class RawRecord:
 
 
 def scan(path: Path, start_byte: int = 0, limit_bytes: int | None = None,
-         verify: bool = True) -> Iterator[RawRecord]:
-    """Records of a segment from ``start_byte``, stopping at ``limit_bytes`` (or end of file).
+         verify: bool = True, chunk: int = READ_CHUNK) -> Iterator[RawRecord]:
+    """Records of a segment from ``start_byte``, stopping at ``limit_bytes`` (or end of file),
+    reading ``chunk`` bytes at a time (more when one record is larger).
 
     A record cut short by the limit or the end of the file ends the scan silently: the caller
     decides (from the committed state) whether such bytes may exist. A complete record whose CRC
@@ -122,10 +138,10 @@ def scan(path: Path, start_byte: int = 0, limit_bytes: int | None = None,
                 remaining = end - (buffer_start + len(buffer))
                 if remaining <= 0:
                     return
-                chunk = handle.read(min(max(READ_CHUNK, _wanted(buffer, cursor)), remaining))
-                if not chunk:
+                fresh = handle.read(min(max(chunk, _wanted(buffer, cursor)), remaining))
+                if not fresh:
                     return
-                buffer = buffer[cursor:] + chunk
+                buffer = buffer[cursor:] + fresh
                 buffer_start += cursor
                 cursor = 0
                 continue
@@ -149,6 +165,30 @@ def scan(path: Path, start_byte: int = 0, limit_bytes: int | None = None,
             value = None if attributes & ATTR_TOMBSTONE else buffer[data : data + value_len]
             yield RawRecord(offset, timestamp, key, value, position, buffer_start + cursor, size)
             cursor += size
+
+
+def parse_record(data: bytes, path: Path, start: int) -> RawRecord | None:
+    """The one record ``data`` holds (read from ``path`` at byte ``start``); None when it is
+    cut short. Raises :class:`LogCorruptError` when its CRC does not match."""
+    if len(data) < HEADER.size:
+        return None
+    length, crc, offset, timestamp, attributes, pos_len, key_len, value_len = (
+        HEADER.unpack_from(data, 0))
+    size = 4 + length
+    if len(data) < size:
+        return None
+    if zlib.crc32(memoryview(data)[8:size]) != crc:
+        raise LogCorruptError(
+            f"checksum mismatch in {path} at byte {start} (offset {offset})",
+            "the disk lost acknowledged data: restore the log from a copy, or rebuild it "
+            "with a new bootstrap")
+    at = HEADER.size
+    position = data[at : at + pos_len]
+    at += pos_len
+    key = data[at : at + key_len]
+    at += key_len
+    value = None if attributes & ATTR_TOMBSTONE else data[at : at + value_len]
+    return RawRecord(offset, timestamp, key, value, position, start, size)
 
 
 def _wanted(buffer: bytes, cursor: int) -> int:

@@ -2,6 +2,14 @@
 
 Passwords come from the DSN, from ``password_env`` or from ``~/.pgpass`` (libpq reads it), and
 never appear in a message: errors name the host, port, database and user only.
+
+Every connection we open (catalog, snapshot COPY, replication) carries our session settings
+(:data:`~connectors.postgres.types.SESSION_OPTIONS`: DateStyle, TimeZone, IntervalStyle,
+extra_float_digits, bytea_output, lc_monetary) as startup ``options``, after any the DSN has, so
+they override the database's and the role's defaults (``ALTER DATABASE/ROLE ... SET``). For the
+replication connection this is the only way: pgoutput's text tuples are produced by the
+walsender, which runs with its startup settings and takes no SET once streaming.
+tests/test_pg_session.py captures a database with unusual defaults for every one of them.
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ Insert ``I``, Update ``U``, Delete ``D``, Truncate ``T``, logical decoding Messa
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from cdc.errors import CdcError
 
@@ -134,6 +136,10 @@ def _string(data: bytes, at: int) -> tuple[str, int]:
 
 
 def _tuple(data: bytes, at: int) -> tuple[TupleData, int]:
+    if _parse_tuple is not None and data.__class__ is bytes:
+        parsed, end = _parse_tuple(data, at)
+        if parsed is not None:
+            return parsed, end  # else: malformed, and the code below says how
     (count,) = _I16.unpack_from(data, at)
     at += 2
     values: list[object] = []
@@ -158,6 +164,22 @@ def _tuple(data: bytes, at: int) -> tuple[TupleData, int]:
         else:
             raise DecodeError(f"unknown tuple column kind {chr(kind)!r} in a pgoutput message")
     return tuple(values), at
+
+
+def _compiled_parser() -> Any:
+    """The compiled tuple parser (connectors/postgres/_fast), unless absent or
+    ``CDC_PURE_PYTHON=1``."""
+    if os.environ.get("CDC_PURE_PYTHON", "") == "1":
+        return None
+    try:
+        from connectors.postgres import _fast  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    _fast.init(UNCHANGED_TOAST)
+    return _fast.parse_tuple
+
+
+_parse_tuple = _compiled_parser()
 
 
 def decode(data: bytes) -> PgOutputMessage | None:

@@ -16,7 +16,7 @@ import select
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import psycopg
 from psycopg import pq
@@ -34,8 +34,9 @@ class ReplicationError(CdcError):
     """The replication connection failed or was closed by the server."""
 
 
-@dataclass(frozen=True, slots=True)
-class XLogData:
+class XLogData(NamedTuple):
+    """One ``XLogData`` message (a tuple: cheap to make, one per change)."""
+
     start_lsn: int
     wal_end: int
     payload: bytes
@@ -94,7 +95,8 @@ class ReplicationStream:
                 kind = data[0]
                 if kind == 0x77:  # 'w'
                     start, wal_end, _ = _XLOG.unpack_from(data, 1)
-                    self.received_lsn = max(self.received_lsn, wal_end)
+                    if wal_end > self.received_lsn:
+                        self.received_lsn = wal_end
                     yield XLogData(start, wal_end, bytes(data[25:]))
                 elif kind == 0x6B:  # 'k'
                     wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)

@@ -26,12 +26,13 @@ from psycopg import pq
 from cdc.config import SourceConfig
 from cdc.events import ChangeEvent, Column, Op, TableId, TableSchema, TransactionInfo
 from cdc.position import Position, format_lsn
-from connectors.postgres import catalog, pgoutput
+from connectors.postgres import catalog, pgoutput, rowcodec
 from connectors.postgres.connection import SourceError, connect, describe
 from connectors.postgres.replication import ReplicationStream, quote_ident
 from connectors.postgres.types import PgType, pg_type
 
 HEARTBEAT_PREFIX = "cdc-heartbeat"
+UNCHANGED = pgoutput.UNCHANGED_TOAST
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,28 @@ class CapturedTable:
     def __post_init__(self) -> None:
         self.plan = [(column.name, mapping.parse)
                      for column, mapping in zip(self.schema.columns, self.parsers, strict=True)]
+        self._row_plans: tuple[Any, Any] = (None, None)  # (codec, its row plan)
+        self._key_plan: tuple[rowcodec.KeyColumn, ...] | None = None
+
+    def row_plan(self, codec: Any) -> tuple[rowcodec.Column, ...] | None:
+        """The fast row encoder's plan for ``codec`` (a :class:`cdc.avro.TableCodec` of this
+        table's schema); None when the codec has no compiled field writers."""
+        if self._row_plans[0] is codec:
+            return self._row_plans[1]  # type: ignore[no-any-return]
+        plan = None
+        if codec.value_writers is not None and codec.schema.columns == self.schema.columns:
+            plan = rowcodec.row_plan(self.parsers, codec.value_fields, codec.value_writers,
+                                     [c.type for c in self.schema.columns])
+        self._row_plans = (codec, plan)
+        return plan
+
+    def key_plan(self) -> tuple[rowcodec.KeyColumn, ...]:
+        """The plan of this table's key bytes from a text tuple."""
+        if self._key_plan is None:
+            self._key_plan = rowcodec.key_plan([c.name for c in self.schema.columns],
+                                               self.schema.key, self.parsers,
+                                               [c.type for c in self.schema.columns])
+        return self._key_plan
 
     def row(self, values: tuple[object, ...]) -> dict[str, Any]:
         if len(values) != len(self.plan):
@@ -123,12 +146,17 @@ class PostgresSource:
         number = first_row
         source_info = {"snapshot": "true", "lsn": consistent_lsn, "txId": None,
                        "sequence": json.dumps([None, format_lsn(consistent_lsn)])}
+        width = len(captured.plan)
+        text_rows = rowcodec.TextRows
         with conn.cursor() as cursor, cursor.copy(query) as copy:
             for values in copy.rows():
                 number += 1
+                if len(values) != width:
+                    captured.row(values)  # raises, naming the problem
                 yield ChangeEvent(schema, Op.READ,
                                   Position.postgres(consistent_lsn, number, snapshot=True),
-                                  ts_ms, after=captured.row(values), source_info=source_info)
+                                  ts_ms, source_info=source_info,
+                                  raw=text_rows(captured, None, values))
 
     def count_rows(self, conn: psycopg.Connection[Any], table: TableId) -> int:
         """An estimate of a table's row count, for progress bars."""
@@ -166,9 +194,11 @@ class _Transaction:
     ordinal: int = 0
     per_table: dict[TableId, int] = field(default_factory=dict)
     commit_text: str = ""
+    txn_id: str = ""
 
     def __post_init__(self) -> None:
         self.commit_text = format_lsn(self.commit_lsn)
+        self.txn_id = f"{self.xid}:{self.commit_lsn}"
 
 
 class PostgresStream:
@@ -201,11 +231,24 @@ class PostgresStream:
         self.stream.start()
         txn: _Transaction | None = None
         skipping = False
+        decode, fast = pgoutput.decode, self._fast_change
+        insert, update, delete = pgoutput.Insert, pgoutput.Update, pgoutput.Delete
         for message in self.stream.messages(idle_timeout):
             if message is None:
                 yield None
                 continue
-            decoded = pgoutput.decode(message.payload)
+            decoded = decode(message.payload)
+            kind = decoded.__class__
+            if kind is insert or kind is update or kind is delete:
+                if skipping or txn is None:
+                    continue
+                event = fast(decoded, txn, message.start_lsn)  # type: ignore[arg-type]
+                if event is None:
+                    yield from self._row_change(decoded, txn,  # type: ignore[arg-type]
+                                                message.start_lsn)
+                else:
+                    yield event
+                continue
             if isinstance(decoded, pgoutput.Begin):
                 skipping = decoded.final_lsn < self.resume_lsn
                 txn = _Transaction(decoded.xid, decoded.final_lsn, decoded.commit_time // 1000)
@@ -243,7 +286,8 @@ class PostgresStream:
 
     def _event(self, captured: CapturedTable, txn: _Transaction, lsn: int, op: Op,
                before: dict[str, Any] | None, after: dict[str, Any] | None,
-               unchanged: tuple[str, ...] = ()) -> ChangeEvent:
+               unchanged: tuple[str, ...] = (), raw: rowcodec.TextRows | None = None
+               ) -> ChangeEvent:
         txn.ordinal += 1
         table = captured.schema.table
         txn.per_table[table] = txn.per_table.get(table, 0) + 1
@@ -253,10 +297,43 @@ class PostgresStream:
             source_info={"txId": txn.xid, "lsn": lsn, "xmin": None, "snapshot": "false",
                          # [commit LSN, change LSN]: the same on every replay
                          "sequence": f'["{txn.commit_text}","{format_lsn(lsn)}"]'},
-            transaction=TransactionInfo(f"{txn.xid}:{txn.commit_lsn}", txn.ordinal,
-                                        txn.per_table[table]),
-            unchanged=unchanged,
+            transaction=TransactionInfo(txn.txn_id, txn.ordinal, txn.per_table[table]),
+            unchanged=unchanged, raw=raw,
         )
+
+    def _fast_change(self, change: pgoutput.Insert | pgoutput.Update | pgoutput.Delete,
+                     txn: _Transaction, lsn: int) -> ChangeEvent | None:
+        """The event of an insert, a delete or a plain update (key unchanged, default replica
+        identity) with its text tuples kept raw; None for anything else (see _row_change)."""
+        captured = self.relations.get(change.relation_oid)
+        if captured is None:
+            return None
+        old: pgoutput.TupleData | None = None
+        new: pgoutput.TupleData | None = None
+        unchanged: tuple[str, ...] = ()
+        if isinstance(change, pgoutput.Insert):
+            op, new = Op.CREATE, change.new
+        elif isinstance(change, pgoutput.Delete):
+            op, old = Op.DELETE, change.old
+        elif change.old is None:
+            op, new = Op.UPDATE, change.new
+            if UNCHANGED in new:
+                unchanged = _unchanged_toast(captured, change)
+        else:
+            return None
+        image = new if new is not None else old
+        if image is None or len(image) != len(captured.plan):
+            return None  # _row_change says what is wrong
+        txn.ordinal += 1
+        table = captured.schema.table
+        per_table = txn.per_table[table] = txn.per_table.get(table, 0) + 1
+        return ChangeEvent(
+            captured.schema, op, Position.postgres(txn.commit_lsn, txn.ordinal), txn.commit_ms,
+            source_info={"txId": txn.xid, "lsn": lsn, "xmin": None, "snapshot": "false",
+                         # [commit LSN, change LSN]: the same on every replay
+                         "sequence": f'["{txn.commit_text}","{format_lsn(lsn)}"]'},
+            transaction=TransactionInfo(txn.txn_id, txn.ordinal, per_table),
+            unchanged=unchanged, raw=rowcodec.TextRows(captured, old, new))
 
     def _row_change(self, change: pgoutput.Insert | pgoutput.Update | pgoutput.Delete,
                     txn: _Transaction, lsn: int) -> Iterator[ChangeEvent]:

@@ -130,57 +130,67 @@ def _point(text: str) -> tuple[float, float]:
     return float(x), float(y)
 
 
+# How a type's text form goes straight to Avro bytes in the fast row encoder
+# (connectors/postgres/rowcodec.py and its compiled twin): every kind but GENERIC writes exactly
+# the bytes ``parse`` + ``ColumnType.to_avro`` + the Avro writer would, for the text forms
+# PostgreSQL produces under SESSION_OPTIONS, and falls back to GENERIC for anything unusual
+# (infinities, BC dates, NaN in a decimal...).
+GENERIC, LONG, BOOL, DOUBLE, FLOAT, STRING, UUID, NUMERIC_TEXT, DECIMAL, TIMESTAMPTZ, \
+    TIMESTAMP, DATE, BYTEA = range(13)
+
+
 @dataclass(frozen=True)
 class PgType:
-    """How one PostgreSQL type maps: the logical type and the text parser."""
+    """How one PostgreSQL type maps: the logical type, the text parser, the fast-path kind."""
 
     column_type: ColumnType
     parse: Parser
+    kind: int = GENERIC
 
 
-def _simple(name: str, parse: Parser, source: str) -> PgType:
-    return PgType(ColumnType(name, source_type=source), parse)
+def _simple(name: str, parse: Parser, source: str, kind: int = GENERIC) -> PgType:
+    return PgType(ColumnType(name, source_type=source), parse, kind)
 
 
 # OIDs of built-in types (pg_type.dat); stable across versions. Types that need a type modifier
 # (numeric, bit, varbit) are in :func:`pg_type`; built-ins not listed here come from the catalog
 # as their text form.
 BUILTIN: dict[int, PgType] = {
-    16: _simple("boolean", _bool, "boolean"),
-    21: _simple("int16", int, "smallint"),
-    23: _simple("int32", int, "integer"),
-    20: _simple("int64", int, "bigint"),
-    26: _simple("int64", int, "oid"),
-    700: _simple("float32", float, "real"),
-    701: _simple("float64", float, "double precision"),
+    16: _simple("boolean", _bool, "boolean", BOOL),
+    21: _simple("int16", int, "smallint", LONG),
+    23: _simple("int32", int, "integer", LONG),
+    20: _simple("int64", int, "bigint", LONG),
+    26: _simple("int64", int, "oid", LONG),
+    700: _simple("float32", float, "real", FLOAT),
+    701: _simple("float64", float, "double precision", DOUBLE),
     790: PgType(ColumnType("decimal", 19, 2, source_type="money"), _money),
-    25: _simple("string", str, "text"),
-    1043: _simple("string", str, "character varying"),
-    1042: _simple("string", str, "character"),
-    19: _simple("string", str, "name"),
-    18: _simple("string", str, "char"),
-    17: _simple("bytes", _bytea, "bytea"),
-    1082: _simple("date", _date, "date"),
+    25: _simple("string", str, "text", STRING),
+    1043: _simple("string", str, "character varying", STRING),
+    1042: _simple("string", str, "character", STRING),
+    19: _simple("string", str, "name", STRING),
+    18: _simple("string", str, "char", STRING),
+    17: _simple("bytes", _bytea, "bytea", BYTEA),
+    1082: _simple("date", _date, "date", DATE),
     1083: _simple("time", _time, "time"),
     1266: _simple("timetz", _timetz, "timetz"),
-    1114: _simple("timestamp", _timestamp, "timestamp"),
-    1184: _simple("timestamptz", _timestamp, "timestamptz"),
+    1114: _simple("timestamp", _timestamp, "timestamp", TIMESTAMP),
+    1184: _simple("timestamptz", _timestamp, "timestamptz", TIMESTAMPTZ),
     1186: _simple("interval", _interval, "interval"),
-    114: _simple("json", str, "json"),
-    3802: _simple("json", str, "jsonb"),
-    142: _simple("xml", str, "xml"),
-    2950: _simple("uuid", str, "uuid"),
+    114: _simple("json", str, "json", STRING),
+    3802: _simple("json", str, "jsonb", STRING),
+    142: _simple("xml", str, "xml", STRING),
+    2950: _simple("uuid", str, "uuid", UUID),
     600: _simple("point", _point, "point"),
-    869: _simple("string", str, "inet"),
-    650: _simple("string", str, "cidr"),
-    829: _simple("string", str, "macaddr"),
-    774: _simple("string", str, "macaddr8"),
-    3904: _simple("string", str, "int4range"),
-    3926: _simple("string", str, "int8range"),
-    3906: _simple("string", str, "numrange"),
-    3908: _simple("string", str, "tsrange"),
-    3910: _simple("string", str, "tstzrange"),
-    3912: _simple("string", str, "daterange"),
+    869: _simple("string", str, "inet", STRING),
+    650: _simple("string", str, "cidr", STRING),
+    829: _simple("string", str, "macaddr", STRING),
+    774: _simple("string", str, "macaddr8", STRING),
+    3904: _simple("string", str, "int4range", STRING),
+    3926: _simple("string", str, "int8range", STRING),
+    3906: _simple("string", str, "numrange", STRING),
+    3908: _simple("string", str, "tsrange", STRING),
+    3910: _simple("string", str, "tstzrange", STRING),
+    3912: _simple("string", str, "daterange", STRING),
 }
 NUMERIC, BIT, VARBIT = 1700, 1560, 1562
 #: built-ins whose mapping depends on the type modifier
@@ -203,14 +213,14 @@ EXTENSIONS = {"ltree": "ltree"}
 def numeric_type(type_modifier: int) -> PgType:
     """``numeric(p, s)`` from the type modifier; unconstrained numeric when it is -1."""
     if type_modifier < 4:
-        return PgType(ColumnType("numeric", source_type="numeric"), Decimal)
+        return PgType(ColumnType("numeric", source_type="numeric"), Decimal, NUMERIC_TEXT)
     packed = type_modifier - 4
     precision, scale = (packed >> 16) & 0xFFFF, packed & 0xFFFF
     if scale > precision or scale >= 0x8000:  # negative scales (PG 15+) lose nothing as text
         return PgType(ColumnType("numeric", source_type=f"numeric({precision},{scale})"),
-                      Decimal)
+                      Decimal, NUMERIC_TEXT)
     return PgType(ColumnType("decimal", precision, scale,
-                             source_type=f"numeric({precision},{scale})"), Decimal)
+                             source_type=f"numeric({precision},{scale})"), Decimal, DECIMAL)
 
 
 def bit_type(type_oid: int, type_modifier: int) -> PgType:
@@ -220,7 +230,7 @@ def bit_type(type_oid: int, type_modifier: int) -> PgType:
         shown = "bit varying" if type_oid == VARBIT else "bit"
         if type_modifier > 0:
             shown += f"({type_modifier})"
-        return PgType(ColumnType("string", source_type=shown), str)
+        return PgType(ColumnType("string", source_type=shown), str, STRING)
     if type_modifier == 1:
         return PgType(ColumnType("boolean", source_type="bit(1)"), _bit1)
     return PgType(ColumnType("bits", precision=type_modifier,
@@ -301,11 +311,12 @@ def pg_type(type_oid: int, type_modifier: int, catalog: dict[int, dict[str, Any]
     kind = info.get("kind")
     name = str(info.get("name", type_oid))
     if kind == "enum":
-        return PgType(ColumnType("enum", values=tuple(info["values"]), source_type=name), str)
+        return PgType(ColumnType("enum", values=tuple(info["values"]), source_type=name), str,
+                      STRING)
     if kind == "domain":
         return pg_type(int(info["base"]), int(info.get("base_modifier", -1)), catalog)
     if name in EXTENSIONS:
-        return PgType(ColumnType(EXTENSIONS[name], source_type=name), str)
+        return PgType(ColumnType(EXTENSIONS[name], source_type=name), str, STRING)
     # anything else (ranges, geometric types, tsvector, hstore, citext, composites...) travels
     # as its text form
-    return PgType(ColumnType("string", source_type=name), str)
+    return PgType(ColumnType("string", source_type=name), str, STRING)

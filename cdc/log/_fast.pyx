@@ -1,0 +1,104 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled twins of cdc/log/partitioner.py's murmur2 and cdc/log/segment.py's record framing.
+
+Same results, bit for bit (tests/test_partitioner.py and tests/test_local_log.py run both).
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t
+from libc.string cimport memcpy
+
+cdef extern from "zlib.h":
+    unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int len) nogil
+
+
+cdef inline uint32_t _murmur2(const unsigned char* data, Py_ssize_t length):
+    cdef uint32_t m = 0x5BD1E995
+    cdef uint32_t h = 0x9747B28C ^ <uint32_t>length
+    cdef uint32_t k
+    cdef Py_ssize_t i, whole = length & ~3
+    for i in range(0, whole, 4):
+        k = (<uint32_t>data[i] | (<uint32_t>data[i + 1] << 8) | (<uint32_t>data[i + 2] << 16)
+             | (<uint32_t>data[i + 3] << 24))
+        k *= m
+        k ^= k >> 24
+        k *= m
+        h *= m
+        h ^= k
+    cdef Py_ssize_t rest = length & 3
+    if rest == 3:
+        h ^= <uint32_t>data[whole + 2] << 16
+    if rest >= 2:
+        h ^= <uint32_t>data[whole + 1] << 8
+    if rest >= 1:
+        h ^= data[whole]
+        h *= m
+    h ^= h >> 13
+    h *= m
+    h ^= h >> 15
+    return h
+
+
+def murmur2(bytes data):
+    """Kafka's ``Utils.murmur2`` as a signed 32-bit int (see partitioner.murmur2)."""
+    cdef uint32_t h = _murmur2(<const unsigned char*>PyBytes_AS_STRING(data),
+                               PyBytes_GET_SIZE(data))
+    return <int>h if h < 0x80000000 else <long long>h - 4294967296
+
+
+def partition_for(bytes key, int partitions):
+    """See partitioner.partition_for."""
+    cdef uint32_t h = _murmur2(<const unsigned char*>PyBytes_AS_STRING(key),
+                               PyBytes_GET_SIZE(key))
+    return (h & 0x7FFFFFFF) % partitions
+
+
+cdef inline void _u32(char* p, uint32_t v):
+    p[0] = <char>(v & 0xFF)
+    p[1] = <char>((v >> 8) & 0xFF)
+    p[2] = <char>((v >> 16) & 0xFF)
+    p[3] = <char>((v >> 24) & 0xFF)
+
+
+cdef inline void _u64(char* p, int64_t value):
+    cdef unsigned long long v = <unsigned long long>value
+    cdef int i
+    for i in range(8):
+        p[i] = <char>((v >> (8 * i)) & 0xFF)
+
+
+def encode_record_bytes(long long offset, long long timestamp_ms, bytes key, value,
+                        bytes position):
+    """One framed record as a single bytes object (see segment.encode_record_bytes)."""
+    cdef Py_ssize_t key_len = PyBytes_GET_SIZE(key)
+    cdef Py_ssize_t pos_len = PyBytes_GET_SIZE(position)
+    cdef Py_ssize_t value_len = 0
+    cdef int attributes = 0
+    cdef const char* value_data = NULL
+    if value is None:
+        attributes = 1
+    else:
+        value_data = PyBytes_AS_STRING(<bytes>value)
+        value_len = PyBytes_GET_SIZE(<bytes>value)
+    if pos_len > 0xFFFF or key_len > 0xFFFFFFFF or value_len > 0xFFFFFFFF:
+        raise OverflowError("a record part is too long for the segment format")
+    cdef Py_ssize_t length = 27 + 4 + pos_len + key_len + value_len  # crc + body header + parts
+    out = PyBytes_FromStringAndSize(NULL, 4 + length)
+    cdef char* p = PyBytes_AS_STRING(out)
+    _u32(p, <uint32_t>length)
+    _u64(p + 8, offset)
+    _u64(p + 16, timestamp_ms)
+    p[24] = <char>attributes
+    p[25] = <char>(pos_len & 0xFF)
+    p[26] = <char>((pos_len >> 8) & 0xFF)
+    _u32(p + 27, <uint32_t>key_len)
+    _u32(p + 31, <uint32_t>value_len)
+    cdef Py_ssize_t at = 35
+    memcpy(p + at, PyBytes_AS_STRING(position), pos_len)
+    at += pos_len
+    memcpy(p + at, PyBytes_AS_STRING(key), key_len)
+    at += key_len
+    if value_len:
+        memcpy(p + at, value_data, value_len)
+    _u32(p + 4, <uint32_t>crc32(0, <const unsigned char*>(p + 8), <unsigned int>(length - 4)))
+    return out

@@ -1,0 +1,393 @@
+"""``cdc verify``: is a follower equal to the leader?
+
+Three stages, stated exactly:
+
+1. **Target.** For every source the follower follows, a heartbeat message is written on the
+   leader *now*; its LSN is the target. Every transaction committed before verify started ends
+   at or before it, and capture checkpoints the log's source offset past it once it has read
+   the message — even when the captured tables are idle.
+2. **Wait.** Until the follower's watermark (:meth:`Sink.watermark`, per source) reaches the
+   target, showing the log's source offset and the watermark beside the target. After
+   ``timeout`` seconds :class:`VerifyTimeout` names the stage that is behind: *capture* (the
+   log's source offset has not reached the target) or *apply* (the log has, the follower's
+   watermark has not).
+3. **Compare**, table by table, in chunks of ``chunk_size`` rows in primary-key order. The
+   leader summarises each chunk in SQL (``connectors/postgres/checksum.py``): the chunk's key
+   texts and an MD5 over its rows' canonical texts; the follower's rows for those keys
+   (:meth:`Sink.read`) are summarised the same way in Python (:func:`row_digest_text`). Only a
+   chunk whose checksums differ is fetched again, decoded exactly like the snapshot decodes
+   rows, and compared row by row: that comparison is the authority and names each differing
+   key (*missing* on the follower, or *different* with the columns that differ). Finally every
+   key the follower holds for the table (:meth:`Sink.keys`, streamed in batches) is looked up on
+   the leader: those it lacks are *extra*.
+
+The leader keeps running while verify reads it: a row changed after the target may show as a
+difference until the follower has applied it too (run verify again). On a quiet leader the
+answer is exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from cdc.config import Config
+from cdc.errors import CdcError, ConfigError
+from cdc.events import TableId
+from cdc.position import format_lsn
+from sinks.base import Sink, row_text
+
+if TYPE_CHECKING:
+    from connectors.postgres.checksum import Chunk, PostgresLeader
+
+#: follower keys looked up on the leader per query
+EXTRA_BATCH = 1000
+
+
+class VerifyTimeout(CdcError):
+    """The follower did not reach the target position in time."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One key on which leader and follower disagree."""
+
+    key: str
+    kind: Literal["missing", "extra", "different"]
+    #: for ``different``: the columns whose values differ (present on one side only included)
+    columns: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.kind == "missing":
+            return "missing on the follower"
+        if self.kind == "extra":
+            return "extra on the follower (the leader has no such row)"
+        return "different: " + ", ".join(self.columns)
+
+
+@dataclass
+class TableResult:
+    """What verify found in one table."""
+
+    source: str
+    table: TableId
+    topic: str
+    #: leader rows summarised by checksum
+    rows: int = 0
+    chunks: int = 0
+    #: chunks whose checksums differed, compared again row by row
+    rechecked: int = 0
+    #: keys the follower holds for the table (scanned for extras)
+    follower_keys: int = 0
+    missing: int = 0
+    extra: int = 0
+    different: int = 0
+    #: the first differences found (at most the report's limit)
+    differences: list[Difference] = field(default_factory=list)
+    #: columns without an exact SQL form (their chunks are always compared by rows)
+    inexact: tuple[str, ...] = ()
+    #: seconds spent summarising chunks on the leader
+    leader_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def differing(self) -> int:
+        return self.missing + self.extra + self.different
+
+    def add(self, difference: Difference, limit: int) -> None:
+        if difference.kind == "missing":
+            self.missing += 1
+        elif difference.kind == "extra":
+            self.extra += 1
+        else:
+            self.different += 1
+        if len(self.differences) < limit:
+            self.differences.append(difference)
+
+
+@dataclass
+class VerifyReport:
+    follower: str
+    #: per source: (target LSN, watermark LSN reached)
+    targets: dict[str, tuple[int, int]] = field(default_factory=dict)
+    waited_seconds: float = 0.0
+    tables: list[TableResult] = field(default_factory=list)
+
+    @property
+    def equal(self) -> bool:
+        return all(result.differing == 0 for result in self.tables)
+
+    @property
+    def rows(self) -> int:
+        return sum(result.rows for result in self.tables)
+
+    @property
+    def leader_seconds(self) -> float:
+        return sum(result.leader_seconds for result in self.tables)
+
+
+# ------------------------------------------------------------------------------- checksums
+
+def row_digest_text(key: str, row: Mapping[str, str], columns: Sequence[str]) -> str:
+    """The text one row contributes to its chunk's checksum: ``<len(key)>:<key>``, then per
+    column in table order ``|`` (null, i.e. absent) or ``|<len(text)>:<text>`` (lengths in
+    code points). The leader's SQL builds the same text (``connectors/postgres/checksum.py``)."""
+    parts = [f"{len(key)}:{key}"]
+    for column in columns:
+        text = row.get(column)
+        parts.append("|" if text is None else f"|{len(text)}:{text}")
+    return "".join(parts)
+
+
+def chunk_checksum(texts: Sequence[str]) -> str:
+    """MD5 (hex) of the row texts joined (UTF-8), as the leader's ``md5(string_agg(...))``."""
+    return hashlib.md5("".join(texts).encode(), usedforsecurity=False).hexdigest()
+
+
+def follower_checksum(keys: Sequence[str], rows: Mapping[str, Mapping[str, str]],
+                      columns: Sequence[str]) -> str | None:
+    """The follower's checksum of a chunk; ``None`` when it certainly differs (a key absent, or
+    a row holding a column the leader does not have)."""
+    known = set(columns)
+    texts = []
+    for key in keys:
+        row = rows.get(key)
+        if row is None or not known.issuperset(row):
+            return None
+        texts.append(row_digest_text(key, row, columns))
+    return chunk_checksum(texts)
+
+
+def compare_rows(leader: Mapping[str, Mapping[str, Any]],
+                 follower: Mapping[str, Mapping[str, str]]) -> Iterator[Difference]:
+    """Row by row: every leader key (JSON-form rows) against the follower's text rows, in the
+    leader's key order. Follower keys the leader lacks are not reported here (see extras)."""
+    for key, row in leader.items():
+        held = follower.get(key)
+        if held is None:
+            yield Difference(key, "missing")
+            continue
+        want = row_text(row)
+        columns = sorted(name for name in set(want) | set(held) if want.get(name) != held.get(name))
+        if columns:
+            yield Difference(key, "different", tuple(columns))
+
+
+# ------------------------------------------------------------------------------- stages
+
+def _postgres_leaders(config: Config, follower: str) -> dict[str, PostgresLeader]:
+    from connectors.postgres.checksum import PostgresLeader
+
+    leaders: dict[str, PostgresLeader] = {}
+    try:
+        for name in config.follower_sources(follower):
+            source = config.source(name)
+            if source.kind != "postgres":
+                raise ConfigError(f"follower {follower}: source {name!r} is {source.kind}; "
+                                  "verify compares PostgreSQL sources only so far",
+                                  "leave the source out of the follower's sources")
+            leaders[name] = PostgresLeader(source)
+    except BaseException:
+        for leader in leaders.values():
+            leader.close()
+        raise
+    return leaders
+
+
+def _lsn_of(offset: Mapping[str, Any] | None) -> int | None:
+    if not offset or "lsn" not in offset:
+        return None
+    return int(offset["lsn"])
+
+
+def _shown(lsn: int | None) -> str:
+    return "-" if lsn is None else format_lsn(lsn)
+
+
+def wait_for_follower(config: Config, sink: Sink, targets: Mapping[str, int], timeout: float,
+                      console: Console, poll: float = 0.2) -> dict[str, int]:
+    """Block until ``sink``'s watermark of every source reaches its target LSN; return the
+    watermarks reached. :class:`VerifyTimeout` after ``timeout`` seconds, naming the stage
+    behind for each source that is late."""
+    from cdc.log.local import LocalChangeLogReader
+
+    reader = LocalChangeLogReader(config.log_path) if (
+        config.log_path / "state.json").exists() else None
+    deadline = time.monotonic() + timeout
+    with console.status("waiting for the follower") as status:
+        while True:
+            offsets = reader.source_offsets() if reader is not None else {}
+            logged = {s: _lsn_of(offsets.get(s)) for s in targets}
+            marks = {s: _lsn_of(sink.watermark(s)) for s in targets}
+            late = [s for s, target in targets.items() if (marks[s] or 0) < target]
+            if not late:
+                return {s: int(marks[s] or 0) for s in targets}
+            left = deadline - time.monotonic()
+            status.update(" · ".join(
+                f"[bold]{s}[/]: target {format_lsn(targets[s])}, log {_shown(logged[s])}, "
+                f"follower {_shown(marks[s])}" for s in targets) + f" ({max(left, 0):.0f} s left)")
+            if left <= 0:
+                raise _timeout(sink.name, targets, logged, marks, late, timeout)
+            time.sleep(poll)
+
+
+def _timeout(follower: str, targets: Mapping[str, int], logged: Mapping[str, int | None],
+             marks: Mapping[str, int | None], late: list[str], timeout: float) -> VerifyTimeout:
+    capture = [s for s in late if (logged[s] or 0) < targets[s]]
+    apply = [s for s in late if s not in capture]
+    lines = [f"source {s}: target {format_lsn(targets[s])}, log {_shown(logged[s])}, "
+             f"follower {_shown(marks[s])}" for s in late]
+    if capture:
+        stage = (f"capture is behind: the change log's offset for source(s) "
+                 f"{', '.join(capture)} did not reach the target within {timeout:g} s")
+        fix = ("start `cdc capture` (check `cdc status`), then run verify again; a busy "
+               "source may need a longer --timeout")
+    else:
+        stage = (f"apply is behind: the log reached the target but follower {follower}'s "
+                 f"watermark did not within {timeout:g} s")
+        fix = (f"start `cdc apply --follower {follower}` (or let it catch up), then run verify "
+               "again; a large backlog may need a longer --timeout")
+    if capture and apply:
+        stage += f"; apply is behind too for {', '.join(apply)}"
+    return VerifyTimeout(stage + "\n  " + "\n  ".join(lines), fix)
+
+
+def compare_table(leader: PostgresLeader, sink: Sink, topic: str, table: TableId, *,
+                  chunk_size: int, limit: int,
+                  advance: Callable[[int], None] = lambda rows: None) -> TableResult:
+    """Stage 3 for one table (see the module docstring)."""
+    started = time.monotonic()
+    described = leader.table(table)
+    result = TableResult(leader.name, table, topic, inexact=described.inexact)
+    chunks = leader.chunks(table, chunk_size)
+    while True:
+        began = time.monotonic()
+        chunk = next(chunks, None)
+        result.leader_seconds += time.monotonic() - began
+        if chunk is None:
+            break
+        result.chunks += 1
+        result.rows += len(chunk.keys)
+        _compare_chunk(leader, sink, result, chunk, described.columns, limit)
+        advance(len(chunk.keys))
+    _find_extras(leader, sink, result, limit)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _compare_chunk(leader: PostgresLeader, sink: Sink, result: TableResult, chunk: Chunk,
+                   columns: Sequence[str], limit: int) -> None:
+    held = sink.read(result.topic, chunk.keys)
+    if follower_checksum(chunk.keys, held, columns) == chunk.checksum:
+        return
+    result.rechecked += 1
+    rows = leader.rows(result.table, chunk)
+    unseen = [key for key in rows if key not in held]
+    if unseen:  # rows written into the chunk's key range since it was summarised
+        held = {**held, **sink.read(result.topic, unseen)}
+    for difference in compare_rows(rows, held):
+        result.add(difference, limit)
+
+
+def _find_extras(leader: PostgresLeader, sink: Sink, result: TableResult, limit: int) -> None:
+    batch: list[str] = []
+    for key in sink.keys(result.topic):
+        result.follower_keys += 1
+        batch.append(key)
+        if len(batch) >= EXTRA_BATCH:
+            _extras(leader, result, batch, limit)
+            batch = []
+    _extras(leader, result, batch, limit)
+
+
+def _extras(leader: PostgresLeader, result: TableResult, keys: list[str], limit: int) -> None:
+    for key in leader.absent(result.table, keys):
+        result.add(Difference(key, "extra"), limit)
+
+
+def verify(config: Config, follower: str, sink: Sink, console: Console, *, timeout: float,
+           chunk_size: int = 1000, limit: int = 20) -> VerifyReport:
+    """All three stages for ``follower`` (whose storage is ``sink``)."""
+    if chunk_size < 1:
+        raise CdcError(f"--chunk-size must be at least 1 (got {chunk_size})",
+                       "e.g. --chunk-size 1000")
+    topics = config.follower_topics(follower)
+    report = VerifyReport(follower)
+    leaders = _postgres_leaders(config, follower)
+    try:
+        targets = {name: leader.heartbeat() for name, leader in leaders.items()}
+        began = time.monotonic()
+        reached = wait_for_follower(config, sink, targets, timeout, console)
+        report.waited_seconds = time.monotonic() - began
+        report.targets = {s: (targets[s], reached[s]) for s in targets}
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("rows"), TimeElapsedColumn(), console=console,
+                      transient=True) as progress:
+            for topic, (source, table) in topics.items():
+                leader = leaders[source]
+                task = progress.add_task(str(table), total=leader.estimate_rows(table))
+
+                def advance(rows: int, task: TaskID = task) -> None:
+                    progress.advance(task, rows)
+
+                result = compare_table(leader, sink, topic, table, chunk_size=chunk_size,
+                                       limit=limit, advance=advance)
+                report.tables.append(result)
+    finally:
+        for leader in leaders.values():
+            leader.close()
+    return report
+
+
+# ------------------------------------------------------------------------------- output
+
+def print_report(report: VerifyReport, console: Console, limit: int) -> None:
+    """One row per table, then the differing keys (at most ``limit`` per table)."""
+    for source, (target, reached) in sorted(report.targets.items()):
+        console.print(f"source [bold]{source}[/]: follower {report.follower} at "
+                      f"{format_lsn(reached)} >= target {format_lsn(target)} (waited "
+                      f"{report.waited_seconds:.1f} s)", highlight=False)
+    table = Table(title=f"verify: follower {report.follower}")
+    for column in ("table", "rows", "chunks", "rechecked by rows", "follower keys", "missing",
+                   "extra", "different", "result"):
+        table.add_column(column, justify="left" if column in ("table", "result") else "right")
+    for result in report.tables:
+        verdict = "[green]equal[/]" if result.differing == 0 else "[red]differs[/]"
+        table.add_row(str(result.table), f"{result.rows:,}", f"{result.chunks:,}",
+                      f"{result.rechecked:,}", f"{result.follower_keys:,}",
+                      f"{result.missing:,}", f"{result.extra:,}", f"{result.different:,}",
+                      verdict)
+    console.print(table)
+    for result in report.tables:
+        if result.inexact:
+            console.print(f"{result.table}: column(s) {', '.join(result.inexact)} have no exact "
+                          "SQL form; their chunks were compared by rows", highlight=False)
+        if not result.differing:
+            continue
+        console.print(f"[red]{result.table}[/]: {result.differing:,} differing key(s)"
+                      + (f", the first {limit}:" if result.differing > limit else ":"),
+                      highlight=False)
+        for difference in result.differences:
+            console.print(f"  {difference.key}  {difference.describe()}", highlight=False,
+                          markup=False)
+    rows, seconds = report.rows, report.leader_seconds
+    rate = f", {seconds / rows * 100_000:.2f} s per 100k rows" if rows else ""
+    console.print(f"leader checksums: {rows:,} rows in {seconds:.2f} s{rate}", highlight=False)
+    console.print("[green]follower equals the leader[/]" if report.equal
+                  else "[red]follower differs from the leader[/]")

@@ -1,0 +1,467 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled twin of connectors/postgres/rowcodec.py (and of pgoutput's tuple parser).
+
+Same contracts, same plans, same bytes: see rowcodec.py. Every value whose text is not in the
+shape a fast kind expects goes through the column's typed steps (parse, to_avro, the Avro
+writer), exactly like the pure-Python implementation; tests/test_rowcodec.py compares both with
+the typed path.
+"""
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.ref cimport PyObject
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.string cimport memcpy
+
+import json
+
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
+    double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow) except? -1.0
+    int PyFloat_Pack4(double x, char* p, int le) except -1
+    int PyFloat_Pack8(double x, char* p, int le) except -1
+
+DEF GENERIC = 0
+DEF LONG = 1
+DEF BOOL = 2
+DEF DOUBLE = 3
+DEF FLOAT = 4
+DEF STRING = 5
+DEF UUID = 6
+DEF NUMERIC_TEXT = 7
+DEF DECIMAL = 8
+DEF TIMESTAMPTZ = 9
+DEF TIMESTAMP = 10
+DEF DATE = 11
+DEF BYTEA = 12
+
+cdef object UNCHANGED = object()
+cdef long long _fallbacks = 0
+
+
+def init(unchanged):
+    """Bind the unchanged-TOAST marker (pgoutput's)."""
+    global UNCHANGED
+    UNCHANGED = unchanged
+
+
+def fallbacks():
+    """How many values of a fast kind went through their typed steps (a diagnostic)."""
+    return _fallbacks
+
+
+# ---------------------------------------------------------------------------- byte writing
+
+cdef inline int _put(bytearray out, const char* data, Py_ssize_t n) except -1:
+    cdef Py_ssize_t size = PyByteArray_GET_SIZE(out)
+    PyByteArray_Resize(out, size + n)
+    memcpy(PyByteArray_AS_STRING(out) + size, data, n)
+    return 0
+
+
+cdef inline int _byte(bytearray out, int value) except -1:
+    cdef char c = <char>value
+    return _put(out, &c, 1)
+
+
+cdef inline int _long(bytearray out, long long value) except -1:
+    cdef unsigned long long n = (<unsigned long long>value << 1) ^ <unsigned long long>(value >> 63)
+    cdef char buf[10]
+    cdef int i = 0
+    while n > 0x7F:
+        buf[i] = <char>((n & 0x7F) | 0x80)
+        n >>= 7
+        i += 1
+    buf[i] = <char>n
+    return _put(out, buf, i + 1)
+
+
+cdef inline int _blob(bytearray out, const char* data, Py_ssize_t n) except -1:
+    _long(out, n)
+    return _put(out, data, n)
+
+
+# ---------------------------------------------------------------------------- text shapes
+
+cdef inline bint _digits(const char* s, Py_ssize_t n):
+    cdef Py_ssize_t i
+    for i in range(n):
+        if s[i] < 48 or s[i] > 57:
+            return False
+    return True
+
+
+cdef inline long long _number(const char* s, Py_ssize_t n):
+    cdef long long v = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        v = v * 10 + (s[i] - 48)
+    return v
+
+
+cdef long long _days_from_civil(long long year, long long month, long long day):
+    year -= month <= 2
+    cdef long long era = (year if year >= 0 else year - 399) // 400
+    cdef long long year_of_era = year - era * 400
+    cdef long long day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    cdef long long day_of_era = (year_of_era * 365 + year_of_era // 4 - year_of_era // 100
+                                 + day_of_year)
+    return era * 146097 + day_of_era - 719468
+
+
+cdef inline bint _date_shape(const char* s):
+    """YYYY-MM-DD with digits where digits belong."""
+    return (_digits(s, 4) and s[4] == 45 and _digits(s + 5, 2) and s[7] == 45
+            and _digits(s + 8, 2))
+
+
+cdef inline bint _time_shape(const char* s):
+    """HH:MM:SS"""
+    return _digits(s, 2) and s[2] == 58 and _digits(s + 3, 2) and s[5] == 58 and _digits(s + 6, 2)
+
+
+cdef inline long long _date_days(const char* s):
+    return _days_from_civil(_number(s, 4), _number(s + 5, 2), _number(s + 8, 2))
+
+
+cdef inline long long _seconds_of_day(const char* s):
+    return _number(s, 2) * 3600 + _number(s + 3, 2) * 60 + _number(s + 6, 2)
+
+
+cdef inline long long _fraction(const char* s, Py_ssize_t n):
+    """n (1-6) fraction digits as microseconds."""
+    cdef long long v = _number(s, n)
+    cdef Py_ssize_t i
+    for i in range(6 - n):
+        v *= 10
+    return v
+
+
+cdef inline bint _plain_numeric(const char* s, Py_ssize_t n):
+    """-?(0|[1-9][0-9]*)(\\.[0-9]+)? or NaN / Infinity / -Infinity"""
+    cdef Py_ssize_t i = 0, start
+    if n == 3 and s[0] == 78 and s[1] == 97 and s[2] == 78:
+        return True
+    if n == 8 and memcmp_(s, b"Infinity", 8):
+        return True
+    if n == 9 and memcmp_(s, b"-Infinity", 9):
+        return True
+    if i < n and s[i] == 45:
+        i += 1
+    start = i
+    while i < n and 48 <= s[i] <= 57:
+        i += 1
+    if i == start or (s[start] == 48 and i - start > 1):
+        return False
+    if i == n:
+        return True
+    if s[i] != 46:
+        return False
+    i += 1
+    start = i
+    while i < n and 48 <= s[i] <= 57:
+        i += 1
+    return i == n and i > start
+
+
+cdef inline bint memcmp_(const char* a, const char* b, Py_ssize_t n):
+    cdef Py_ssize_t i
+    for i in range(n):
+        if a[i] != b[i]:
+            return False
+    return True
+
+
+cdef inline bint _is_special(const char* s, Py_ssize_t n):
+    return ((n == 3 and memcmp_(s, b"NaN", 3)) or (n == 8 and memcmp_(s, b"Infinity", 8))
+            or (n == 9 and memcmp_(s, b"-Infinity", 9)))
+
+
+cdef inline bint _canonical_uuid(const char* s, Py_ssize_t n):
+    cdef Py_ssize_t i
+    cdef char c
+    if n != 36:
+        return False
+    for i in range(36):
+        c = s[i]
+        if i == 8 or i == 13 or i == 18 or i == 23:
+            if c != 45:
+                return False
+        elif not ((48 <= c <= 57) or (97 <= c <= 102)):
+            return False
+    return True
+
+
+cdef inline int _hex(char c):
+    if 48 <= c <= 57:
+        return c - 48
+    if 97 <= c <= 102:
+        return c - 87
+    if 65 <= c <= 70:
+        return c - 55
+    return -1
+
+
+# ----------------------------------------------------------------------------- one column
+
+cdef int _typed(tuple column, object text, bytearray out) except -1:
+    global _fallbacks
+    if column[0] != GENERIC:
+        _fallbacks += 1
+    column[6](column[5](column[4](text)), out)
+    return 0
+
+
+cdef int _column(tuple column, object text, bytearray out) except -1:
+    """One non-null, sent value."""
+    cdef int kind = column[0]
+    cdef int prefix = column[1]
+    cdef Py_ssize_t n, i, digits, frac
+    cdef const char* s
+    cdef char buf[32]
+    cdef long long v, days
+    cdef unsigned long long u
+    cdef int scale, size, high, low
+    cdef double d
+    if kind == GENERIC or type(text) is not str:
+        return _typed(column, text, out)
+    s = PyUnicode_AsUTF8AndSize(text, &n)
+    if kind == LONG:
+        i = 1 if n > 0 and s[0] == 45 else 0
+        if 0 < n - i <= 18 and _digits(s + i, n - i):
+            v = _number(s + i, n - i)
+            if prefix >= 0:
+                _byte(out, prefix)
+            return _long(out, -v if i else v)
+        v = int(text)  # 19 digits: Python checks the range
+        if prefix >= 0:
+            _byte(out, prefix)
+        return _long(out, v)
+    if kind == STRING:
+        if prefix >= 0:
+            _byte(out, prefix)
+        return _blob(out, s, n)
+    if kind == TIMESTAMPTZ:
+        if (n == 22 or 24 <= n <= 29) and _date_shape(s) and s[10] == 32 and _time_shape(s + 11) \
+                and s[n - 3] == 43 and s[n - 2] == 48 and s[n - 1] == 48 \
+                and (n == 22 or (s[19] == 46 and _digits(s + 20, n - 23))):
+            memcpy(buf, s, 10)
+            buf[10] = 84  # T
+            memcpy(buf + 11, s + 11, 8)
+            buf[19] = 46  # .
+            for i in range(6):
+                buf[20 + i] = s[20 + i] if 20 + i < n - 3 else 48
+            buf[26] = 90  # Z
+            if prefix >= 0:
+                _byte(out, prefix)
+            return _blob(out, buf, 27)
+        return _typed(column, text, out)
+    if kind == DECIMAL:
+        scale = column[3]
+        i = 1 if n > 0 and s[0] == 45 else 0
+        digits = 0
+        frac = -1
+        v = 0
+        while i < n:
+            if 48 <= s[i] <= 57:
+                v = v * 10 + (s[i] - 48)
+                digits += 1
+                if frac >= 0:
+                    frac += 1
+            elif s[i] == 46 and frac < 0:
+                frac = 0
+            else:
+                break
+            if digits > 18:
+                break
+            i += 1
+        if i == n and digits > 0 and frac <= scale and digits + scale - (frac if frac > 0 else 0) <= 18:
+            for i in range(scale - (frac if frac > 0 else 0)):
+                v *= 10
+            if s[0] == 45:
+                v = -v
+            u = <unsigned long long>(v if v >= 0 else -v)
+            size = 0
+            while u:
+                size += 1
+                u >>= 1
+            size = (size + 8) // 8
+            u = <unsigned long long>v
+            for i in range(size):
+                buf[i] = <char>((u >> (8 * (size - 1 - i))) & 0xFF)
+            _byte(out, prefix)
+            return _blob(out, buf, size)
+        if _is_special(s, n):
+            _byte(out, column[2])
+            return _blob(out, s, n)
+        return _typed(column, text, out)
+    if kind == BOOL:
+        if prefix >= 0:
+            _byte(out, prefix)
+        return _byte(out, 1 if n == 1 and s[0] == 116 else 0)
+    if kind == DOUBLE:
+        d = float(text) if n > 30 else PyOS_string_to_double(s, NULL, NULL)
+        PyFloat_Pack8(d, buf, 1)
+        if prefix >= 0:
+            _byte(out, prefix)
+        return _put(out, buf, 8)
+    if kind == FLOAT:
+        d = float(text) if n > 30 else PyOS_string_to_double(s, NULL, NULL)
+        PyFloat_Pack4(d, buf, 1)
+        if prefix >= 0:
+            _byte(out, prefix)
+        return _put(out, buf, 4)
+    if kind == DATE:
+        if n == 10 and _date_shape(s):
+            if prefix >= 0:
+                _byte(out, prefix)
+            return _long(out, _date_days(s))
+        return _typed(column, text, out)
+    if kind == TIMESTAMP:
+        if (n == 19 or 21 <= n <= 26) and _date_shape(s) and s[10] == 32 and _time_shape(s + 11) \
+                and (n == 19 or (s[19] == 46 and _digits(s + 20, n - 20))):
+            v = (_date_days(s) * 86400 + _seconds_of_day(s + 11)) * 1000000
+            if n > 19:
+                v += _fraction(s + 20, n - 20)
+            if prefix >= 0:
+                _byte(out, prefix)
+            return _long(out, v)
+        return _typed(column, text, out)
+    if kind == UUID:
+        if _canonical_uuid(s, n):
+            if prefix >= 0:
+                _byte(out, prefix)
+            return _blob(out, s, n)
+        return _typed(column, text, out)
+    if kind == NUMERIC_TEXT:
+        if _plain_numeric(s, n):
+            if prefix >= 0:
+                _byte(out, prefix)
+            return _blob(out, s, n)
+        return _typed(column, text, out)
+    if kind == BYTEA:
+        if n >= 2 and s[0] == 92 and s[1] == 120 and n % 2 == 0:
+            for i in range(2, n):
+                if _hex(s[i]) < 0:
+                    return _typed(column, text, out)
+            if prefix >= 0:
+                _byte(out, prefix)
+            _long(out, (n - 2) // 2)
+            for i in range(2, n, 2):
+                _byte(out, (_hex(s[i]) << 4) | _hex(s[i + 1]))
+            return 0
+        return _typed(column, text, out)
+    raise ValueError(f"unknown kind {kind}")
+
+
+cdef inline int _null(tuple column, bytearray out) except -1:
+    if column[1] >= 0 and column[0] != DECIMAL:
+        return _byte(out, 0)
+    column[6](None, out)  # a decimal's union, or a field that is not nullable (raises)
+    return 0
+
+
+def encode_row(tuple plan, values, bytearray out, filled):
+    """See rowcodec.encode_row."""
+    cdef Py_ssize_t i, count = len(plan)
+    cdef tuple row = tuple(values)
+    if len(row) != count:
+        raise ValueError("a tuple of another width than the table")
+    for i in range(count):
+        text = row[i]
+        if text is None:
+            _null(<tuple>plan[i], out)
+        elif text is UNCHANGED:
+            raise ValueError("an unchanged TOAST value (use encode_row_filled)")
+        else:
+            _column(<tuple>plan[i], text, out)
+
+
+def encode_row_filled(tuple plan, values, bytearray out, filled):
+    """See rowcodec.encode_row_filled."""
+    cdef Py_ssize_t i, count = len(plan)
+    cdef tuple row = tuple(values)
+    if len(row) != count:
+        raise ValueError("a tuple of another width than the table")
+    for i in range(count):
+        text = row[i]
+        if text is UNCHANGED:
+            (<tuple>plan[i])[6](None if filled is None else filled.get(i), out)
+        elif text is None:
+            _null(<tuple>plan[i], out)
+        else:
+            _column(<tuple>plan[i], text, out)
+
+
+_dumps = json.dumps
+
+
+def key_json(tuple plan, values):
+    """See rowcodec.key_json."""
+    cdef list parts = []
+    cdef tuple column
+    cdef int kind
+    cdef const char* s
+    cdef Py_ssize_t n, i
+    for column in plan:
+        text = values[column[1]]
+        parts.append(column[0])
+        kind = column[2]
+        if text is None or text is UNCHANGED:
+            parts.append("null")
+        elif kind == LONG:
+            s = PyUnicode_AsUTF8AndSize(text, &n)
+            i = 1 if n > 0 and s[0] == 45 else 0
+            if 0 < n - i <= 18 and _digits(s + i, n - i) and (s[i] != 48 or n - i == 1) \
+                    and not (i and n == 2 and s[1] == 48):
+                parts.append(text)
+            else:
+                parts.append(str(int(text)))
+        elif kind == STRING:
+            parts.append(_dumps(text, ensure_ascii=False))
+        else:
+            ctype = column[4]
+            parts.append(_dumps(ctype.to_json(ctype.to_avro(column[3](text))),
+                                separators=(",", ":"), ensure_ascii=False))
+    parts.append("}")
+    return "".join(parts).encode()
+
+
+# ------------------------------------------------------------------------ pgoutput tuples
+
+def parse_tuple(bytes data, Py_ssize_t at):
+    """pgoutput's TupleData at ``at``: (tuple of str / None / UNCHANGED, next position);
+    ``(None, _)`` for anything malformed (the pure parser then raises its error)."""
+    cdef const unsigned char* s = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t count, i, length
+    cdef unsigned char kind
+    if at + 2 > size:
+        return None, at
+    count = (s[at] << 8) | s[at + 1]
+    at += 2
+    values = [None] * count
+    for i in range(count):
+        if at >= size:
+            return None, at
+        kind = s[at]
+        at += 1
+        if kind == 0x74 or kind == 0x62:  # text, binary
+            if at + 4 > size:
+                return None, at
+            length = (<Py_ssize_t>s[at] << 24) | (s[at + 1] << 16) | (s[at + 2] << 8) | s[at + 3]
+            at += 4
+            if length < 0 or at + length > size:
+                return None, at
+            if kind == 0x74:
+                values[i] = PyUnicode_DecodeUTF8(<const char*>s + at, length, NULL)
+            else:
+                values[i] = data[at:at + length]
+            at += length
+        elif kind == 0x6E:  # null
+            pass
+        elif kind == 0x75:  # unchanged TOAST
+            values[i] = UNCHANGED
+        else:
+            return None, at  # the caller's own parser explains
+    return tuple(values), at

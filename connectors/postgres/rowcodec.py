@@ -1,0 +1,394 @@
+"""The fast row path: PostgreSQL text tuples (pgoutput, COPY) straight to Avro bytes.
+
+The typed path turns every column's text into a Python value (``PgType.parse``), that into an
+Avro datum (``ColumnType.to_avro``), and a dict of those into bytes (``cdc/avrowriter.py``).
+For the types whose text form PostgreSQL prints canonically (``PgType.kind`` other than
+``GENERIC``) this module writes the Avro bytes from the text directly, and for every other column
+runs exactly the typed path's three steps for that one column. The result is byte-for-byte what
+the typed path writes (``tests/test_rowcodec.py`` checks both implementations against it on
+every type and on edge values); a text that does not have the expected shape (infinities, BC
+dates, NaN in a decimal, a value the typed path would reject) is handed to the column's typed
+steps, and any error makes the caller fall back to the typed path for the whole event, so error
+messages stay the typed path's.
+
+Two implementations of the same contract: this file (pure Python) and the compiled
+``connectors/postgres/_fast`` (Cython, built by ``pip install -e .`` when a C compiler is
+there). The compiled one is used when it imports and ``CDC_PURE_PYTHON`` is not set to ``1``.
+
+Plans (built once per table schema and codec by :func:`row_plan` and :func:`key_plan`) are
+plain tuples so both implementations read the same data:
+
+* a column: ``(kind, prefix, alt, scale, parse, to_avro, write)`` where ``prefix`` is the union
+  branch byte of the value's branch (``-1``: the field is not a union), ``alt`` the byte of the
+  ``string`` branch of a decimal (its NaN/Infinity), ``write`` the compiled Avro writer of the
+  whole field (its union included);
+* a key column: ``(json name prefix, index, kind, parse, ctype)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cdc.types import days_from_civil
+from connectors.postgres import types as pgt
+
+UNCHANGED: Any = None  # set below from pgoutput (kept import-cycle free)
+_PLAIN_NUMERIC = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
+_PLAIN_DECIMAL = re.compile(r"-?[0-9]+(?:\.([0-9]*))?")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_DOUBLE = __import__("struct").Struct("<d").pack
+_FLOAT = __import__("struct").Struct("<f").pack
+_SPECIALS = ("NaN", "Infinity", "-Infinity")
+
+#: logical type names each fast kind is valid for (anything else is planned GENERIC)
+KIND_TYPES: dict[int, frozenset[str]] = {
+    pgt.LONG: frozenset({"int16", "int32", "int64"}),
+    pgt.BOOL: frozenset({"boolean"}),
+    pgt.DOUBLE: frozenset({"float64"}),
+    pgt.FLOAT: frozenset({"float32"}),
+    pgt.STRING: frozenset({"string", "json", "xml", "ltree", "enum"}),
+    pgt.UUID: frozenset({"uuid"}),
+    pgt.NUMERIC_TEXT: frozenset({"numeric"}),
+    pgt.DECIMAL: frozenset({"decimal"}),
+    pgt.TIMESTAMPTZ: frozenset({"timestamptz"}),
+    pgt.TIMESTAMP: frozenset({"timestamp"}),
+    pgt.DATE: frozenset({"date"}),
+    pgt.BYTEA: frozenset({"bytes"}),
+}
+
+Column = tuple[int, int, int, int, Callable[[str], Any], Callable[[Any], Any],
+               Callable[[Any, bytearray], None]]
+KeyColumn = tuple[str, int, int, Callable[[str], Any], Any]
+
+
+def _branches(field_type: Any) -> tuple[int, int]:
+    """(value branch byte, string branch byte) of a field type; -1 when it is no union."""
+    if not isinstance(field_type, list):
+        return -1, -1
+    value = alt = -1
+    for index, branch in enumerate(field_type):
+        if branch == "null":
+            continue
+        if branch == "string" and any(isinstance(b, dict) and b.get("logicalType") == "decimal"
+                                      for b in field_type):
+            alt = index << 1
+        elif value == -1:
+            value = index << 1
+    return value, alt
+
+
+def row_plan(parsers: Sequence[pgt.PgType], value_fields: list[dict[str, Any]],
+             writers: Sequence[Callable[[Any, bytearray], None]],
+             types: Sequence[Any]) -> tuple[Column, ...]:
+    """The plan of a table's ``Value`` record: one entry per column, in column order.
+
+    ``value_fields`` are the Avro fields of the record (as registered), ``writers`` their
+    compiled writers, ``types`` the columns' :class:`~cdc.types.ColumnType` s.
+    """
+    plan = []
+    for parser, field, write, ctype in zip(parsers, value_fields, writers, types, strict=True):
+        kind = parser.kind if ctype.name in KIND_TYPES.get(parser.kind, ()) else pgt.GENERIC
+        prefix, alt = _branches(field["type"])
+        if kind == pgt.DECIMAL and (prefix == -1) != (alt == -1):
+            kind = pgt.GENERIC
+        if kind == pgt.DECIMAL and prefix == -1:  # [bytes, string]: not nullable
+            prefix, alt = 0, 2
+        scale = ctype.scale or 0
+        plan.append((kind, prefix, alt, scale, parser.parse, ctype.to_avro, write))
+    return tuple(plan)
+
+
+def key_plan(names: Sequence[str], key: Sequence[str], parsers: Sequence[pgt.PgType],
+             types: Sequence[Any]) -> tuple[KeyColumn, ...]:
+    """The plan of the key bytes (:func:`cdc.events.encode_key`) from a text tuple."""
+    out = []
+    for position, name in enumerate(key):
+        index = list(names).index(name)
+        prefix = ("{" if position == 0 else ",") + json.dumps(name, ensure_ascii=False) + ":"
+        kind = parsers[index].kind
+        if types[index].name not in KIND_TYPES.get(kind, ()):
+            kind = pgt.GENERIC
+        out.append((prefix, index, kind, parsers[index].parse, types[index]))
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------ pure Python
+
+def _write_long(n: int, out: bytearray) -> None:
+    n = (n << 1) ^ (n >> 63)
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _write_text(text: str, out: bytearray) -> None:
+    data = text.encode()
+    _write_long(len(data), out)
+    out += data
+
+
+def _timestamptz(text: str) -> str | None:
+    """``YYYY-MM-DD HH:MM:SS[.f]+00`` as ``YYYY-MM-DDTHH:MM:SS.ffffffZ``; None otherwise."""
+    size = len(text)
+    if size < 22 or size > 29 or text[4] != "-" or text[10] != " " or text[-3:] != "+00":
+        return None
+    if size == 22:
+        return text[:10] + "T" + text[11:19] + ".000000Z"
+    if text[19] != "." or size < 24:
+        return None
+    return text[:10] + "T" + text[11:19] + "." + text[20:-3].ljust(6, "0") + "Z"
+
+
+def _timestamp(text: str) -> int | None:
+    """``YYYY-MM-DD HH:MM:SS[.f]`` as microseconds since the epoch; None otherwise."""
+    size = len(text)
+    if size < 19 or size > 26 or text[4] != "-" or text[10] != " " or (
+            size > 19 and (text[19] != "." or size == 20)):
+        return None
+    days = days_from_civil(int(text[:4]), int(text[5:7]), int(text[8:10]))
+    seconds = days * 86_400 + int(text[11:13]) * 3600 + int(text[14:16]) * 60 + int(text[17:19])
+    return seconds * 1_000_000 + (int(text[20:].ljust(6, "0")) if size > 19 else 0)
+
+
+def _decimal(text: str, scale: int) -> bytes | None:
+    """The unscaled two's complement bytes of a decimal text with at most ``scale`` fraction
+    digits; None for anything else."""
+    match = _PLAIN_DECIMAL.fullmatch(text)
+    if match is None:
+        return None
+    fraction = match[1]
+    digits = len(fraction) if fraction is not None else 0
+    if digits > scale:
+        return None
+    unscaled = int(text.replace(".", "", 1) if fraction is not None else text) * 10 ** (
+        scale - digits)
+    data: bytes = unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
+    return data
+
+
+def encode_row(plan: tuple[Column, ...], values: Sequence[object], out: bytearray,
+               filled: dict[int, Any] | None) -> None:
+    """Append the Avro bytes of one row's fields (no union byte of the image itself).
+
+    ``values``: text, ``None`` (NULL) or :data:`UNCHANGED` per column. An unchanged column is
+    written from ``filled[index]`` (an Avro datum) when present, else as null. Raises on any
+    value the plan cannot encode (the caller falls back to the typed path).
+    """
+    if len(values) != len(plan):
+        raise ValueError("a tuple of another width than the table")
+    for column, text in zip(plan, values, strict=True):
+        kind, prefix, alt, scale, parse, to_avro, write = column
+        if text is None:
+            write(None, out)
+            continue
+        if text is UNCHANGED:
+            raise ValueError("an unchanged TOAST value (use encode_row_filled)")
+        if kind == pgt.GENERIC:
+            write(to_avro(parse(text)), out)  # type: ignore[arg-type]
+            continue
+        assert isinstance(text, str)
+        if prefix >= 0 and kind != pgt.DECIMAL:
+            out.append(prefix)
+        if kind == pgt.LONG:
+            _write_long(int(text), out)
+        elif kind == pgt.STRING:
+            _write_text(text, out)
+        elif kind == pgt.TIMESTAMPTZ:
+            formatted = _timestamptz(text)
+            if formatted is None:
+                _generic_after_prefix(column, text, out, prefix)
+            else:
+                _write_text(formatted, out)
+        elif kind == pgt.DECIMAL:
+            unscaled = _decimal(text, scale)
+            if unscaled is not None:
+                out.append(prefix)
+                _write_long(len(unscaled), out)
+                out += unscaled
+            elif text in _SPECIALS:
+                out.append(alt)
+                _write_text(text, out)
+            else:
+                _generic_after_prefix(column, text, out, -1)
+        elif kind == pgt.BOOL:
+            out.append(1 if text == "t" else 0)
+        elif kind == pgt.DOUBLE:
+            out += _DOUBLE(float(text))
+        elif kind == pgt.FLOAT:
+            out += _FLOAT(float(text))
+        elif kind == pgt.DATE:
+            if len(text) == 10 and text[4] == "-":
+                _write_long(days_from_civil(int(text[:4]), int(text[5:7]), int(text[8:10])),
+                            out)
+            else:
+                _generic_after_prefix(column, text, out, prefix)
+        elif kind == pgt.TIMESTAMP:
+            micros = _timestamp(text)
+            if micros is None:
+                _generic_after_prefix(column, text, out, prefix)
+            else:
+                _write_long(micros, out)
+        elif kind == pgt.UUID:
+            if _UUID.fullmatch(text) is None:
+                _generic_after_prefix(column, text, out, prefix)
+            else:
+                _write_text(text, out)
+        elif kind == pgt.NUMERIC_TEXT:
+            if _PLAIN_NUMERIC.fullmatch(text) is None and text not in _SPECIALS:
+                _generic_after_prefix(column, text, out, prefix)
+            else:
+                _write_text(text, out)
+        elif kind == pgt.BYTEA:
+            if text.startswith("\\x"):
+                data = bytes.fromhex(text[2:])
+                _write_long(len(data), out)
+                out += data
+            else:
+                _generic_after_prefix(column, text, out, prefix)
+        else:
+            raise ValueError(f"unknown kind {kind}")
+
+
+_fallbacks = 0
+
+
+def fallbacks() -> int:
+    """How many values of a fast kind went through their typed steps (a diagnostic)."""
+    return _fallbacks
+
+
+def _generic_after_prefix(column: Column, text: str, out: bytearray, prefix: int) -> None:
+    """The typed steps for one value whose union byte was already written: take it back."""
+    global _fallbacks
+    _fallbacks += 1
+    if prefix >= 0:
+        del out[-1]
+    column[6](column[5](column[4](text)), out)
+
+
+def encode_row_filled(plan: tuple[Column, ...], values: Sequence[object], out: bytearray,
+                      filled: dict[int, Any] | None) -> None:
+    """:func:`encode_row` for a tuple with unchanged columns (written from ``filled``)."""
+    unchanged = UNCHANGED
+    for index, (column, text) in enumerate(zip(plan, values, strict=True)):
+        if text is unchanged:
+            column[6](None if filled is None else filled.get(index), out)
+        else:
+            encode_row((column,), (text,), out, None)
+
+
+def key_json(plan: tuple[KeyColumn, ...], values: Sequence[object]) -> bytes:
+    """The key bytes of a text tuple (see :func:`cdc.events.encode_key`)."""
+    parts = []
+    for prefix, index, kind, parse, ctype in plan:
+        text = values[index]
+        parts.append(prefix)
+        if text is None or text is UNCHANGED:
+            parts.append("null")
+        elif kind == pgt.LONG:
+            parts.append(str(int(text)))  # type: ignore[call-overload]
+        elif kind == pgt.STRING:
+            parts.append(json.dumps(text, ensure_ascii=False))
+        else:
+            parts.append(json.dumps(ctype.to_json(ctype.to_avro(parse(text))),  # type: ignore[arg-type]
+                                    separators=(",", ":"), ensure_ascii=False))
+    parts.append("}")
+    return "".join(parts).encode()
+
+
+class TextRows:
+    """:class:`cdc.events.RawImages` of a PostgreSQL change: the text tuples as received.
+
+    ``table`` is the connector's ``CapturedTable`` (its parsers, plans and typed ``row()``);
+    ``old``/``new`` the before/after tuples (``None``: no such image).
+    """
+
+    __slots__ = ("table", "old", "new")
+
+    def __init__(self, table: Any, old: Sequence[object] | None,
+                 new: Sequence[object] | None) -> None:
+        self.table = table
+        self.old = old
+        self.new = new
+
+    def rows(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        row = self.table.row
+        return (None if self.old is None else row(self.old),
+                None if self.new is None else row(self.new))
+
+    def key_bytes(self) -> bytes:
+        values = self.new if self.new is not None else self.old
+        assert values is not None
+        return KEY_JSON(self.table.key_plan(), values)
+
+    def encode_images(self, codec: Any, out: bytearray, filled: dict[str, Any] | None) -> bool:
+        """Append the ``before`` and ``after`` fields of the envelope (union byte included);
+        False (``out`` untouched) when this codec has no plan for the table or a value needs
+        the typed path. ``filled`` (by Avro field name) is given exactly when the event has
+        unchanged columns: those are written from it, or as null when it lacks them."""
+        plan = self.table.row_plan(codec)
+        if plan is None:
+            return False
+        mark = len(out)
+        try:
+            if self.old is None:
+                out.append(0)
+            else:
+                out.append(2)
+                ENCODE_ROW(plan, self.old, out, None)
+            if self.new is None:
+                out.append(0)
+            elif filled is not None:  # the event has unchanged columns: values from ``filled``
+                out.append(2)
+                fields = codec.field_index
+                ENCODE_ROW_FILLED(plan, self.new, out,
+                                  {fields[name]: value for name, value in filled.items()})
+            else:
+                out.append(2)
+                ENCODE_ROW(plan, self.new, out, None)
+        except Exception:  # noqa: BLE001 - the typed path decides (and explains)
+            del out[mark:]
+            return False
+        return True
+
+
+def _pure() -> bool:
+    return os.environ.get("CDC_PURE_PYTHON", "") == "1"
+
+
+def implementation() -> str:
+    """``"compiled"`` or ``"pure"``: which implementation :data:`ENCODE_ROW` & co. are."""
+    return IMPLEMENTATION
+
+
+ENCODE_ROW: Callable[..., None] = encode_row
+ENCODE_ROW_FILLED: Callable[..., None] = encode_row_filled
+KEY_JSON: Callable[..., bytes] = key_json
+IMPLEMENTATION = "pure"
+FALLBACKS: Callable[[], int] = fallbacks
+
+
+def _bind() -> None:
+    global UNCHANGED, ENCODE_ROW, ENCODE_ROW_FILLED, KEY_JSON, IMPLEMENTATION, FALLBACKS
+    from connectors.postgres import pgoutput
+
+    UNCHANGED = pgoutput.UNCHANGED_TOAST
+    if _pure():
+        return
+    try:
+        from connectors.postgres import _fast  # type: ignore[attr-defined]
+    except ImportError:
+        return
+    _fast.init(pgoutput.UNCHANGED_TOAST)
+    ENCODE_ROW, ENCODE_ROW_FILLED, KEY_JSON = _fast.encode_row, _fast.encode_row_filled, \
+        _fast.key_json
+    FALLBACKS = _fast.fallbacks
+    IMPLEMENTATION = "compiled"
+
+
+_bind()

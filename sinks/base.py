@@ -1,0 +1,114 @@
+"""What every follower promises: apply a folded batch behind a version gate.
+
+Data reaches a sink one way: change log -> Spark source (``spark_apply/source.py``) -> fold
+(``spark_apply/fold.py``: per key, the record with the highest position) -> :meth:`Sink.apply`.
+A sink knows its own storage and nothing about connectors.
+
+Contracts, stated exactly:
+
+* **Version gate.** Every row a follower holds remembers the position of the record it reflects.
+  :meth:`Sink.apply` writes a change only if its position is *strictly newer* than what the
+  follower holds for that key (a row, or the marker a delete left behind). So re-applying a
+  batch, replaying the log from offset 0, or restarting after a crash changes nothing.
+* **Deletes.** A change with ``row is None`` (a delete or a tombstone) removes the row but leaves
+  a small version marker holding its position for the sink's tombstone retention, so a late
+  older record cannot resurrect the row. After the retention the marker may vanish; by then
+  the log's compaction has dropped the older records too.
+* **Watermarks.** :meth:`Sink.set_watermark` is called after a batch is applied with the
+  source offset (as stored in the log's state: for PostgreSQL ``{"lsn": int, ...}``) that the
+  batch reached: every change the source committed before that offset is applied. It only
+  moves forward. ``cdc verify`` waits on :meth:`Sink.watermark`.
+* **Rows as text.** What a follower holds per row, and what :meth:`Sink.read` returns, is
+  ``{column: canonical_text(value)}`` for the non-null columns of the row's JSON form
+  (``docs/types.md``); null columns are absent. ``cdc verify`` builds the same form from the
+  leader, so the two compare exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One key's folded change: the newest record of that key in a batch."""
+
+    #: the log topic (``<source>.<schema>.<table>``)
+    topic: str
+    #: the source name and the table (``schema.table`` as in the topic's meta)
+    source: str
+    table: str
+    #: the key's JSON text: the log record's key bytes, decoded (``{"id":42}``)
+    key: str
+    #: the record's position bytes (they order like the position)
+    position: bytes
+    #: the after image in JSON form, or ``None`` when the key is deleted (delete or tombstone)
+    row: Mapping[str, Any] | None
+
+
+@dataclass
+class ApplyStats:
+    """What one :meth:`Sink.apply` did."""
+
+    written: int = 0
+    deleted: int = 0
+    #: changes the version gate ignored (not newer than what the follower holds)
+    skipped: int = 0
+
+
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def canonical_text(value: Any) -> str:
+    """A JSON-form value as the text a follower stores: strings as they are, everything else
+    (numbers, booleans, lists, objects) as compact JSON."""
+    kind = type(value)
+    if kind is str:
+        return value  # type: ignore[no-any-return]
+    if kind is int:
+        return str(value)  # what json.dumps gives for an int (bool is not int here)
+    if kind is bool:
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return str(value)
+    return _COMPACT.encode(value)
+
+
+def row_text(row: Mapping[str, Any]) -> dict[str, str]:
+    """A row's JSON form as follower text: ``canonical_text`` of every non-null column."""
+    return {column: canonical_text(value) for column, value in row.items() if value is not None}
+
+
+class Sink(ABC):
+    """One follower's storage."""
+
+    name: str
+
+    @abstractmethod
+    def apply(self, changes: Sequence[Change]) -> ApplyStats:
+        """Write ``changes`` (at most one per key) behind the version gate. Returns once the
+        writes are done; a crash in the middle leaves each key either old or new."""
+
+    @abstractmethod
+    def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:
+        """Record that every change of ``source`` before ``offset`` is applied."""
+
+    @abstractmethod
+    def watermark(self, source: str) -> dict[str, Any] | None:
+        """The last offset given to :meth:`set_watermark` for ``source`` (``None``: never)."""
+
+    @abstractmethod
+    def read(self, topic: str, keys: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The rows the follower holds for ``keys`` (key JSON texts) of ``topic``, as
+        ``{key: {column: text}}``; absent keys are left out."""
+
+    @abstractmethod
+    def keys(self, topic: str) -> Iterator[str]:
+        """Every key (JSON text) the follower holds a live row for in ``topic``'s table."""
+
+    def close(self) -> None:  # noqa: B027 (optional hook: most sinks hold one connection)
+        """Release connections."""

@@ -1,0 +1,368 @@
+"""The Redis cache follower: one hash per row, written atomically with its position.
+
+Layout (the names below are exact; ``docs/followers.md`` shows an example):
+
+``<row key>`` — a **hash**, one per live row
+    The row key is ``key_template`` rendered with ``{schema}``, ``{table}`` (the table's names,
+    unquoted), ``{source}`` (the source name), ``{key}`` (the key columns' values as
+    :func:`~sinks.base.canonical_text`, in key order, joined by ``:``) and ``{key_json}`` (the
+    key's JSON text as in the log, e.g. ``{"id":42}``). Default ``{schema}.{table}:{key}``, e.g.
+    ``public.orders:42``. Fields: every non-null column -> its canonical text
+    (:func:`~sinks.base.row_text`), plus two reserved fields: ``_cdc_position`` = the lowercase
+    hex of the position bytes the row reflects, and ``_cdc_key`` = the key's JSON text. A
+    column with a reserved name cannot be followed (:class:`RedisSinkError`).
+``cdc:deleted:<row key>`` — a **string**, the delete marker
+    Holds the hex position of the delete (or tombstone) that removed the row, with a TTL of
+    ``tombstone_retention`` (no marker when the retention is 0). Removed when the key is
+    written again.
+``cdc:watermark:<follower>`` — a **hash**
+    Field ``<source>`` = the JSON of the source offset the follower has applied up to (see
+    :meth:`RedisSink.set_watermark`); field ``<source>#order`` = that offset's order as hex,
+    used to only ever move forward.
+
+Version gate (a server-side Lua script, one ``EVALSHA`` per ``chunk_rows`` changes, several
+calls pipelined per round trip): for each change, the stored position is the row hash's
+``_cdc_position`` or, without a hash, the delete marker's value. A change is applied only when
+its position is strictly greater (bytes compared left to right; the script compares the hex in
+8-digit chunks as numbers, so the server's collation locale does not matter). An upsert replaces
+the whole hash (columns dropped upstream vanish) and removes the marker; a delete removes the
+hash and sets the marker. Each change is atomic: a crash leaves each key old or new.
+
+Not supported: Redis Cluster (one script call touches keys of many slots).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import redis
+
+from cdc.config import Secret, check_key_template
+from cdc.errors import CdcError
+from cdc.events import TableId
+from sinks.base import ApplyStats, Change, Sink, canonical_text, row_text
+
+POSITION_FIELD = "_cdc_position"
+KEY_FIELD = "_cdc_key"
+RESERVED_FIELDS = frozenset({POSITION_FIELD, KEY_FIELD})
+DELETED_PREFIX = "cdc:deleted:"
+WATERMARK_PREFIX = "cdc:watermark:"
+DEFAULT_KEY_TEMPLATE = "{schema}.{table}:{key}"
+_GLOB_SPECIAL = frozenset("*?[]\\")
+#: a row's {column: text} as the script's JSON argument (UTF-8 passes through cjson as is)
+_ROW_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
+                             check_circular=False).encode
+# placeholders in a topic's parsed template (compared by identity, never equal to a name)
+_KEY = object()
+_KEY_JSON = object()
+
+# KEYS: per change, the row key then the marker key. ARGV: retention ms, then per change:
+# position hex, key JSON, and the row: '' = delete, else a JSON object {column: text} (three
+# arguments per change whatever the width: packing arguments was most of the client's time).
+# Returns {written, deleted, skipped}.
+_APPLY_LUA = """
+local function newer(a, b)
+  if a == b then return false end
+  if #a == #b then
+    for i = 1, #a, 8 do
+      local x = tonumber(string.sub(a, i, i + 7), 16)
+      local y = tonumber(string.sub(b, i, i + 7), 16)
+      if x ~= y then return x > y end
+    end
+    return false
+  end
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x > y end
+  end
+  return #a > #b
+end
+local retention = tonumber(ARGV[1])
+local written, deleted, skipped = 0, 0, 0
+local a = 2
+for k = 1, #KEYS, 2 do
+  local row, marker = KEYS[k], KEYS[k + 1]
+  local pos, key, image = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  a = a + 3
+  local held = redis.call('HGET', row, '_cdc_position')
+  if not held then held = redis.call('GET', marker) end
+  if held and not newer(pos, held) then
+    skipped = skipped + 1
+  elseif image == '' then
+    redis.call('DEL', row)
+    if retention > 0 then
+      redis.call('SET', marker, pos, 'PX', retention)
+    else
+      redis.call('DEL', marker)
+    end
+    deleted = deleted + 1
+  else
+    local fields = {'_cdc_position', pos, '_cdc_key', key}
+    local n = 4
+    for column, text in pairs(cjson.decode(image)) do
+      fields[n + 1] = column
+      fields[n + 2] = text
+      n = n + 2
+    end
+    redis.call('DEL', row, marker)
+    redis.call('HSET', row, unpack(fields))
+    written = written + 1
+  end
+end
+return {written, deleted, skipped}
+"""
+
+# KEYS[1]: the watermark hash. ARGV: source, offset JSON, order hex ('' = unordered).
+# Returns 1 when stored, 0 when the stored offset is newer.
+_WATERMARK_LUA = """
+local held = redis.call('HGET', KEYS[1], ARGV[1] .. '#order')
+local order = ARGV[3]
+if held and order ~= '' and held ~= '' and #held == #order then
+  for i = 1, #order, 8 do
+    local x = tonumber(string.sub(order, i, i + 7), 16)
+    local y = tonumber(string.sub(held, i, i + 7), 16)
+    if x ~= y then
+      if x < y then return 0 end
+      break
+    end
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. '#order', order)
+return 1
+"""
+
+
+class RedisSinkError(CdcError):
+    """The Redis follower cannot be reached or cannot hold a row."""
+
+
+def key_text(key_json: str) -> str:
+    """``{key}`` of the template: the key columns' canonical texts in key order, joined by
+    ``:`` (``{"a":1,"b":"x"}`` -> ``1:x``)."""
+    values = json.loads(key_json)
+    return ":".join(canonical_text(value) for value in values.values())
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal inside a Redis MATCH pattern (``*?[]\\`` escaped)."""
+    return "".join("\\" + char if char in _GLOB_SPECIAL else char for char in text)
+
+
+def split_topic(topic: str) -> tuple[str, TableId]:
+    """``(source, table)`` of a topic named ``<source>.<schema>.<table>`` (source names hold no
+    dots; a schema holding dots needs the sink's ``tables`` map)."""
+    source, _, rest = topic.partition(".")
+    schema, _, table = rest.partition(".")
+    if not (source and schema and table):
+        raise RedisSinkError(f"{topic!r} is not a change log topic name (source.schema.table)",
+                             "pass a topic as listed by `cdc log stats`")
+    return source, TableId(schema, table)
+
+
+class RedisSink(Sink):
+    """A Redis follower (layout and gate: the module docstring).
+
+    ``tables`` maps topic names to ``(source, TableId)``; topics missing from it are split with
+    :func:`split_topic`. ``chunk_rows`` changes go into one script call; ``pipeline_calls``
+    calls share one round trip. ``password`` (if given) overrides one in the URL. Connecting
+    is lazy: :meth:`check` PINGs.
+    """
+
+    def __init__(self, name: str, url: str | Secret, *,
+                 key_template: str = DEFAULT_KEY_TEMPLATE,
+                 tombstone_retention: float = 24 * 3600.0,
+                 tables: Mapping[str, tuple[str, TableId]] | None = None,
+                 chunk_rows: int = 300, pipeline_calls: int = 8,
+                 password: str | None = None) -> None:
+        self.name = name
+        self._url = url if isinstance(url, Secret) else Secret(url)
+        self.key_template = check_key_template(key_template)
+        self.retention_ms = int(round(tombstone_retention * 1000))
+        self.tables = dict(tables or {})
+        self._parts: dict[str, list[object]] = {}
+        self.chunk_rows = chunk_rows
+        self.pipeline_calls = pipeline_calls
+        try:
+            extra = {"password": password} if password is not None else {}
+            self.client = redis.Redis.from_url(self._url.reveal(), decode_responses=True,
+                                               socket_connect_timeout=5, socket_timeout=60,
+                                               **extra)
+        except ValueError as exc:
+            raise RedisSinkError(f"follower {name}: the Redis URL {self._url} is not valid "
+                                 f"({exc})", "write it as redis://[:password@]host:port/db"
+                                 ) from None
+        self._apply_script = self.client.register_script(_APPLY_LUA)
+        self._watermark_script = self.client.register_script(_WATERMARK_LUA)
+
+    # ---------------------------------------------------------------------------- connection
+    def check(self) -> None:
+        """PING the server; :class:`RedisSinkError` with the fix when it does not answer."""
+        self._call(self.client.ping)
+
+    def _call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except redis.AuthenticationError:
+            raise RedisSinkError(f"follower {self.name}: Redis at {self._url} refused the "
+                                 "password", "correct the password in the follower's url"
+                                 ) from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise RedisSinkError(f"follower {self.name}: cannot reach Redis at {self._url} "
+                                 f"({exc.__class__.__name__})",
+                                 "start Redis there, or correct the follower's url") from None
+        except redis.ResponseError as exc:
+            raise RedisSinkError(f"follower {self.name}: Redis at {self._url} refused a "
+                                 f"command: {exc}", "check the server's ACLs and that the key "
+                                 "space is not shared with other data") from None
+
+    def close(self) -> None:
+        self.client.close()
+
+    # --------------------------------------------------------------------------------- layout
+    def table_of(self, topic: str) -> tuple[str, TableId]:
+        known = self.tables.get(topic)
+        return known if known is not None else split_topic(topic)
+
+    def row_key(self, topic: str, key_json: str) -> str:
+        """The Redis key of ``key_json``'s row in ``topic``."""
+        parts = self._parts.get(topic)
+        if parts is None:
+            parts = self._parts[topic] = self._template_parts(topic)
+        out: list[str] = []
+        for part in parts:
+            if part is _KEY:
+                out.append(key_text(key_json))
+            elif part is _KEY_JSON:
+                out.append(key_json)
+            else:
+                out.append(part)  # type: ignore[arg-type]
+        return "".join(out)
+
+    def _template_parts(self, topic: str) -> list[object]:
+        """The template for ``topic``: literal texts, with :data:`_KEY` and :data:`_KEY_JSON`
+        (compared by identity) where the key goes."""
+        source, table = self.table_of(topic)
+        names: dict[str, object] = {"schema": table.schema, "table": table.table, "source": source,
+                 "key": _KEY, "key_json": _KEY_JSON}
+        parts: list[object] = []
+        for text, name, _, _ in string.Formatter().parse(self.key_template):
+            parts.append(text)  # (the parser already turned {{ and }} into { and })
+            if name is not None:
+                parts.append(names[name])
+        return parts
+
+    def table_pattern(self, topic: str) -> str:
+        """A SCAN MATCH pattern covering every row key of ``topic`` (it may match more)."""
+        source, table = self.table_of(topic)
+        literal = {"schema": glob_escape(table.schema), "table": glob_escape(table.table),
+                   "source": glob_escape(source), "key": "*", "key_json": "*"}
+        out = []
+        for text, name, _, _ in string.Formatter().parse(self.key_template):
+            out.append(glob_escape(text))
+            if name is not None:
+                out.append(literal[name])
+        return "".join(out)
+
+    # ---------------------------------------------------------------------------------- apply
+    def apply(self, changes: Sequence[Change]) -> ApplyStats:
+        stats = ApplyStats()
+        calls_per_trip = self.chunk_rows * self.pipeline_calls
+        for start in range(0, len(changes), calls_per_trip):
+            trip = changes[start:start + calls_per_trip]
+            pipe = self.client.pipeline(transaction=False)
+            for offset in range(0, len(trip), self.chunk_rows):
+                keys, args = self._script_args(trip[offset:offset + self.chunk_rows])
+                self._apply_script(keys=keys, args=args, client=pipe)
+            for written, deleted, skipped in self._call(pipe.execute):
+                stats.written += int(written)
+                stats.deleted += int(deleted)
+                stats.skipped += int(skipped)
+        return stats
+
+    def _script_args(self, chunk: Sequence[Change]) -> tuple[list[str], list[Any]]:
+        keys: list[str] = []
+        args: list[Any] = [self.retention_ms]
+        row_key = self.row_key
+        for change in chunk:
+            name = row_key(change.topic, change.key)
+            keys += (name, DELETED_PREFIX + name)
+            row = change.row
+            if row is None:
+                args += (change.position.hex(), change.key, "")
+                continue
+            if POSITION_FIELD in row or KEY_FIELD in row:
+                raise RedisSinkError(
+                    f"follower {self.name}: table {change.table} has a column named "
+                    f"{sorted(RESERVED_FIELDS.intersection(row))[0]}, which the Redis "
+                    "follower reserves for its own bookkeeping",
+                    "rename the column, or leave the table out of the follower's tables")
+            args += (change.position.hex(), change.key, _ROW_JSON(row_text(row)))
+        return keys, args
+
+    # ----------------------------------------------------------------------------- watermarks
+    def _watermark_key(self) -> str:
+        return WATERMARK_PREFIX + self.name
+
+    def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:
+        """Store ``offset`` for ``source`` unless the stored one orders after it (by
+        :func:`spark_apply.fold.watermark_order`: PostgreSQL ``lsn``)."""
+        from spark_apply.fold import watermark_order
+
+        order = "".join(f"{part:016x}" for part in watermark_order(offset))
+        text = json.dumps(dict(offset), sort_keys=True, separators=(",", ":"))
+        self._call(self._watermark_script, keys=[self._watermark_key()],
+                   args=[source, text, order])
+
+    def watermark(self, source: str) -> dict[str, Any] | None:
+        text = self._call(self.client.hget, self._watermark_key(), source)
+        return None if text is None else dict(json.loads(text))
+
+    # ------------------------------------------------------------------------------ reading
+    def read(self, topic: str, keys: Sequence[str]) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {}
+        for start in range(0, len(keys), 1000):
+            chunk = keys[start:start + 1000]
+            pipe = self.client.pipeline(transaction=False)
+            for key in chunk:
+                pipe.hgetall(self.row_key(topic, key))
+            for key, fields in zip(chunk, self._call(pipe.execute), strict=True):
+                if fields:
+                    out[key] = {column: text for column, text in fields.items()
+                                if column not in RESERVED_FIELDS}
+        return out
+
+    def _renders_to(self, topic: str, key: str, name: str) -> bool:
+        try:
+            return self.row_key(topic, key) == name
+        except (ValueError, AttributeError):  # not a key JSON object: not one of our rows
+            return False
+
+    def keys(self, topic: str) -> Iterator[str]:
+        """Every key JSON text held for ``topic``: hashes found by SCAN with
+        :meth:`table_pattern` whose ``_cdc_key`` renders back to their own Redis key (so rows
+        of other tables the pattern happens to match are left out). Each key at most once."""
+        pattern = self.table_pattern(topic)
+        seen: set[str] = set()
+        cursor = 0
+        while True:
+            cursor, names = self._call(self.client.scan, cursor, match=pattern, count=1000)
+            yield from self._owned_keys(topic, [n for n in names if n not in seen], seen)
+            if cursor == 0:
+                return
+
+    def _owned_keys(self, topic: str, names: list[str], seen: set[str]) -> list[str]:
+        if not names:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(name, KEY_FIELD)
+        found = self._call(pipe.execute, raise_on_error=False)
+        out = []
+        for name, key in zip(names, found, strict=True):
+            if isinstance(key, str) and self._renders_to(topic, key, name):
+                seen.add(name)
+                out.append(key)
+        return out

@@ -1,0 +1,279 @@
+"""A compiled projection reader for change-event envelopes: ``op``, ``after``, ``source.ts_ms``.
+
+The Spark source needs three things of each log value and nothing else. fastavro decodes the
+whole envelope (the before image, the source block, the transaction block...) and builds objects
+for all of it; here an envelope schema is turned once into generated Python that *skips* what is
+not needed and builds only the after image. Values are exactly what fastavro returns (``tests/
+test_spark_source.py`` checks random envelopes of every column type against it).
+
+Supported: null, boolean, int, long, float, double, bytes, string, enum, fixed, record, array,
+map, union, and the ``decimal`` logical type on bytes (the same set as ``cdc/avrowriter.py``).
+Anything else raises :class:`cdc.avrowriter.Unsupported`, and the caller decodes with fastavro.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from decimal import Context
+from typing import Any
+
+from cdc.avroreader import read_long
+from cdc.avrowriter import Unsupported
+
+#: (buffer, position) -> (value, next position)
+Reader = Callable[[bytes, int], tuple[Any, int]]
+#: (buffer, position) -> next position
+Skipper = Callable[[bytes, int], int]
+#: (value bytes, where the envelope starts: 5, after the frame) -> (op, after image by Avro field
+#: name or None, source ts_ms or None)
+Projection = Callable[[bytes, int], tuple[str, dict[str, Any] | None, int | None]]
+
+_FLOAT = struct.Struct("<f").unpack_from
+_DOUBLE = struct.Struct("<d").unpack_from
+_PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
+
+
+# Generated-code snippets per primitive: read into ``v``, or skip, advancing ``pos``.
+_LONG = ["b = buf[pos]", "if b < 128: v = (b >> 1) ^ -(b & 1); pos += 1",
+         "else: v, pos = rl(buf, pos)"]
+_READ = {
+    "null": ["v = None"],
+    "boolean": ["v = buf[pos] == 1", "pos += 1"],
+    "int": _LONG,
+    "long": _LONG,
+    "float": ["v = pf(buf, pos)[0]", "pos += 4"],
+    "double": ["v = pd(buf, pos)[0]", "pos += 8"],
+    "bytes": [*_LONG, "v, pos = buf[pos:pos + v], pos + v"],
+    "string": [*_LONG, "v, pos = buf[pos:pos + v].decode(), pos + v"],
+}
+_SKIP_LONG = ["while buf[pos] > 127: pos += 1", "pos += 1"]
+_SKIP_BYTES = ["b = buf[pos]", "if b < 128: pos += 1 + (b >> 1)",
+               "else: v, pos = rl(buf, pos); pos += v"]
+_SKIP = {
+    "null": [],
+    "boolean": ["pos += 1"],
+    "int": _SKIP_LONG,
+    "long": _SKIP_LONG,
+    "float": ["pos += 4"],
+    "double": ["pos += 8"],
+    "bytes": _SKIP_BYTES,
+    "string": _SKIP_BYTES,
+}
+_SCOPE: dict[str, Any] = {"rl": read_long, "pf": _FLOAT, "pd": _DOUBLE}
+
+
+def _function(name: str, args: str, body: list[str], scope: dict[str, Any]) -> Any:
+    source = "\n".join([f"def {name}({args}):", *("    " + line for line in body)])
+    namespace = dict(scope)
+    exec(source, namespace)  # noqa: S102 - our own generated source, from schema field names
+    return namespace[name]
+
+
+class _Compiler:
+    def __init__(self) -> None:
+        self.named: dict[str, Any] = {}  # full name -> schema (for references)
+        self.readers: dict[str, Reader] = {}
+        self.skippers: dict[str, Skipper] = {}
+
+    def _full(self, schema: dict[str, Any], namespace: str | None) -> tuple[str, str | None]:
+        name = schema["name"]
+        if "." in name:
+            return name, name.rsplit(".", 1)[0]
+        space = schema.get("namespace", namespace)
+        return (f"{space}.{name}" if space else name), space
+
+    def _kind(self, schema: Any) -> str:
+        if isinstance(schema, list):
+            return "union"
+        if isinstance(schema, str):
+            return schema if schema in _PRIMITIVES else "named"
+        kind = schema["type"]
+        if isinstance(kind, dict | list):
+            return self._kind(kind)
+        logical = schema.get("logicalType")
+        if logical == "decimal" and kind == "bytes":
+            return "decimal"
+        if logical is not None:  # fastavro would convert it: leave it to fastavro
+            raise Unsupported(f"logical type {logical!r} on {kind}")
+        if kind not in _PRIMITIVES and kind not in ("record", "enum", "fixed", "array", "map"):
+            raise Unsupported(f"type {kind!r}")
+        return str(kind)
+
+    def _lookup(self, name: str, namespace: str | None) -> str:
+        for candidate in (f"{namespace}.{name}" if namespace else name, name):
+            if candidate in self.named:
+                return candidate
+        raise Unsupported(f"unknown named type {name!r}")
+
+    # -- snippets: generated lines that read (or skip) one value into ``v`` --------------------
+    def lines(self, schema: Any, namespace: str | None, skip: bool, scope: dict[str, Any]
+              ) -> list[str]:
+        while isinstance(schema, dict) and isinstance(schema.get("type"), dict | list):
+            schema = schema["type"]
+        kind = self._kind(schema)
+        if kind in _PRIMITIVES:
+            return list((_SKIP if skip else _READ)[kind])
+        if kind == "union":
+            return self._union_lines(schema, namespace, skip, scope)
+        function = self.skipper(schema, namespace) if skip else self.reader(schema, namespace)
+        key = f"f{len(scope)}"
+        scope[key] = function
+        return [f"pos = {key}(buf, pos)"] if skip else [f"v, pos = {key}(buf, pos)"]
+
+    def _union_lines(self, branches: list[Any], namespace: str | None, skip: bool,
+                     scope: dict[str, Any]) -> list[str]:
+        if len(branches) > 63:
+            raise Unsupported("a union of more than 63 branches")
+        out = ["i = buf[pos] >> 1", "pos += 1"]
+        for index, branch in enumerate(branches):
+            body = self.lines(branch, namespace, skip, scope) or ["pass"]
+            out.append(f"{'if' if index == 0 else 'elif'} i == {index}:")
+            out.extend("    " + line for line in body)
+        out.append("else: raise ValueError('union branch out of range')")
+        return out
+
+    # -- functions per type ----------------------------------------------------------------
+    def reader(self, schema: Any, namespace: str | None) -> Reader:
+        kind = self._kind(schema)
+        if kind == "named":
+            full = self._lookup(schema, namespace)
+            return lambda buf, pos: self.readers[full](buf, pos)
+        if kind == "record":
+            reader: Reader = self._record(schema, namespace, None)
+            return reader
+        scope = dict(_SCOPE)
+        if kind == "decimal":
+            scope["ctx"] = Context(prec=int(schema["precision"]))
+            scope["scale"] = -int(schema.get("scale", 0))
+            body = [*_LONG, "n = int.from_bytes(buf[pos:pos + v], 'big', signed=True)",
+                    "return ctx.create_decimal(n).scaleb(scale, ctx), pos + v"]
+        elif kind in ("enum", "fixed"):
+            return self._simple_named(schema, namespace)[0]
+        elif kind in ("array", "map"):
+            inner = schema["items" if kind == "array" else "values"]
+            item = self.lines(inner, namespace, False, scope)
+            body = ["out = []" if kind == "array" else "out = {}", "while True:",
+                    *("    " + line for line in _LONG), "    if v == 0: return out, pos",
+                    # a negative count is followed by the block's byte size
+                    "    if v < 0: n = -v; s, pos = rl(buf, pos); v = n",
+                    "    for _ in range(v):"]
+            if kind == "map":
+                body += ["        " + line for line in _READ["string"]] + ["        k = v"]
+            body += ["        " + line for line in item]
+            body.append("        out.append(v)" if kind == "array" else "        out[k] = v")
+        else:
+            body = [*self.lines(schema, namespace, False, scope), "return v, pos"]
+        generated: Reader = _function("read", "buf, pos", body, scope)
+        return generated
+
+    def skipper(self, schema: Any, namespace: str | None) -> Skipper:
+        kind = self._kind(schema)
+        if kind == "named":
+            full = self._lookup(schema, namespace)
+            return lambda buf, pos: self.skippers[full](buf, pos)
+        if kind == "record":
+            skipper: Skipper = self._record(schema, namespace, set())
+            return skipper
+        scope = dict(_SCOPE)
+        if kind in ("decimal",):
+            body = ["v, pos = rl(buf, pos)", "return pos + v"]
+        elif kind in ("enum", "fixed"):
+            return self._simple_named(schema, namespace)[1]
+        elif kind in ("array", "map"):
+            inner = schema["items" if kind == "array" else "values"]
+            item = self.lines(inner, namespace, True, scope)
+            body = ["while True:", "    v, pos = rl(buf, pos)", "    if v == 0: return pos",
+                    "    if v < 0:", "        v, pos = rl(buf, pos)", "        pos += v",
+                    "        continue", "    for _ in range(v):"]
+            if kind == "map":
+                body += ["        " + line for line in _SKIP["string"]]
+            body += ["        " + line for line in item] + ["        pass"]
+        else:
+            body = [*self.lines(schema, namespace, True, scope), "return pos"]
+        generated: Skipper = _function("skip", "buf, pos", body, scope)
+        return generated
+
+    def _simple_named(self, schema: dict[str, Any], namespace: str | None
+                      ) -> tuple[Reader, Skipper]:
+        """Reader and skipper of an enum or fixed type, registered under its name."""
+        full, _ = self._full(schema, namespace)
+        self.named[full] = schema
+        scope = dict(_SCOPE)
+        if schema["type"] == "enum":
+            scope["symbols"] = tuple(schema["symbols"])
+            read = _function("read", "buf, pos", [*_LONG, "return symbols[v], pos"], scope)
+            skip = _function("skip", "buf, pos", ["v, pos = rl(buf, pos)", "return pos"], scope)
+        else:
+            size = int(schema["size"])
+            read = _function("read", "buf, pos", [f"return buf[pos:pos + {size}], pos + {size}"],
+                             scope)
+            skip = _function("skip", "buf, pos", [f"return pos + {size}"], scope)
+        self.readers[full], self.skippers[full] = read, skip
+        return read, skip
+
+    def _record(self, schema: dict[str, Any], namespace: str | None,
+                keep: set[str] | None) -> Any:
+        """A record reader (``keep is None``: every field into a dict), or a skipper
+        (``keep`` empty). Registers both forms under the record's name for references."""
+        full, space = self._full(schema, namespace)
+        first = full not in self.named
+        self.named[full] = schema
+        scope = dict(_SCOPE)
+        skip = keep is not None
+        body = [] if skip else ["out = {}"]
+        for field in schema["fields"]:
+            body.extend(self.lines(field["type"], space, skip, scope))
+            if not skip:
+                body.append(f"out[{field['name']!r}] = v")
+        body.append("return pos" if skip else "return out, pos")
+        generated = _function("record", "buf, pos", body, scope)
+        if skip:
+            self.skippers[full] = generated
+            if first:
+                self.readers[full] = self._record(schema, namespace, None)
+        else:
+            self.readers[full] = generated
+            if first:
+                self.skippers[full] = self._record(schema, namespace, set())
+        return generated
+
+
+def compile_projection(envelope: dict[str, Any]) -> Projection:
+    """The projection reader of an envelope schema (a record with ``op``, ``after`` and a
+    ``source`` record holding ``ts_ms``). Raises :class:`Unsupported` for what it cannot read."""
+    compiler = _Compiler()
+    namespace = envelope.get("namespace")
+    names = [field["name"] for field in envelope["fields"]]
+    if not {"op", "after", "source"} <= set(names):
+        raise Unsupported("not a change-event envelope")
+    scope = dict(_SCOPE)
+    body = ["after = ts = None"]
+    for field in envelope["fields"]:
+        name = field["name"]
+        if name == "source" and compiler._kind(field["type"]) == "record":
+            body.extend(_source_lines(compiler, field["type"], namespace, scope))
+            continue
+        body.extend(compiler.lines(field["type"], namespace, name not in ("op", "after"),
+                                   scope))
+        if name == "op":
+            body.append("op = v")
+        elif name == "after":
+            body.append("after = v")
+    body.append("return op, after, ts")
+    projection: Projection = _function("project", "buf, pos", body, scope)
+    return projection
+
+
+def _source_lines(compiler: _Compiler, schema: dict[str, Any], namespace: str | None,
+                  scope: dict[str, Any]) -> list[str]:
+    """Lines that walk the source block inline, keeping ``ts_ms`` in ``ts``."""
+    _, space = compiler._full(schema, namespace)
+    compiler._record(schema, namespace, None)  # so later references to it resolve
+    out = []
+    for field in schema["fields"]:
+        keep = field["name"] == "ts_ms"
+        out.extend(compiler.lines(field["type"], space, not keep, scope))
+        if keep:
+            out.append("ts = v")
+    return out

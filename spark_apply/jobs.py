@@ -1,0 +1,321 @@
+"""``cdc apply``: one Spark application, one streaming query per follower.
+
+Each query reads the change log with the ``cdc`` source (``spark_apply/source.py``) — the
+follower's sources, at most ``max_records_per_batch`` records per micro-batch — and hands every
+micro-batch to :class:`BatchHandler` through ``foreachBatch``:
+
+1. collect it to the driver as Arrow and fold it there (``spark_apply/fold.py``'s
+   :func:`~spark_apply.fold.fold_arrow`: per key, the newest record; no shuffle, so a small
+   micro-batch costs a fraction of a Spark ``groupBy``; admission control bounds its size);
+2. :meth:`Sink.apply` the changes behind the version gate;
+3. only then :meth:`Sink.set_watermark` with the batch's watermark rows (per source, the
+   newest), so a watermark never claims more than the follower holds.
+
+Spark commits the batch's offsets to the follower's checkpoint after the handler returns. A
+crash before that replays the same batch with the same rows (at-least-once); the version gate
+makes the replay change nothing. ``once`` runs ``availableNow`` (everything committed when the
+query starts, in as many batches as admission control needs) and returns; otherwise the queries
+run every ``trigger_interval`` until :meth:`ApplyJob.request_stop` (SIGTERM), which lets a
+running batch finish before stopping.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from cdc.config import Config
+from cdc.errors import CdcError, LogError
+from sinks.base import Sink
+from spark_apply.latency import LatencyHistogram, format_seconds
+
+
+class ApplyError(CdcError):
+    """A follower's streaming query failed."""
+
+
+@dataclass
+class FollowerProgress:
+    """What one follower's query has done so far (updated by its batch handler)."""
+
+    name: str
+    batches: int = 0
+    records: int = 0
+    changes: int = 0
+    written: int = 0
+    deleted: int = 0
+    skipped: int = 0
+    #: seconds from the newest applied record's commit at the source to its apply
+    lag_s: float | None = None
+    #: per change event (c/u/d) applied: commit at the source -> batch applied
+    #: (``spark_apply/latency.py``), over all topics and per topic
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    latency_by_topic: dict[str, LatencyHistogram] = field(default_factory=dict)
+    #: per topic, log records read (truncates and tombstones included)
+    records_by_topic: dict[str, int] = field(default_factory=dict)
+    watermarks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: time inside the batch handler; of it, reading + folding (Spark, up to the collect) and
+    #: the sink's writes (apply + watermarks)
+    seconds: float = 0.0
+    fold_seconds: float = 0.0
+    sink_seconds: float = 0.0
+    #: a CdcError raised inside the handler (re-raised by the job with its fix)
+    error: CdcError | None = None
+
+
+class BatchHandler:
+    """The ``foreachBatch`` function of one follower (runs in the driver's Python)."""
+
+    def __init__(self, sink: Sink, progress: FollowerProgress,
+                 topics: Sequence[str] | None) -> None:
+        self.sink = sink
+        self.progress = progress
+        self.topics = list(topics) if topics is not None else None
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        from spark_apply.fold import WATERMARK, fold_arrow
+
+        started = time.monotonic()
+        if self.topics is not None:
+            batch = batch.where(F.col("op").eqNullSafe(WATERMARK)
+                                | F.col("topic").isin(self.topics))
+        try:
+            folded = fold_arrow(batch.toArrow())
+            collected = time.monotonic()
+            stats = self.sink.apply(folded.changes)
+            for source, offset in sorted(folded.watermarks.items()):
+                self.sink.set_watermark(source, offset)
+        except CdcError as exc:
+            self.progress.error = exc
+            raise
+        progress = self.progress
+        progress.batches += 1
+        progress.records += folded.records
+        progress.changes += len(folded.changes)
+        progress.written += stats.written
+        progress.deleted += stats.deleted
+        progress.skipped += stats.skipped
+        progress.watermarks.update(folded.watermarks)
+        for topic, count in folded.records_by_topic.items():
+            progress.records_by_topic[topic] = progress.records_by_topic.get(topic, 0) + count
+        finished = time.monotonic()
+        progress.seconds += finished - started
+        progress.fold_seconds += collected - started
+        progress.sink_seconds += finished - collected
+        applied = time.time()
+        for topic, stamps in folded.stamps.items():
+            progress.latency.add_stamps(stamps, applied)
+            by_topic = progress.latency_by_topic.get(topic)
+            if by_topic is None:
+                by_topic = progress.latency_by_topic[topic] = LatencyHistogram()
+            by_topic.add_stamps(stamps, applied)
+        if folded.newest_ts_ms is not None:
+            progress.lag_s = max(0.0, applied - folded.newest_ts_ms / 1000)
+        elif folded.watermarks:
+            progress.lag_s = 0.0
+
+
+def check_log(config: Config) -> None:
+    """:class:`LogError` with the fix unless the configured log exists."""
+    if not (config.log_path / "state.json").exists():
+        raise LogError(f"there is no change log at {config.log_path}",
+                       "run `cdc bootstrap` (then `cdc capture`) first, or correct log.path")
+
+
+@dataclass
+class ApplyJob:
+    """The queries of ``names`` on one SparkSession. Build with :meth:`prepare` (checks
+    everything that can be checked before Spark starts), then :meth:`run`."""
+
+    config: Config
+    names: list[str]
+    sinks: dict[str, Sink]
+    progress: dict[str, FollowerProgress]
+    stop: threading.Event = field(default_factory=threading.Event)
+    queries: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def prepare(cls, config: Config, names: Sequence[str]) -> ApplyJob:
+        """Validate the followers, the log and every sink's connection; no Spark yet."""
+        from sinks import open_sink
+
+        if not names:
+            raise CdcError("no follower given",
+                           "pass --follower NAME (one of the names under `followers:`)")
+        chosen = list(dict.fromkeys(names))
+        for name in chosen:
+            config.follower(name)
+            if not config.follower_sources(name):
+                raise CdcError(f"follower {name} follows no source: the config has no "
+                               "`sources:`", "add the databases to capture under `sources:`")
+        check_log(config)
+        sinks: dict[str, Sink] = {}
+        try:
+            for name in chosen:
+                sink = open_sink(config, name)
+                sinks[name] = sink
+                check = getattr(sink, "check", None)
+                if check is not None:
+                    check()
+        except BaseException:
+            for sink in sinks.values():
+                sink.close()
+            raise
+        return cls(config, chosen, sinks, {name: FollowerProgress(name) for name in chosen})
+
+    def checkpoint(self, name: str) -> Path:
+        return self.config.follower_checkpoint(name)
+
+    def start(self, spark: Any, once: bool) -> None:
+        """Start one streaming query per follower."""
+        for name in self.names:
+            self.queries[name] = self._start_query(spark, name, once)
+
+    def _start_query(self, spark: Any, name: str, once: bool) -> Any:
+        follower = self.config.follower(name)
+        stream = (spark.readStream.format("cdc")
+                  .option("path", str(self.config.log_path))
+                  .option("sources", ",".join(self.config.follower_sources(name)))
+                  .option("maxRecordsPerTrigger", str(follower.max_records_per_batch))
+                  .load())
+        topics = list(self.config.follower_topics(name)) if follower.tables else None
+        handler = BatchHandler(self.sinks[name], self.progress[name], topics)
+        checkpoint = self.checkpoint(name)
+        try:
+            checkpoint.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CdcError(f"follower {name}: cannot create the checkpoint directory "
+                           f"{checkpoint} ({exc.strerror})",
+                           f"make it writable, or set followers.{name}.checkpoint") from None
+        writer = (stream.writeStream.foreachBatch(handler)
+                  .option("checkpointLocation", str(checkpoint))
+                  .queryName(f"cdc-apply-{name}"))
+        if once:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{int(follower.trigger_interval * 1000)} "
+                                                   "milliseconds")
+        return writer.start()
+
+    def request_stop(self) -> None:
+        """Ask :meth:`wait` to stop the queries (safe from a signal handler)."""
+        self.stop.set()
+
+    def wait(self, console: Console | None = None, refresh: float = 0.5) -> None:
+        """Until every query has ended (``availableNow``) or a stop was requested; shows the
+        progress table meanwhile. Raises :class:`ApplyError` (or the sink's own CdcError) if
+        a query failed."""
+        live = Live(self.table(), console=console, refresh_per_second=2, transient=False) \
+            if console is not None else None
+        try:
+            if live is not None:
+                live.start()
+            while not self.stop.is_set() and any(q.isActive for q in self.queries.values()):
+                self._raise_failures()
+                self.stop.wait(refresh)
+                if live is not None:
+                    live.update(self.table())
+            self.stop_queries()
+            self._raise_failures()
+        finally:
+            if live is not None and console is not None:
+                live.update(self.table())
+                live.stop()
+                if not console.is_terminal:
+                    console.line()  # rich leaves the last line of a non-terminal Live open
+
+    def stop_queries(self, grace: float = 60.0) -> None:
+        """Stop every query, letting a running micro-batch finish (up to ``grace`` s)."""
+        deadline = time.monotonic() + grace
+        for query in self.queries.values():
+            while (query.isActive and query.status.get("isTriggerActive")
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+            if query.isActive:
+                query.stop()
+
+    def _raise_failures(self) -> None:
+        for name, query in self.queries.items():
+            if query.isActive:
+                continue
+            failure = query.exception()
+            if failure is None:
+                continue
+            known = self.progress[name].error
+            if known is not None:
+                raise known
+            first = str(failure).strip().splitlines()[0] if str(failure).strip() else "?"
+            raise ApplyError(f"follower {name}: the streaming query failed: {first[:500]}",
+                             "fix the cause and run `cdc apply` again; it resumes from the "
+                             f"checkpoint at {self.checkpoint(name)}")
+
+    def table(self) -> Table:
+        """Per follower: batches, records read, changes, written/deleted/skipped, lag, and
+        the per-change latency p50/p99 (commit at the source -> applied)."""
+        table = Table(title="cdc apply", title_justify="left")
+        for column in ("follower", "batches", "records", "changes", "written", "deleted",
+                       "skipped (gate)", "lag", "latency p50", "p99", "watermark"):
+            table.add_column(column, justify="left" if column in ("follower", "watermark")
+                             else "right")
+        for name in self.names:
+            p = self.progress[name]
+            marks = ", ".join(f"{s}@{o.get('lsn_text', o.get('lsn', '?'))}"
+                              for s, o in sorted(p.watermarks.items())) or "-"
+            table.add_row(name, f"{p.batches:,}", f"{p.records:,}", f"{p.changes:,}",
+                          f"{p.written:,}", f"{p.deleted:,}", f"{p.skipped:,}",
+                          "-" if p.lag_s is None else f"{p.lag_s:.2f} s",
+                          format_seconds(p.latency.quantile(0.5)),
+                          format_seconds(p.latency.quantile(0.99)), marks)
+        return table
+
+    def close(self) -> None:
+        for sink in self.sinks.values():
+            sink.close()
+
+
+def start_spark() -> Any:
+    """The SparkSession (``spark_apply/session.py``), or a :class:`CdcError` with the fix."""
+    try:
+        from spark_apply.session import spark_session
+
+        return spark_session(app_name="cdc-apply")
+    except ImportError as exc:
+        raise CdcError(f"PySpark is not installed ({exc})",
+                       "run `make setup`, or pip install -e '.[spark]'") from None
+    except Exception as exc:  # noqa: BLE001 - Java missing, no memory, ...: one clear message
+        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+        raise CdcError(f"cannot start Spark: {first[:300]}",
+                       "check that Java 17+ is installed (`java -version`; `make setup` "
+                       "installs it) and that the machine has ~1.5 GB of free memory") from None
+
+
+def run_apply(config: Config, names: Sequence[str], once: bool, console: Console | None,
+              stop: threading.Event | None = None) -> ApplyJob:
+    """Prepare, start the SparkSession and the queries, wait, stop. ``stop`` (set by a
+    SIGTERM handler) ends a continuous run; a stop requested before the queries start means
+    none is started. Returns the finished job (its ``progress``)."""
+    job = ApplyJob.prepare(config, names)
+    if stop is not None:
+        job.stop = stop
+    try:
+        if job.stop.is_set():
+            return job
+        spark = start_spark()
+        if job.stop.is_set():
+            return job
+        job.start(spark, once)
+        job.wait(console)
+        return job
+    finally:
+        job.stop_queries()
+        job.close()

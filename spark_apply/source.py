@@ -1,0 +1,556 @@
+"""The Spark data source over the change log: ``spark.readStream.format("cdc")``.
+
+A Python data source (Spark 4's ``pyspark.sql.datasource`` API; no JVM jars) with a streaming
+reader (admission control, ``Trigger.AvailableNow``) and a batch reader (everything committed when
+the query is planned). Register it with :func:`register` (``spark_apply.session`` does).
+
+Options
+-------
+``path``
+    the log directory (required; ``load(path)`` sets it too).
+``topics``
+    comma-separated topic names to read. Every one must exist when the query starts.
+``sources``
+    comma-separated source names: read every topic whose ``meta["source"]`` is one of them,
+    including topics created after the query started (re-evaluated at every micro-batch).
+    Neither ``topics`` nor ``sources``: every topic of the log, including later ones.
+``maxRecordsPerTrigger``
+    admission control: a micro-batch spans at most this many *offsets* across all partitions
+    read (so at most this many records; fewer where compaction removed some). The budget is
+    shared fairly: each partition with pending records gets an equal share, and what a partition
+    does not need goes to the others. Ignored when Spark asks for everything (``Trigger.Once``).
+``splits``
+    at most this many Spark tasks per micro-batch (default 2); the offset ranges are spread over
+    them, balanced by length.
+
+Output: one row per log record, the fixed schema :data:`SCHEMA` whatever the table
+------------------------------------------------------------------------------------------
+``topic`` string, ``partition`` int, ``offset`` long, ``timestamp_ms`` long (when the log appended
+the record, ms since the epoch), ``source`` string and ``table`` string (the topic's
+``meta["source"]`` and ``meta["table"]``), ``key`` string (the key bytes decoded: compact JSON of
+the key columns), ``position`` binary (the record's position bytes: comparing them compares the
+positions), ``op`` string (``c``/``u``/``d``/``r``/``t``; NULL for a tombstone), ``after`` string
+(compact JSON of the after image in its JSON form, ``docs/types.md``; NULL for deletes,
+tombstones and truncates), ``source_ts_ms`` long (the envelope's ``source.ts_ms``, the commit
+time at the source; NULL for tombstones).
+
+**Watermark rows.** A micro-batch whose end offsets equal the log's complete end offsets, as read
+from one committed log state (not cut short by ``maxRecordsPerTrigger`` or an AvailableNow
+target), also records that state's ``source_offsets`` of the sources read in its end offset, and
+emits one extra row per such source: ``op = 'w'``, ``source`` = the source name, ``after`` =
+compact JSON (sorted keys) of that source's offset dict; ``topic``, ``partition``, ``offset``,
+``timestamp_ms``, ``table``, ``key``, ``position`` and ``source_ts_ms`` are NULL. Because the log
+commits records and source offsets atomically, every change that source committed before that
+offset, in the topics read, is in this batch or an earlier one. The sources read are those named
+by ``sources``, otherwise those of the topics read; a source with no offset in the state gets no
+row. When only the source offsets moved (an idle source advanced by heartbeats), the latest offset
+still moves, so a batch holding just the watermark rows runs. Every complete batch re-emits the
+watermarks (a follower's watermark only moves forward, so repeats are harmless).
+
+Offsets (stored by Spark in the checkpoint, as JSON)
+----------------------------------------------------
+``{"topics": {topic: {"<partition>": next_offset, ...}, ...}, "watermarks": {source: {...}}}``.
+Each number is the *next* offset to read in that partition — one past the last offset the batch
+covered — so a batch ``(start, end]`` reads offsets ``start[p] <= offset < end[p]``; a topic or
+partition missing from ``start`` starts at 0. ``watermarks`` is present only on complete ends (see
+above). Restarting from the checkpoint therefore resumes exactly: no offset is read twice and none
+is skipped; offsets compaction removed are simply absent. Spark replays an uncommitted batch with
+the same offsets (at-least-once delivery into sinks; the followers' version gate makes it exact).
+The reader never acknowledges anything upstream, so it does not rely on ``commit(end)``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
+
+from cdc.avro import EventCodec
+from cdc.avrowriter import Unsupported
+from cdc.errors import ConfigError, LogError
+from cdc.log.local import STATE_FILE, TOPICS_DIR, LocalChangeLogReader, LogState
+from cdc.log.schemas import SchemaStore
+from spark_apply.avroread import Projection, compile_projection
+
+NAME = "cdc"
+#: the rows' schema, fixed whatever the table (the fold and the sinks rely on it exactly)
+SCHEMA = StructType([
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("offset", LongType()),
+    StructField("timestamp_ms", LongType()),
+    StructField("source", StringType()),
+    StructField("table", StringType()),
+    StructField("key", StringType()),
+    StructField("position", BinaryType()),
+    StructField("op", StringType()),
+    StructField("after", StringType()),
+    StructField("source_ts_ms", LongType()),
+])
+#: ``op`` of a watermark row
+WATERMARK_OP = "w"
+OPTIONS = ("path", "topics", "sources", "maxrecordspertrigger", "splits")
+#: records per log read and per Arrow batch handed to Spark
+CHUNK = 8192
+
+Offsets = dict[str, dict[str, int]]  # topic -> partition (as text) -> next offset
+
+
+class SourceOptionError(ConfigError):
+    """An option of the ``cdc`` Spark source is missing or invalid."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The validated options (see the module docstring)."""
+
+    path: str
+    topics: tuple[str, ...] | None = None
+    sources: tuple[str, ...] | None = None
+    max_records: int | None = None
+    splits: int = 2
+
+
+def _names(value: str | None, option: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    names = tuple(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
+    if not names:
+        raise SourceOptionError(f"the cdc source option {option!r} is empty",
+                                f"list one or more names separated by commas, or leave {option} "
+                                "out to read every topic")
+    return names
+
+
+def _positive(value: str | None, option: str, default: int | None) -> int | None:
+    if value is None:
+        return default
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise SourceOptionError(f"the cdc source option {option} must be a positive integer, "
+                                f"got {value!r}", f"set {option} to e.g. 10000 or leave it out")
+    return number
+
+
+def parse_options(options: Mapping[str, str]) -> SourceOptions:
+    """Validate the source's options (names are case-insensitive) and check the log exists.
+
+    Raises :class:`SourceOptionError` for a bad option and :class:`~cdc.errors.LogError` when
+    ``path`` holds no change log, or a topic named in ``topics`` does not exist.
+    """
+    given = {str(key).lower(): value for key, value in options.items()}
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise SourceOptionError(f"the cdc source has no option {', '.join(unknown)}",
+                                "its options are path, topics, sources, maxRecordsPerTrigger, "
+                                "splits")
+    path = (given.get("path") or "").strip()
+    if not path:
+        raise SourceOptionError("the cdc source needs the change log's directory",
+                                'pass .option("path", "<log dir>") or .load("<log dir>")')
+    topics, sources = _names(given.get("topics"), "topics"), _names(given.get("sources"),
+                                                                    "sources")
+    if topics is not None and sources is not None:
+        raise SourceOptionError("the cdc source takes either topics or sources, not both",
+                                "drop one of the two options")
+    parsed = SourceOptions(path, topics, sources,
+                           _positive(given.get("maxrecordspertrigger"), "maxRecordsPerTrigger",
+                                     None),
+                           _positive(given.get("splits"), "splits", 2) or 2)
+    state = LocalChangeLogReader(path).state()
+    if not (Path(path) / STATE_FILE).exists() and not (Path(path) / TOPICS_DIR).is_dir():
+        raise LogError(f"{path} is not a change log (it has no {STATE_FILE})",
+                       "point path at the directory `cdc capture` writes (log.path in the "
+                       "config)")
+    missing = [topic for topic in topics or () if topic not in state.topics]
+    if missing:
+        raise LogError(f"the change log at {path} has no topic {', '.join(missing)}",
+                       f"known topics: {', '.join(sorted(state.topics)) or 'none yet'}; or "
+                       "read by source name with the sources option")
+    return parsed
+
+
+# ------------------------------------------------------------------------------ offset logic
+
+def selected_topics(state: LogState, options: SourceOptions) -> list[str]:
+    """The topics ``options`` selects in ``state``, sorted by name."""
+    if options.topics is not None:
+        return sorted(topic for topic in options.topics if topic in state.topics)
+    if options.sources is not None:
+        wanted = set(options.sources)
+        return sorted(name for name, topic in state.topics.items()
+                      if topic.info.meta.get("source") in wanted)
+    return sorted(state.topics)
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` with every dict's keys sorted, so equal offsets serialize to equal JSON."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def complete_end(state: LogState, options: SourceOptions) -> dict[str, Any]:
+    """The end offset of everything committed in ``state``: every selected topic's next
+    offsets, and the watermarks (source offsets) of the sources read."""
+    topics = selected_topics(state, options)
+    ends = {topic: {str(index): part.next_offset
+                    for index, part in enumerate(state.topics[topic].parts)}
+            for topic in topics}
+    if options.sources is not None:
+        sources = set(options.sources)
+    else:
+        sources = {str(state.topics[topic].info.meta.get("source")) for topic in topics}
+    marks = {source: state.source_offsets[source]
+             for source in sorted(sources) if source in state.source_offsets}
+    return {"topics": ends, "watermarks": _canonical(marks)}
+
+
+def fair_share(pending: Mapping[tuple[str, str], int], budget: int,
+               rotate: int = 0) -> dict[tuple[str, str], int]:
+    """How many offsets each partition may advance: at most ``pending[p]`` each, ``budget`` in
+    all, split evenly (water-filling: what a partition does not need goes to the others). When
+    the budget is smaller than the number of partitions, the ones served first are chosen by
+    ``rotate`` (the caller passes something that changes every batch, so none starves)."""
+    keys = sorted(key for key, count in pending.items() if count > 0)
+    if keys:
+        shift = rotate % len(keys)
+        keys = keys[shift:] + keys[:shift]
+    take = dict.fromkeys(keys, 0)
+    remaining = budget
+    while remaining > 0 and keys:
+        share = max(1, remaining // len(keys))
+        for key in list(keys):
+            step = min(share, pending[key] - take[key], remaining)
+            take[key] += step
+            remaining -= step
+            if take[key] == pending[key]:
+                keys.remove(key)
+            if remaining == 0:
+                break
+    return take
+
+
+def next_end(start: Mapping[str, Any], complete: Mapping[str, Any],
+             max_records: int | None) -> dict[str, Any]:
+    """The end offset of the next batch from ``start`` towards ``complete`` (see
+    :func:`complete_end`), advancing at most ``max_records`` offsets (``None``: no limit).
+
+    Topics in ``start`` that are no longer selected keep their offsets. Raises
+    :class:`~cdc.errors.LogError` when ``start`` is past the log's end (the log was replaced).
+    """
+    begun: Offsets = {topic: dict(parts) for topic, parts in start.get("topics", {}).items()}
+    target: Offsets = complete["topics"]
+    pending: dict[tuple[str, str], int] = {}
+    for topic, parts in target.items():
+        for partition, stop in parts.items():
+            at = int(begun.get(topic, {}).get(partition, 0))
+            if at > stop:
+                raise LogError(
+                    f"the checkpoint resumes {topic} partition {partition} at offset {at}, but "
+                    f"the change log ends at {stop}: the log was replaced or restored from an "
+                    "older copy",
+                    "delete the streaming checkpoint (and rebuild the followers from offset 0)")
+            pending[(topic, partition)] = stop - at
+    if max_records is None:
+        take = pending
+    else:
+        rotate = sum(int(n) for parts in begun.values() for n in parts.values())
+        take = fair_share(pending, max_records, rotate)
+    ends: Offsets = {topic: dict(parts) for topic, parts in begun.items()}
+    for topic, partition in pending:
+        ends.setdefault(topic, {})[partition] = (
+            int(begun.get(topic, {}).get(partition, 0)) + take.get((topic, partition), 0))
+    ends = {topic: dict(sorted(ends[topic].items(), key=lambda item: int(item[0])))
+            for topic in sorted(ends)}
+    end: dict[str, Any] = {"topics": ends}
+    if all(take.get(key, 0) == count for key, count in pending.items()):
+        end["watermarks"] = complete["watermarks"]
+    return end
+
+
+@dataclass(frozen=True)
+class Range:
+    """Offsets ``start <= offset < end`` of one partition, with the topic's meta."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    source: str | None
+    table: str | None
+
+
+class CdcPartition(InputPartition):
+    """One Spark task's share of a batch: offset ranges, and maybe the watermark rows."""
+
+    def __init__(self, ranges: list[Range], watermarks: dict[str, Any] | None) -> None:
+        super().__init__(None)
+        self.ranges = ranges
+        self.watermarks = watermarks
+
+    def __repr__(self) -> str:
+        return f"CdcPartition({self.ranges!r}, watermarks={self.watermarks!r})"
+
+
+def plan(state: LogState, start: Mapping[str, Any], end: Mapping[str, Any],
+         splits: int) -> list[CdcPartition]:
+    """The tasks that read ``(start, end]``: the non-empty ranges spread over at most ``splits``
+    partitions, balanced by length; ``end``'s watermark rows go to the first."""
+    ranges = []
+    for topic, parts in end.get("topics", {}).items():
+        info = state.topics[topic].info if topic in state.topics else None
+        meta = info.meta if info is not None else {}
+        for partition, stop in parts.items():
+            begin = int(start.get("topics", {}).get(topic, {}).get(partition, 0))
+            if stop > begin:
+                ranges.append(Range(topic, int(partition), begin, int(stop),
+                                    meta.get("source"), meta.get("table")))
+    watermarks = end.get("watermarks")
+    groups: list[list[Range]] = [[] for _ in range(max(1, min(splits, len(ranges))))]
+    sizes = [0] * len(groups)
+    for item in sorted(ranges, key=lambda r: (r.start - r.end, r.topic, r.partition)):
+        smallest = sizes.index(min(sizes))
+        groups[smallest].append(item)
+        sizes[smallest] += item.end - item.start
+    out = [CdcPartition(group, None) for group in groups if group]
+    if watermarks:
+        if out:
+            out[0].watermarks = watermarks
+        else:
+            out.append(CdcPartition([], watermarks))
+    return out
+
+
+# ----------------------------------------------------------------------------------- reading
+
+class Decoder:
+    """What a row needs of a log value: ``(op, after as compact JSON or None, source ts_ms)``.
+
+    Reads with the compiled projection of the value's schema (``spark_apply/avroread.py``: skips
+    the before image and most of the envelope); a schema it cannot compile is decoded by
+    :meth:`EventCodec.decode_value`. Either way the after image is turned into its JSON form by
+    the column types' ``to_json``, exactly as :meth:`EventCodec.decode_value` does.
+    """
+
+    def __init__(self, codec: EventCodec) -> None:
+        self.codec = codec
+        self._plans: dict[int, tuple[Projection | None, Any]] = {}
+
+    def _plan(self, schema_id: int) -> tuple[Projection | None, Any]:
+        """The projection of a value schema (``None``: fastavro) and its row builder (after
+        image by Avro field name -> ``{column: JSON form}``)."""
+        plan = self._plans.get(schema_id)
+        if plan is None:
+            columns = self.codec.columns_of(schema_id)
+            try:
+                projection: Projection | None = compile_projection(
+                    self.codec.store.get(schema_id).schema)
+            except (Unsupported, KeyError, TypeError, ValueError):
+                projection = None
+            plan = self._plans[schema_id] = (projection, _row_builder(columns))
+        return plan
+
+    def decode(self, value: bytes) -> tuple[str, str | None, int | None]:
+        if len(value) < 5 or value[0] != 0:
+            self.codec.decode_raw(value)  # raises the SchemaError that explains it
+        projection, columns = self._plan(int.from_bytes(value[1:5], "big"))
+        if projection is None:
+            envelope = self.codec.decode_value(value).envelope
+            op, ts = envelope["op"], envelope["source"]["ts_ms"]
+            after = envelope["after"] if op in ("c", "u", "r") else None
+            return op, None if after is None else _dumps(after), ts
+        op, image, ts = projection(value, 5)
+        if image is None or op not in ("c", "u", "r"):
+            return op, None, ts
+        return op, _dumps(columns(image)), ts
+
+
+def _row_builder(columns: Sequence[tuple[str, str, Any]]) -> Any:
+    """A generated function: after image by Avro field name -> ``{column: JSON form}`` (None
+    stays None; the type's ``to_json`` otherwise, skipped where it returns the datum as is),
+    columns in schema order. The same as ``{c: None if image[f] is None else t.to_json(image[f])
+    for c, f, t in columns}``, without a call per column that changes nothing."""
+    scope: dict[str, Any] = {}
+    items = []
+    for index, (column, name, ctype) in enumerate(columns):
+        convert = ctype.json_converter()
+        if convert is None:
+            items.append(f"{column!r}: image[{name!r}]")
+        else:
+            scope[f"c{index}"] = convert
+            items.append(f"{column!r}: None if (v := image[{name!r}]) is None else c{index}(v)")
+    source = "def build(image):\n    return {" + ", ".join(items) + "}"
+    exec(source, scope)  # noqa: S102 - our own generated source; names embedded with repr()
+    return scope["build"]
+
+
+_OPEN: dict[str, tuple[LocalChangeLogReader, Decoder]] = {}
+
+
+def _open(path: str) -> tuple[LocalChangeLogReader, Decoder]:
+    """A reader and decoder per log directory, kept for the life of the Python worker."""
+    found = _OPEN.get(path)
+    if found is None:
+        found = (LocalChangeLogReader(path), Decoder(EventCodec(SchemaStore(path))))
+        _OPEN[path] = found
+    return found
+
+
+#: compact JSON, non-ASCII kept (one encoder: json.dumps builds a new one per call otherwise)
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
+
+
+def _arrow_batch(rows: list[tuple[Any, ...]]) -> Any:
+    """``rows`` (tuples in :data:`SCHEMA` order) as one Arrow record batch."""
+    import pyarrow as pa
+
+    kinds = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(),
+             "binary": pa.binary()}
+    columns = list(zip(*rows, strict=True))
+    arrays = [pa.array(column, type=kinds[field.dataType.simpleString()])
+              for column, field in zip(columns, SCHEMA.fields, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, names=SCHEMA.fieldNames())
+
+
+def read_partition(path: str, partition: CdcPartition) -> Iterator[Any]:
+    """The rows of one task, as Arrow record batches of at most :data:`CHUNK` rows."""
+    log, decoder = _open(path)
+    rows: list[tuple[Any, ...]] = []
+    for item in partition.ranges:
+        at = item.start
+        while at < item.end:
+            records = log.read(item.topic, item.partition, at, min(CHUNK, item.end - at))
+            if not records:
+                break  # compaction removed everything left in the range
+            for record in records:
+                if record.offset >= item.end:
+                    break
+                op = after = source_ts = None
+                if record.value is not None:
+                    op, after, source_ts = decoder.decode(record.value)
+                rows.append((item.topic, item.partition, record.offset, record.timestamp_ms,
+                             item.source, item.table, record.key.decode(), record.position, op,
+                             after, source_ts))
+            at = records[-1].offset + 1
+            if len(rows) >= CHUNK:
+                yield _arrow_batch(rows)
+                rows = []
+    for source, offset in (partition.watermarks or {}).items():
+        rows.append((None, None, None, None, source, None, None, None, WATERMARK_OP,
+                     json.dumps(offset, sort_keys=True, separators=(",", ":")), None))
+    if rows:
+        yield _arrow_batch(rows)
+
+
+# ----------------------------------------------------------------------------- Spark classes
+
+class CdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The streaming reader. Lives in one driver-side Python process for the whole query
+    (latestOffset, partitions, commit) and is pickled to the executors for :meth:`read`."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._log: LocalChangeLogReader | None = None
+        #: the complete end recorded by prepareForTriggerAvailableNow (None: run continuously)
+        self._target: dict[str, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "_log": None, "_target": None}
+
+    def _state(self) -> LogState:
+        if self._log is None:
+            self._log = LocalChangeLogReader(self.options.path)
+        return self._log.state()
+
+    def initialOffset(self) -> dict[str, Any]:
+        """Every partition from offset 0 (a topic missing from an offset starts at 0)."""
+        return {"topics": {}}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = complete_end(self._state(), self.options)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_records is None:
+            return super().getDefaultReadLimit()
+        return ReadMaxRows(self.options.max_records)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        complete = self._target or complete_end(self._state(), self.options)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = next_end(start, complete, max_rows)
+        if _canonical(end) == _canonical(start):
+            return start
+        return end
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return self._target or complete_end(self._state(), self.options)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[CdcPartition]:
+        return plan(self._state(), start, end, self.options.splits)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, CdcPartition)
+        return read_partition(self.options.path, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: the log keeps records for other readers; Spark's checkpoint is the
+        only place this reader's progress lives."""
+
+
+class CdcBatchReader(DataSourceReader):
+    """The batch reader: everything committed when the query is planned, with the watermarks
+    of that state."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        state = LocalChangeLogReader(self.options.path).state()
+        return plan(state, {"topics": {}}, complete_end(state, self.options), self.options.splits)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, CdcPartition)
+        return read_partition(self.options.path, partition)
+
+
+class CdcDataSource(DataSource):
+    """``format("cdc")``: the change log as a stream (or a table) of :data:`SCHEMA` rows."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.parsed = parse_options(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> CdcStreamReader:
+        return CdcStreamReader(self.parsed)
+
+    def reader(self, schema: StructType) -> CdcBatchReader:
+        return CdcBatchReader(self.parsed)
+
+
+def register(spark: Any) -> None:
+    """Make ``format("cdc")`` available in ``spark``."""
+    spark.dataSource.register(CdcDataSource)

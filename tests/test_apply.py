@@ -1,0 +1,300 @@
+"""``cdc apply``: follower config, bad input, and end to end through real Spark into real Redis.
+
+Spark costs: ``test_apply_once_from_postgres_capture`` starts one ``cdc apply --once`` process
+(its own SparkSession) and then replays in-process on the shared ``spark`` fixture;
+``test_continuous_apply_stops_cleanly_on_sigterm`` starts one continuous ``cdc apply`` process.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc.avro import EventCodec
+from cdc.config import load_config, parse_config
+from cdc.errors import ConfigError
+from cdc.log.local import LocalChangeLog
+from cdc.log.schemas import SchemaStore
+from cdc.servers.postgres import free_port
+from cdc.synthetic import ORDERS, Workload
+from sinks import open_sink
+from sinks.base import row_text
+from sinks.redis import RedisSink
+from tests.pgkit import (
+    PROJECT,
+    Capture,
+    Load,
+    cdc,
+    latest_rows,
+    output,
+    read_topic,
+    table_rows,
+    wait_caught_up,
+    wait_for,
+    write_config,
+)
+
+SOURCES = {"sources": [{"name": "shop", "kind": "postgres", "dsn": "postgresql://cdc@h/shop",
+                        "tables": ["public.orders", "public.customers"]}]}
+
+
+def follower_config(**follower: Any) -> Any:
+    return parse_config({**SOURCES, "followers": {"cache": {"kind": "redis",
+                                                            "url": "redis://h:6379/0",
+                                                            **follower}}}, Path("/srv/cdc"))
+
+
+# --------------------------------------------------------------------------------- config
+
+def test_follower_config_defaults_and_derived_values() -> None:
+    config = follower_config()
+    follower = config.follower("cache")
+    assert follower.key_template == "{schema}.{table}:{key}"
+    assert follower.tombstone_retention == 86400.0
+    assert follower.trigger_interval == 1.0
+    assert config.follower_sources("cache") == ["shop"]
+    assert sorted(config.follower_topics("cache")) == ["shop.public.customers",
+                                                       "shop.public.orders"]
+    assert config.follower_checkpoint("cache") == Path("/srv/cdc/cdc-data/state/apply/cache")
+    config = follower_config(tables=['public."orders"'], tombstone_retention="90m",
+                             checkpoint="ck", trigger_interval="250ms")
+    assert list(config.follower_topics("cache")) == ["shop.public.orders"]
+    assert config.follower("cache").tombstone_retention == 5400.0
+    assert config.follower("cache").trigger_interval == 0.25
+    assert config.follower_checkpoint("cache") == Path("/srv/cdc/ck")
+
+
+@pytest.mark.parametrize(("follower", "message"), [
+    ({"url": "http://h/0"}, "followers.cache.url: expected a Redis URL"),
+    ({"kind": "memcached"}, "followers.cache.kind"),
+    ({"sources": ["nope"]}, "followers.cache.sources: ['nope'] are not under `sources:`"),
+    ({"tables": ["public.nope"]}, "followers.cache.tables: ['public.nope'] are not captured"),
+    ({"tables": ["orders"]}, "is not schema-qualified"),
+    ({"key_template": "{table}"}, "must contain {key} or {key_json}"),
+    ({"key_template": "{tabel}:{key}"}, "unknown field(s) ['tabel']"),
+    ({"tombstone_retention": "soon"}, "expected a duration"),
+    ({"max_records_per_batch": 0}, "followers.cache.max_records_per_batch"),
+    ({"urll": "x"}, "did you mean 'url'?"),
+])
+def test_follower_config_errors(follower: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        follower_config(**follower)
+    assert message in str(caught.value)
+
+
+def test_follower_url_password_never_shows() -> None:
+    with pytest.raises(ConfigError) as caught:
+        follower_config(url="http://:hunter2secret@h/0")
+    assert "hunter2secret" not in str(caught.value)
+    config = follower_config(url="redis://:hunter2secret@h:6379/0")
+    assert "hunter2secret" not in repr(config) and "hunter2secret" not in str(config.followers)
+    with pytest.raises(ConfigError, match=r"no follower named 'other' .*known: cache"):
+        config.follower("other")
+
+
+def test_the_example_config_declares_a_follower() -> None:
+    config = load_config(PROJECT / "cdc.example.yaml")
+    assert config.follower("cache").kind == "redis"
+
+
+# ------------------------------------------------------------------------------ bad input
+
+def write_synthetic(directory: Path, redis_url: str, changes: int = 0, **follower: Any
+                    ) -> tuple[Path, Workload]:
+    """A config with the synthetic shop source and a ``cache`` follower; ``changes`` events of
+    the synthetic workload in its log (none: no log at all)."""
+    options = {"kind": "redis", "url": redis_url, **follower}
+    config = directory / "cdc.yaml"
+    config.write_text(json.dumps({
+        "log": {"path": str(directory / "log"), "partitions": 4},
+        **{"sources": [{**SOURCES["sources"][0], "tables": ["public.orders"]}]},
+        "followers": {"cache": options}}))
+    workload = Workload(keys=300)
+    if changes:
+        append_synthetic(directory / "log", workload, changes)
+    return config, workload
+
+
+def append_synthetic(log: Path, workload: Workload, changes: int) -> None:
+    writer = LocalChangeLog(log, partitions=4, fsync=False)
+    try:
+        codec = EventCodec(SchemaStore(log, writable=True))
+        writer.ensure_topic(ORDERS.topic, {"source": "shop", "table": str(ORDERS.table),
+                                           "connector": "postgresql"})
+        records = [r for event in workload.events(changes) for r in codec.records(event)]
+        writer.append(records, {"shop": {"lsn": workload.seq}})
+    finally:
+        writer.close()
+
+
+def test_apply_bad_input_fails_fast_with_the_fix(tmp_path: Path, redis_url: str) -> None:
+    config, _ = write_synthetic(tmp_path, redis_url)
+    result = cdc("apply", "--config", str(config), "--follower", "nope", "--once")
+    assert result.returncode == 2
+    assert "no follower named 'nope'" in output(result) and "known: cache" in output(result)
+    result = cdc("apply", "--config", str(config), "--follower", "cache", "--once")
+    assert result.returncode == 1
+    assert "there is no change log" in output(result) and "cdc bootstrap" in output(result)
+    assert "Traceback" not in output(result)
+    dead = f"redis://:hunter2secret@127.0.0.1:{free_port()}/0"
+    config, _ = write_synthetic(tmp_path, dead, changes=10)
+    started = time.monotonic()
+    result = cdc("apply", "--config", str(config), "--follower", "cache", "--once")
+    assert result.returncode == 1, output(result)
+    assert "cannot reach Redis at redis://:***@127.0.0.1" in output(result)
+    assert "start Redis there" in output(result)
+    assert "hunter2secret" not in output(result) and "Traceback" not in output(result)
+    assert time.monotonic() - started < 30  # before any SparkSession starts
+
+
+# ----------------------------------------------------------------------------- end to end
+
+ITEMS = "public.items"
+
+
+def redis_state(sink: RedisSink) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in sink.client.scan_iter(count=1000):
+        kind = sink.client.type(name)
+        out[name] = sink.client.hgetall(name) if kind == "hash" else sink.client.get(name)
+    return out
+
+
+def assert_follower_equals_log_and_table(sink: RedisSink, db: Any, log: Path,
+                                         topic: str) -> int:
+    """Redis holds exactly the table's keys, each row equal (as text) to the log's newest
+    image of that key, whose v and note equal the table's. Returns the row count."""
+    expected = latest_rows(read_topic(log, topic))
+    table = table_rows(db, ITEMS)
+    held_keys = set(sink.keys(topic))
+    assert held_keys == set(table), (sorted(held_keys - set(table))[:5],
+                                     sorted(set(table) - held_keys)[:5])
+    held = sink.read(topic, sorted(held_keys))
+    for key, row in table.items():
+        assert held[key] == row_text(expected[key]), key
+        assert (int(held[key]["v"]), held[key].get("note")) == (row["v"], row["note"]), key
+    return len(table)
+
+
+def test_apply_once_from_postgres_capture(tmp_path: Path, pg_db: Any, redis_url: str,
+                                          spark: Any) -> None:
+    pg_db.execute("""
+        CREATE TABLE items (id int PRIMARY KEY, v int NOT NULL, amount numeric(12,2), note text,
+                            updated timestamptz NOT NULL DEFAULT now());
+        CREATE TABLE audit (seq bigserial PRIMARY KEY, id int NOT NULL, v int NOT NULL,
+                            op text NOT NULL);
+        INSERT INTO items (id, v, note) SELECT g, 1, 'snap' FROM generate_series(1, 300) g;
+    """)
+    follower = (f"followers:\n  cache:\n    kind: redis\n    url: {redis_url}\n"
+                "    max_records_per_batch: 700\n")
+    config_path = write_config(tmp_path, pg_db, [f"{ITEMS}"], extra=follower)
+    log = tmp_path / "log"
+    assert cdc("bootstrap", "--config", str(config_path)).returncode == 0
+    capture = Capture(config_path, tmp_path / "capture.log").start()
+    try:
+        pg_db.execute("TRUNCATE items")  # a tombstone per snapshotted key follows
+        pg_db.execute("INSERT INTO items (id, v, note) SELECT g, 1, 'again' "
+                      "FROM generate_series(250, 400) g")
+        pg_db.execute("DELETE FROM items WHERE id = 260")
+        pg_db.execute("INSERT INTO items (id, v, note) VALUES (260, 2, 're-inserted')")
+        pg_db.execute("UPDATE items SET id = 1000 WHERE id = 261")  # key change
+        load = Load(pg_db, threads=2).start()
+        time.sleep(3)
+        load.finish()
+        wait_caught_up(pg_db, log)
+        target = pg_db.current_lsn()
+        wait_caught_up(pg_db, log)
+    finally:
+        assert capture.terminate() == 0
+    topic = f"{pg_db.source}.{ITEMS}"
+
+    started = time.monotonic()
+    result = cdc("apply", "--config", str(config_path), "--follower", "cache", "--once",
+                 timeout=600)
+    once_seconds = time.monotonic() - started
+    assert result.returncode == 0, output(result)
+    assert "follower cache:" in result.stdout and "skipped by the version gate" in result.stdout
+
+    config = load_config(config_path)
+    sink = open_sink(config, "cache")
+    assert isinstance(sink, RedisSink)
+    rows = assert_follower_equals_log_and_table(sink, pg_db, log, topic)
+    assert rows > 150 and sink.read(topic, ['{"id":260}'])['{"id":260}']["note"] == "re-inserted"
+    assert sink.read(topic, ['{"id":261}', '{"id":1}']) == {}
+    mark = sink.watermark(pg_db.source)
+    assert mark is not None and int(mark["lsn"]) >= target
+
+    # replay the whole log from offset 0 (a lost checkpoint) on the shared session: nothing
+    # may change, every change is stopped by the version gate
+    from spark_apply.jobs import run_apply
+
+    before = redis_state(sink)
+    checkpoint = config.follower_checkpoint("cache")
+    subprocess.run(["rm", "-rf", str(checkpoint)], check=True)
+    started = time.monotonic()
+    job = run_apply(config, ["cache"], once=True, console=None)
+    replay_seconds = time.monotonic() - started
+    progress = job.progress["cache"]
+    assert progress.batches >= 2  # admission control: 700 records per batch at most
+    assert (progress.written, progress.deleted) == (0, 0)
+    assert progress.skipped == progress.changes > 0
+    assert redis_state(sink) == before
+    print(f"apply --once (own Spark) {once_seconds:.1f} s; replay in-process "
+          f"{replay_seconds:.1f} s, {progress.batches} batches, {progress.records} records")
+
+
+def test_continuous_apply_stops_cleanly_on_sigterm(tmp_path: Path, redis_url: str) -> None:
+    config_path, workload = write_synthetic(tmp_path, redis_url, changes=3000,
+                                            trigger_interval="200ms")
+    log = tmp_path / "log"
+    sink = open_sink(load_config(config_path), "cache")
+    process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "apply", "--config",
+                                str(config_path), "--follower", "cache"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=PROJECT)
+    try:
+        wait_for(lambda: sink.watermark("shop") == {"lsn": 3000}, 300, "the first catch-up")
+        append_synthetic(log, workload, 500)  # the running query picks these up
+        wait_for(lambda: sink.watermark("shop") == {"lsn": 3500}, 120, "the second catch-up")
+        process.send_signal(signal.SIGTERM)
+        text = process.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, text
+    assert "SIGTERM" in text and "follower cache:" in text
+    assert isinstance(sink, RedisSink)
+    topic = ORDERS.topic
+    expected = {key: row_text(row) for key, row in latest_rows(read_topic(log, topic)).items()}
+    held = sink.read(topic, sorted(sink.keys(topic)))
+    assert held == expected and len(held) == len(workload.rows)
+
+
+def test_redis_lost_during_apply_is_reported_and_nothing_is_committed(
+        tmp_path: Path, spark: Any) -> None:
+    from cdc.servers.redis import ThrowawayRedis
+    from sinks.redis import RedisSinkError
+    from spark_apply.jobs import ApplyJob
+
+    server = ThrowawayRedis().start()
+    config_path, _ = write_synthetic(tmp_path, server.url, changes=500)
+    config = load_config(config_path)
+    job = ApplyJob.prepare(config, ["cache"])  # Redis answers now ...
+    server.stop()                              # ... and is gone when the first batch applies
+    try:
+        job.start(spark, once=True)
+        with pytest.raises(RedisSinkError, match="cannot reach Redis"):
+            job.wait()
+    finally:
+        job.stop_queries()
+        job.close()
+    # the failed batch was not committed: its offsets are not in the checkpoint's commits
+    commits = config.follower_checkpoint("cache") / "commits"
+    assert not commits.exists() or not any(commits.iterdir())
