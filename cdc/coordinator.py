@@ -16,6 +16,7 @@ carries the same position as its first copy.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -324,10 +325,14 @@ def _close(stream: Any, timeout: float = 5.0) -> None:
 
     The walsender notices the closed socket asynchronously; without the wait, a capture that
     exited 0 could still show its slot ``active`` for a moment, and a capture restarted at once
-    would be refused with "replication slot ... is active for PID ...".
+    would be refused with "replication slot ... is active for PID ...". Before that, the
+    stream is ended with ``CopyDone`` so the last confirmation is read, not reset away.
     """
     try:
         walsender = stream.replication_conn.info.backend_pid
+        with contextlib.suppress(CdcError, psycopg.Error, OSError):
+            if not stream.stream.finish(timeout / 2):
+                log.info("the server did not end the stream within %.1f s; closing it", timeout / 2)
         stream.replication_conn.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and stream.catalog_conn.execute(

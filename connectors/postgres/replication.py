@@ -68,6 +68,7 @@ class ReplicationStream:
         self.flushed_lsn = start_lsn
         self.received_lsn = start_lsn
         self._last_status = 0.0
+        self.streaming = False
 
     def start(self) -> None:
         command = (
@@ -81,6 +82,7 @@ class ReplicationStream:
             message = (result.error_message or b"").decode(errors="replace").strip()
             raise ReplicationError(f"START_REPLICATION on slot {self.slot!r} failed: {message}",
                                    "check that the slot and the publication exist")
+        self.streaming = True
 
     def messages(self, timeout: float = 1.0) -> Iterator[XLogData | None]:
         """XLogData messages as they arrive; ``None`` after ``timeout`` seconds of silence.
@@ -117,6 +119,42 @@ class ReplicationStream:
             raise ReplicationError(f"the replication stream ended: {message or 'server closed it'}",
                                    "capture reconnects by itself; if the slot was dropped, "
                                    "run `cdc bootstrap` again")
+
+    def finish(self, timeout: float = 5.0) -> bool:
+        """End the stream politely: a last status update, then ``CopyDone``, then drain what the
+        server still sends until it ends its side too. True when it did within ``timeout``.
+
+        Closing the socket while the server's data is still unread makes the kernel answer
+        with a reset, and a reset may throw away our last status update before the walsender
+        read it: the slot would then lag the log (harmless — we skip what we hold — but WAL
+        stays pinned until the next run confirms again). Draining first avoids that.
+        """
+        if not self.streaming:
+            return True
+        self.streaming = False
+        pgconn = self.pgconn
+        deadline = time.monotonic() + timeout
+        self.send_status(force=True)
+        if pgconn.put_copy_end() != 1 or pgconn.flush() != 0:
+            return False
+        while (left := deadline - time.monotonic()) > 0:
+            size, _ = pgconn.get_copy_data(1)
+            if size > 0:
+                continue
+            if size < 0:
+                break
+            if select.select([pgconn.socket], [], [], min(left, 0.2))[0]:
+                pgconn.consume_input()
+        else:
+            return False
+        while (left := deadline - time.monotonic()) > 0:  # CommandComplete, ReadyForQuery
+            pgconn.consume_input()
+            if pgconn.is_busy():
+                select.select([pgconn.socket], [], [], min(left, 0.2))
+                continue
+            if pgconn.get_result() is None:
+                return True
+        return False
 
     def confirm(self, lsn: int) -> None:
         """Everything up to ``lsn`` is durable on our side; tell the server soon."""
