@@ -77,7 +77,7 @@ def test_sigterm_at_any_moment_drains_and_exits_0(pg_db: Database, tmp_path: Pat
             slot, stored = pg_db.slot(), stored_offset(log, pg_db.source)
             assert slot is not None and stored is not None
             assert not slot["active"], f"slot still active after exit (SIGTERM at {delay} s)"
-            assert slot["confirmed"] == stored["lsn"], f"SIGTERM at {delay} s"
+            assert slot["confirmed"] == stored["lsn"], f"SIGTERM at {delay} s\n{said[-3000:]}"
     finally:
         load.finish()
     capture = Capture(config, capture_log).start()
