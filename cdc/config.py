@@ -260,19 +260,13 @@ def _to_redis_url(value: Any) -> Secret:
     return secret
 
 
-class FollowerConfig(_Strict):
-    """One follower that ``cdc apply`` keeps equal to the leader."""
+class _FollowerBase(_Strict):
+    """What every follower kind has: what it follows and how ``cdc apply`` feeds it."""
 
-    kind: Literal["redis"]
-    url: Annotated[Secret, BeforeValidator(_to_redis_url)]
-    #: name of an environment variable holding the Redis password (never put it in the file)
-    password_env: str | None = None
     #: sources to follow (default: every source)
     sources: list[str] | None = Field(None, min_length=1)
     #: tables (schema.table) of those sources to follow (default: every table)
     tables: list[str] | None = Field(None, min_length=1)
-    #: Redis key of a row: {schema} {table} {source} {key} {key_json}
-    key_template: str = "{schema}.{table}:{key}"
     #: how long a deleted row's version marker stays (keep it >= log.tombstone_retention)
     tombstone_retention: Duration = Field(24 * 3600.0, ge=0)
     #: admission control: log records per micro-batch at most
@@ -282,19 +276,71 @@ class FollowerConfig(_Strict):
     #: Spark's checkpoint directory (default: <log dir's parent>/state/apply/<follower>)
     checkpoint: Path | None = None
 
-    @field_validator("key_template")
-    @classmethod
-    def _template_ok(cls, value: str) -> str:
-        return check_key_template(value)
-
     @field_validator("tables")
     @classmethod
     def _follower_tables_ok(cls, value: list[str] | None) -> list[str] | None:
         return None if value is None else SourceConfig._tables_ok(value)
 
+
+class RedisFollowerConfig(_FollowerBase):
+    """A Redis cache: one hash per row (``sinks/redis.py``)."""
+
+    kind: Literal["redis"]
+    url: Annotated[Secret, BeforeValidator(_to_redis_url)]
+    #: name of an environment variable holding the Redis password (never put it in the file)
+    password_env: str | None = None
+    #: Redis key of a row: {schema} {table} {source} {key} {key_json}
+    key_template: str = "{schema}.{table}:{key}"
+
+    @field_validator("key_template")
+    @classmethod
+    def _template_ok(cls, value: str) -> str:
+        return check_key_template(value)
+
     def password(self) -> str | None:
         """The password from ``password_env``, if configured and set."""
         return os.environ.get(self.password_env) if self.password_env else None
+
+
+class DeltaFollowerConfig(_FollowerBase):
+    """A Delta Lake warehouse: one Delta table per source table (``sinks/delta.py``)."""
+
+    kind: Literal["delta"]
+    #: the directory holding the tables (relative: against the config file's directory)
+    path: Path
+    #: scd1: the current state of each row; scd2: its whole history (valid_from/valid_to)
+    mode: Literal["scd1", "scd2"] = "scd1"
+    #: each table is partitioned into this many buckets by a hash of the key, so a MERGE
+    #: rewrites only the files of the buckets a batch touches
+    buckets: int = Field(16, ge=1, le=4096)
+    #: admission control: bigger batches amortise a MERGE's fixed cost
+    max_records_per_batch: int = Field(500_000, ge=1)
+
+
+class SearchFollowerConfig(_FollowerBase):
+    """An embedded Tantivy full-text index (``sinks/search.py``)."""
+
+    kind: Literal["search"]
+    #: the index directory (relative: against the config file's directory)
+    path: Path
+    #: per table (schema.table), the columns indexed as full text (tokenized); default:
+    #: every string column of the table. Every column is stored either way.
+    text_fields: dict[str, list[str]] = Field(default_factory=dict)
+    #: memory for Tantivy's index writer
+    writer_memory: Size = Field(64 * 1024**2, ge=16 * 1024**2)
+
+    @field_validator("text_fields")
+    @classmethod
+    def _text_tables_ok(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        SourceConfig._tables_ok(list(value))
+        return value
+
+
+#: one follower, by its ``kind``
+FollowerConfig = Annotated[RedisFollowerConfig | DeltaFollowerConfig | SearchFollowerConfig,
+                           Field(discriminator="kind")]
+FOLLOWER_KINDS: dict[str, type[BaseModel]] = {"redis": RedisFollowerConfig, "delta": DeltaFollowerConfig,
+                  "search": SearchFollowerConfig}
 
 
 class Config(_Strict):
@@ -332,6 +378,12 @@ class Config(_Strict):
             raise ValueError(f"followers.{name}.tables: {missing} are not captured by the "
                              "follower's sources (add them to a source's tables, or remove "
                              "them here)")
+        if isinstance(follower, SearchFollowerConfig):
+            wanted = {TableId.parse(t) for t in follower.tables} if follower.tables else offered
+            stray = [t for t in follower.text_fields if TableId.parse(t) not in wanted]
+            if stray:
+                raise ValueError(f"followers.{name}.text_fields: {stray} are not tables this "
+                                 "follower follows (correct the names, or remove them)")
 
     @property
     def log_path(self) -> Path:
@@ -363,6 +415,13 @@ class Config(_Strict):
                 if wanted is None or table in wanted:
                     out[topic_name(source_name, table)] = (source_name, table)
         return out
+
+    def follower_path(self, name: str) -> Path:
+        """The ``path`` of a Delta or search follower, resolved against the config file's
+        directory."""
+        path: Path = getattr(self.follower(name), "path")  # noqa: B009 - only some kinds
+        path = path.expanduser()
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
 
     def follower_checkpoint(self, name: str) -> Path:
         """Spark's checkpoint directory for follower ``name`` (relative paths: against the
@@ -397,7 +456,17 @@ _FIX_BY_TYPE = {
     "model_type": "write a mapping of key: value pairs",
     "dict_type": "write a mapping of key: value pairs",
     "string_type": "write a string",
+    "union_tag_invalid": "set `kind:` to redis, delta or search",
+    "union_tag_not_found": "add `kind:` (redis, delta or search)",
 }
+
+
+def _untagged(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """``loc`` without the union tag pydantic puts after a follower's name
+    (``followers.cache.redis.url`` -> ``followers.cache.url``)."""
+    if len(loc) >= 3 and loc[0] == "followers" and loc[2] in FOLLOWER_KINDS:
+        return loc[:2] + loc[3:]
+    return loc
 
 
 def _key_path(loc: tuple[int | str, ...]) -> str:
@@ -411,7 +480,11 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
 
 
 def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    model: type[BaseModel] | None = Config
+    if len(loc) >= 3 and loc[0] == "followers" and loc[2] in FOLLOWER_KINDS:
+        model: type[BaseModel] | None = FOLLOWER_KINDS[str(loc[2])]
+        loc = loc[3:]
+    else:
+        model = Config
     for part in loc:
         if model is None or isinstance(part, int):
             continue
@@ -429,7 +502,7 @@ def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
 
 def _describe(error: Any) -> str:
     loc = tuple(error["loc"])
-    key = _key_path(loc)
+    key = _key_path(_untagged(loc))
     kind = error["type"]
     if kind == "extra_forbidden":
         parent = _model_at(loc[:-1])
@@ -439,6 +512,10 @@ def _describe(error: Any) -> str:
         hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
         return f"{key}: unknown key\n  fix: remove it or correct the spelling ({hint})"
     message = str(error["msg"]).removeprefix("Value error, ")
+    if kind == "union_tag_not_found":
+        key, message = f"{key}.kind", "missing: every follower needs a kind"
+    elif kind == "union_tag_invalid":
+        key, message = f"{key}.kind", f"unknown follower kind {error['input'].get('kind')!r}"
     fix = _FIX_BY_TYPE.get(kind, "correct the value")
     if kind == "missing" and loc and loc[-1] == "sources":
         fix = "add a `sources:` list naming the databases to capture"

@@ -16,9 +16,26 @@ if TYPE_CHECKING:
 def open_sink(config: Config, name: str) -> Sink:
     """The sink of follower ``name`` (:class:`~cdc.errors.ConfigError` if there is none).
     Nothing is connected yet; the Redis sink's ``check()`` PINGs."""
-    follower = config.follower(name)
-    from sinks.redis import RedisSink
+    from cdc.config import DeltaFollowerConfig, RedisFollowerConfig
 
-    return RedisSink(name, follower.url, key_template=follower.key_template,
-                     tombstone_retention=follower.tombstone_retention,
-                     tables=config.follower_topics(name), password=follower.password())
+    follower = config.follower(name)
+    tables = config.follower_topics(name)
+    if isinstance(follower, RedisFollowerConfig):
+        from sinks.redis import RedisSink
+
+        return RedisSink(name, follower.url, key_template=follower.key_template,
+                         tombstone_retention=follower.tombstone_retention,
+                         tables=tables, password=follower.password())
+    if isinstance(follower, DeltaFollowerConfig):
+        from sinks.delta import DeltaSink
+
+        return DeltaSink(name, config.follower_path(name), tables=tables, mode=follower.mode,
+                         buckets=follower.buckets,
+                         tombstone_retention=follower.tombstone_retention,
+                         log_path=config.log_path)
+    from sinks.search import SearchSink
+
+    return SearchSink(name, config.follower_path(name), tables=tables,
+                      text_fields=follower.text_fields, writer_memory=follower.writer_memory,
+                      tombstone_retention=follower.tombstone_retention,
+                      log_path=config.log_path)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -48,6 +48,10 @@ class Change:
     position: bytes
     #: the after image in JSON form, or ``None`` when the key is deleted (delete or tombstone)
     row: Mapping[str, Any] | None
+    #: the record's op: ``c``/``u``/``r`` (row set), ``d`` (delete), ``""`` (tombstone)
+    op: str = ""
+    #: the commit time at the source (ms since the epoch; ``None`` if the record has none)
+    ts_ms: int | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -87,10 +91,16 @@ class Sink(ABC):
     """One follower's storage."""
 
     name: str
+    #: True: :meth:`apply` gets the fold (at most one change per key: the newest of the
+    #: batch). False (history sinks, e.g. SCD2): every record of the batch except truncates,
+    #: ordered per key by (position, log offset) — a delete and its tombstone share a
+    #: position, the tombstone comes second — and the gate is still the sink's.
+    folds: bool = True
 
     @abstractmethod
     def apply(self, changes: Sequence[Change]) -> ApplyStats:
-        """Write ``changes`` (at most one per key) behind the version gate. Returns once the
+        """Write ``changes`` (at most one per key, unless ``folds`` is False) behind the
+        version gate. Returns once the
         writes are done; a crash in the middle leaves each key either old or new."""
 
     @abstractmethod

@@ -141,9 +141,14 @@ def _change(row: Any) -> Change:
     op = _get(row, "op")
     after = _get(row, "after")
     image = json.loads(after) if op in _UPSERTS and after is not None else None
+    try:
+        ts = _get(row, "source_ts_ms")
+    except (KeyError, ValueError, IndexError):  # a projection without it (collect_fold)
+        ts = None
     return Change(topic=_get(row, "topic"), source=_get(row, "source"),
                   table=_get(row, "table"), key=_get(row, "key"),
-                  position=bytes(_get(row, "position")), row=image)
+                  position=bytes(_get(row, "position")), row=image, op=op or "",
+                  ts_ms=None if ts is None else int(ts))
 
 
 # ------------------------------------------------------------------------------------- Spark
@@ -208,13 +213,16 @@ def collect_fold(folded: DataFrame) -> FoldResult:
     return result
 
 
-def fold_arrow(batch: Any) -> FoldResult:
+def fold_arrow(batch: Any, history: bool = False) -> FoldResult:
     """The fold of a raw micro-batch collected to the driver as Arrow (``batch.toArrow()``, the
     source schema): the same answer as :func:`fold_records`, computed with Arrow kernels — the
     records sorted by ``(topic, key, position, offset)`` and each group's last one kept
     (truncates never compete) — so only the winners become Python objects. For small and mid-
     sized batches this is several times cheaper than :func:`fold_frame`'s shuffle; the batch
-    must fit in the driver's memory (admission control bounds it)."""
+    must fit in the driver's memory (admission control bounds it).
+
+    ``history=True`` keeps every record (truncates still dropped) in the same order instead of
+    each group's last: for sinks that do not fold (``Sink.folds`` False, e.g. SCD2)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -235,7 +243,8 @@ def fold_arrow(batch: Any) -> FoldResult:
             result.stamps[topic] = commits.filter(pc.equal(commits.column("topic"), topic)) \
                 .column("source_ts_ms").to_numpy()
     candidates = data.filter(pc.not_equal(data_ops, TRUNCATE)).select(
-        ["topic", "key", "position", "offset", "op", "after", "source", "table"])
+        ["topic", "key", "position", "offset", "op", "after", "source", "table",
+         "source_ts_ms"])
     if candidates.num_rows:
         ordered = candidates.take(pc.sort_indices(candidates, sort_keys=[
             ("topic", "ascending"), ("key", "ascending"), ("position", "ascending"),
@@ -246,7 +255,8 @@ def fold_arrow(batch: Any) -> FoldResult:
         last = pc.or_(pc.not_equal(topics.slice(0, count - 1), topics.slice(1)),
                       pc.not_equal(keys.slice(0, count - 1), keys.slice(1)))
         last = pa.concat_arrays([pc.fill_null(last, True), pa.array([True])])
-        result.changes = [_change(row) for row in ordered.filter(last).to_pylist()]
+        kept = ordered if history else ordered.filter(last)
+        result.changes = [_change(row) for row in kept.to_pylist()]
     marks: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
     for row in batch.filter(marks_mask).select(["source", "after"]).to_pylist():
         _keep_watermark(marks, row["source"], row["after"])

@@ -90,7 +90,7 @@ class BatchHandler:
             batch = batch.where(F.col("op").eqNullSafe(WATERMARK)
                                 | F.col("topic").isin(self.topics))
         try:
-            folded = fold_arrow(batch.toArrow())
+            folded = fold_arrow(batch.toArrow(), history=not self.sink.folds)
             collected = time.monotonic()
             stats = self.sink.apply(folded.changes)
             for source, offset in sorted(folded.watermarks.items()):
