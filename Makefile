@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test lint bench bench-pg bench-apply clean
+.PHONY: setup demo test lint bench bench-pg bench-apply bench-apply-tables clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -29,6 +29,12 @@ bench-pg: setup
 # latency at 5,000 changes/s; throwaway PostgreSQL and redis-server, Spark in local mode
 bench-apply: setup
 	$(PY) bench/apply.py --follower redis $(BENCH_ARGS)
+
+# cdc apply into Delta (SCD1) and the search index at 100k and 2M rows vs. a plain Delta append and
+# a Tantivy bulk add of the same rows
+bench-apply-tables: setup
+	$(PY) bench/apply.py --follower delta $(BENCH_ARGS)
+	$(PY) bench/apply.py --follower search $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) cdc-data .pytest_cache .mypy_cache .ruff_cache

@@ -1,5 +1,8 @@
 """Benchmark: ``cdc apply`` into a Redis follower — throughput and end-to-end latency.
 
+(``--follower delta|search``: the Delta and search followers at several table sizes, see
+``bench/apply_tables.py``.)
+
 Run with ``make bench-apply`` or ``.venv/bin/python bench/apply.py --follower redis
 [--changes N] [--batch B] [--rate R] [--seconds S] [--trigger T] [--profile]
 [--skip-latency] [--skip-throughput]``. ``--profile`` adds a cProfile of the sink alone; the
@@ -501,7 +504,12 @@ def report(results: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--follower", default="redis", choices=["redis"])
+    parser.add_argument("--follower", default="redis", choices=["redis", "delta", "search"])
+    parser.add_argument("--mode", default="scd1", choices=["scd1", "scd2"],
+                        help="delta: SCD1 (current state) or SCD2 (history)")
+    parser.add_argument("--buckets", type=int, default=16, help="delta: hash buckets")
+    parser.add_argument("--table-rows", default="100000,2000000",
+                        help="delta/search: table sizes to measure at, comma-separated")
     parser.add_argument("--changes", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=100_000,
                         help="max_records_per_batch of the follower")
@@ -513,6 +521,11 @@ def main() -> None:
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args()
+    if args.follower != "redis":  # bench/apply_tables.py: table sizes, MERGE / index costs
+        from bench.apply_tables import run
+
+        run(args)
+        return
     from spark_apply.session import spark_session
 
     root = Path(tempfile.mkdtemp(prefix="cdc-bench-apply-"))

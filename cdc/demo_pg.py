@@ -1,14 +1,18 @@
-"""``cdc demo``: PostgreSQL -> change log -> Spark -> Redis, live, then ``cdc verify``.
+"""``cdc demo``: PostgreSQL -> change log -> Spark -> Redis, Delta and search, live, then
+``cdc verify`` for each follower.
 
 A throwaway PostgreSQL cluster (initdb on a free port, wal_level=logical) gets a small shop
-schema and data, and a throwaway ``redis-server`` is the follower ``cache``. While a workload
-keeps writing: ``cdc bootstrap`` snapshots the tables into a fresh log (the SparkSession starts
-meanwhile), then ``cdc capture`` streams the rest and ``cdc apply --follower cache`` runs
-continuously in this process. Once the follower has caught up, the workload writes for
-``seconds`` more (the latencies reported are of the changes committed in that window), then
-stops; ``cdc verify`` waits for capture and the follower's watermark and compares every table
-with Redis. The summary: per table, rows, events applied and commit -> Redis latency p50/p99.
-The config it writes (``<dir>/cdc.yaml``) works with every ``cdc`` command while the demo runs.
+schema and data. Three followers of three kinds run side by side in one Spark application:
+``cache`` (a throwaway ``redis-server``), ``warehouse`` (Delta tables, SCD1, under the demo
+directory) and ``search`` (a Tantivy index there). While a workload keeps writing:
+``cdc bootstrap`` snapshots the tables into a fresh log (the SparkSession starts meanwhile), then
+``cdc capture`` streams the rest and ``cdc apply --follower cache --follower warehouse
+--follower search`` runs continuously in this process. Once every follower has caught up, the
+workload writes for ``seconds`` more (the latencies reported are of the changes committed in
+that window), then stops; ``cdc verify`` waits for capture and each follower's watermark and
+compares every table. The summary: per follower and table, rows, events applied and
+commit -> applied latency p50/p99. The config it writes (``<dir>/cdc.yaml``) works with every
+``cdc`` command while the demo runs (``cdc search``, ``cdc warehouse``, ``cdc verify``...).
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ if TYPE_CHECKING:
     from spark_apply.jobs import ApplyJob
     from spark_apply.latency import LatencyHistogram
 
-#: the follower the demo writes into its config
-FOLLOWER = "cache"
+#: the followers the demo writes into its config, and their kinds
+FOLLOWERS = {"cache": "Redis", "warehouse": "Delta (SCD1)", "search": "Tantivy"}
 #: at most this long for the follower to catch up with the backlog before the measured window
 CATCH_UP_S = 120.0
 
@@ -66,11 +70,13 @@ def run_pg_demo(directory: str, seconds: float) -> None:
     root = Path(directory).resolve()
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    console.rule("[bold]cdc demo: PostgreSQL -> change log -> Spark -> Redis")
+    console.rule("[bold]cdc demo: PostgreSQL -> change log -> Spark -> Redis, Delta, search")
     # (its data lives in a fresh temporary directory the unprivileged server user can reach)
     with ThrowawayPostgres() as pg, ThrowawayRedis() as cache:
         console.print(f"throwaway PostgreSQL on 127.0.0.1:{pg.port} (wal_level=logical), "
-                      f"throwaway Redis on 127.0.0.1:{cache.port} (follower {FOLLOWER})")
+                      f"throwaway Redis on 127.0.0.1:{cache.port} (follower cache); Delta "
+                      f"tables (follower warehouse) and a search index (follower search) "
+                      f"under {root}")
         with psycopg.connect(pg.dsn(), autocommit=True) as conn:
             conn.execute("CREATE DATABASE shop")
         with psycopg.connect(pg.dsn("shop"), autocommit=True) as conn:
@@ -89,7 +95,9 @@ def run_pg_demo(directory: str, seconds: float) -> None:
             report = bootstrap(config, config.sources[0], writer, codec, console)
             console.print(f"snapshot of {sum(report.rows.values()):,} rows durable in "
                           f"{report.seconds:.1f} s; streaming from the slot's consistent point")
-            console.rule(f"capture + cdc apply --follower {FOLLOWER} (continuous)")
+            console.rule("capture + cdc apply " + " ".join(f"--follower {name}"
+                                                            for name in FOLLOWERS)
+                         + " (continuous)")
             follower.start_queries()
             verified = _capture_live(config, writer, codec, workload, follower, seconds,
                                      console)
@@ -101,7 +109,7 @@ def run_pg_demo(directory: str, seconds: float) -> None:
 
 
 class LiveApply:
-    """``cdc apply --follower cache`` running continuously in this process: the SparkSession
+    """``cdc apply`` of every demo follower running continuously in this process: the SparkSession
     starts in a thread (:meth:`start_spark`), the queries once the log exists
     (:meth:`start_queries`); :meth:`stop` ends them like SIGTERM does."""
 
@@ -134,7 +142,7 @@ class LiveApply:
         self._spark_ready.wait()
         if self.error is not None:
             raise self.error
-        job = self.job = ApplyJob.prepare(self.config, [FOLLOWER])
+        job = self.job = ApplyJob.prepare(self.config, list(FOLLOWERS))
         job.start(self._spark, once=False)
 
         def wait() -> None:
@@ -177,10 +185,23 @@ sources:
     tables: [public.customers, public.orders]
     heartbeat_interval: 1s
 followers:
-  {FOLLOWER}:
+  cache:
     kind: redis
     url: {redis_url}
     trigger_interval: 250ms
+  warehouse:
+    kind: delta
+    path: {root / 'warehouse'}
+    mode: scd1
+    buckets: 4
+    trigger_interval: 1s
+  search:
+    kind: search
+    path: {root / 'search'}
+    text_fields:
+      public.customers: [name, email]
+      public.orders: [status, note]
+    trigger_interval: 500ms
 """)
     return path
 
@@ -241,9 +262,10 @@ class ShopWorkload:
 class LiveResult:
     """What the live phase measured."""
 
-    verify: VerifyReport
-    #: per topic, the follower's latency histogram when the measured window began
-    baseline: dict[str, LatencyHistogram] = field(default_factory=dict)
+    #: per follower, what ``cdc verify`` found
+    verify: dict[str, VerifyReport] = field(default_factory=dict)
+    #: per follower and topic, the latency histogram when the measured window began
+    baseline: dict[str, dict[str, LatencyHistogram]] = field(default_factory=dict)
     window_s: float = 0.0
     changes_in_window: int = 0
 
@@ -269,7 +291,7 @@ def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
     thread = threading.Thread(target=capture, daemon=True)
     thread.start()
     assert follower.job is not None
-    job, progress = follower.job, follower.job.progress[FOLLOWER]
+    job = follower.job
 
     def view(phase: str) -> Group:
         offset = writer.source_offsets().get("shop", {})
@@ -277,28 +299,31 @@ def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
                      f"{workload.changes:,} changes written | log: committed up to LSN "
                      f"{offset.get('lsn_text', '?')}", job.table())
 
-    result = LiveResult(VerifyReport(FOLLOWER))
+    result = LiveResult()
     try:
         with Live(view(""), console=console, refresh_per_second=4) as live:
             began = time.monotonic()
-            target: int | None = None  # the log's LSN when the first batch was applied
+            target: int | None = None  # the log's LSN when every follower had a batch
             while time.monotonic() - began < CATCH_UP_S:
                 follower.check()
                 if errors:
                     raise errors[0]
-                if progress.batches and target is None:
+                progress = job.progress.values()
+                if target is None and all(p.batches for p in progress):
                     target = int(writer.source_offsets().get("shop", {}).get("lsn", 0))
-                reached = int(progress.watermarks.get("shop", {}).get("lsn", -1))
+                reached = min(int(p.watermarks.get("shop", {}).get("lsn", -1)) for p in progress)
                 if target is not None and reached >= target:
                     break
-                live.update(view("the follower is catching up with the snapshot and backlog"))
+                live.update(view("the followers are catching up with the snapshot and "
+                                 "backlog"))
                 time.sleep(0.25)
-            result.baseline = {t: h.copy() for t, h in progress.latency_by_topic.items()}
+            result.baseline = {name: {t: h.copy() for t, h in p.latency_by_topic.items()}
+                               for name, p in job.progress.items()}
             began, written = time.monotonic(), workload.changes
             while time.monotonic() - began < seconds and thread.is_alive():
                 follower.check()
                 left = seconds - (time.monotonic() - began)
-                live.update(view(f"measuring commit -> Redis latency: {left:.0f} s left"))
+                live.update(view(f"measuring commit -> applied latency: {left:.0f} s left"))
                 time.sleep(0.25)
             workload.stop()
             result.window_s = time.monotonic() - began
@@ -312,13 +337,14 @@ def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
             raise errors[0]
         console.print(f"workload wrote {workload.changes:,} changes in "
                       f"{workload.transactions:,} transactions; capture and apply kept up")
-        console.rule(f"cdc verify --follower {FOLLOWER}")
-        sink = open_sink(config, FOLLOWER)
-        try:
-            result.verify = verify(config, FOLLOWER, sink, console, timeout=120)
-        finally:
-            sink.close()
-        follower.check()
+        for name in FOLLOWERS:
+            console.rule(f"cdc verify --follower {name}")
+            sink = open_sink(config, name)  # as `cdc verify` would: a reader beside the writer
+            try:
+                result.verify[name] = verify(config, name, sink, console, timeout=120)
+            finally:
+                sink.close()
+            follower.check()
     finally:
         stop.set()
         thread.join(30)
@@ -346,36 +372,49 @@ def _summary(config: Config, follower: LiveApply, live: LiveResult, workload: Sh
     from cdc.verify import print_report
     from spark_apply.latency import LatencyHistogram, format_seconds
 
-    print_report(live.verify, console, limit=10)
     assert follower.job is not None
-    progress = follower.job.progress[FOLLOWER]
-    topics = {str(r.table): f"shop.{r.table}" for r in live.verify.tables}
-    table = Table(title=f"summary: PostgreSQL -> log -> Spark -> Redis (follower {FOLLOWER})",
-                  caption=f"latency: commit at PostgreSQL -> applied in Redis, per change, for "
-                          f"the {live.changes_in_window:,} changes the workload committed in "
-                          f"the {live.window_s:.0f} s after the follower had caught up")
-    for column in ("table", "rows", "events applied", "latency p50", "p99", "verify"):
-        table.add_column(column, justify="left" if column in ("table", "verify") else "right")
-    overall = LatencyHistogram()
-    for result in live.verify.tables:
-        topic = topics[str(result.table)]
-        hist = progress.latency_by_topic.get(topic, LatencyHistogram())
-        window = hist.since(live.baseline.get(topic, LatencyHistogram()))
-        overall.merge(window)
-        table.add_row(str(result.table), f"{result.rows:,}",
-                      f"{progress.records_by_topic.get(topic, 0):,}",
-                      format_seconds(window.quantile(0.5)), format_seconds(window.quantile(0.99)),
-                      "[green]equal[/]" if result.differing == 0 else
-                      f"[red]{result.differing:,} differ[/]")
-    table.add_row("all", f"{live.verify.rows:,}", f"{progress.records:,}",
-                  format_seconds(overall.quantile(0.5)), format_seconds(overall.quantile(0.99)),
-                  "[green]equal[/]" if live.verify.equal else "[red]differs[/]", style="bold")
+    table = Table(title="summary: PostgreSQL -> log -> Spark -> followers",
+                  caption=f"latency: commit at PostgreSQL -> applied in the follower, per "
+                          f"change, for the {live.changes_in_window:,} changes the workload "
+                          f"committed in the {live.window_s:.0f} s after the followers had "
+                          "caught up")
+    for column in ("follower", "table", "rows", "events applied", "latency p50", "p99",
+                   "verify"):
+        table.add_column(column, justify="left" if column in ("follower", "table", "verify")
+                         else "right")
+    unequal = []
+    for name, kind in FOLLOWERS.items():
+        report, progress = live.verify[name], follower.job.progress[name]
+        print_report(report, console, limit=10)
+        overall = LatencyHistogram()
+        baseline = live.baseline.get(name, {})
+        for result in report.tables:
+            topic = f"shop.{result.table}"
+            hist = progress.latency_by_topic.get(topic, LatencyHistogram())
+            window = hist.since(baseline.get(topic, LatencyHistogram()))
+            overall.merge(window)
+            table.add_row(f"{name} ({kind})", str(result.table), f"{result.rows:,}",
+                          f"{progress.records_by_topic.get(topic, 0):,}",
+                          format_seconds(window.quantile(0.5)),
+                          format_seconds(window.quantile(0.99)),
+                          "[green]equal[/]" if result.differing == 0 else
+                          f"[red]{result.differing:,} differ[/]")
+        table.add_row(f"{name} ({kind})", "all", f"{report.rows:,}", f"{progress.records:,}",
+                      format_seconds(overall.quantile(0.5)),
+                      format_seconds(overall.quantile(0.99)),
+                      "[green]equal[/]" if report.equal else "[red]differs[/]", style="bold",
+                      end_section=True)
+        if not report.equal:
+            unequal.append(name)
     console.print(table)
     if workload.error is not None:
         console.print(f"[yellow]workload error:[/] {workload.error}")
-    if not live.verify.equal:
-        raise CdcError("the follower does not equal the leader", "this is a bug: please report "
-                       "it with the keys listed above")
+    if unequal:
+        raise CdcError(f"follower(s) {', '.join(unequal)} do not equal the leader",
+                       "this is a bug: please report it with the keys listed above")
     config_file = config.base_dir / "cdc.yaml"
-    console.print(f"[green]Redis equals PostgreSQL[/] ({progress.batches:,} micro-batches). "
-                  f"Try: cdc log dump --config {config_file} | head", highlight=False)
+    batches = sum(p.batches for p in follower.job.progress.values())
+    console.print(f"[green]Redis, Delta and the search index equal PostgreSQL[/] ({batches:,} "
+                  f"micro-batches). Try:\n  cdc search --config {config_file} --follower "
+                  f"search 'name:customer'\n  cdc log dump --config {config_file} | head",
+                  highlight=False)

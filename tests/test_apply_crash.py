@@ -1,10 +1,14 @@
 """SIGKILL ``cdc apply`` at random moments under a write load; afterwards ``cdc verify`` passes
-and Redis equals the table.
+for every follower and each equals the table.
 
 Real PostgreSQL (the ``pg_db`` fixture), ``cdc bootstrap`` + ``cdc capture`` as a subprocess,
-real Redis, and ``cdc apply --follower cache`` (continuous, 200 ms trigger, 600 records per
-micro-batch at most) as a subprocess that is SIGKILLed :data:`KILLS` times and restarted from
-its checkpoint each time. The load runs for the whole test: inserts, updates (half of them
+and one ``cdc apply`` process running four followers of three kinds side by side (continuous,
+600 records per micro-batch at most): ``cache`` (real Redis, 200 ms trigger), ``warehouse``
+(Delta, SCD1), ``history`` (Delta, SCD2) and ``search`` (Tantivy). The process is SIGKILLed
+:data:`KILLS` times and restarted from the checkpoints each time. The kill moments and their
+classification below follow the Redis follower (its script calls are observable from outside);
+the other followers' queries run in the same process, so every kill lands wherever their
+batches are at that instant. The load runs for the whole test: inserts, updates (half of them
 leaving the out-of-line TOASTed ``note`` unchanged), primary-key changes and deletes, plus
 updates and key changes of snapshotted rows whose TOASTed note never changes.
 
@@ -90,17 +94,21 @@ TABLE = TableId("public", "items")
 
 # --------------------------------------------------------------------------------- processes
 
+#: the followers of the ``cdc apply`` process, as the config writes them
+FOLLOWERS = ("cache", "warehouse", "history", "search")
+
+
 class ApplyRun:
-    """One ``cdc apply --follower cache`` process (continuous) in its own process group."""
+    """One ``cdc apply`` process of every follower (continuous), in its own process group."""
 
     def __init__(self, config: Path, log_file: Path) -> None:
         self.log_file = log_file
         self.started = time.monotonic()
         with open(log_file, "ab") as out:
+            follow = [arg for name in FOLLOWERS for arg in ("--follower", name)]
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config),
-                 "--follower", "cache"], stdout=out, stderr=out, cwd=PROJECT,
-                start_new_session=True)
+                [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config), *follow],
+                stdout=out, stderr=out, cwd=PROJECT, start_new_session=True)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -346,7 +354,15 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
     checkpoint = Checkpoint(tmp_path / "checkpoint")
     follower = (f"followers:\n  cache:\n    kind: redis\n    url: {redis_url}\n"
                 f"    max_records_per_batch: {MAX_RECORDS}\n    trigger_interval: 200ms\n"
-                f"    checkpoint: {checkpoint.path}\n")
+                f"    checkpoint: {checkpoint.path}\n"
+                f"  warehouse:\n    kind: delta\n    path: {tmp_path / 'warehouse'}\n"
+                f"    buckets: 4\n    max_records_per_batch: {MAX_RECORDS}\n"
+                f"    trigger_interval: 500ms\n"
+                f"  history:\n    kind: delta\n    mode: scd2\n    path: {tmp_path / 'history'}\n"
+                f"    buckets: 4\n    max_records_per_batch: {MAX_RECORDS}\n"
+                f"    trigger_interval: 500ms\n"
+                f"  search:\n    kind: search\n    path: {tmp_path / 'search'}\n"
+                f"    max_records_per_batch: {MAX_RECORDS}\n    trigger_interval: 500ms\n")
     config_path = write_config(tmp_path, pg_db, ["public.items"], extra=follower)
     log = tmp_path / "log"
     topic = f"{pg_db.source}.public.items"
@@ -427,8 +443,8 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
             wait_for(lambda b=batch: b in checkpoint.ids("commits"), 300, f"batch {batch}")
             assert checkpoint.offsets_text(batch) == text_before, f"batch {batch} re-planned"
             confirmed_replays.add(batch)
-        verified = cdc("verify", "--config", str(config_path), "--follower", "cache",
-                       "--timeout", "300s", timeout=420)
+        verified = {name: cdc("verify", "--config", str(config_path), "--follower", name,
+                              "--timeout", "300s", timeout=420) for name in FOLLOWERS}
         code, text = run.terminate()
         run = None
     finally:
@@ -437,18 +453,24 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
         load.stop.set()
         capture_code = capture.terminate()
     assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
-    assert verified.returncode == 0, output(verified)
-    assert "follower equals the leader" in verified.stdout
+    for name, result in verified.items():
+        assert result.returncode == 0, f"follower {name}: {output(result)}"
+        assert "follower equals the leader" in result.stdout, name
     assert code == 0, text[-3000:]
 
-    # Redis equals the table: the same keys, the same column texts
+    # every follower equals the table: the same keys, the same column texts
     leader = leader_rows(config_path)
-    held_keys = set(sink.keys(topic))
-    assert held_keys == set(leader), (f"only in Redis: {sorted(held_keys - set(leader))[:5]}, "
-                                      f"only in the table: {sorted(set(leader) - held_keys)[:5]}")
-    rows = sink.read(topic, sorted(held_keys))
-    differing = [key for key in leader if rows[key] != leader[key]]
-    assert not differing, f"{len(differing)} rows differ, e.g. {differing[:5]}"
+    for name in FOLLOWERS:
+        follower_sink = sink if name == "cache" else open_sink(load_config(config_path), name)
+        held_keys = set(follower_sink.keys(topic))
+        assert held_keys == set(leader), (
+            f"{name}: only in the follower: {sorted(held_keys - set(leader))[:5]}, "
+            f"only in the table: {sorted(set(leader) - held_keys)[:5]}")
+        rows = follower_sink.read(topic, sorted(held_keys))
+        differing = [key for key in leader if rows[key] != leader[key]]
+        assert not differing, f"{name}: {len(differing)} rows differ, e.g. {differing[:5]}"
+        if follower_sink is not sink:
+            follower_sink.close()
     notes = pg_db.execute("SELECT count(*) FROM items WHERE length(note) > 2000")[0][0]
 
     # the kills hit what they were meant to

@@ -152,10 +152,10 @@ def test_no_primary_key_with_replica_identity_full_and_configured_key(
 
 
 def test_demo_captures_a_live_workload(tmp_path: Path) -> None:
-    """capture -> log -> Spark -> Redis, then cdc verify and the summary (1.5-3 min)."""
+    """capture -> log -> Spark -> Redis, Delta, search; verify each; the summary (2-4 min)."""
     result = cdc("demo", "--dir", str(tmp_path / "demo"), "--seconds", "2", timeout=400)
     assert result.returncode == 0, output(result)
     assert "follower equals the leader" in result.stdout
-    assert "Redis equals PostgreSQL" in result.stdout
+    assert "Redis, Delta and the search index equal PostgreSQL" in result.stdout
     summary = result.stdout[result.stdout.index("summary: PostgreSQL"):]
     assert "public.orders" in summary and "public.customers" in summary
