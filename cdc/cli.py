@@ -311,6 +311,63 @@ def demo(directory: str, seconds: float, log_only: bool, rows: int) -> None:
     run_pg_demo(directory, seconds)
 
 
+@main.group("warehouse")
+def warehouse_group() -> None:
+    """Maintain a Delta warehouse follower's tables (kind: delta)."""
+
+
+retain_option = click.option(
+    "--retain", default="1h", show_default=True,
+    help="Delete files the tables stopped using longer ago than this (whole hours, rounded "
+         "up; 0: all of them — then no reader or `cdc apply` should be running).")
+
+
+def _warehouse(config_path: str | None, follower: str, retain: str, optimize: bool) -> None:
+    from cdc.config import DeltaFollowerConfig, parse_duration
+    from sinks import open_sink
+    from sinks.delta import DeltaSink, maintenance_table
+
+    config = _load(config_path)
+    kind = config.follower(follower)
+    if not isinstance(kind, DeltaFollowerConfig):
+        raise CdcError(f"follower {follower} is a {kind.kind} follower; `cdc warehouse` "
+                       "maintains Delta tables", "pass a follower with kind: delta")
+    try:
+        seconds = parse_duration(retain)
+    except ValueError as exc:
+        raise CdcError(f"--retain: {exc}", "e.g. --retain 1h (or 0)") from None
+    sink = open_sink(config, follower)
+    assert isinstance(sink, DeltaSink)
+    try:
+        results = sink.vacuum(seconds, optimize=optimize)
+    finally:
+        sink.close()
+    title = f"{'optimize' if optimize else 'vacuum'}: follower {follower}"
+    make_console().print(maintenance_table(results, title))
+
+
+@warehouse_group.command("vacuum")
+@config_option
+@click.option("--follower", required=True, help="A follower under `followers:` (kind: delta).")
+@retain_option
+@friendly_errors
+def warehouse_vacuum(config_path: str | None, follower: str, retain: str) -> None:
+    """Drop delete markers older than the follower's tombstone_retention, then delete files
+    the tables no longer use (older than --retain)."""
+    _warehouse(config_path, follower, retain, optimize=False)
+
+
+@warehouse_group.command("optimize")
+@config_option
+@click.option("--follower", required=True, help="A follower under `followers:` (kind: delta).")
+@retain_option
+@friendly_errors
+def warehouse_optimize(config_path: str | None, follower: str, retain: str) -> None:
+    """Compact each table's small files (one file per bucket, up to deltalake's target
+    size), write a checkpoint, then vacuum as `cdc warehouse vacuum` does."""
+    _warehouse(config_path, follower, retain, optimize=True)
+
+
 @main.command("verify")
 @config_option
 @click.option("--follower", required=True, help="A follower under `followers:`.")
@@ -343,6 +400,25 @@ def verify_cmd(config_path: str | None, follower: str, timeout: str, chunk_size:
         sink.close()
     print_report(report, console, max(limit, 0))
     sys.exit(0 if report.equal else 1)
+
+
+@main.command("search")
+@config_option
+@click.option("--follower", required=True, help="A follower of kind search.")
+@click.option("--table", default=None, help="Only rows of this table (schema.table).")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1),
+              help="Rows shown at most (best first).")
+@click.argument("query")
+@friendly_errors
+def search_cmd(config_path: str | None, follower: str, table: str | None, limit: int,
+               query: str) -> None:
+    """Search a search follower's index. QUERY: words (any text column), column:word,
+    "a phrase", prefix*, AND / OR / NOT, (grouping) — see docs/followers.md."""
+    from sinks.search import print_search, search_follower
+
+    config = _load(config_path)
+    result = search_follower(config, follower, query, table=table, limit=limit)
+    print_search(result, make_console())
 
 
 if __name__ == "__main__":

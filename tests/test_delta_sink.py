@@ -1,0 +1,671 @@
+"""DeltaSink (sinks/delta.py) on real Delta tables in tmp_path: the fold cases for scd1 and scd2,
+scd2 history exactness, schema changes mid-stream, types, odd names, readers (Spark parquet,
+DuckDB, Polars) and `cdc warehouse vacuum/optimize`.
+
+Batches are built as rows of the Spark source's schema and folded the way the batch handler
+does (``fold_records`` for scd1; ``fold_arrow(history=True)`` for scd2, which does not fold).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import random
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cdc.events import Column, TableId, TableSchema
+from cdc.log.schemas import SchemaStore
+from cdc.position import Position
+from cdc.types import ColumnType, Interval
+from sinks.base import Change, row_text
+from sinks.delta import (
+    DeltaSink,
+    DeltaSinkError,
+    cell_text,
+    current_files,
+    table_dir,
+)
+from spark_apply.fold import fold_arrow, fold_records
+
+TOPIC = "src.public.items"
+TABLE = TableId("public", "items")
+SOURCE_ARROW = pa.schema([
+    ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+    ("timestamp_ms", pa.int64()), ("source", pa.string()), ("table", pa.string()),
+    ("key", pa.string()), ("position", pa.binary()), ("op", pa.string()),
+    ("after", pa.string()), ("source_ts_ms", pa.int64())])
+MODES = ("scd1", "scd2")
+
+
+def pos(seq: int, ordinal: int = 1) -> bytes:
+    return Position.postgres(seq, ordinal).to_bytes()
+
+
+def key_json(key: int) -> str:
+    return json.dumps({"id": key}, separators=(",", ":"))
+
+
+class MiniLog:
+    """One partition of one topic: records with increasing offsets, as source-schema rows."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, key: int, position: bytes, op: str | None, after: dict[str, Any] | None = None,
+            topic: str = TOPIC) -> None:
+        self.rows.append({
+            "topic": topic, "partition": 0, "offset": len(self.rows), "timestamp_ms": 0,
+            "source": "src", "table": "public.items",
+            "key": "{}" if op == "t" else key_json(key), "position": position, "op": op,
+            "after": None if after is None else json.dumps(after, separators=(",", ":")),
+            # commit times follow the positions (a replayed record keeps its own)
+            "source_ts_ms": None if op is None else 1_000_000 + Position.from_bytes(
+                position).parts[0] * 10})
+
+    def upsert(self, key: int, position: bytes, v: int, op: str = "u") -> None:
+        self.add(key, position, op, {"id": key, "v": v})
+
+    def delete(self, key: int, position: bytes) -> None:
+        self.add(key, position, "d")
+        self.add(key, position, None)  # the tombstone shares the delete's position
+
+    def watermark(self, lsn: int, source: str = "src") -> None:
+        self.rows.append({"topic": None, "partition": None, "offset": None,
+                          "timestamp_ms": None, "source": source, "table": None, "key": None,
+                          "position": None, "op": "w", "after": json.dumps({"lsn": lsn}),
+                          "source_ts_ms": None})
+
+
+def changes_of(sink: DeltaSink, rows: list[dict[str, Any]]) -> tuple[list[Change], dict[str, Any]]:
+    """What the batch handler gives the sink for ``rows``: (changes, watermarks)."""
+    if sink.folds:
+        folded = fold_records(rows)
+    else:
+        folded = fold_arrow(pa.Table.from_pylist(rows, schema=SOURCE_ARROW), history=True)
+    return folded.changes, folded.watermarks
+
+
+def apply_in_batches(sink: DeltaSink, rows: list[dict[str, Any]], size: int) -> tuple[int, int]:
+    """Apply ``rows`` in batches of ``size``; (applied, skipped)."""
+    applied = skipped = 0
+    for begin in range(0, len(rows), size):
+        changes, marks = changes_of(sink, rows[begin:begin + size])
+        stats = sink.apply(changes)
+        for source, offset in marks.items():
+            sink.set_watermark(source, offset)
+        applied += stats.written + stats.deleted
+        skipped += stats.skipped
+    return applied, skipped
+
+
+def random_log(seed: int, keys: int = 40, changes: int = 400) -> MiniLog:
+    rng = random.Random(seed)
+    log = MiniLog()
+    live: set[int] = set()
+    for seq in range(1, changes + 1):
+        key = rng.randint(1, keys)
+        if key in live and rng.random() < 0.25:
+            log.delete(key, pos(seq))
+            live.discard(key)
+        else:
+            log.upsert(key, pos(seq), seq, "u" if key in live else "c")
+            live.add(key)
+        if seq % 97 == 0:
+            log.watermark(seq)
+    return log
+
+
+def expected_rows(log: MiniLog) -> dict[str, dict[str, str]]:
+    latest: dict[str, tuple[bytes, int, str | None]] = {}
+    for row in log.rows:
+        if row["op"] in ("w", "t"):
+            continue
+        rank = (row["position"], row["offset"])
+        if row["key"] not in latest or rank > latest[row["key"]][:2]:
+            latest[row["key"]] = (*rank, row["after"])
+    return {key: row_text(json.loads(after)) for key, (_, _, after) in latest.items()
+            if after is not None}
+
+
+def held_rows(sink: DeltaSink, topic: str = TOPIC) -> dict[str, dict[str, str]]:
+    return sink.read(topic, sorted(sink.keys(topic)))
+
+
+def contents(sink: DeltaSink, topic: str = TOPIC) -> list[dict[str, Any]]:
+    """Every row of the table (markers and closed versions included), in key/position order."""
+    return sink.history(topic).to_pylist()
+
+
+def v_of(sink: DeltaSink, key: int) -> int | None:
+    row = sink.read(TOPIC, [key_json(key)]).get(key_json(key))
+    return None if row is None else int(row["v"])
+
+
+@pytest.fixture(params=MODES)
+def sink(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DeltaSink]:
+    made = DeltaSink("wh", tmp_path / "wh", tables={TOPIC: ("src", TABLE)}, mode=request.param,
+                     buckets=4, log_path=tmp_path / "log")
+    yield made
+    made.close()
+
+
+# ---------------------------------------------------------------------- the fold cases
+
+def test_out_of_order_within_a_batch(sink: DeltaSink) -> None:
+    log = MiniLog()
+    log.upsert(1, pos(5), 5)
+    log.upsert(1, pos(9), 9)
+    log.upsert(1, pos(7), 7)
+    apply_in_batches(sink, log.rows, 10)
+    assert v_of(sink, 1) == 9
+    rows = contents(sink)
+    if sink.mode == "scd1":
+        assert [r["_cdc_position"] for r in rows] == [pos(9).hex()]
+    else:  # history in position order, whatever the offsets
+        assert [(r["v"], r["is_current"]) for r in rows] == [(5, False), (7, False), (9, True)]
+
+
+def test_out_of_order_across_batches_is_gated(sink: DeltaSink) -> None:
+    log = MiniLog()
+    log.upsert(1, pos(9), 9)
+    log.upsert(1, pos(5), 5)
+    assert apply_in_batches(sink, log.rows, 1) == (1, 1)
+    assert v_of(sink, 1) == 9
+    assert len(contents(sink)) == 1
+
+
+def test_replay_from_offset_zero_changes_nothing(sink: DeltaSink) -> None:
+    log = random_log(1)
+    apply_in_batches(sink, log.rows, 37)
+    assert held_rows(sink) == expected_rows(log)
+    before = contents(sink)
+    applied, skipped = apply_in_batches(sink, log.rows, 53)  # from 0, other batch bounds
+    assert applied == 0 and skipped > 0
+    assert contents(sink) == before
+    assert sink.watermark("src") == {"lsn": 388}
+
+
+def test_duplicate_batches_change_nothing(sink: DeltaSink) -> None:
+    log = random_log(2, changes=250)
+    for begin in range(0, len(log.rows), 60):
+        changes, _ = changes_of(sink, log.rows[begin:begin + 60])
+        first = sink.apply(changes)
+        after_first = contents(sink)
+        second = sink.apply(changes)
+        assert second.written == second.deleted == 0
+        assert second.skipped == first.written + first.deleted + first.skipped == len(changes)
+        assert contents(sink) == after_first
+    assert held_rows(sink) == expected_rows(log)
+
+
+def test_delete_then_reinsert(sink: DeltaSink) -> None:
+    log = MiniLog()
+    log.upsert(1, pos(1), 1, "c")
+    log.delete(1, pos(2))
+    log.upsert(1, pos(3), 3, "c")
+    apply_in_batches(sink, log.rows, 100)  # one batch
+    assert v_of(sink, 1) == 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_delete_marker_stops_a_late_older_record(tmp_path: Path, mode: str) -> None:
+    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode=mode, buckets=4)  # type: ignore[arg-type]
+    log = MiniLog()
+    log.upsert(1, pos(1), 1, "c")
+    log.delete(1, pos(2))
+    log.upsert(1, pos(3), 3, "c")
+    apply_in_batches(sink, log.rows[:3], 1)  # insert, delete, tombstone: one per batch
+    assert v_of(sink, 1) is None and list(sink.keys(TOPIC)) == []
+    rows = contents(sink)
+    if mode == "scd1":  # the marker: deleted, data NULL, the delete's position
+        assert [(r["_cdc_deleted"], r["v"], r["_cdc_position"]) for r in rows] == [
+            (True, None, pos(2).hex())]
+    else:  # the version closed by the delete, no row added
+        assert [(r["v"], r["is_current"], r["_cdc_end_position"]) for r in rows] == [
+            (1, False, pos(2).hex())]
+    # a late older record cannot resurrect the row
+    assert apply_in_batches(sink, log.rows[:1], 1) == (0, 1)
+    assert v_of(sink, 1) is None
+    # the re-insert applies
+    assert apply_in_batches(sink, log.rows[3:], 1) == (1, 0)
+    assert v_of(sink, 1) == 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_delete_of_an_unknown_key_is_remembered(tmp_path: Path, mode: str) -> None:
+    """A follower built from a compacted log may see a key's delete first: the marker keeps
+    a later-arriving older record out (scd2 too, where nothing was open to close)."""
+    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode=mode, buckets=4)  # type: ignore[arg-type]
+    log = MiniLog()
+    log.delete(7, pos(5))
+    log.upsert(7, pos(3), 3, "c")
+    assert apply_in_batches(sink, log.rows[:2], 2)[0] == 1  # delete + tombstone: one marker
+    assert apply_in_batches(sink, log.rows[2:], 1) == (0, 1)
+    assert list(sink.keys(TOPIC)) == []
+    assert [r["_cdc_deleted"] for r in contents(sink)] == [True]
+
+
+def test_one_batch_per_key_mix_counts(sink: DeltaSink) -> None:
+    """written/deleted/skipped of one batch: new keys, newer and older versions, deletes that
+    pass and deletes the gate refuses."""
+    first = MiniLog()
+    for key in range(1, 7):
+        first.upsert(key, pos(10), 10, "c")
+    apply_in_batches(sink, first.rows, 100)
+    second = MiniLog()
+    second.upsert(1, pos(11), 11)       # newer: written
+    second.upsert(2, pos(9), 9)         # older: skipped
+    second.add(3, pos(12), "d")         # delete: deleted
+    second.add(4, pos(8), "d")          # older delete: skipped
+    second.upsert(8, pos(1), 1, "c")    # new key: written
+    second.add(9, pos(13), "d")         # delete of an unknown key: deleted (a marker)
+    changes, _ = changes_of(sink, second.rows)
+    stats = sink.apply(changes)
+    assert (stats.written, stats.deleted, stats.skipped) == (2, 2, 2)
+    assert {k: r["v"] for k, r in held_rows(sink).items()} == {
+        key_json(1): "11", key_json(2): "10", key_json(4): "10", key_json(5): "10",
+        key_json(6): "10", key_json(8): "1"}
+
+
+# ----------------------------------------------------------------------------- scd2 history
+
+def test_scd2_history_is_the_ordered_sequence_of_changes(tmp_path: Path) -> None:
+    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode="scd2", buckets=8)
+    log = random_log(3, keys=25, changes=500)
+    rng = random.Random(4)
+    begin = 0
+    while begin < len(log.rows):  # batches of random sizes
+        size = rng.randint(1, 80)
+        changes, _ = changes_of(sink, log.rows[begin:begin + size])
+        sink.apply(changes)
+        begin += size
+    rows = contents(sink)
+    assert not any(r["_cdc_deleted"] for r in rows)  # every delete had a version to close
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_key.setdefault(row["_cdc_key"], []).append(row)
+    source: dict[str, list[dict[str, Any]]] = {}
+    for record in log.rows:
+        if record["op"] not in ("w", None):
+            source.setdefault(record["key"], []).append(record)
+    assert set(by_key) == set(source)
+    for key, versions in by_key.items():
+        records = source[key]
+        upserts = [r for r in records if r["op"] in ("c", "u", "r")]
+        # the history equals the ordered sequence of the key's upserts
+        assert [(v["_cdc_position"], v["v"], v["_cdc_op"]) for v in versions] == [
+            (r["position"].hex(), json.loads(r["after"])["v"], r["op"]) for r in upserts]
+        # each version ends where the key's next record (upsert or delete) begins
+        ends = {r["position"].hex(): r for r in records}
+        for version in versions:
+            assert version["valid_from"] == _utc(ends[version["_cdc_position"]]["source_ts_ms"])
+            following = [r for r in records if r["position"] > bytes.fromhex(
+                version["_cdc_position"])]
+            if not following:
+                assert version["is_current"] and version["valid_to"] is None
+                assert version["_cdc_end_position"] is None
+                continue
+            assert not version["is_current"]
+            assert version["_cdc_end_position"] == following[0]["position"].hex()
+            assert version["valid_to"] == _utc(following[0]["source_ts_ms"])
+        # at most one current row, exactly one for a live key
+        current = [v for v in versions if v["is_current"]]
+        assert len(current) == (1 if records[-1]["op"] in ("c", "u") else 0)
+    assert held_rows(sink) == expected_rows(log)
+    # re-applying everything adds nothing
+    before = contents(sink)
+    assert apply_in_batches(sink, log.rows, 111)[0] == 0
+    assert contents(sink) == before
+
+
+def _utc(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+
+
+def test_scd2_record_without_commit_time_uses_the_apply_time(tmp_path: Path) -> None:
+    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode="scd2", buckets=2)
+    before = dt.datetime.now(dt.UTC)
+    sink.apply([Change(TOPIC, "src", "public.items", key_json(1), pos(1), {"id": 1}, "r")])
+    valid_from = contents(sink)[0]["valid_from"]
+    assert before - dt.timedelta(seconds=1) <= valid_from <= dt.datetime.now(dt.UTC)
+
+
+# --------------------------------------------------------------------------- schema changes
+
+def new_store(directory: Path) -> SchemaStore:
+    directory.mkdir(parents=True, exist_ok=True)
+    return SchemaStore(directory, writable=True)
+
+
+def register(store: SchemaStore, topic: str, columns: list[tuple[str, str]],
+             table: TableId = TABLE) -> None:
+    """Register ``topic``'s value schema for ``columns`` (name, logical type) the way the
+    PostgreSQL connector does (cdc/avro.py)."""
+    from cdc.avro import value_schema
+
+    schema = TableSchema("src", "db", table,
+                         tuple(Column(name, ColumnType(kind), nullable=name != "id")
+                               for name, kind in columns), ("id",))
+    store.register(f"{topic}-value", value_schema(schema))
+
+
+def change(key: int, seq: int, row: dict[str, Any] | None, op: str = "u",
+           topic: str = TOPIC) -> Change:
+    return Change(topic, "src", "public.items", key_json(key), pos(seq), row, op,
+                  1_000_000 + seq)
+
+
+def delta_types(sink: DeltaSink, topic: str = TOPIC) -> dict[str, str]:
+    from deltalake import DeltaTable
+
+    schema = pa.schema(DeltaTable(str(sink.table_path(topic))).schema().to_arrow())
+    return {f.name: str(f.type) for f in schema if f.name not in sink.reserved}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_schema_changes_mid_stream(tmp_path: Path, mode: str) -> None:
+    store = new_store(tmp_path / "log")
+    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode=mode, buckets=4,  # type: ignore[arg-type]
+                     log_path=tmp_path / "log")
+    register(store, TOPIC, [("id", "int32"), ("name", "string"), ("qty", "int32"),
+                            ("price", "float64")])
+    v1 = {1: {"id": 1, "name": "a", "qty": 5, "price": 1.5},
+          2: {"id": 2, "name": "b", "qty": 6, "price": 2.25}}
+    sink.apply([change(k, 1, row, "c") for k, row in v1.items()])
+    assert delta_types(sink) == {"id": "int64", "name": "string", "qty": "int64",
+                                 "price": "double"}
+    # v2: note added, name dropped, price renamed to cost, qty retyped to text
+    register(store, TOPIC, [("id", "int32"), ("qty", "string"), ("cost", "float64"),
+                            ("note", "string")])
+    assert delta_types(sink) == {"id": "int64", "name": "string", "qty": "int64",
+                                 "price": "double"}
+    v2 = {2: {"id": 2, "qty": "six", "cost": 2.5, "note": "x"},
+          3: {"id": 3, "qty": "7", "cost": 3.0, "note": None}}
+    sink.apply([change(k, 2, row) for k, row in v2.items()])
+    assert delta_types(sink) == {"id": "int64", "name": "string", "qty": "string",
+                                 "price": "double", "cost": "double", "note": "string"}
+    want = {key_json(1): row_text(v1[1]), key_json(2): row_text(v2[2]),
+            key_json(3): row_text(v2[3])}
+    assert held_rows(sink) == want  # key 1's qty "5" is text now, read back the same
+    # an old record arriving late for a key not yet written: ints fit the text column
+    sink.apply([change(4, 1, {"id": 4, "name": "d", "qty": 8, "price": 4.0}, "c")])
+    assert sink.read(TOPIC, [key_json(4)])[key_json(4)] == {"id": "4", "name": "d",
+                                                            "qty": "8", "price": "4.0"}
+    # v3: text back to integer: the column stays text (canonical text either way)
+    register(store, TOPIC, [("id", "int32"), ("qty", "int64"), ("cost", "float64"),
+                            ("note", "string")])
+    sink.apply([change(3, 3, {"id": 3, "qty": 70, "cost": 3.5, "note": "y"})])
+    assert delta_types(sink)["qty"] == "string"
+    assert sink.read(TOPIC, [key_json(3)])[key_json(3)] == {"id": "3", "qty": "70",
+                                                            "cost": "3.5", "note": "y"}
+
+
+def test_values_that_do_not_fit_widen_the_column(tmp_path: Path) -> None:
+    """Without a schema, types are inferred; a later value of another type turns the column
+    into text (old rows' values become their canonical text) instead of failing."""
+    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode="scd1", buckets=2)
+    sink.apply([change(1, 1, {"id": 1, "n": 10, "f": 0.5, "b": True}, "c")])
+    assert delta_types(sink) == {"id": "int64", "n": "int64", "f": "double", "b": "bool"}
+    sink.apply([change(2, 2, {"id": 2, "n": "ten", "f": 1, "b": "maybe"}, "c")])
+    assert delta_types(sink) == {"id": "int64", "n": "string", "f": "string", "b": "string"}
+    assert held_rows(sink) == {key_json(1): {"id": "1", "n": "10", "f": "0.5", "b": "true"},
+                               key_json(2): {"id": "2", "n": "ten", "f": "1", "b": "maybe"}}
+
+
+# ------------------------------------------------------------------------------ types
+
+def _json_form(kind: str, value: Any, **params: Any) -> Any:
+    ctype = ColumnType(kind, **params)
+    return ctype.to_json(ctype.to_avro(value))
+
+
+TYPED = [  # (column, logical type, params, values as the connector would hand them over)
+    ("flag", "boolean", {}, [True, False]),
+    ("small", "int16", {}, [-32768, 7]),
+    ("num", "int32", {}, [2**31 - 1, -1]),
+    ("big", "int64", {}, [-(2**63), 2**63 - 1]),
+    ("real", "float32", {}, [1.5, float("nan")]),
+    ("dbl", "float64", {}, [float("inf"), float("-inf"), -0.0, 1e300, 0.1]),
+    ("price", "decimal", {"precision": 10, "scale": 2}, [decimal.Decimal("12.30"),
+                                                          decimal.Decimal("NaN")]),
+    ("exact", "numeric", {}, [decimal.Decimal("1" * 40 + ".5")]),
+    ("Col Umn", "string", {}, ["Zoë", ""]),
+    ('we.ird"name', "bytes", {}, [b"\x00\xff"]),
+    ("UPPER", "json", {}, [{"k": [1, True, None]}]),
+    ("u", "uuid", {}, [uuid.UUID(int=42)]),
+    ("day", "date", {}, [dt.date(2024, 2, 29), "infinity"]),
+    ("clock", "time", {}, [dt.time(12, 30, 1, 5)]),
+    ("ts", "timestamp", {}, [dt.datetime(2024, 1, 2, 3, 4, 5, 6)]),
+    ("tstz", "timestamptz", {}, [dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)]),
+    ("span", "interval", {}, [Interval(14, 3, 4_000_001)]),
+    ("pt", "point", {}, [(1.5, -2.0)]),
+    ("tags", "array", {"element": ColumnType("int32")}, [[1, None, 3], [[1, 2], [3, 4]]]),
+    ("huge", "uint64", {}, [2**64 - 1]),
+]
+
+
+def typed_rows() -> list[dict[str, Any]]:
+    longest = max(len(values) for *_, values in TYPED)
+    rows = []
+    for i in range(longest):
+        row: dict[str, Any] = {"id": i}
+        for column, kind, params, values in TYPED:
+            row[column] = None if i >= len(values) else _json_form(kind, values[i], **params)
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_types_round_trip_through_read(tmp_path: Path, mode: str) -> None:
+    from cdc.avro import value_schema
+
+    store = new_store(tmp_path / "log")
+    schema = TableSchema("src", "db", TABLE, (Column("id", ColumnType("int32"), False),) + tuple(
+        Column(column, ColumnType(kind, **params)) for column, kind, params, _ in TYPED),
+        ("id",))
+    store.register(f"{TOPIC}-value", value_schema(schema))
+    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode=mode, buckets=4,  # type: ignore[arg-type]
+                     log_path=tmp_path / "log")
+    rows = typed_rows()
+    sink.apply([change(row["id"], 1, row, "r") for row in rows])
+    types = delta_types(sink)
+    assert {name: types[name] for name in ("flag", "small", "num", "big", "real", "dbl")} == {
+        "flag": "bool", "small": "int64", "num": "int64", "big": "int64", "real": "double",
+        "dbl": "double"}
+    assert {types[name] for name in types if name not in (
+        "id", "flag", "small", "num", "big", "real", "dbl")} == {"string"}
+    assert held_rows(sink) == {key_json(row["id"]): row_text(row) for row in rows}
+    assert sink.read(TOPIC, [key_json(0)])[key_json(0)]["dbl"] == "Infinity"
+
+
+def test_cell_text_matches_canonical_text() -> None:
+    assert [cell_text(v) for v in (float("nan"), float("inf"), float("-inf"), -0.0, 1e300,
+                                   True, 7, "x")] == [
+        "NaN", "Infinity", "-Infinity", "-0.0", "1e+300", "true", "7", "x"]
+
+
+def test_odd_table_names_get_their_own_tables(tmp_path: Path) -> None:
+    odd = {'src.My Schema.we.ird"name': TableId("My Schema", 'we.ird"name'),
+           "src.public.UPPER case": TableId("public", "UPPER case"),
+           "src.public.upper case": TableId("public", "upper case"),
+           "src.public.50%": TableId("public", "50%")}
+    sink = DeltaSink("wh", tmp_path / "wh", tables={t: ("src", i) for t, i in odd.items()},
+                     mode="scd1", buckets=2)
+    for n, topic in enumerate(odd):
+        sink.apply([change(1, 1, {"id": 1, "n": n}, "c", topic=topic)])
+    names = sorted(p.name for p in (tmp_path / "wh").iterdir())
+    assert names == sorted(["src.My~20Schema.we.ird~22name", "src.public.UPPER~20case",
+                            "src.public.upper~20case", "src.public.50~25"])
+    for n, topic in enumerate(odd):
+        assert table_dir(tmp_path / "wh", topic).is_dir()
+        assert held_rows(sink, topic) == {key_json(1): {"id": "1", "n": str(n)}}
+    reopened = DeltaSink("wh", tmp_path / "wh", tables={}, mode="scd1")
+    assert held_rows(reopened, "src.public.50%") == {key_json(1): {"id": "1", "n": "3"}}
+
+
+# ------------------------------------------------------------------------- errors, setup
+
+@pytest.mark.parametrize(("mode", "column"), [("scd1", "_cdc_key"), ("scd1", "_CDC_Position"),
+                                              ("scd2", "valid_from"), ("scd2", "is_current")])
+def test_reserved_column_is_refused(tmp_path: Path, mode: str, column: str) -> None:
+    sink = DeltaSink("wh", tmp_path / "wh", tables={TOPIC: ("src", TABLE)}, mode=mode)  # type: ignore[arg-type]
+    with pytest.raises(DeltaSinkError, match=f"column named {column}.*reserves") as caught:
+        sink.apply([change(1, 1, {"id": 1, column: "x"}, "c")])
+    assert "public.items" in str(caught.value) and "fix:" in str(caught.value)
+
+
+def test_scd1_keeps_scd2_names_as_data(tmp_path: Path) -> None:
+    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode="scd1")
+    sink.apply([change(1, 1, {"id": 1, "valid_from": "2020", "is_current": False}, "c")])
+    assert held_rows(sink) == {key_json(1): {"id": "1", "valid_from": "2020",
+                                             "is_current": "false"}}
+
+
+def test_check_names_the_fix(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    sink = DeltaSink("wh", blocker / "wh", tables={TOPIC: ("src", TABLE)})
+    with pytest.raises(DeltaSinkError, match="not writable") as caught:
+        sink.check()
+    assert "followers.wh.path" in str(caught.value)
+    good = DeltaSink("wh", tmp_path / "wh", tables={TOPIC: ("src", TABLE)}, mode="scd1")
+    good.check()
+    good.apply([change(1, 1, {"id": 1}, "c")])
+    with pytest.raises(DeltaSinkError, match="written in mode scd1") as caught:
+        DeltaSink("wh", tmp_path / "wh", tables={TOPIC: ("src", TABLE)}, mode="scd2").check()
+    assert "mode back to scd1" in str(caught.value)
+
+
+def test_existing_tables_keep_their_bucket_count(tmp_path: Path) -> None:
+    first = DeltaSink("wh", tmp_path / "wh", tables={}, mode="scd1", buckets=3)
+    first.apply([change(k, 1, {"id": k}, "c") for k in range(20)])
+    second = DeltaSink("wh", tmp_path / "wh", tables={}, mode="scd1", buckets=7)
+    assert second.apply([change(k, 2, {"id": k, "x": 1}) for k in range(20)]).written == 20
+    assert len(contents(second)) == 20  # no duplicates: same buckets as before
+    assert {p.name for p in second.table_path(TOPIC).iterdir() if "=" in p.name} == {
+        f"_cdc_bucket={b}" for b in range(3)}
+
+
+def test_watermarks_only_move_forward(tmp_path: Path) -> None:
+    sink = DeltaSink("wh", tmp_path / "wh", tables={})
+    assert sink.watermark("src") is None
+    sink.set_watermark("src", {"lsn": 2**40, "lsn_text": "100/0"})
+    sink.set_watermark("src", {"lsn": 5})
+    sink.set_watermark("other", {"lsn": 1})
+    assert sink.watermark("src") == {"lsn": 2**40, "lsn_text": "100/0"}
+    assert sink.watermark("other") == {"lsn": 1}
+    sink.set_watermark("src", {"lsn": 2**40 + 1})
+    assert DeltaSink("wh", tmp_path / "wh", tables={}).watermark("src") == {"lsn": 2**40 + 1}
+    assert sorted(p.name for p in (tmp_path / "wh").iterdir()) == ["_cdc_watermarks.json"]
+
+
+# ------------------------------------------------------------------------------ readers
+
+def _reader_rows(rows: list[dict[str, Any]], columns: list[str]) -> dict[str, dict[str, str]]:
+    """Live rows of a reader's output as follower text, keyed by _cdc_key."""
+    return {row["_cdc_key"]: {c: cell_text(row[c]) for c in columns if row.get(c) is not None}
+            for row in rows if not row["_cdc_deleted"]}
+
+
+def test_spark_duckdb_and_polars_read_the_tables(tmp_path: Path, spark: Any) -> None:
+    import duckdb
+    import polars as pl
+
+    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode="scd1", buckets=4)
+    sink.apply([change(k, 1, {"id": k, "Col Umn": f"v{k}", "amount": k * 0.5}, "c")
+                for k in range(30)])
+    sink.apply([change(k, 2, {"id": k, "Col Umn": None, "amount": -1.0, "new col": k % 2 == 0})
+                for k in range(0, 30, 3)])  # a second schema: an added column
+    sink.apply([change(k, 3, None, "d") for k in range(1, 30, 5)])
+    want = held_rows(sink)
+    columns = ["id", "Col Umn", "amount", "new col"]
+    path = sink.table_path(TOPIC)
+    files = current_files(path)
+    assert files and all(Path(f).is_file() for f in files)
+
+    frame = spark.read.option("mergeSchema", "true").parquet(*files)
+    assert _reader_rows([r.asDict() for r in frame.collect()], columns) == want
+
+    connection = duckdb.connect()
+    result = connection.execute("SELECT * FROM read_parquet(?, union_by_name = true)", [files])
+    names = [d[0] for d in result.description]
+    assert _reader_rows([dict(zip(names, r, strict=True)) for r in result.fetchall()],
+                        columns) == want
+
+    assert _reader_rows(pl.read_delta(str(path)).to_dicts(), columns) == want
+    assert current_files(tmp_path / "nothing") == []
+
+
+# -------------------------------------------------------------------- vacuum and optimize
+
+def test_optimize_and_vacuum_bound_the_files(tmp_path: Path) -> None:
+    sink = DeltaSink("wh", tmp_path / "wh", tables={TOPIC: ("src", TABLE)}, mode="scd1",
+                     buckets=2, tombstone_retention=3600)
+    for seq in range(1, 13):  # new keys: each MERGE adds files, none is rewritten
+        sink.apply([change(k, seq, {"id": k, "v": seq}) for k in range(seq * 6, seq * 6 + 6)])
+    sink.apply([change(k, 20, {"id": k, "v": 20}) for k in range(6, 20)])  # rewrites files
+    sink.apply([change(k, 21, None, "d") for k in (7, 8)])
+    want = held_rows(sink)
+    results = sink.vacuum(0, optimize=True)
+    assert len(results) == 1
+    result = results[0]
+    assert result.live_files_before > result.live_files_after == 2  # one file per bucket
+    assert result.disk_files_before > result.disk_files_after == 2
+    assert result.markers_dropped == 0 and result.rows == len(want)
+    assert held_rows(sink) == want
+    assert apply_in_batches(sink, [], 1) == (0, 0)
+    # markers go after the retention (0 here): the live rows stay the same
+    expired = DeltaSink("wh", tmp_path / "wh", tables={TOPIC: ("src", TABLE)}, mode="scd1",
+                        tombstone_retention=0)
+    result = expired.vacuum(0)[0]
+    assert result.markers_dropped == 2
+    assert not any(r["_cdc_deleted"] for r in contents(expired))
+    assert held_rows(expired) == want
+
+
+def test_cdc_warehouse_commands(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cdc.cli import main
+
+    config = tmp_path / "cdc.yaml"
+    config.write_text(f"""
+log: {{path: {tmp_path / 'log'}}}
+sources:
+  - {{name: src, kind: postgres, dsn: "postgresql://u:secret@127.0.0.1:1/db",
+     tables: [public.items]}}
+followers:
+  wh: {{kind: delta, path: {tmp_path / 'wh'}, mode: scd2, buckets: 2}}
+  cache: {{kind: redis, url: "redis://127.0.0.1:1/0"}}
+""")
+    sink = DeltaSink("wh", tmp_path / "wh", tables={TOPIC: ("src", TABLE)}, mode="scd2",
+                     buckets=2)
+    for seq in range(1, 8):
+        sink.apply([change(k, seq, {"id": k, "v": seq}) for k in range(4)])
+    want = held_rows(sink)
+    history = len(contents(sink))
+    before = sum(1 for _ in sink.table_path(TOPIC).rglob("*.parquet"))
+    runner = CliRunner()
+    done = runner.invoke(main, ["warehouse", "optimize", "--config", str(config),
+                                "--follower", "wh", "--retain", "0"])
+    assert done.exit_code == 0, done.output
+    assert "src.public.items" in done.output and "live files" in done.output
+    assert sum(1 for _ in sink.table_path(TOPIC).rglob("*.parquet")) < before
+    assert len(current_files(sink.table_path(TOPIC))) == 2  # one per bucket
+    assert held_rows(sink) == want and len(contents(sink)) == history
+    done = runner.invoke(main, ["warehouse", "vacuum", "--config", str(config),
+                                "--follower", "wh"])
+    assert done.exit_code == 0, done.output
+    done = runner.invoke(main, ["warehouse", "vacuum", "--config", str(config),
+                                "--follower", "cache"])
+    assert done.exit_code == 1 and "kind: delta" in done.output
+    done = runner.invoke(main, ["warehouse", "vacuum", "--config", str(config),
+                                "--follower", "wh", "--retain", "soon"])
+    assert done.exit_code == 1 and "--retain" in done.output
