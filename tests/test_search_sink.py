@@ -1,0 +1,426 @@
+"""SearchSink against real Tantivy indexes: the version gate (the fold cases), rows as text,
+search, odd table names, watermarks, errors, and ``cdc search``."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tantivy
+
+import sinks.search as search_module
+from cdc.events import TableId
+from cdc.position import Position
+from sinks.base import Change, row_text
+from sinks.search import (
+    DELETED,
+    SearchQueryError,
+    SearchSink,
+    SearchSinkError,
+    position_words,
+)
+
+TOPIC = "src.public.items"
+ITEMS = "public.items"
+
+
+def change(key: int | dict[str, Any], seq: int, row: dict[str, Any] | None,
+           topic: str = TOPIC, table: str = ITEMS) -> Change:
+    key_obj = key if isinstance(key, dict) else {"id": key}
+    return Change(topic, topic.split(".")[0], table, json.dumps(key_obj, separators=(",", ":")),
+                  Position.postgres(seq, 1).to_bytes(), row, "d" if row is None else "u")
+
+
+def item(key: int, version: int, **extra: Any) -> dict[str, Any]:
+    return {"id": key, "title": f"item {key} version {version}", **extra}
+
+
+def open_sink(path: Path, *, retention: float = 3600.0,
+              text_fields: dict[str, list[str]] | None = None,
+              tables: dict[str, tuple[str, TableId]] | None = None) -> SearchSink:
+    return SearchSink("idx", path, tables=tables or {}, text_fields=text_fields or {},
+                      writer_memory=32 * 1024**2, tombstone_retention=retention,
+                      log_path=path / "log")
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> Any:
+    opened = open_sink(tmp_path / "search")
+    yield opened
+    opened.close()
+
+
+def held(sink: SearchSink, topic: str = TOPIC) -> dict[str, dict[str, str]]:
+    """Everything the follower holds for ``topic``, through keys() and read()."""
+    keys = list(sink.keys(topic))
+    assert len(keys) == len(set(keys))
+    return sink.read(topic, keys)
+
+
+def markers(sink: SearchSink) -> int:
+    searcher = sink._searcher()
+    assert searcher is not None
+    query = tantivy.Query.term_query(sink.schema, DELETED, 1)
+    return int(searcher.search(query, 10, count=True).count)  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------ the gate
+
+def test_out_of_order_batches_keep_the_newest(sink: SearchSink) -> None:
+    assert sink.apply([change(1, 20, item(1, 20)), change(2, 5, item(2, 5))]).written == 2
+    stats = sink.apply([change(1, 10, item(1, 10)), change(2, 6, item(2, 6)),
+                        change(1, 20, item(1, 99))])  # equal position: not newer
+    assert (stats.written, stats.skipped) == (1, 1)
+    assert held(sink) == {'{"id":1}': row_text(item(1, 20)), '{"id":2}': row_text(item(2, 6))}
+
+
+def test_duplicate_batch_and_replay_from_zero_change_nothing(sink: SearchSink) -> None:
+    rng = random.Random(7)
+    batches: list[list[Change]] = []
+    for batch_no in range(6):
+        batches.append([change(key, batch_no * 100 + key, None if rng.random() < 0.3
+                               else item(key, batch_no * 100 + key))
+                        for key in rng.sample(range(40), 15)])
+    for batch in batches:
+        sink.apply(batch)
+        again = sink.apply(batch)  # a crashed batch replayed
+        assert (again.written, again.deleted, again.skipped) == (0, 0, len(batch))
+    state = held(sink)
+    expected: dict[str, dict[str, str]] = {}
+    for batch in batches:
+        for c in batch:
+            if c.row is None:
+                expected.pop(c.key, None)
+            else:
+                expected[c.key] = row_text(c.row)
+    assert state == expected and state
+    for batch in batches:  # the log replayed from offset 0
+        stats = sink.apply(batch)
+        assert (stats.written, stats.deleted) == (0, 0)
+    assert held(sink) == expected
+
+
+def test_delete_then_reinsert_and_late_records_do_not_resurrect(sink: SearchSink) -> None:
+    sink.apply([change(1, 1, item(1, 1)), change(2, 1, item(2, 1))])
+    assert sink.apply([change(1, 3, None)]).deleted == 1
+    assert held(sink) == {'{"id":2}': row_text(item(2, 1))}
+    late = sink.apply([change(1, 2, item(1, 2))])
+    assert (late.written, late.skipped) == (0, 1)
+    assert sink.read(TOPIC, ['{"id":1}']) == {}
+    assert sink.apply([change(1, 3, None)]).skipped == 1  # the tombstone after the delete
+    assert markers(sink) == 1
+    assert sink.apply([change(1, 4, item(1, 4))]).written == 1  # re-insert
+    assert sink.read(TOPIC, ['{"id":1}']) == {'{"id":1}': row_text(item(1, 4))}
+    assert markers(sink) == 0
+    assert sink.search("version").total == 2  # markers never match
+
+
+def test_markers_expire_after_the_retention(tmp_path: Path) -> None:
+    sink = open_sink(tmp_path / "s", retention=0.3)
+    try:
+        sink.apply([change(1, 1, item(1, 1)), change(2, 1, item(2, 1))])
+        sink.apply([change(1, 5, None)])
+        assert sink.apply([change(1, 4, item(1, 4))]).skipped == 1  # within the retention
+        assert markers(sink) == 1
+        time.sleep(0.4)
+        sink.apply([change(2, 6, item(2, 6))])  # any later batch purges expired markers
+        assert markers(sink) == 0
+        # past the retention the key is forgotten (the log's compaction dropped older records)
+        assert sink.apply([change(1, 4, item(1, 4))]).written == 1
+    finally:
+        sink.close()
+    sink = open_sink(tmp_path / "zero", retention=0)  # no markers at all
+    try:
+        sink.apply([change(1, 1, item(1, 1))])
+        assert sink.apply([change(1, 2, None)]).deleted == 1
+        assert markers(sink) == 0 and held(sink) == {}
+    finally:
+        sink.close()
+
+
+def test_position_words_order_like_the_bytes() -> None:
+    rng = random.Random(3)
+    values = [bytes(rng.randrange(256) if rng.random() < 0.7 else 0
+                    for _ in range(rng.randrange(0, 32))) for _ in range(3000)]
+    values += [b"", b"\0", b"\0\0", b"\1", b"\1\0", b"\xff" * 31]
+    ordered = sorted(values)
+    assert sorted(values, key=position_words) == ordered
+    pairs = list(zip(ordered, ordered[1:], strict=False))
+    assert [position_words(v) == position_words(w) for v, w in pairs] == [v == w for v, w in pairs]
+    with pytest.raises(SearchSinkError, match="32 bytes"):
+        position_words(b"x" * 32)
+
+
+def test_large_positions_and_many_keys_in_small_chunks(sink: SearchSink,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search_module, "LOOKUP_CHUNK", 70)
+    top = (1 << 64) - 1
+    batch = [Change(TOPIC, "src", ITEMS, f'{{"id":{k}}}', Position.postgres(top - 5, k)
+                    .to_bytes(), item(k, 1)) for k in range(500)]
+    assert sink.apply(batch).written == 500
+    newer = [Change(TOPIC, "src", ITEMS, c.key, Position.postgres(top, 0).to_bytes(),
+                    item(int(c.key[6:-1]), 2)) for c in batch[::2]]
+    assert sink.apply(newer + batch[1::2]).written == 250  # the odd ones are not newer
+    state = held(sink)
+    assert len(state) == 500 and state['{"id":4}'] == row_text(item(4, 2))
+    assert state['{"id":5}'] == row_text(item(5, 1))
+
+
+def test_hash_collisions_are_looked_up_alone(sink: SearchSink,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search_module, "id_hash", lambda identity: len(identity) % 3)
+    sink.apply([change(k, 1, item(k, 1)) for k in range(30)])
+    stats = sink.apply([change(k, 2 if k % 2 else 1, item(k, 2)) for k in range(30)])
+    assert (stats.written, stats.skipped) == (15, 15)
+    state = held(sink)
+    assert len(state) == 30
+    assert all(state[f'{{"id":{k}}}'] == row_text(item(k, 2 if k % 2 else 1)) for k in range(30))
+
+
+def test_a_failed_batch_leaves_the_index_as_it_was(sink: SearchSink) -> None:
+    sink.apply([change(1, 1, item(1, 1))])
+    bad = Change(TOPIC, "src", ITEMS, '{"id":9}', b"\1" * 40, item(9, 1))
+    with pytest.raises(SearchSinkError):
+        sink.apply([change(1, 2, item(1, 2)), change(2, 2, item(2, 2)), bad])
+    assert held(sink) == {'{"id":1}': row_text(item(1, 1))}
+    assert sink.apply([change(2, 2, item(2, 2))]).written == 1  # the writer still works
+    assert set(held(sink)) == {'{"id":1}', '{"id":2}'}
+
+
+def test_keys_slices_many_documents_once_each(sink: SearchSink,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search_module, "KEYS_SLICE", 10)  # crowded slices get halved
+    sink.apply([change(k, 1, item(k, 1)) for k in range(1200)])
+    sink.apply([change(k, 2, None) for k in range(0, 1200, 4)])
+    sink.apply([change(k, 1, item(k, 1), topic="src.public.other", table="public.other")
+                for k in range(50)])
+    keys = list(sink.keys(TOPIC))
+    assert len(keys) == len(set(keys)) == 900
+    assert sorted(keys) == sorted(f'{{"id":{k}}}' for k in range(1200) if k % 4)
+    assert len(list(sink.keys("src.public.other"))) == 50
+
+
+# ------------------------------------------------------------------------------ rows
+
+def test_read_is_row_text_for_every_kind_of_value(sink: SearchSink) -> None:
+    row = {"id": 7, "name": "Zoë 🚀 漢字", "quote": 'say "hi" \\ it\'s', "empty": "",
+           "lines": "a\nb\tc\u2028", "big": 10**30, "neg": -7, "real": 1.5, "negzero": -0.0,
+           "huge": 1e300, "ok": True, "no": False, "gone": None, "amount": "12.50",
+           "tags": ["a", None, 1, {"k": [True, 2.25]}], "doc": {"é": {"n": [1, "x"]}},
+           "looks_like_json": '{"a":1}', "date": "2024-05-01T12:00:00.123456Z",
+           "long": "x" * 5000, "Upper Case Col": "Mixed", "dot.ted": "d"}
+    composite = {"a": 1, "b": "x y\"z"}
+    sink.apply([change(composite, 1, row)])
+    key = json.dumps(composite, separators=(",", ":"))
+    assert sink.read(TOPIC, [key, '{"a":2}']) == {key: row_text(row)}
+    assert list(sink.keys(TOPIC)) == [key]
+
+
+def test_schema_change_mid_stream(sink: SearchSink) -> None:
+    sink.apply([change(1, 1, {"id": 1, "title": "alpha", "old_col": "legacy words"})])
+    # a column dropped and another added upstream, then one retyped (text -> number)
+    sink.apply([change(1, 2, {"id": 1, "title": "beta", "new_col": "fresh words"}),
+                change(2, 2, {"id": 2, "title": "gamma", "old_col": "still here"})])
+    assert sink.read(TOPIC, ['{"id":1}']) == {'{"id":1}': {"id": "1", "title": "beta",
+                                                           "new_col": "fresh words"}}
+    assert [h.key for h in sink.search("new_col:fresh").hits] == ['{"id":1}']
+    assert sink.search("legacy").total == 0
+    assert [h.key for h in sink.search("old_col:still").hits] == ['{"id":2}']
+    sink.apply([change(2, 3, {"id": 2, "title": 42})])
+    assert sink.read(TOPIC, ['{"id":2}']) == {'{"id":2}': {"id": "2", "title": "42"}}
+    assert [h.key for h in sink.search("title:42").hits] == ['{"id":2}']
+
+
+# ------------------------------------------------------------------------------ search
+
+def test_search_text_fields_and_exact_columns(tmp_path: Path) -> None:
+    sink = open_sink(tmp_path / "s", text_fields={ITEMS: ["title", "body"]})
+    try:
+        sink.apply([
+            change(1, 1, {"id": 1, "title": "PostgreSQL logical replication", "body": "WAL",
+                          "sku": "abc-123 xyz", "qty": 5}),
+            change(2, 1, {"id": 2, "title": "Redis caching", "body": "fast keys",
+                          "sku": "abc", "qty": 6}),
+            change(3, 1, {"id": 3, "title": "gone soon", "sku": "q"}),
+            change(1, 1, {"id": 1, "name": "Other table postgresql"}, topic="src.public.other",
+                   table="public.other"),
+        ])
+        sink.apply([change(3, 2, None)])
+
+        def keys(query: str, **kwargs: Any) -> list[str]:
+            return sorted(h.key for h in sink.search(query, **kwargs).hits)
+
+        assert keys("title:postgresql") == ['{"id":1}']  # a text column: tokenized
+        assert keys("replication AND wal") == ['{"id":1}']  # bare words: every text column
+        assert keys('title:"logical replication"') == ['{"id":1}']
+        assert keys('title:"logical repl"*') == ['{"id":1}']
+        assert keys("_cdc_all:/postgre.*/", topics=[TOPIC]) == ['{"id":1}']
+        # sku is not a text column here: indexed whole, never tokenized
+        assert keys("sku:abc") == ['{"id":2}']
+        assert keys('sku:"abc-123 xyz"') == ['{"id":1}']
+        assert keys("xyz") == [] and keys("sku:xyz") == []
+        assert keys("qty:6") == ['{"id":2}']
+        # other tables: string columns are text by default
+        assert keys("postgresql") == ['{"id":1}', '{"id":1}']
+        assert keys("postgresql", topics=[TOPIC]) == ['{"id":1}']
+        assert keys("*") == ['{"id":1}', '{"id":1}', '{"id":2}']  # the deleted row is gone
+        found = sink.search("*", topics=[TOPIC], limit=1)
+        assert found.total == 2 and len(found.hits) == 1
+        assert found.hits[0].row == row_text(sink.read(TOPIC, [found.hits[0].key])
+                                             [found.hits[0].key])
+        with pytest.raises(SearchQueryError, match="not valid"):
+            sink.search("title:(oops")
+    finally:
+        sink.close()
+
+
+def test_odd_table_and_column_names(tmp_path: Path) -> None:
+    weird = TableId('My "Schema"', "Or.ders Tab")
+    near = TableId('My "Schema"', "Or")  # its topic is a prefix of the weird one's
+    topic = f"src.{weird.schema}.{weird.table}"
+    near_topic = f"src.{near.schema}.{near.table}"
+    tables = {topic: ("src", weird), near_topic: ("src", near)}
+    sink = open_sink(tmp_path / "s", tables=tables,
+                     text_fields={'"My ""Schema"""."Or.ders Tab"': ["Note Text"]})
+    try:
+        row = {"ID": 1, "Note Text": "Zebra crossing", "Other": "lion den"}
+        sink.apply([change({"ID": 1}, 1, row, topic=topic, table=str(weird)),
+                    change({"ID": 1}, 1, {"ID": 1, "Other": "zebra"}, topic=near_topic,
+                           table=str(near))])
+        assert held(sink, topic) == {'{"ID":1}': row_text(row)}
+        assert held(sink, near_topic) == {'{"ID":1}': {"ID": "1", "Other": "zebra"}}
+        hits = sink.search(r"Note\ Text:zebra").hits
+        assert [(h.topic, h.key) for h in hits] == [(topic, '{"ID":1}')]
+        assert [h.topic for h in sink.search("lion").hits] == []  # Other: not a text column
+        assert [h.topic for h in sink.search('Other:"lion den"').hits] == [topic]
+        assert [h.topic for h in sink.search("zebra", topics=[near_topic]).hits] == \
+            [near_topic]
+    finally:
+        sink.close()
+
+
+# ------------------------------------------------------------------------------ storage
+
+def test_watermarks_persist_and_only_move_forward(tmp_path: Path) -> None:
+    sink = open_sink(tmp_path / "s")
+    assert sink.watermark("src") is None
+    sink.set_watermark("src", {"lsn": 2**40, "lsn_text": "100/0"})
+    sink.set_watermark("src", {"lsn": 5})
+    sink.set_watermark("my", {"file_seq": 2, "pos": 4})
+    sink.set_watermark("my", {"file_seq": 1, "pos": 900})
+    again = open_sink(tmp_path / "s")
+    assert again.watermark("src") == {"lsn": 2**40, "lsn_text": "100/0"}
+    assert again.watermark("my") == {"file_seq": 2, "pos": 4}
+    again.set_watermark("src", {"lsn": 2**40 + 1})
+    assert sink.watermark("src") == {"lsn": 2**40 + 1}
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["watermarks.json"]
+
+
+def test_readers_without_an_index_and_beside_the_writer(tmp_path: Path) -> None:
+    reader = open_sink(tmp_path / "s")
+    assert reader.read(TOPIC, ['{"id":1}']) == {} and list(reader.keys(TOPIC)) == []
+    with pytest.raises(SearchSinkError, match=r"run `cdc apply --follower idx` first"):
+        reader.search("x")
+    writer = open_sink(tmp_path / "s")
+    try:
+        writer.check()
+        writer.apply([change(1, 1, item(1, 1))])
+        assert held(reader) == {'{"id":1}': row_text(item(1, 1))}  # no lock needed to read
+        writer.apply([change(1, 2, item(1, 2))])
+        assert held(reader) == {'{"id":1}': row_text(item(1, 2))}  # sees each new commit
+        with pytest.raises(SearchSinkError, match="another `cdc apply`") as caught:
+            open_sink(tmp_path / "s").check()
+        assert "fix:" in str(caught.value)
+    finally:
+        writer.close()
+    second = open_sink(tmp_path / "s")  # closed: the lock is free again
+    second.check()
+    second.close()
+
+
+def test_directories_that_are_not_our_index(tmp_path: Path) -> None:
+    (tmp_path / "busy" / "index").mkdir(parents=True)
+    (tmp_path / "busy" / "index" / "notes.txt").write_text("mine")
+    with pytest.raises(SearchSinkError, match="not empty and holds no Tantivy index"):
+        open_sink(tmp_path / "busy").check()
+    builder = tantivy.SchemaBuilder()
+    builder.add_text_field("body", stored=True)
+    other = tmp_path / "other" / "index"
+    other.mkdir(parents=True)
+    tantivy.Index(builder.build(), str(other))
+    with pytest.raises(SearchSinkError, match="not a cdc search index"):
+        open_sink(tmp_path / "other").check()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SearchSinkError, match="cannot create the index directory"):
+        open_sink(tmp_path / "file").check()
+
+
+# ------------------------------------------------------------------------------ cdc search
+
+def run_cdc(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "cdc.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_cdc_search_command(tmp_path: Path) -> None:
+    from cdc.config import load_config
+    from sinks import open_sink as open_configured
+
+    (tmp_path / "cdc.yaml").write_text(json.dumps({
+        "log": {"path": "./log"},
+        "sources": [{"name": "shop", "kind": "postgres", "dsn": "postgresql://u@127.0.0.1/db",
+                     "tables": ["public.orders", "public.customers"]}],
+        "followers": {
+            "find": {"kind": "search", "path": "./idx",
+                     "text_fields": {"public.orders": ["note"]}},
+            "empty": {"kind": "search", "path": "./nothing"},
+            "cache": {"kind": "redis", "url": "redis://127.0.0.1:1/0"},
+        }}))
+    sink = open_configured(load_config(tmp_path / "cdc.yaml"), "find")
+    assert isinstance(sink, SearchSink)
+    orders, customers = "shop.public.orders", "shop.public.customers"
+    sink.apply([Change(orders, "shop", "public.orders", f'{{"id":{k}}}',
+                       Position.postgres(10, k).to_bytes(),
+                       {"id": k, "note": f"[bold]parcel[/] number {k}", "customer": "ann",
+                        "amount": "1.50"}) for k in range(1, 4)]
+               + [Change(customers, "shop", "public.customers", '{"id":1}',
+                         Position.postgres(10, 9).to_bytes(),
+                         {"id": 1, "name": "Parcel Fan", **{f"c{i}": i for i in range(8)}})])
+    try:  # the writer stays open: `cdc search` reads beside it
+        shown = run_cdc("search", "--config", "cdc.yaml", "--follower", "find", "parcel",
+                        cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        out = shown.stdout
+        assert "4 matching row(s)" in out and "[bold]parcel[/] number 2" in out
+        assert "public.customers" in out and '{"id":3}' in out
+        assert "more column(s) not shown" in out  # the customer row has 10 columns
+        only = run_cdc("search", "-c", "cdc.yaml", "--follower", "find", "note:number",
+                       "--table", "public.orders", "--limit", "2", cwd=tmp_path)
+        assert only.returncode == 0, only.stderr
+        assert "3 matching row(s), the best 2" in only.stdout
+        assert "customer" in only.stdout and "public.customers" not in only.stdout
+        none = run_cdc("search", "-c", "cdc.yaml", "--follower", "find", "customer:bob",
+                       cwd=tmp_path)
+        assert none.returncode == 0 and "no matching rows" in none.stdout
+    finally:
+        sink.close()
+    errors = {
+        ("--follower", "find", "note:("): "is not valid",
+        ("--follower", "nobody", "x"): "no follower named 'nobody'",
+        ("--follower", "cache", "x"): "is of kind redis",
+        ("--follower", "empty", "x"): "run `cdc apply --follower empty` first",
+        ("--follower", "find", "x", "--table", "public.nope"): "does not follow table",
+    }
+    for args, message in errors.items():
+        failed = run_cdc("search", "-c", "cdc.yaml", *args, cwd=tmp_path)
+        assert failed.returncode != 0, args
+        assert message in failed.stderr and "fix:" in failed.stderr, failed.stderr
+        assert "Traceback" not in failed.stderr
