@@ -65,16 +65,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import itertools
 import json
 import math
 import os
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -112,6 +114,7 @@ SCD2_COLUMNS: tuple[tuple[str, pa.DataType], ...] = SCD1_COLUMNS + (
     (END_POSITION, pa.string()), (OP, pa.string()))
 
 Mode = Literal["scd1", "scd2"]
+_T = TypeVar("_T")
 #: a data column's type: what its values are stored as
 Kind = Literal["bool", "int64", "float64", "string"]
 _ARROW: dict[str, pa.DataType] = {"bool": pa.bool_(), "int64": pa.int64(),
@@ -197,41 +200,64 @@ def value_columns(schema: Any) -> list[tuple[str, Any]]:
     return []
 
 
-def fits(kind: Kind, value: Any) -> bool:
-    """Whether a non-null JSON-form value can be stored in a ``kind`` column exactly."""
+def fits(kind: Kind, values: Sequence[Any]) -> bool:
+    """Whether every non-null JSON-form value of ``values`` can be stored in a ``kind`` column
+    exactly: ``bool`` takes booleans, ``int64`` integers in its range (not booleans),
+    ``float64`` floats and the strings ``NaN``/``Infinity``/``-Infinity``; ``string`` all."""
     if kind == "string":
         return True
-    kind_of_value = type(value)
+    types = set(map(type, values))
+    types.discard(type(None))
     if kind == "bool":
-        return kind_of_value is bool
+        return types <= {bool}
     if kind == "int64":
-        return kind_of_value is int and _INT64[0] <= value <= _INT64[1]
-    return kind_of_value is float or (kind_of_value is str and value in _SPECIAL_FLOATS)
+        if not types <= {int}:
+            return False
+        present = [value for value in values if value is not None]
+        return not present or (_INT64[0] <= min(present) and max(present) <= _INT64[1])
+    if types <= {float}:
+        return True
+    return types <= {float, str} and all(
+        value in _SPECIAL_FLOATS for value in values if type(value) is str)
 
 
 def infer_kind(values: Sequence[Any]) -> Kind:
-    """The narrowest kind every non-null value fits (``string`` if none is given)."""
-    present = [value for value in values if value is not None]
-    if not present:
+    """The narrowest kind every non-null value fits (``string`` if none is given; ``float64``
+    only for floats: without a schema, ``"NaN"`` is a string)."""
+    types = set(map(type, values))
+    types.discard(type(None))
+    if not types:
         return "string"
+    if types == {float}:
+        return "float64"
     kinds: tuple[Kind, ...] = ("bool", "int64")
     for kind in kinds:
-        if all(fits(kind, value) for value in present):
+        if fits(kind, values):
             return kind
-    if all(type(value) is float for value in present):
-        return "float64"
     return "string"
 
 
-def to_cell(kind: Kind, value: Any) -> Any:
-    """A JSON-form value as stored in a ``kind`` column (it must fit)."""
-    if value is None:
-        return None
+def column_array(kind: Kind, values: Sequence[Any]) -> pa.Array:
+    """The Arrow array of a ``kind`` column holding ``values`` (JSON forms that fit)."""
     if kind == "string":
-        return canonical_text(value)
-    if kind == "float64" and type(value) is str:
-        return _SPECIAL_FLOATS[value]
-    return value
+        if not set(map(type, values)) <= {str, type(None)}:
+            values = [None if value is None else canonical_text(value) for value in values]
+    elif kind == "float64" and str in set(map(type, values)):
+        values = [_SPECIAL_FLOATS[value] if type(value) is str else value for value in values]
+    return pa.array(values, _ARROW[kind])
+
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+def row_columns(images: Sequence[Mapping[str, Any] | None],
+                names: Sequence[str] | None = None) -> dict[str, list[Any]]:
+    """Per column (``names``, or every column any image has, in order of appearance), its
+    values aligned with ``images`` (``None`` where an image lacks it or is ``None``)."""
+    rows = [_EMPTY if image is None else image for image in images]
+    if names is None:
+        names = list(dict.fromkeys(itertools.chain.from_iterable(rows)))
+    return {name: [row.get(name) for row in rows] for name in names}
 
 
 def cell_text(value: Any) -> str:
@@ -481,58 +507,65 @@ class DeltaSink(Sink):
         return stats
 
     def _with_retries(self, topic: str, batch: list[Change]) -> ApplyStats:
+        return self._retrying(topic, lambda: self._apply_topic(topic, batch))
+
+    def _retrying(self, topic: str, work: Callable[[], _T]) -> _T:
+        """``work()``, redone from a fresh read of the table when its commit loses a race with
+        another writer (a `cdc warehouse` run beside `cdc apply`, or the reverse)."""
         from deltalake.exceptions import CommitFailedError
 
         for attempt in range(_COMMIT_RETRIES):
             try:
-                return self._apply_topic(topic, batch)
+                return work()
             except CommitFailedError as exc:
-                # another writer (vacuum, optimize) committed first: reload and redo
                 self._state.pop(topic, None)
                 if attempt == _COMMIT_RETRIES - 1:
                     raise DeltaSinkError(
-                        f"follower {self.name}: the MERGE into {self.table_path(topic)} lost "
-                        f"{_COMMIT_RETRIES} commit races in a row ({str(exc)[:200]})",
-                        "run one writer per table: do not run two `cdc apply` for the same "
-                        "follower; maintenance (`cdc warehouse`) may run alongside") from None
+                        f"follower {self.name}: a commit to {self.table_path(topic)} lost "
+                        f"{_COMMIT_RETRIES} races with other writers in a row "
+                        f"({str(exc).splitlines()[0][:200]})",
+                        "run one `cdc apply` per follower; then run the command again") from None
                 time.sleep(0.2 * (attempt + 1))
         raise AssertionError("unreachable")
 
     def _apply_topic(self, topic: str, batch: list[Change]) -> ApplyStats:
         state = self._open(topic)
-        columns = self._plan_columns(topic, state, batch)
+        given = len(batch)
+        if self.mode == "scd1":
+            batch = _newest_per_key(batch)  # a MERGE refuses two source rows per target row
+        cells = row_columns([change.row for change in batch])
+        columns = self._plan_columns(topic, state, cells, len(batch))
         if state is None:
             state = self._create(topic, columns)
         with _delta_errors(self.name, "write the Delta table", state.path):
             if self.mode == "scd1":
-                stats = self._merge_scd1(state, batch, columns)
+                stats = self._merge_scd1(state, batch, columns, cells)
             else:
                 stats = self._merge_scd2(state, batch, columns)
+        stats.skipped += given - len(batch)  # folded away here: older than their key's newest
         self._load_columns(state)
         return stats
 
     # --------------------------------------------------------------------- column plans
-    def _plan_columns(self, topic: str, state: _Table | None,
-                      batch: Sequence[Change]) -> dict[str, Kind]:
-        """The data columns (and their kinds) the table has after this batch, in order; widens
-        the table's columns to string first when the batch needs it (one rewrite)."""
+    def _plan_columns(self, topic: str, state: _Table | None, cells: dict[str, list[Any]],
+                      rows: int) -> dict[str, Kind]:
+        """The data columns (and their kinds) the table has after a batch whose rows hold
+        ``cells`` (:func:`row_columns` of its ``rows`` images), in order; widens the table's
+        columns to string first when the batch needs it (one rewrite). Adds the missing
+        columns to ``cells`` (all NULL)."""
         declared, newest = self.declared_columns(topic)
         held_columns = {} if state is None else state.columns
-        values: dict[str, list[Any]] = {}
-        for name in newest:
-            values.setdefault(name, [])
-        for change in batch:
-            if change.row is not None:
-                for name, value in change.row.items():
-                    values.setdefault(name, []).append(value)
-        for name in values:
+        for name in [*newest, *held_columns]:
+            if name not in cells:
+                cells[name] = [None] * rows
+        for name in cells:
             if name.casefold() in self._reserved_folded:
                 raise DeltaSinkError(
                     f"follower {self.name}: table {self._table_name(topic)} has a "
                     f"column named {name}, which the Delta follower ({self.mode}) reserves",
                     "rename the column, or leave the table out of the follower's tables")
         planned: dict[str, Kind] = dict(held_columns)
-        for name, seen in values.items():
+        for name, seen in cells.items():
             held = held_columns.get(name)
             kind: Kind
             if held is None:
@@ -541,9 +574,7 @@ class DeltaSink(Sink):
                 kind = held
             else:
                 kind = "string"  # retyped upstream: the column becomes text
-            if kind != "string" and not all(fits(kind, v) for v in seen if v is not None):
-                kind = "string"
-            planned[name] = kind
+            planned[name] = kind if fits(kind, seen) else "string"
         widened = [name for name, kind in held_columns.items() if planned[name] != kind]
         if state is not None and widened:
             self._widen(state, widened)
@@ -573,13 +604,10 @@ class DeltaSink(Sink):
         self._load_columns(state)
 
     # ------------------------------------------------------------------------- source
-    def _data_arrays(self, rows: Sequence[Mapping[str, Any] | None],
-                     columns: Mapping[str, Kind]) -> dict[str, pa.Array]:
-        out: dict[str, pa.Array] = {}
-        for name, kind in columns.items():
-            cells = [None if row is None else to_cell(kind, row.get(name)) for row in rows]
-            out[name] = pa.array(cells, _ARROW[kind])
-        return out
+    @staticmethod
+    def _data_arrays(columns: Mapping[str, Kind],
+                     cells: Mapping[str, Sequence[Any]]) -> dict[str, pa.Array]:
+        return {name: column_array(kind, cells[name]) for name, kind in columns.items()}
 
     def _bucket_filter(self, state: _Table, buckets: set[int]) -> str:
         """A literal pruning term on the partition column (lets the MERGE skip the files of
@@ -600,12 +628,10 @@ class DeltaSink(Sink):
                                                                           pa.string())))
 
     # --------------------------------------------------------------------------- scd1
-    def _merge_scd1(self, state: _Table, batch: Sequence[Change],
-                    columns: Mapping[str, Kind]) -> ApplyStats:
+    def _merge_scd1(self, state: _Table, batch: Sequence[Change], columns: Mapping[str, Kind],
+                    cells: Mapping[str, Sequence[Any]]) -> ApplyStats:
         assert state.table is not None
         now = int(time.time() * 1000)
-        given = len(batch)
-        batch = _newest_per_key(batch)  # a MERGE refuses two source rows for one target row
         keys = [change.key for change in batch]
         buckets = [bucket_of(key, state.buckets) for key in keys]
         positions = [change.position.hex() for change in batch]
@@ -615,7 +641,7 @@ class DeltaSink(Sink):
             POSITION: pa.array(positions, pa.string()),
             DELETED: pa.array([change.row is None for change in batch], pa.bool_()),
             APPLIED: pa.array([now] * len(batch), pa.int64()),
-            **self._data_arrays([change.row for change in batch], columns)}
+            **self._data_arrays(columns, cells)}
         # which deletes pass the gate (the MERGE's metrics count rows, not their kind)
         applied_deletes = len(deletes)
         if deletes:
@@ -636,7 +662,7 @@ class DeltaSink(Sink):
             metrics["num_target_rows_updated"])
         state.live = None
         return ApplyStats(written=changed - applied_deletes, deleted=applied_deletes,
-                          skipped=given - changed)
+                          skipped=len(batch) - changed)
 
     # --------------------------------------------------------------------------- scd2
     def _merge_scd2(self, state: _Table, batch: Sequence[Change],
@@ -692,7 +718,7 @@ class DeltaSink(Sink):
                          pa.string()),
         }
         images = [None if r.marker else r.change.row for r in rows] + [None] * len(closes)
-        arrays.update(self._data_arrays(images, columns))
+        arrays.update(self._data_arrays(columns, row_columns(images, list(columns))))
         arrays[_CLOSE] = pa.array([False] * len(rows) + [True] * len(closes), pa.bool_())
         return pa.table(arrays)
 
@@ -815,13 +841,13 @@ class DeltaSink(Sink):
         crashed writer) older than that."""
         results = []
         for topic in self.existing_topics():
-            state = self._open(topic)
-            assert state is not None and state.table is not None
-            results.append(self._maintain(state, retain, optimize))
+            results.append(self._retrying(topic, functools.partial(
+                self._maintain, topic, retain, optimize)))
         return results
 
-    def _maintain(self, state: _Table, retain: float, optimize: bool) -> MaintenanceResult:
-        assert state.table is not None
+    def _maintain(self, topic: str, retain: float, optimize: bool) -> MaintenanceResult:
+        state = self._open(topic)
+        assert state is not None and state.table is not None
         started = time.monotonic()
         table = state.table
         result = MaintenanceResult(state.topic, state.path)
@@ -851,7 +877,7 @@ class DeltaSink(Sink):
         return result
 
 
-def _newest_per_key(batch: Sequence[Change]) -> Sequence[Change]:
+def _newest_per_key(batch: list[Change]) -> list[Change]:
     """``batch`` with one change per key: the highest position (the later one on a tie).
     ``batch`` itself when it already has one per key (the fold's output)."""
     newest: dict[str, Change] = {}
