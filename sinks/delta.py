@@ -341,6 +341,12 @@ def _delta_errors(follower: str, what: str, path: Path) -> Iterator[None]:
         if not isinstance(exc, DeltaError | pa.ArrowException) and type(exc) is not Exception:
             raise
         first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:400]
+        if "Duplicate field name" in str(exc):
+            raise DeltaSinkError(f"follower {follower}: cannot {what} at {path}: {first}",
+                                 "Delta column names ignore case, so two source columns "
+                                 "that differ only in case cannot both be followed: rename "
+                                 "one, or leave the table out of the follower's tables"
+                                 ) from None
         if "No space left" in str(exc):
             raise DeltaSinkError(f"follower {follower}: cannot {what} at {path}: the disk is "
                                  "full", "free space on the warehouse's filesystem, then run "
@@ -458,7 +464,7 @@ class DeltaSink(Sink):
         with _delta_errors(self.name, "create the Delta table", path):
             path.mkdir(parents=True, exist_ok=True)
             DeltaTable.create(str(path), schema, mode="ignore", partition_by=[BUCKET],
-                                      description=description)
+                              description=description)
         self._state.pop(topic, None)
         state = self._open(topic)
         if state is None:  # pragma: no cover - create() returned without a log

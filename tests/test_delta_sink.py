@@ -697,3 +697,32 @@ def test_apply_and_vacuum_redo_a_commit_that_lost_a_race(tmp_path: Path) -> None
     applier.apply([change(1, 4, None, "d")])
     assert maintainer.vacuum(3600)[0].markers_dropped == 1  # it reads the table afresh
     assert sorted(held_rows(applier)) == sorted(key_json(k) for k in range(10) if k != 1)
+
+
+def test_columns_differing_only_in_case_are_refused_with_the_fix(tmp_path: Path) -> None:
+    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode="scd1")
+    with pytest.raises(DeltaSinkError, match="ignore case") as caught:
+        sink.apply([change(1, 1, {"id": 1, "Name": "a", "name": "b"}, "c")])
+    assert "leave the table out" in str(caught.value)
+
+
+def test_vacuum_deletes_files_a_crashed_writer_left_once_older_than_retain(
+        tmp_path: Path) -> None:
+    import os
+    import shutil
+    import time
+
+    sink = DeltaSink("wh", tmp_path / "wh", tables={TOPIC: ("src", TABLE)}, mode="scd1",
+                     buckets=1)
+    sink.apply([change(k, 1, {"id": k}, "c") for k in range(5)])
+    live = Path(current_files(sink.table_path(TOPIC))[0])
+    old_orphan = live.with_name("part-00000-crashed-old.parquet")
+    new_orphan = live.with_name("part-00000-crashed-new.parquet")
+    for orphan in (old_orphan, new_orphan):
+        shutil.copy(live, orphan)  # written by a MERGE killed before its commit
+    two_hours_ago = time.time() - 7200
+    os.utime(old_orphan, (two_hours_ago, two_hours_ago))
+    result = sink.vacuum(3600)[0]
+    assert not old_orphan.exists() and new_orphan.exists() and live.exists()
+    assert (result.disk_files_before, result.disk_files_after) == (3, 2)
+    assert len(held_rows(sink)) == 5
