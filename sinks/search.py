@@ -283,15 +283,21 @@ class SearchSink(Sink):
                                "check the directory's disk space and permissions")
 
     def _searcher(self, create: bool = False) -> tantivy.Searcher | None:
-        """A searcher on the newest commit (``None``: no index yet)."""
+        """A searcher on the newest commit (``None``: no index yet). A reload that fails is
+        tried again twice: in another process than the writer's, a merge may delete the
+        files of the commit being opened (the next commit names their replacement)."""
         index = self._open_index(create)
         if index is None:
             return None
-        try:
-            index.reload()
-            return index.searcher()
-        except ValueError as exc:
-            raise self._error("read", exc) from None
+        for attempt in range(3):
+            try:
+                index.reload()
+                return index.searcher()
+            except ValueError as exc:
+                if attempt == 2:
+                    raise self._error("read", exc) from None
+                time.sleep(0.05)
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Release the writer (waiting for running segment merges) and the index."""
