@@ -345,6 +345,38 @@ def test_readers_without_an_index_and_beside_the_writer(tmp_path: Path) -> None:
     second.close()
 
 
+_KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from tests.test_search_sink import change, item, open_sink
+sink = open_sink(Path({path!r}))
+sink.apply([change(1, 1, item(1, 1))])
+writer = sink._open_writer()
+for key in range(2, 500):  # added but never committed
+    writer.add_document(sink._document(f"x{{key}}", key, change(key, 2, item(key, 2))))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_writer_leaves_the_last_commit_and_no_lock(tmp_path: Path) -> None:
+    code = _KILLED_WRITER.format(root=str(Path(__file__).parents[1]), path=str(tmp_path / "s"))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    sink = open_sink(tmp_path / "s")
+    try:
+        sink.check()  # the OS released the dead process's lock
+        assert held(sink) == {'{"id":1}': row_text(item(1, 1))}
+        assert sink.apply([change(1, 2, item(1, 2))]).written == 1
+    finally:
+        sink.close()
+
+
 def test_directories_that_are_not_our_index(tmp_path: Path) -> None:
     (tmp_path / "busy" / "index").mkdir(parents=True)
     (tmp_path / "busy" / "index" / "notes.txt").write_text("mine")
