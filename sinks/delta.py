@@ -200,40 +200,49 @@ def value_columns(schema: Any) -> list[tuple[str, Any]]:
     return []
 
 
-def fits(kind: Kind, values: Sequence[Any]) -> bool:
-    """Whether every non-null JSON-form value of ``values`` can be stored in a ``kind`` column
-    exactly: ``bool`` takes booleans, ``int64`` integers in its range (not booleans),
-    ``float64`` floats and the strings ``NaN``/``Infinity``/``-Infinity``; ``string`` all."""
-    if kind == "string":
-        return True
+def value_types(values: Sequence[Any]) -> set[type]:
+    """The Python types of the non-null values."""
     types = set(map(type, values))
     types.discard(type(None))
+    return types
+
+
+def fits(kind: Kind, values: Sequence[Any], types: set[type] | None = None) -> bool:
+    """Whether every non-null JSON-form value of ``values`` (whose :func:`value_types` are
+    ``types``, if known) can be stored in a ``kind`` column exactly: ``bool`` takes booleans,
+    ``int64`` integers in its range (not booleans), ``float64`` floats and the strings
+    ``NaN``/``Infinity``/``-Infinity``; ``string`` everything."""
+    if kind == "string":
+        return True
+    if types is None:
+        types = value_types(values)
     if kind == "bool":
         return types <= {bool}
     if kind == "int64":
-        if not types <= {int}:
+        if not types:
+            return True
+        if types != {int}:
             return False
-        present = [value for value in values if value is not None]
-        return not present or (_INT64[0] <= min(present) and max(present) <= _INT64[1])
+        present = [value for value in values if value is not None] if None in values \
+            else values
+        return bool(_INT64[0] <= min(present) and max(present) <= _INT64[1])
     if types <= {float}:
         return True
     return types <= {float, str} and all(
         value in _SPECIAL_FLOATS for value in values if type(value) is str)
 
 
-def infer_kind(values: Sequence[Any]) -> Kind:
+def infer_kind(values: Sequence[Any], types: set[type] | None = None) -> Kind:
     """The narrowest kind every non-null value fits (``string`` if none is given; ``float64``
     only for floats: without a schema, ``"NaN"`` is a string)."""
-    types = set(map(type, values))
-    types.discard(type(None))
-    if not types:
-        return "string"
+    if types is None:
+        types = value_types(values)
+    if types == {bool}:
+        return "bool"
     if types == {float}:
         return "float64"
-    kinds: tuple[Kind, ...] = ("bool", "int64")
-    for kind in kinds:
-        if fits(kind, values):
-            return kind
+    if types == {int} and fits("int64", values, types):
+        return "int64"
     return "string"
 
 
@@ -573,14 +582,15 @@ class DeltaSink(Sink):
         planned: dict[str, Kind] = dict(held_columns)
         for name, seen in cells.items():
             held = held_columns.get(name)
+            types = value_types(seen)
             kind: Kind
             if held is None:
-                kind = declared.get(name) or infer_kind(seen)
+                kind = declared.get(name) or infer_kind(seen, types)
             elif held == "string" or declared.get(name, held) == held:
                 kind = held
             else:
                 kind = "string"  # retyped upstream: the column becomes text
-            planned[name] = kind if fits(kind, seen) else "string"
+            planned[name] = kind if fits(kind, seen, types) else "string"
         widened = [name for name, kind in held_columns.items() if planned[name] != kind]
         if state is not None and widened:
             self._widen(state, widened)

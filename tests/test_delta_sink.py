@@ -726,3 +726,16 @@ def test_vacuum_deletes_files_a_crashed_writer_left_once_older_than_retain(
     assert not old_orphan.exists() and new_orphan.exists() and live.exists()
     assert (result.disk_files_before, result.disk_files_after) == (3, 2)
     assert len(held_rows(sink)) == 5
+
+
+def test_fits_and_infer_kind() -> None:
+    from sinks.delta import fits, infer_kind
+
+    assert fits("int64", [1, None, -(2**63), 2**63 - 1])
+    assert not fits("int64", [2**63]) and not fits("int64", [True]) and not fits("int64", [1.0])
+    assert fits("bool", [True, None]) and not fits("bool", [1])
+    assert fits("float64", [0.5, "NaN", "Infinity", "-Infinity", None])
+    assert not fits("float64", [1]) and not fits("float64", ["nan"])
+    assert [infer_kind(v) for v in ([True, None], [1, 2], [0.5], ["NaN"], [1, 0.5], [True, 1],
+                                    [None], [2**64], [[1]])] == [
+        "bool", "int64", "float64", "string", "string", "string", "string", "string", "string"]
