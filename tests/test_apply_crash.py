@@ -88,6 +88,8 @@ KILLS = 12
 #: extra kills allowed to make the last one leave a batch Redis already holds
 EXTRA_KILLS = 4
 MAX_RECORDS = 600
+#: the table followers' batches: bigger, so they keep up without many MERGEs / commits
+TABLE_MAX_RECORDS = 5000
 SEEDED_ROWS = 1500
 TABLE = TableId("public", "items")
 
@@ -356,13 +358,13 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
                 f"    max_records_per_batch: {MAX_RECORDS}\n    trigger_interval: 200ms\n"
                 f"    checkpoint: {checkpoint.path}\n"
                 f"  warehouse:\n    kind: delta\n    path: {tmp_path / 'warehouse'}\n"
-                f"    buckets: 4\n    max_records_per_batch: {MAX_RECORDS}\n"
+                f"    buckets: 4\n    max_records_per_batch: {TABLE_MAX_RECORDS}\n"
                 f"    trigger_interval: 500ms\n"
                 f"  history:\n    kind: delta\n    mode: scd2\n    path: {tmp_path / 'history'}\n"
-                f"    buckets: 4\n    max_records_per_batch: {MAX_RECORDS}\n"
+                f"    buckets: 4\n    max_records_per_batch: {TABLE_MAX_RECORDS}\n"
                 f"    trigger_interval: 500ms\n"
                 f"  search:\n    kind: search\n    path: {tmp_path / 'search'}\n"
-                f"    max_records_per_batch: {MAX_RECORDS}\n    trigger_interval: 500ms\n")
+                f"    max_records_per_batch: {TABLE_MAX_RECORDS}\n    trigger_interval: 500ms\n")
     config_path = write_config(tmp_path, pg_db, ["public.items"], extra=follower)
     log = tmp_path / "log"
     topic = f"{pg_db.source}.public.items"

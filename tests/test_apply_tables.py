@@ -13,7 +13,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from cdc.avro import EventCodec
 from cdc.config import load_config
+from cdc.log.local import LocalChangeLogReader
+from cdc.log.schemas import SchemaStore
 from cdc.synthetic import ORDERS, Workload
 from sinks import open_sink
 from sinks.base import Sink, row_text
@@ -47,6 +50,49 @@ def expected(log: Path) -> dict[str, dict[str, str]]:
     return {key: row_text(row) for key, row in latest_rows(read_topic(log, ORDERS.topic)).items()}
 
 
+def expected_history(log: Path) -> list[tuple[Any, ...]]:
+    """SCD2 from the log by hand: per key, in (position, offset) order, every c/u/r record
+    opens a version (closing the open one) and a delete or tombstone closes the open one;
+    rows ``(key, position hex, end position hex | None, is_current, row text)``."""
+    reader, codec = LocalChangeLogReader(log), EventCodec(SchemaStore(log))
+    by_key: dict[str, list[tuple[bytes, int, dict[str, Any] | None]]] = {}
+    for partition in range(reader.topic(ORDERS.topic).partitions):
+        for record in reader.iter_partition(ORDERS.topic, partition):
+            envelope = None if record.value is None else codec.decode_value(record.value).envelope
+            after = envelope["after"] if envelope and envelope["op"] in "cur" else None
+            by_key.setdefault(record.key.decode(), []).append(
+                (bytes(record.position), record.offset, after))
+    rows: list[tuple[Any, ...]] = []
+    for key, records in by_key.items():
+        versions: list[list[Any]] = []
+        newest = b""
+        for position, _, after in sorted(records, key=lambda r: (r[0], r[1])):
+            if position <= newest:
+                continue  # a tombstone shares its delete's position
+            newest = position
+            if versions and versions[-1][2] is None:
+                versions[-1][2] = position.hex()  # the open version ends here
+            if after is not None:
+                versions.append([key, position.hex(), None, True, row_text(after)])
+        for version in versions:
+            version[3] = version[2] is None
+        rows.extend(tuple(v) for v in versions)
+    return sorted(rows)
+
+
+def held_history(sink: Any) -> list[tuple[Any, ...]]:
+    from sinks.delta import END_POSITION, IS_CURRENT, KEY, POSITION, cell_text
+
+    table = sink.history(ORDERS.topic)
+    data = [name for name in table.column_names if not name.startswith("_cdc_")
+            and name not in ("valid_from", "valid_to", "is_current")]
+    out = []
+    for row in table.to_pylist():
+        text = {name: cell_text(row[name]) for name in data if row[name] is not None}
+        out.append((row[KEY], row[POSITION], row[END_POSITION], row[IS_CURRENT], text))
+    return sorted(out)
+
+
 def apply_once(config_path: Path) -> Any:
     from spark_apply.jobs import run_apply
 
@@ -78,6 +124,10 @@ def test_apply_into_delta_and_search_equals_the_log(tmp_path: Path, spark: Any) 
             assert held(sink) == want, name
             assert sink.watermark("shop") == {"lsn": workload.seq}, name
 
+        history = held_history(sinks["history"])  # SCD2: the log's sequence of changes
+        assert history == expected_history(log)
+        assert sum(1 for row in history if row[3]) == len(want)  # one current row per live key
+
         for name in FOLLOWERS:  # a lost checkpoint: replay from offset 0 through the gate
             shutil.rmtree(config.follower_checkpoint(name))
         job = apply_once(config_path)
@@ -87,6 +137,7 @@ def test_apply_into_delta_and_search_equals_the_log(tmp_path: Path, spark: Any) 
             assert (progress.written, progress.deleted) == (0, 0), name
             assert progress.skipped > 0, name
             assert held(sink) == want, name
+        assert held_history(sinks["history"]) == history
     finally:
         for sink in sinks.values():
             sink.close()
