@@ -207,53 +207,64 @@ def value_types(values: Sequence[Any]) -> set[type]:
     return types
 
 
-def fits(kind: Kind, values: Sequence[Any], types: set[type] | None = None) -> bool:
-    """Whether every non-null JSON-form value of ``values`` (whose :func:`value_types` are
-    ``types``, if known) can be stored in a ``kind`` column exactly: ``bool`` takes booleans,
-    ``int64`` integers in its range (not booleans), ``float64`` floats and the strings
-    ``NaN``/``Infinity``/``-Infinity``; ``string`` everything."""
-    if kind == "string":
-        return True
+def kind_array(kind: Kind, values: Sequence[Any],
+               types: set[type] | None = None) -> pa.Array | None:
+    """The Arrow array of a ``kind`` column holding ``values`` (JSON forms; their
+    :func:`value_types` are ``types``, if known), or ``None`` when a non-null value does not
+    fit exactly: ``bool`` takes booleans, ``int64`` integers in its range (not booleans),
+    ``float64`` floats and the strings ``NaN``/``Infinity``/``-Infinity``; ``string`` takes
+    everything, as :func:`~sinks.base.canonical_text`."""
     if types is None:
         types = value_types(values)
+    if kind == "string":
+        if not types <= {str}:
+            values = [None if value is None else canonical_text(value) for value in values]
+        return pa.array(values, pa.string())
     if kind == "bool":
-        return types <= {bool}
+        return pa.array(values, pa.bool_()) if types <= {bool} else None
     if kind == "int64":
-        if not types:
-            return True
-        if types != {int}:
-            return False
-        present = [value for value in values if value is not None] if None in values \
-            else values
-        return bool(_INT64[0] <= min(present) and max(present) <= _INT64[1])
+        if not types <= {int}:
+            return None
+        try:
+            return pa.array(values, pa.int64())
+        except (OverflowError, pa.ArrowException):  # beyond 64 bits
+            return None
     if types <= {float}:
-        return True
-    return types <= {float, str} and all(
-        value in _SPECIAL_FLOATS for value in values if type(value) is str)
+        return pa.array(values, pa.float64())
+    if types <= {float, str} and all(
+            value in _SPECIAL_FLOATS for value in values if type(value) is str):
+        return pa.array([_SPECIAL_FLOATS[value] if type(value) is str else value
+                         for value in values], pa.float64())
+    return None
+
+
+def fits(kind: Kind, values: Sequence[Any]) -> bool:
+    """Whether every non-null value of ``values`` fits a ``kind`` column (see
+    :func:`kind_array`)."""
+    return kind_array(kind, values) is not None
 
 
 def infer_kind(values: Sequence[Any], types: set[type] | None = None) -> Kind:
-    """The narrowest kind every non-null value fits (``string`` if none is given; ``float64``
-    only for floats: without a schema, ``"NaN"`` is a string)."""
+    """The narrowest kind for ``values`` without a schema: all booleans, all integers (that
+    must then fit 64 bits), all floats; else (or with no value at all) ``string``. ``"NaN"`` is
+    a string here."""
     if types is None:
         types = value_types(values)
     if types == {bool}:
         return "bool"
     if types == {float}:
         return "float64"
-    if types == {int} and fits("int64", values, types):
+    if types == {int}:
         return "int64"
     return "string"
 
 
 def column_array(kind: Kind, values: Sequence[Any]) -> pa.Array:
     """The Arrow array of a ``kind`` column holding ``values`` (JSON forms that fit)."""
-    if kind == "string":
-        if not set(map(type, values)) <= {str, type(None)}:
-            values = [None if value is None else canonical_text(value) for value in values]
-    elif kind == "float64" and str in set(map(type, values)):
-        values = [_SPECIAL_FLOATS[value] if type(value) is str else value for value in values]
-    return pa.array(values, _ARROW[kind])
+    array = kind_array(kind, values)
+    if array is None:  # pragma: no cover - the column plan checked every value
+        raise ValueError(f"a value does not fit a {kind} column")
+    return array
 
 
 _EMPTY: Mapping[str, Any] = {}
@@ -548,13 +559,14 @@ class DeltaSink(Sink):
         given = len(batch)
         if self.mode == "scd1":
             batch = _newest_per_key(batch)  # a MERGE refuses two source rows per target row
-        cells = row_columns([change.row for change in batch])
-        columns = self._plan_columns(topic, state, cells, len(batch))
+        arrays: dict[str, pa.Array] = {}
+        columns = self._plan_columns(topic, state, row_columns([c.row for c in batch]),
+                                     len(batch), arrays)
         if state is None:
             state = self._create(topic, columns)
         with _delta_errors(self.name, "write the Delta table", state.path):
             if self.mode == "scd1":
-                stats = self._merge_scd1(state, batch, columns, cells)
+                stats = self._merge_scd1(state, batch, arrays)
             else:
                 stats = self._merge_scd2(state, batch, columns)
         stats.skipped += given - len(batch)  # folded away here: older than their key's newest
@@ -563,11 +575,11 @@ class DeltaSink(Sink):
 
     # --------------------------------------------------------------------- column plans
     def _plan_columns(self, topic: str, state: _Table | None, cells: dict[str, list[Any]],
-                      rows: int) -> dict[str, Kind]:
+                      rows: int, arrays: dict[str, pa.Array]) -> dict[str, Kind]:
         """The data columns (and their kinds) the table has after a batch whose rows hold
         ``cells`` (:func:`row_columns` of its ``rows`` images), in order; widens the table's
-        columns to string first when the batch needs it (one rewrite). Adds the missing
-        columns to ``cells`` (all NULL)."""
+        columns to string first when the batch needs it (one rewrite). Fills ``arrays`` with
+        each column's Arrow array for those rows (NULL where a row lacks it)."""
         declared, newest = self.declared_columns(topic)
         held_columns = {} if state is None else state.columns
         for name in [*newest, *held_columns]:
@@ -590,7 +602,11 @@ class DeltaSink(Sink):
                 kind = held
             else:
                 kind = "string"  # retyped upstream: the column becomes text
-            planned[name] = kind if fits(kind, seen, types) else "string"
+            array = kind_array(kind, seen, types)
+            if array is None:  # a value that does not fit: the column becomes text
+                kind, array = "string", kind_array("string", seen, types)
+            planned[name] = kind
+            arrays[name] = array
         widened = [name for name, kind in held_columns.items() if planned[name] != kind]
         if state is not None and widened:
             self._widen(state, widened)
@@ -644,8 +660,8 @@ class DeltaSink(Sink):
                                                                           pa.string())))
 
     # --------------------------------------------------------------------------- scd1
-    def _merge_scd1(self, state: _Table, batch: Sequence[Change], columns: Mapping[str, Kind],
-                    cells: Mapping[str, Sequence[Any]]) -> ApplyStats:
+    def _merge_scd1(self, state: _Table, batch: Sequence[Change],
+                    data: Mapping[str, pa.Array]) -> ApplyStats:
         assert state.table is not None
         now = int(time.time() * 1000)
         keys = [change.key for change in batch]
@@ -656,8 +672,7 @@ class DeltaSink(Sink):
             KEY: pa.array(keys, pa.string()), BUCKET: pa.array(buckets, pa.int32()),
             POSITION: pa.array(positions, pa.string()),
             DELETED: pa.array([change.row is None for change in batch], pa.bool_()),
-            APPLIED: pa.array([now] * len(batch), pa.int64()),
-            **self._data_arrays(columns, cells)}
+            APPLIED: pa.array([now] * len(batch), pa.int64()), **data}
         # which deletes pass the gate (the MERGE's metrics count rows, not their kind)
         applied_deletes = len(deletes)
         if deletes:
