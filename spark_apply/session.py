@@ -1,6 +1,9 @@
 """The local SparkSession every ``cdc apply`` job and Spark test uses.
 
-:func:`spark_session` builds (or returns the already running) session: ``local[2]`` by default,
+:func:`spark_session` builds (or returns the already running) session: ``local[2,3]`` by default
+(two cores; a failed task is tried up to 3 times — local mode's default is once, and on a loaded
+machine a Python worker can miss Spark's fixed 10 s connect-back deadline; our reads are
+idempotent),
 Python workers on this interpreter (``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON`` =
 ``sys.executable``; workers started with another Python fail after a 10 s timeout), the project
 root on the workers' ``PYTHONPATH`` (so they import ``spark_apply.source``), no web UI, few
@@ -29,7 +32,7 @@ def _worker_environment() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *paths])
 
 
-def spark_session(master: str = "local[2]", app_name: str = "cdc",
+def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
                   conf: Mapping[str, str] | None = None) -> Any:
     """The SparkSession (created on first call; later calls return the same one, ``master``
     and ``conf`` then apply only where Spark allows changing them at runtime).
