@@ -162,12 +162,13 @@ def stored_offset(log: Path, source: str) -> dict[str, Any] | None:
     return offset
 
 
-def wait_for(predicate: Any, timeout: float = 60, what: str = "condition") -> None:
+def wait_for(predicate: Any, timeout: float = 60, what: str = "condition",
+             interval: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.1)
+        time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
