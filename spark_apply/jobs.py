@@ -21,6 +21,8 @@ running batch finish before stopping.
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -37,9 +39,20 @@ from cdc.errors import CdcError, LogError
 from sinks.base import Sink
 from spark_apply.latency import LatencyHistogram, format_seconds
 
+log = logging.getLogger(__name__)
+
 
 class ApplyError(CdcError):
     """A follower's streaming query failed."""
+
+
+#: failures of Spark's own plumbing, not of the data or the sink: Spark starts a Python process
+#: per streaming source (and per task) that must connect back within a fixed 10 s, which a
+#: loaded machine can miss. Such a query is restarted from its checkpoint (exactly where it
+#: was: the version gate absorbs a replayed batch) up to :data:`TRANSIENT_RESTARTS` times.
+TRANSIENT_FAILURES = ("Python worker failed to connect back", "CANNOT_OPEN_SOCKET",
+                      "Timed out while waiting for the Python worker")
+TRANSIENT_RESTARTS = 5
 
 
 @dataclass
@@ -125,6 +138,29 @@ class BatchHandler:
             progress.lag_s = 0.0
 
 
+_PYTHON_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$", re.M)
+
+
+def failure_summary(text: str) -> str:
+    """The line of a query's failure that says what went wrong: the last Python exception
+    line of an embedded traceback (``RuntimeError: ...``), else the first line."""
+    found = _PYTHON_ERROR.findall(text)
+    if "Traceback (most recent call last)" in text and found:
+        return str(found[-1]).strip()
+    lines = text.strip().splitlines()
+    return lines[0] if lines else "?"
+
+
+def _wait_initialized(query: Any, timeout: float = 30.0) -> None:
+    """Until ``query`` has initialized its source (Spark's own Python process for it is up),
+    at most ``timeout`` s: queries started together would spawn their Python processes at
+    once, and on a loaded machine one can miss Spark's fixed connect-back deadline."""
+    deadline = time.monotonic() + timeout
+    while (time.monotonic() < deadline and query.isActive
+           and query.status.get("message") == "Initializing sources"):
+        time.sleep(0.05)
+
+
 def check_log(config: Config) -> None:
     """:class:`LogError` with the fix unless the configured log exists."""
     if not (config.log_path / "state.json").exists():
@@ -143,6 +179,10 @@ class ApplyJob:
     progress: dict[str, FollowerProgress]
     stop: threading.Event = field(default_factory=threading.Event)
     queries: dict[str, Any] = field(default_factory=dict)
+    #: per follower, the restarts after a transient failure (:data:`TRANSIENT_FAILURES`)
+    restarts: dict[str, int] = field(default_factory=dict)
+    _spark: Any = None
+    _once: bool = False
 
     @classmethod
     def prepare(cls, config: Config, names: Sequence[str]) -> ApplyJob:
@@ -178,8 +218,11 @@ class ApplyJob:
 
     def start(self, spark: Any, once: bool) -> None:
         """Start one streaming query per follower."""
+        self._spark, self._once = spark, once
         for name in self.names:
-            self.queries[name] = self._start_query(spark, name, once)
+            self.queries[name] = query = self._start_query(spark, name, once)
+            if len(self.names) > 1:
+                _wait_initialized(query)
 
     def _start_query(self, spark: Any, name: str, once: bool) -> Any:
         follower = self.config.follower(name)
@@ -220,8 +263,10 @@ class ApplyJob:
         try:
             if live is not None:
                 live.start()
-            while not self.stop.is_set() and any(q.isActive for q in self.queries.values()):
-                self._raise_failures()
+            while not self.stop.is_set():
+                self._raise_failures(restart=True)
+                if not any(q.isActive for q in self.queries.values()):
+                    break
                 self.stop.wait(refresh)
                 if live is not None:
                     live.update(self.table())
@@ -244,8 +289,10 @@ class ApplyJob:
             if query.isActive:
                 query.stop()
 
-    def _raise_failures(self) -> None:
-        for name, query in self.queries.items():
+    def _raise_failures(self, restart: bool = False) -> None:
+        """Raise the first failure of a query; with ``restart``, restart instead a query whose
+        failure is transient (:meth:`_restart_if_transient`)."""
+        for name, query in list(self.queries.items()):
             if query.isActive:
                 continue
             failure = query.exception()
@@ -254,10 +301,27 @@ class ApplyJob:
             known = self.progress[name].error
             if known is not None:
                 raise known
-            first = str(failure).strip().splitlines()[0] if str(failure).strip() else "?"
-            raise ApplyError(f"follower {name}: the streaming query failed: {first[:500]}",
+            if restart and self._restart_if_transient(name, str(failure)):
+                continue
+            raise ApplyError(f"follower {name}: the streaming query failed: "
+                             f"{failure_summary(str(failure))[:500]}",
                              "fix the cause and run `cdc apply` again; it resumes from the "
                              f"checkpoint at {self.checkpoint(name)}")
+
+    def _restart_if_transient(self, name: str, failure: str) -> bool:
+        """Restart follower ``name``'s query if ``failure`` is Spark plumbing (see
+        :data:`TRANSIENT_FAILURES`) and it has restarts left; whether it did."""
+        done = self.restarts.get(name, 0)
+        if (self._spark is None or self.stop.is_set() or done >= TRANSIENT_RESTARTS
+                or not any(marker in failure for marker in TRANSIENT_FAILURES)):
+            return False
+        self.restarts[name] = done + 1
+        first = failure.strip().splitlines()[0][:200]
+        log.warning("follower %s: the streaming query failed in Spark's plumbing (%s); "
+                    "restarting it from its checkpoint (%d of %d)", name, first, done + 1,
+                    TRANSIENT_RESTARTS)
+        self.queries[name] = self._start_query(self._spark, name, self._once)
+        return True
 
     def table(self) -> Table:
         """Per follower: batches, records read, changes, written/deleted/skipped, lag, and

@@ -298,3 +298,57 @@ def test_redis_lost_during_apply_is_reported_and_nothing_is_committed(
     # the failed batch was not committed: its offsets are not in the checkpoint's commits
     commits = config.follower_checkpoint("cache") / "commits"
     assert not commits.exists() or not any(commits.iterdir())
+
+
+def test_a_query_failing_in_sparks_plumbing_is_restarted(tmp_path: Path, redis_url: str,
+                                                         spark: Any) -> None:
+    """A query that fails with Spark's "Python worker failed to connect back" is restarted from
+    its checkpoint (here the sink raises that text twice, then works); any other failure is
+    raised at once with the fix."""
+    from spark_apply.jobs import TRANSIENT_FAILURES, ApplyError, ApplyJob
+
+    class Flaky(RedisSink):
+        failures = 2
+
+        def apply(self, changes: Any) -> Any:
+            if Flaky.failures:
+                Flaky.failures -= 1
+                raise RuntimeError(TRANSIENT_FAILURES[0] + " (simulated)")
+            return super().apply(changes)
+
+    config_path, workload = write_synthetic(tmp_path, redis_url, changes=800,
+                                            max_records_per_batch=300)
+    config = load_config(config_path)
+    follower = config.follower("cache")
+    job = ApplyJob.prepare(config, ["cache"])
+    job.sinks["cache"].close()
+    job.sinks["cache"] = Flaky("cache", follower.url)  # type: ignore[attr-defined]
+    try:
+        job.start(spark, once=True)
+        job.wait()
+    finally:
+        job.stop_queries()
+        job.close()
+    assert job.restarts == {"cache": 2}
+    sink = open_sink(config, "cache")
+    expected = latest_rows(read_topic(tmp_path / "log", ORDERS.topic))
+    assert set(sink.keys(ORDERS.topic)) == set(expected) and len(expected) > 100
+
+    Flaky.failures = 1
+    append_synthetic(tmp_path / "log", workload, 50)
+    job = ApplyJob.prepare(config, ["cache"])
+    job.sinks["cache"].close()
+
+    class Broken(RedisSink):
+        def apply(self, changes: Any) -> Any:
+            raise RuntimeError("a real bug")
+
+    job.sinks["cache"] = Broken("cache", follower.url)  # type: ignore[attr-defined]
+    try:
+        job.start(spark, once=True)
+        with pytest.raises(ApplyError, match="a real bug"):
+            job.wait()
+    finally:
+        job.stop_queries()
+        job.close()
+    assert job.restarts == {}
