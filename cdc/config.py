@@ -339,8 +339,8 @@ class SearchFollowerConfig(_FollowerBase):
 #: one follower, by its ``kind``
 FollowerConfig = Annotated[RedisFollowerConfig | DeltaFollowerConfig | SearchFollowerConfig,
                            Field(discriminator="kind")]
-FOLLOWER_KINDS: dict[str, type[BaseModel]] = {"redis": RedisFollowerConfig, "delta": DeltaFollowerConfig,
-                  "search": SearchFollowerConfig}
+FOLLOWER_KINDS: dict[str, type[BaseModel]] = {
+    "redis": RedisFollowerConfig, "delta": DeltaFollowerConfig, "search": SearchFollowerConfig}
 
 
 class Config(_Strict):

@@ -69,7 +69,6 @@ import functools
 import itertools
 import json
 import math
-import os
 import tempfile
 import time
 import zlib
@@ -84,6 +83,7 @@ import pyarrow.compute as pc
 from cdc.errors import CdcError
 from cdc.events import TableId
 from sinks.base import ApplyStats, Change, Sink, canonical_text
+from sinks.watermarks import WatermarkFile
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -758,57 +758,13 @@ class DeltaSink(Sink):
     def watermark_file(self) -> Path:
         return self.root / WATERMARK_FILE
 
-    def _watermarks(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.watermark_file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            raise DeltaSinkError(f"follower {self.name}: cannot read {self.watermark_file} "
-                                 f"({exc})", "restore it, or delete it (the next batch "
-                                 "writes it again)") from None
-        return dict(data) if isinstance(data, dict) else {}
-
     def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:
-        """Store ``offset`` for ``source`` unless the stored one orders after it (by
-        :func:`spark_apply.fold.watermark_order`), atomically: a temp file, fsync, rename."""
-        from spark_apply.fold import watermark_order
-
-        marks = self._watermarks()
-        order = list(watermark_order(offset))
-        held = marks.get(source)
-        if held is not None and order and held.get("order") and \
-                len(held["order"]) == len(order) and list(held["order"]) > order:
-            return
-        marks[source] = {"offset": dict(offset), "order": order}
-        text = json.dumps(marks, sort_keys=True, indent=1)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            fd, temp = tempfile.mkstemp(dir=self.root, prefix=".watermarks-")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    handle.write(text)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(temp, self.watermark_file)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temp)
-                raise
-            directory = os.open(self.root, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
-        except OSError as exc:
-            raise DeltaSinkError(f"follower {self.name}: cannot write {self.watermark_file} "
-                                 f"({exc.strerror or exc})",
-                                 "free space on the warehouse's filesystem and make it "
-                                 "writable; `cdc apply` replays the batch") from None
+        """Store ``offset`` for ``source`` unless the stored one orders after it
+        (``sinks/watermarks.py``: atomic, durable, only forward)."""
+        WatermarkFile(self.watermark_file, self.name, DeltaSinkError).advance(source, offset)
 
     def watermark(self, source: str) -> dict[str, Any] | None:
-        held = self._watermarks().get(source)
-        return None if held is None else dict(held["offset"])
+        return WatermarkFile(self.watermark_file, self.name, DeltaSinkError).get(source)
 
     # -------------------------------------------------------------------------- reading
     def _live(self, topic: str) -> tuple[_Table, pa.Table] | None:

@@ -70,6 +70,7 @@ import tantivy
 from cdc.errors import CdcError
 from cdc.events import TableId
 from sinks.base import ApplyStats, Change, Sink, row_text
+from sinks.watermarks import WatermarkFile
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -94,7 +95,6 @@ KEYS_SLICE = 20_000
 _THREAD_HEAP_MIN = 15_000_000
 _MAX_POSITION = 31
 _WORDS = struct.Struct(">4Q")
-_FORMAT = 1
 _ROW_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
                              check_circular=False).encode
 
@@ -450,44 +450,13 @@ class SearchSink(Sink):
         return True
 
     # ----------------------------------------------------------------------------- watermarks
-    def _read_watermarks(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.watermark_path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            raise SearchSinkError(f"follower {self.name}: cannot read {self.watermark_path} "
-                                  f"({exc})", "check the file; deleting it makes `cdc apply` "
-                                  "write it again after its next batch") from None
-        sources = data.get("sources") if isinstance(data, dict) else None
-        return dict(sources) if isinstance(sources, dict) else {}
-
     def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:
-        """Store ``offset`` for ``source`` unless the stored one orders after it (by
-        :func:`spark_apply.fold.watermark_order`); the file is replaced atomically."""
-        from spark_apply.fold import watermark_order
-
-        order = list(watermark_order(offset))
-        sources = self._read_watermarks()
-        held = sources.get(source)
-        if isinstance(held, dict):
-            before = held.get("order") or []
-            if order and len(before) == len(order) and order < list(before):
-                return
-        sources[source] = {"offset": dict(offset), "order": order}
-        text = json.dumps({"version": _FORMAT, "sources": sources}, sort_keys=True, indent=1)
-        try:
-            _replace_file(self.watermark_path, text)
-        except OSError as exc:
-            raise SearchSinkError(f"follower {self.name}: cannot write {self.watermark_path} "
-                                  f"({exc.strerror})", "free disk space / fix the directory's "
-                                  "permissions; the batch is replayed on restart") from None
+        """Store ``offset`` for ``source`` unless the stored one orders after it
+        (``sinks/watermarks.py``: atomic, durable, only forward)."""
+        WatermarkFile(self.watermark_path, self.name, SearchSinkError).advance(source, offset)
 
     def watermark(self, source: str) -> dict[str, Any] | None:
-        held = self._read_watermarks().get(source)
-        if not isinstance(held, dict) or not isinstance(held.get("offset"), dict):
-            return None
-        return dict(held["offset"])
+        return WatermarkFile(self.watermark_path, self.name, SearchSinkError).get(source)
 
     # ------------------------------------------------------------------------------- reading
     def _live(self, *clauses: tuple[tantivy.Occur, tantivy.Query]) -> tantivy.Query:
@@ -668,20 +637,3 @@ def _hits_table(title: str, hits: list[Hit]) -> Any:
         cells += [_shown(hit.row.get(column, "")) for column in columns[:SHOWN_COLUMNS]]
         table.add_row(*(Text(cell) for cell in cells))
     return table
-
-
-def _replace_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically and durably: a temp file beside it, fsync,
-    rename over ``path``, fsync of the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

@@ -1,0 +1,98 @@
+"""A follower's watermarks in one small JSON file (for sinks without a store of their own that
+could hold them: the Delta and search followers).
+
+Format (``version`` 1)::
+
+    {"version": 1, "sources": {"<source>": {"offset": {...}, "order": [...]}}}
+
+``offset`` is the source offset exactly as :meth:`Sink.set_watermark` got it; ``order`` is its
+:func:`spark_apply.fold.watermark_order`, kept so that a watermark only ever moves forward: an
+offset whose order is below the stored one (same shape) is ignored. Every write replaces the
+file atomically and durably: a temp file beside it, fsync, rename over it, fsync of the
+directory — a crash leaves the old file or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cdc.errors import CdcError
+
+FORMAT = 1
+
+
+class WatermarkFile:
+    """The watermarks of follower ``follower`` at ``path``; failures raise ``error`` (the
+    sink's own :class:`CdcError` subclass) naming the file and the fix."""
+
+    def __init__(self, path: Path, follower: str, error: type[CdcError]) -> None:
+        self.path = path
+        self.follower = follower
+        self.error = error
+
+    def entries(self) -> dict[str, Any]:
+        """``{source: {"offset": ..., "order": [...]}}`` as stored (empty without a file)."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise self.error(f"follower {self.follower}: cannot read {self.path} ({exc})",
+                             "restore it, or delete it (`cdc apply` writes it again after "
+                             "its next batch)") from None
+        sources = data.get("sources") if isinstance(data, dict) else None
+        return dict(sources) if isinstance(sources, dict) else {}
+
+    def get(self, source: str) -> dict[str, Any] | None:
+        """The stored offset of ``source`` (``None``: never set)."""
+        held = self.entries().get(source)
+        if not isinstance(held, dict) or not isinstance(held.get("offset"), dict):
+            return None
+        return dict(held["offset"])
+
+    def advance(self, source: str, offset: Mapping[str, Any]) -> None:
+        """Store ``offset`` for ``source`` unless the stored one orders after it."""
+        from spark_apply.fold import watermark_order
+
+        order = list(watermark_order(offset))
+        sources = self.entries()
+        held = sources.get(source)
+        if isinstance(held, dict):
+            before = list(held.get("order") or [])
+            if order and len(before) == len(order) and order < before:
+                return
+        sources[source] = {"offset": dict(offset), "order": order}
+        text = json.dumps({"version": FORMAT, "sources": sources}, sort_keys=True, indent=1)
+        try:
+            replace_file(self.path, text)
+        except OSError as exc:
+            raise self.error(f"follower {self.follower}: cannot write {self.path} "
+                             f"({exc.strerror})", "free disk space or fix the directory's "
+                             "permissions; the batch is replayed on restart") from None
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically and durably: a temp file beside it, fsync, rename
+    over ``path``, fsync of the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
