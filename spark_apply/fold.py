@@ -141,10 +141,7 @@ def _change(row: Any) -> Change:
     op = _get(row, "op")
     after = _get(row, "after")
     image = json.loads(after) if op in _UPSERTS and after is not None else None
-    try:
-        ts = _get(row, "source_ts_ms")
-    except (KeyError, ValueError, IndexError):  # a projection without it (collect_fold)
-        ts = None
+    ts = _get(row, "source_ts_ms")
     return Change(topic=_get(row, "topic"), source=_get(row, "source"),
                   table=_get(row, "table"), key=_get(row, "key"),
                   position=bytes(_get(row, "position")), row=image, op=op or "",
@@ -203,7 +200,8 @@ def collect_fold(folded: DataFrame) -> FoldResult:
     newest = pc.max(data.column("source_ts_ms")).as_py() if data.num_rows else None
     result.newest_ts_ms = None if newest is None else int(newest)
     # the rows are one per (topic, key) already: no ranking left to do
-    columns = data.select(["topic", "source", "table", "key", "position", "op", "after"])
+    columns = data.select(["topic", "source", "table", "key", "position", "op", "after",
+                           "source_ts_ms"])
     result.changes = [_change(row) for row in columns.to_pylist()
                       if row["position"] is not None]
     marks: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
