@@ -1,7 +1,8 @@
 """Avro schemas and encoding of change events (fastavro).
 
 Per table, :func:`value_schema` builds Debezium's ``Envelope`` around a ``Value`` record of the
-table's columns, with the fixed ``source`` and ``transaction`` blocks read from ``schemas/``.
+table's columns, with the ``source`` block of the table's connector
+(:class:`cdc.source.EnvelopeSource`) and the ``transaction`` block read from ``schemas/``.
 :class:`EventCodec` registers those schemas in the :class:`~cdc.log.schemas.SchemaStore` (a new
 version whenever the columns change) and turns events into log records and back.
 
@@ -35,13 +36,13 @@ from cdc.errors import EncodingError, SchemaError
 from cdc.events import ChangeEvent, Column, Op, TableSchema, encode_key
 from cdc.log.base import Record
 from cdc.log.schemas import RegisteredSchema, SchemaStore
+from cdc.source import EnvelopeSource, envelope_source
 from cdc.types import ColumnType
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
 MAGIC = 0
 _FRAME = struct.Struct(">bI")
 _INVALID = re.compile(r"[^A-Za-z0-9_]")
-SOURCE_SCHEMA_FILES = {"postgresql": "source.postgresql.avsc", "mysql": "source.mysql.avsc"}
 
 
 @cache
@@ -124,9 +125,7 @@ def _fields(columns: tuple[Column, ...]) -> list[dict[str, Any]]:
 def value_schema(schema: TableSchema) -> dict[str, Any]:
     """Debezium's envelope for ``schema``'s table."""
     namespace = _namespace(schema)
-    source_file = SOURCE_SCHEMA_FILES.get(schema.connector)
-    if source_file is None:
-        raise SchemaError(f"unknown connector {schema.connector!r} for {schema.table}")
+    source = envelope_source(schema.connector).schema
     value = {"type": "record", "name": "Value", "namespace": namespace,
              "fields": _fields(schema.columns)}
     optional_long = {"type": ["null", "long"], "default": None}
@@ -139,7 +138,7 @@ def value_schema(schema: TableSchema) -> dict[str, Any]:
         "fields": [
             {"name": "before", "type": ["null", value], "default": None},
             {"name": "after", "type": ["null", f"{namespace}.Value"], "default": None},
-            {"name": "source", "type": fixed_schema(source_file)},
+            {"name": "source", "type": source},
             {"name": "transaction", "type": ["null", fixed_schema("transaction.avsc")],
              "default": None},
             {"name": "op", "type": "string"},
@@ -219,8 +218,6 @@ class TableCodec:
 #: completes an after image in place; returns the columns it could not fill
 Filler = Callable[[TableCodec, dict[str, Any]], list[str]]
 
-_PG_SOURCE = "io.debezium.connector.postgresql.Source"
-_PG_SOURCE_KEYS = frozenset({"txId", "lsn", "xmin", "snapshot", "sequence"})
 _ENVELOPE_FIELDS = ["before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns",
                     "unavailable_columns"]
 #: the envelope's ``op`` field (an Avro string of one character)
@@ -230,8 +227,10 @@ _OPS = {op: b"\x02" + op.value.encode() for op in Op}
 def envelope_tail(out: bytearray, pieces: tuple[bytes, bytes, bytes], sequence: str | None,
                   lsn: int | None, txn_prefix: bytes | None, total: int, dco: int, op: bytes,
                   times: bytes) -> None:
-    """Append a PostgreSQL envelope from ``source`` to ``ts_ns``: the source block's fixed
-    ``pieces`` around its ``sequence`` and ``lsn``, the transaction block (``txn_prefix``: its
+    """Append an envelope from ``source`` to ``ts_ns``: the source block's fixed ``pieces``
+    around its two varying fields (:attr:`cdc.source.EnvelopeSource.varying`: an optional
+    string such as PostgreSQL's ``sequence``, then an optional long such as its ``lsn``), the
+    transaction block (``txn_prefix``: its
     union byte and id, or None for no block; then ``total`` and ``dco``), the ``op`` bytes and
     the ``times`` bytes (ts_ms, ts_us, ts_ns)."""
     out += pieces[0]
@@ -307,6 +306,8 @@ class EventCodec:
         self._txn: tuple[str, bytes] = ("", b"")
         self._times: tuple[int, bytes] = (-1, b"")
         self._unavailable_writer: Writer = _no_writer
+        self._spec: EnvelopeSource | None = None
+        self._cached_keys: tuple[str, ...] = ()
         self._after_readers: dict[int, AfterReader | None] = {}
         self._codecs: dict[str, TableCodec] = {}
         self._by_identity: dict[int, TableCodec] = {}
@@ -341,18 +342,15 @@ class EventCodec:
         return by_identity
 
     def source_block(self, event: ChangeEvent) -> dict[str, Any]:
+        """Debezium's ``source`` block of ``event``: the fields every connector has, the
+        connector's defaults, then the event's own ``source_info``."""
         schema = event.schema
         block: dict[str, Any] = {
             "version": __version__, "connector": schema.connector, "name": schema.source,
             "ts_ms": event.ts_ms, "snapshot": "false", "db": schema.database,
             "sequence": None, "ts_us": event.ts_ms * 1000, "ts_ns": event.ts_ms * 1_000_000,
         }
-        if schema.connector == "postgresql":
-            block.update(schema=schema.table.schema, table=schema.table.table, txId=None,
-                         lsn=None, xmin=None)
-        else:
-            block.update(table=schema.table.table, server_id=0, gtid=None, file="", pos=0, row=0,
-                         thread=None, query=None)
+        block.update(envelope_source(schema.connector).defaults(schema))
         block.update(event.source_info)
         return block
 
@@ -450,7 +448,10 @@ class EventCodec:
                 times.append(2)
                 write_long(value, times)
             self._times = (processed, bytes(times))
-        ENVELOPE_TAIL(out, pieces, source_info.get("sequence"), source_info.get("lsn"),
+        spec = self._spec
+        assert spec is not None  # set by _source_pieces
+        ENVELOPE_TAIL(out, pieces, source_info.get(spec.varying[0]),
+                      source_info.get(spec.varying[1]),
                       txn_prefix, transaction.total_order if transaction else 0,
                       transaction.data_collection_order if transaction else 0, _OPS[event.op],
                       self._times[1])
@@ -462,28 +463,32 @@ class EventCodec:
 
     def _source_pieces(self, codec: TableCodec, event: ChangeEvent
                        ) -> tuple[bytes, bytes, bytes] | None:
-        """The ``source`` block's bytes around its two per-event fields (``sequence``,
-        ``lsn``), cached per table codec, commit time, transaction and snapshot flag; None
-        when the block is not a PostgreSQL one of the usual shape."""
+        """The ``source`` block's bytes around its two varying fields, cached per table codec,
+        commit time and the values of the block's other per-event fields; None when the
+        connector has no fast path or the block is not of the usual shape."""
+        spec = self._spec
+        if spec is None or spec.connector != event.schema.connector:
+            spec = self._spec = envelope_source(event.schema.connector)
+            self._cached_keys = tuple(sorted(spec.fast_keys - set(spec.varying)))
         source_info = event.source_info
-        key = (id(codec), event.ts_ms, source_info.get("txId"), source_info.get("snapshot"),
-               source_info.get("xmin"))
+        key = (id(codec), event.ts_ms, *[source_info.get(k) for k in self._cached_keys])
         cached = self._pieces.get(key)
         if cached is not None and cached[0] is codec:
             return cached[1]
-        pieces = self._make_pieces(codec, event)
+        pieces = self._make_pieces(codec, event, spec)
         if len(self._pieces) > 256:
             self._pieces.clear()
         self._pieces[key] = (codec, pieces)
         return pieces
 
-    def _make_pieces(self, codec: TableCodec, event: ChangeEvent
+    def _make_pieces(self, codec: TableCodec, event: ChangeEvent, spec: EnvelopeSource
                      ) -> tuple[bytes, bytes, bytes] | None:
-        if (codec.parts is None or event.schema.connector != "postgresql"
-                or not set(event.source_info) <= _PG_SOURCE_KEYS):
+        if (codec.parts is None or len(spec.varying) != 2
+                or not set(event.source_info) <= spec.fast_keys):
             return None
         envelope = codec.parts.get(f"{_namespace(codec.schema)}.Envelope")
-        source = codec.parts.get(_PG_SOURCE)
+        record = spec.schema
+        source = codec.parts.get(f"{record.get('namespace')}.{record['name']}")
         if envelope is None or source is None or [n for n, _ in envelope] != _ENVELOPE_FIELDS:
             return None
         self._unavailable_writer = envelope[-1][1]
@@ -491,13 +496,13 @@ class EventCodec:
         pieces: list[bytes] = []
         current = bytearray()
         for name, writer in source:
-            if name in ("sequence", "lsn"):
+            if name in spec.varying:
                 pieces.append(bytes(current))
                 current = bytearray()
             else:
                 writer(block[name], current)
         pieces.append(bytes(current))
-        if [n for n, _ in source if n in ("sequence", "lsn")] != ["sequence", "lsn"]:
+        if [n for n, _ in source if n in spec.varying] != list(spec.varying):
             return None
         return pieces[0], pieces[1], pieces[2]
 

@@ -192,11 +192,11 @@ def _stream_until_signalled(config: Config, sources: list[Any], writer: Any,
 @friendly_errors
 def bootstrap_cmd(config_path: str | None, sources: tuple[str, ...], follow: bool) -> None:
     """Snapshot the sources' tables into the log with a new replication slot."""
-    from cdc.coordinator import bootstrap, open_log, postgres_sources
+    from cdc.coordinator import bootstrap, capture_sources, open_log
 
     _setup_logging()
     config = _load(config_path)
-    chosen = postgres_sources(config, sources)
+    chosen = capture_sources(config, sources)
     writer, codec = open_log(config)
     console = make_console()
     try:
@@ -220,11 +220,11 @@ def bootstrap_cmd(config_path: str | None, sources: tuple[str, ...], follow: boo
 @friendly_errors
 def capture_cmd(config_path: str | None, sources: tuple[str, ...]) -> None:
     """Stream changes into the log until stopped (SIGTERM drains and exits 0)."""
-    from cdc.coordinator import open_log, postgres_sources
+    from cdc.coordinator import capture_sources, open_log
 
     _setup_logging()
     config = _load(config_path)
-    chosen = postgres_sources(config, sources)
+    chosen = capture_sources(config, sources)
     writer, codec = open_log(config)
     try:
         _stream_until_signalled(config, chosen, writer, codec)

@@ -26,6 +26,7 @@ import difflib
 import os
 import re
 import string
+import zlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -159,40 +160,20 @@ class LogConfig(_Strict):
 
 
 class SourceConfig(_Strict):
-    """One leader database to capture."""
+    """What every source has, whatever its kind (the base of each kind's config)."""
 
     name: str
-    kind: Literal["postgres", "mysql"]
+    kind: str
     dsn: SecretDsn
     #: name of an environment variable holding the password (never put it in the file)
     password_env: str | None = None
     tables: list[str] = Field(min_length=1)
-    #: key columns for tables without a primary key (with REPLICA IDENTITY FULL)
+    #: key columns for tables without a primary key
     keys: dict[str, list[str]] = Field(default_factory=dict)
-    #: replication slot and publication names (default: cdc_<name>)
-    slot: str | None = None
-    publication: str | None = None
+    #: how often an idle source makes its server log something, so its stored position moves
     heartbeat_interval: Duration = Field(10.0, ge=0)
-    #: ``cdc status`` warns when the slot retains more WAL than this
-    warn_retained_wal: Size = Field(1024**3, ge=0)
     #: memory for recent row images, used to complete rows with unsent (unchanged TOAST) values
     image_cache: Size = Field(48 * 1024**2, ge=0)
-
-    @property
-    def slot_name(self) -> str:
-        return self.slot or "cdc_" + re.sub(r"[^a-z0-9_]", "_", self.name.lower())
-
-    @property
-    def publication_name(self) -> str:
-        return self.publication or f"cdc_{self.name}"
-
-    @field_validator("slot")
-    @classmethod
-    def _slot_ok(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[a-z0-9_]{1,63}", value):
-            raise ValueError("replication slot names may hold only lower-case letters, digits "
-                             "and '_' (max 63)")
-        return value
 
     @field_validator("name")
     @classmethod
@@ -226,6 +207,61 @@ class SourceConfig(_Strict):
     def password(self) -> str | None:
         """The password from ``password_env``, if configured and set."""
         return os.environ.get(self.password_env) if self.password_env else None
+
+
+class PostgresSourceConfig(SourceConfig):
+    """A PostgreSQL leader (``connectors/postgres/``): pgoutput over a replication slot."""
+
+    kind: Literal["postgres"]
+    #: replication slot and publication names (default: cdc_<name>)
+    slot: str | None = None
+    publication: str | None = None
+    #: ``cdc status`` warns when the slot retains more WAL than this
+    warn_retained_wal: Size = Field(1024**3, ge=0)
+
+    @property
+    def slot_name(self) -> str:
+        return self.slot or "cdc_" + re.sub(r"[^a-z0-9_]", "_", self.name.lower())
+
+    @property
+    def publication_name(self) -> str:
+        return self.publication or f"cdc_{self.name}"
+
+    @field_validator("slot")
+    @classmethod
+    def _slot_ok(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[a-z0-9_]{1,63}", value):
+            raise ValueError("replication slot names may hold only lower-case letters, digits "
+                             "and '_' (max 63)")
+        return value
+
+
+class MySqlSourceConfig(SourceConfig):
+    """A MySQL or MariaDB leader (``connectors/mysql/``): the row binlog, as a replica."""
+
+    kind: Literal["mysql"]
+    #: the replica id capture registers with; it must differ from the server's own and from
+    #: every other replica's (default: derived from the source name, stable across restarts)
+    server_id: int | None = Field(None, ge=1, le=2**32 - 1)
+    #: ``cdc status`` warns when the server's oldest binlog is within this many binlog files
+    #: of the stored position (it will be purged soon)
+    warn_purge_files: int = Field(2, ge=0)
+    #: read timeout on the replication connection; the server sends a heartbeat event at half
+    #: of it when idle
+    read_timeout: Duration = Field(30.0, gt=1)
+
+    @property
+    def replica_id(self) -> int:
+        """``server_id``, or one derived from the name (in 1,000,000 .. 2^31)."""
+        if self.server_id is not None:
+            return self.server_id
+        return 1_000_000 + zlib.crc32(self.name.encode()) % (2**31 - 1_000_000)
+
+
+#: one source, by its ``kind``
+AnySourceConfig = Annotated[PostgresSourceConfig | MySqlSourceConfig, Field(discriminator="kind")]
+SOURCE_KINDS: dict[str, type[SourceConfig]] = {
+    "postgres": PostgresSourceConfig, "mysql": MySqlSourceConfig}
 
 
 FOLLOWER_KEY_FIELDS = frozenset({"schema", "table", "source", "key", "key_json"})
@@ -347,7 +383,7 @@ class Config(_Strict):
     """The whole file."""
 
     log: LogConfig = LogConfig()
-    sources: list[SourceConfig] = Field(default_factory=list)
+    sources: list[AnySourceConfig] = Field(default_factory=list)
     followers: dict[str, FollowerConfig] = Field(default_factory=dict)
     #: where the file was read from (set by :func:`load_config`, not by the user)
     base_dir: Path = Field(default=Path("."), exclude=True)
@@ -456,17 +492,27 @@ _FIX_BY_TYPE = {
     "model_type": "write a mapping of key: value pairs",
     "dict_type": "write a mapping of key: value pairs",
     "string_type": "write a string",
-    "union_tag_invalid": "set `kind:` to redis, delta or search",
-    "union_tag_not_found": "add `kind:` (redis, delta or search)",
 }
+_KINDS_OF = {"followers": ("follower", "redis, delta or search"),
+             "sources": ("source", "'postgres' or 'mysql'")}
+
+
+def _tagged_model(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model of the union member whose tag pydantic put into ``loc`` after a follower's
+    name or a source's index (``followers.cache.redis.url``, ``sources.0.mysql.dsn``)."""
+    if len(loc) < 3:
+        return None
+    if loc[0] == "followers" and loc[2] in FOLLOWER_KINDS:
+        return FOLLOWER_KINDS[str(loc[2])]
+    if loc[0] == "sources" and loc[2] in SOURCE_KINDS:
+        return SOURCE_KINDS[str(loc[2])]
+    return None
 
 
 def _untagged(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
-    """``loc`` without the union tag pydantic puts after a follower's name
-    (``followers.cache.redis.url`` -> ``followers.cache.url``)."""
-    if len(loc) >= 3 and loc[0] == "followers" and loc[2] in FOLLOWER_KINDS:
-        return loc[:2] + loc[3:]
-    return loc
+    """``loc`` without the union tag (``followers.cache.redis.url`` -> ``followers.cache.url``,
+    ``sources.0.mysql.dsn`` -> ``sources[0].dsn``)."""
+    return loc[:2] + loc[3:] if _tagged_model(loc) is not None else loc
 
 
 def _key_path(loc: tuple[int | str, ...]) -> str:
@@ -480,8 +526,8 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
 
 
 def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    if len(loc) >= 3 and loc[0] == "followers" and loc[2] in FOLLOWER_KINDS:
-        model: type[BaseModel] | None = FOLLOWER_KINDS[str(loc[2])]
+    model: type[BaseModel] | None = _tagged_model(loc)
+    if model is not None:
         loc = loc[3:]
     else:
         model = Config
@@ -512,11 +558,14 @@ def _describe(error: Any) -> str:
         hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
         return f"{key}: unknown key\n  fix: remove it or correct the spelling ({hint})"
     message = str(error["msg"]).removeprefix("Value error, ")
-    if kind == "union_tag_not_found":
-        key, message = f"{key}.kind", "missing: every follower needs a kind"
-    elif kind == "union_tag_invalid":
-        key, message = f"{key}.kind", f"unknown follower kind {error['input'].get('kind')!r}"
     fix = _FIX_BY_TYPE.get(kind, "correct the value")
+    what, kinds = _KINDS_OF.get(str(loc[0]) if loc else "", ("entry", ""))
+    if kind == "union_tag_not_found":
+        key, message = f"{key}.kind", f"missing: every {what} needs a kind"
+        fix = f"add `kind:` ({kinds})"
+    elif kind == "union_tag_invalid":
+        key, message = f"{key}.kind", f"unknown {what} kind {error['input'].get('kind')!r}"
+        fix = f"set `kind:` to {kinds}"
     if kind == "missing" and loc and loc[-1] == "sources":
         fix = "add a `sources:` list naming the databases to capture"
     return f"{key}: {message}\n  fix: {fix}"

@@ -36,6 +36,7 @@ from cdc.config import Config, load_config
 from cdc.console import make_console
 from cdc.coordinator import bootstrap, open_log, run_capture
 from cdc.errors import CdcError
+from cdc.offsets import offset_text
 from cdc.log.local import LocalChangeLog
 from cdc.servers.postgres import ThrowawayPostgres
 from cdc.servers.redis import ThrowawayRedis
@@ -297,7 +298,7 @@ def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
         offset = writer.source_offsets().get("shop", {})
         return Group(f"{phase}\nworkload: {workload.transactions:,} transactions, "
                      f"{workload.changes:,} changes written | log: committed up to LSN "
-                     f"{offset.get('lsn_text', '?')}", job.table())
+                     f"{offset_text(offset)}", job.table())
 
     result = LiveResult()
     try:

@@ -13,7 +13,6 @@ which followers' version gates ignore.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,9 @@ from cdc.events import ChangeEvent, Op, TableSchema
 from cdc.images import PreviousImages, may_be_partial
 from cdc.log.base import AppendResult, ChangeLogWriter, Record, StoredRecord
 from cdc.log.partitioner import partition_for
+from cdc.offsets import SourceOffset
 from cdc.position import Position
+from cdc.source import EncodedBatch
 
 #: the key of records about a whole table (a TRUNCATE), not one row
 TABLE_KEY = b"{}"
@@ -51,12 +52,12 @@ class Dispatcher:
         self.max_records = max_records
         self.interval = interval
         self._buffer: list[Record] = []
-        self._pending_offset: dict[str, Any] | None = None
+        self._pending_offset: SourceOffset | None = None
         self._oldest: float | None = None
         self._topics: dict[str, int] = {}  # topic -> partitions
         self.stats = DispatchStats()
         #: a commit running in the background: (future, its records, its source offset)
-        self._inflight: tuple[Future[list[AppendResult]], list[Record], dict[str, Any] | None
+        self._inflight: tuple[Future[list[AppendResult]], list[Record], SourceOffset | None
                               ] | None = None
         self._committer: ThreadPoolExecutor | None = None
         self.images = PreviousImages(log, codec, self._unlogged, image_cache_bytes)
@@ -131,6 +132,21 @@ class Dispatcher:
             return missing
         return counted
 
+    def add_batch(self, batch: EncodedBatch) -> None:
+        """Buffer a source's already-encoded records (and its checkpoint, if it has one)."""
+        for schema in batch.schemas:
+            self.ensure_topic(schema)
+            if self.images.max_bytes and may_be_partial(schema):
+                for record in batch.records:
+                    if record.topic == schema.topic:
+                        self.images.remember(record.topic, record.key, record.value)
+        self._buffer.extend(batch.records)
+        self.stats.events += batch.events
+        if self._oldest is None:
+            self._oldest = time.monotonic()
+        if batch.offset is not None:
+            self._pending_offset = batch.offset
+
     def add_tombstone(self, schema: TableSchema, key: bytes, position: Position) -> None:
         """Buffer a tombstone for ``key`` of ``schema``'s table (a row known only by its key)."""
         self.ensure_topic(schema)
@@ -151,9 +167,9 @@ class Dispatcher:
     def buffered(self) -> int:
         return len(self._buffer)
 
-    def checkpoint(self, offset: Mapping[str, Any]) -> None:
+    def checkpoint(self, offset: SourceOffset) -> None:
         """Everything added so far is complete up to ``offset`` (the source's resume point)."""
-        self._pending_offset = dict(offset)
+        self._pending_offset = offset
         if self._oldest is None:
             self._oldest = time.monotonic()
 
@@ -163,7 +179,7 @@ class Dispatcher:
             return True
         return self._oldest is not None and time.monotonic() - self._oldest >= self.interval
 
-    def flush(self, wait: bool = True) -> dict[str, Any] | None:
+    def flush(self, wait: bool = True) -> SourceOffset | None:
         """Commit the buffer with the pending offset; return the newest source offset that is
         durable now and was not returned before (None if there is none).
 
@@ -177,7 +193,7 @@ class Dispatcher:
         offset = self._pending_offset
         if not self._buffer and offset is None:
             return done
-        offsets = {self.source: offset} if offset is not None else None
+        offsets = {self.source: offset.dump()} if offset is not None else None
         records = self._buffer
         self.stats.records += len(records)
         self.stats.commits += 1
@@ -193,7 +209,7 @@ class Dispatcher:
                           offset)
         return done
 
-    def _finish_inflight(self) -> dict[str, Any] | None:
+    def _finish_inflight(self) -> SourceOffset | None:
         """Wait for the background commit (re-raising its error); its offset, if any."""
         if self._inflight is None:
             return None

@@ -1,8 +1,8 @@
 """What a running capture says about itself, and ``cdc status``.
 
 Each capture process writes ``<log>/status/<source>.json`` about once a second (atomically:
-write, then rename). ``cdc status`` joins that with what the leader says about the slot and what
-the log holds.
+write, then rename). ``cdc status`` joins that with what the leader says about the source (through its
+connector) and what the log holds.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from rich.table import Table
 
 from cdc.config import Config, SourceConfig
 from cdc.errors import CdcError
+from cdc.offsets import offset_text
+from cdc.source import connector_for
 
 STATUS_DIR = "status"
 #: a status file older than this belongs to a process that is gone
@@ -92,24 +94,28 @@ def directory_bytes(path: Path) -> int:
 
 def source_status(config: Config, source: SourceConfig,
                   stored: dict[str, Any] | None) -> dict[str, Any]:
-    """One row of ``cdc status``."""
-    row: dict[str, Any] = {"source": source.name, "kind": source.kind, "slot": source.slot_name,
-                           "stored_lsn": (stored or {}).get("lsn_text"),
+    """One row of ``cdc status``: the stored offset, the running capture, the server's view
+    (:meth:`cdc.source.Connector.status`)."""
+    row: dict[str, Any] = {"source": source.name, "kind": source.kind,
+                           "stored_position": offset_text(stored) if stored else None,
                            "offset_state": (stored or {}).get("state", "not bootstrapped")}
+    if stored and "lsn" in stored:
+        row["stored_lsn"] = offset_text(stored)
     live = read_status(config.log_path, source.name)
     row["capture"] = ("running" if live and live["running"] else "stopped")
     row["events_per_s"] = live.get("events_per_s") if live and live["running"] else 0.0
     row["events"] = live.get("events") if live else None
     row["last_error"] = live.get("last_error") if live else None
     row["unavailable_images"] = int((stored or {}).get("unavailable_images", 0))
-    row["warn_retained_bytes"] = source.warn_retained_wal
-    if source.kind == "postgres":
-        from connectors.postgres.status import slot_status
-
-        try:
-            row.update(slot_status(source))
-        except CdcError as exc:
-            row["server"] = exc.problem
+    row["warnings"] = []
+    try:
+        connector = connector_for(source)
+        server = connector.status(connector.load_offset(stored) if stored else None)
+    except CdcError as exc:
+        row["server"] = exc.problem
+    else:
+        row.update(server.fields)
+        row["warnings"] = server.warnings
     return row
 
 
@@ -137,34 +143,29 @@ def _bytes(value: Any) -> str:
     return str(value)
 
 
-def print_status(status: dict[str, Any], console: Console,
-                 warn_retained_bytes: int = 1024**3) -> None:
+def print_status(status: dict[str, Any], console: Console) -> None:
     table = Table(title=f"capture status (log {status['log']['path']}, "
                         f"{_bytes(status['log']['bytes'])})")
-    for column in ("source", "capture", "slot", "confirmed LSN", "lag", "retained WAL",
-                   "events/s", "events"):
-        table.add_column(column, justify="right" if column in ("lag", "retained WAL", "events/s",
+    for column in ("source", "kind", "capture", "stored position", "server confirmed", "lag",
+                   "retained", "events/s", "events"):
+        table.add_column(column, justify="right" if column in ("lag", "retained", "events/s",
                                                                 "events") else "left")
     warnings = []
     for row in status["sources"]:
         state = row["capture"] if row["offset_state"] == "streaming" else row["offset_state"]
-        slot = row["slot"] if row.get("slot_exists", True) else f"{row['slot']} [red](missing)[/]"
-        table.add_row(row["source"], state, slot, row.get("confirmed_lsn") or "-",
-                      _bytes(row.get("lag_bytes")), _bytes(row.get("retained_bytes")),
-                      f"{row['events_per_s'] or 0:,.0f}",
+        table.add_row(row["source"], row["kind"], state, row.get("stored_position") or "-",
+                      row.get("position") or "-", _bytes(row.get("lag_bytes")),
+                      _bytes(row.get("retained_bytes")), f"{row['events_per_s'] or 0:,.0f}",
                       f"{row['events']:,}" if row.get("events") is not None else "-")
         if row.get("server"):
             warnings.append(f"{row['source']}: {row['server']}")
-        if (row.get("retained_bytes") or 0) > row.get("warn_retained_bytes",
-                                                       warn_retained_bytes):
-            warnings.append(f"{row['source']}: the slot retains {_bytes(row['retained_bytes'])} "
-                            "of WAL; start `cdc capture` so it can advance")
+        warnings.extend(f"{row['source']}: {warning}" for warning in row.get("warnings", []))
         if row.get("unavailable_images"):
             warnings.append(
-                f"{row['source']}: {row['unavailable_images']:,} change(s) lack values PostgreSQL "
-                "did not send (unchanged TOAST) and no earlier image of the row had; their "
-                "records name them in unavailable_columns. Set REPLICA IDENTITY FULL on the "
-                "table, or re-bootstrap, to have whole rows again")
+                f"{row['source']}: {row['unavailable_images']:,} change(s) lack values the "
+                "source did not send (PostgreSQL's unchanged TOAST) and no earlier image of the "
+                "row had; their records name them in unavailable_columns. Set REPLICA IDENTITY "
+                "FULL on the table, or re-bootstrap, to have whole rows again")
         if row.get("last_error") and row["capture"] == "running":
             warnings.append(f"{row['source']}: {row['last_error']}")
     console.print(table)

@@ -2,10 +2,10 @@
 
 Three stages, stated exactly:
 
-1. **Target.** For every source the follower follows, a heartbeat message is written on the
-   leader *now*; its LSN is the target. Every transaction committed before verify started ends
-   at or before it, and capture checkpoints the log's source offset past it once it has read
-   the message — even when the captured tables are idle.
+1. **Target.** For every source the follower follows, the leader's log is marked *now*
+   (:meth:`cdc.source.Leader.target`: PostgreSQL writes a heartbeat message). Every transaction
+   committed before verify started ends at or before the mark, and capture checkpoints the
+   log's source offset past it once it has read it — even when the captured tables are idle.
 2. **Wait.** Until the follower's watermark (:meth:`Sink.watermark`, per source) reaches the
    target, showing the log's source offset and the watermark beside the target. After
    ``timeout`` seconds :class:`VerifyTimeout` names the stage that is behind: *capture* (the
@@ -32,7 +32,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.progress import (
@@ -46,13 +46,11 @@ from rich.progress import (
 from rich.table import Table
 
 from cdc.config import Config
-from cdc.errors import CdcError, ConfigError
+from cdc.errors import CdcError
 from cdc.events import TableId
-from cdc.position import format_lsn
+from cdc.offsets import offset_order, offset_text
+from cdc.source import Chunk, Leader, Target, connector_for
 from sinks.base import Sink, row_text
-
-if TYPE_CHECKING:
-    from connectors.postgres.checksum import Chunk, PostgresLeader
 
 #: follower keys looked up on the leader per query
 EXTRA_BATCH = 1000
@@ -124,8 +122,8 @@ class TableResult:
 @dataclass
 class VerifyReport:
     follower: str
-    #: per source: (target LSN, watermark LSN reached)
-    targets: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: per source: (the target, the follower's watermark reached, shown)
+    targets: dict[str, tuple[Target, str]] = field(default_factory=dict)
     waited_seconds: float = 0.0
     tables: list[TableResult] = field(default_factory=list)
 
@@ -191,18 +189,11 @@ def compare_rows(leader: Mapping[str, Mapping[str, Any]],
 
 # ------------------------------------------------------------------------------- stages
 
-def _postgres_leaders(config: Config, follower: str) -> dict[str, PostgresLeader]:
-    from connectors.postgres.checksum import PostgresLeader
-
-    leaders: dict[str, PostgresLeader] = {}
+def _leaders(config: Config, follower: str) -> dict[str, Leader]:
+    leaders: dict[str, Leader] = {}
     try:
         for name in config.follower_sources(follower):
-            source = config.source(name)
-            if source.kind != "postgres":
-                raise ConfigError(f"follower {follower}: source {name!r} is {source.kind}; "
-                                  "verify compares PostgreSQL sources only so far",
-                                  "leave the source out of the follower's sources")
-            leaders[name] = PostgresLeader(source)
+            leaders[name] = connector_for(config.source(name)).leader()
     except BaseException:
         for leader in leaders.values():
             leader.close()
@@ -210,21 +201,16 @@ def _postgres_leaders(config: Config, follower: str) -> dict[str, PostgresLeader
     return leaders
 
 
-def _lsn_of(offset: Mapping[str, Any] | None) -> int | None:
-    if not offset or "lsn" not in offset:
-        return None
-    return int(offset["lsn"])
+def _at(offset: Mapping[str, Any] | None, target: Target) -> bool:
+    order = offset_order(offset)
+    return bool(order) and order >= target.order
 
 
-def _shown(lsn: int | None) -> str:
-    return "-" if lsn is None else format_lsn(lsn)
-
-
-def wait_for_follower(config: Config, sink: Sink, targets: Mapping[str, int], timeout: float,
-                      console: Console, poll: float = 0.2) -> dict[str, int]:
-    """Block until ``sink``'s watermark of every source reaches its target LSN; return the
-    watermarks reached. :class:`VerifyTimeout` after ``timeout`` seconds, naming the stage
-    behind for each source that is late."""
+def wait_for_follower(config: Config, sink: Sink, targets: Mapping[str, Target], timeout: float,
+                      console: Console, poll: float = 0.2) -> dict[str, str]:
+    """Block until ``sink``'s watermark of every source reaches its target; return the
+    watermarks reached (shown). :class:`VerifyTimeout` after ``timeout`` seconds, naming the
+    stage behind for each source that is late."""
     from cdc.log.local import LocalChangeLogReader
 
     reader = LocalChangeLogReader(config.log_path) if (
@@ -233,26 +219,29 @@ def wait_for_follower(config: Config, sink: Sink, targets: Mapping[str, int], ti
     with console.status("waiting for the follower") as status:
         while True:
             offsets = reader.source_offsets() if reader is not None else {}
-            logged = {s: _lsn_of(offsets.get(s)) for s in targets}
-            marks = {s: _lsn_of(sink.watermark(s)) for s in targets}
-            late = [s for s, target in targets.items() if (marks[s] or 0) < target]
+            logged = {s: offsets.get(s) for s in targets}
+            marks = {s: sink.watermark(s) for s in targets}
+            late = [s for s, target in targets.items() if not _at(marks[s], target)]
             if not late:
-                return {s: int(marks[s] or 0) for s in targets}
+                return {s: offset_text(marks[s]) for s in targets}
             left = deadline - time.monotonic()
             status.update(" · ".join(
-                f"[bold]{s}[/]: target {format_lsn(targets[s])}, log {_shown(logged[s])}, "
-                f"follower {_shown(marks[s])}" for s in targets) + f" ({max(left, 0):.0f} s left)")
+                f"[bold]{s}[/]: target {targets[s].text}, log {offset_text(logged[s])}, "
+                f"follower {offset_text(marks[s])}" for s in targets)
+                + f" ({max(left, 0):.0f} s left)")
             if left <= 0:
                 raise _timeout(sink.name, targets, logged, marks, late, timeout)
             time.sleep(poll)
 
 
-def _timeout(follower: str, targets: Mapping[str, int], logged: Mapping[str, int | None],
-             marks: Mapping[str, int | None], late: list[str], timeout: float) -> VerifyTimeout:
-    capture = [s for s in late if (logged[s] or 0) < targets[s]]
+def _timeout(follower: str, targets: Mapping[str, Target],
+             logged: Mapping[str, Mapping[str, Any] | None],
+             marks: Mapping[str, Mapping[str, Any] | None], late: list[str],
+             timeout: float) -> VerifyTimeout:
+    capture = [s for s in late if not _at(logged[s], targets[s])]
     apply = [s for s in late if s not in capture]
-    lines = [f"source {s}: target {format_lsn(targets[s])}, log {_shown(logged[s])}, "
-             f"follower {_shown(marks[s])}" for s in late]
+    lines = [f"source {s}: target {targets[s].text}, log {offset_text(logged[s])}, "
+             f"follower {offset_text(marks[s])}" for s in late]
     if capture:
         stage = (f"capture is behind: the change log's offset for source(s) "
                  f"{', '.join(capture)} did not reach the target within {timeout:g} s")
@@ -268,13 +257,13 @@ def _timeout(follower: str, targets: Mapping[str, int], logged: Mapping[str, int
     return VerifyTimeout(stage + "\n  " + "\n  ".join(lines), fix)
 
 
-def compare_table(leader: PostgresLeader, sink: Sink, topic: str, table: TableId, *,
+def compare_table(leader: Leader, sink: Sink, topic: str, table: TableId, *,
                   chunk_size: int, limit: int,
                   advance: Callable[[int], None] = lambda rows: None) -> TableResult:
     """Stage 3 for one table (see the module docstring)."""
     started = time.monotonic()
-    described = leader.table(table)
-    result = TableResult(leader.name, table, topic, inexact=described.inexact)
+    columns = leader.columns(table)
+    result = TableResult(leader.name, table, topic, inexact=leader.inexact(table))
     chunks = leader.chunks(table, chunk_size)
     while True:
         began = time.monotonic()
@@ -284,14 +273,14 @@ def compare_table(leader: PostgresLeader, sink: Sink, topic: str, table: TableId
             break
         result.chunks += 1
         result.rows += len(chunk.keys)
-        _compare_chunk(leader, sink, result, chunk, described.columns, limit)
+        _compare_chunk(leader, sink, result, chunk, columns, limit)
         advance(len(chunk.keys))
     _find_extras(leader, sink, result, limit)
     result.seconds = time.monotonic() - started
     return result
 
 
-def _compare_chunk(leader: PostgresLeader, sink: Sink, result: TableResult, chunk: Chunk,
+def _compare_chunk(leader: Leader, sink: Sink, result: TableResult, chunk: Chunk,
                    columns: Sequence[str], limit: int) -> None:
     held = sink.read(result.topic, chunk.keys)
     if follower_checksum(chunk.keys, held, columns) == chunk.checksum:
@@ -305,7 +294,7 @@ def _compare_chunk(leader: PostgresLeader, sink: Sink, result: TableResult, chun
         result.add(difference, limit)
 
 
-def _find_extras(leader: PostgresLeader, sink: Sink, result: TableResult, limit: int) -> None:
+def _find_extras(leader: Leader, sink: Sink, result: TableResult, limit: int) -> None:
     batch: list[str] = []
     for key in sink.keys(result.topic):
         result.follower_keys += 1
@@ -316,7 +305,7 @@ def _find_extras(leader: PostgresLeader, sink: Sink, result: TableResult, limit:
     _extras(leader, result, batch, limit)
 
 
-def _extras(leader: PostgresLeader, result: TableResult, keys: list[str], limit: int) -> None:
+def _extras(leader: Leader, result: TableResult, keys: list[str], limit: int) -> None:
     for key in leader.absent(result.table, keys):
         result.add(Difference(key, "extra"), limit)
 
@@ -329,9 +318,9 @@ def verify(config: Config, follower: str, sink: Sink, console: Console, *, timeo
                        "e.g. --chunk-size 1000")
     topics = config.follower_topics(follower)
     report = VerifyReport(follower)
-    leaders = _postgres_leaders(config, follower)
+    leaders = _leaders(config, follower)
     try:
-        targets = {name: leader.heartbeat() for name, leader in leaders.items()}
+        targets = {name: leader.target() for name, leader in leaders.items()}
         began = time.monotonic()
         reached = wait_for_follower(config, sink, targets, timeout, console)
         report.waited_seconds = time.monotonic() - began
@@ -361,7 +350,7 @@ def print_report(report: VerifyReport, console: Console, limit: int) -> None:
     """One row per table, then the differing keys (at most ``limit`` per table)."""
     for source, (target, reached) in sorted(report.targets.items()):
         console.print(f"source [bold]{source}[/]: follower {report.follower} at "
-                      f"{format_lsn(reached)} >= target {format_lsn(target)} (waited "
+                      f"{reached} >= target {target.text} (waited "
                       f"{report.waited_seconds:.1f} s)", highlight=False)
     table = Table(title=f"verify: follower {report.follower}")
     for column in ("table", "rows", "chunks", "rechecked by rows", "follower keys", "missing",

@@ -11,9 +11,14 @@ if [ ! -x .venv/bin/python ] && ! "$PY" -c "import ensurepip, venv" >/dev/null 2
   need_apt+=(python3-venv)
 fi
 # PostgreSQL server binaries (initdb, pg_ctl, pg_recvlogical): tests and the demo start their own
-# throwaway clusters from them. (Later issues add mariadb-server here.)
+# throwaway clusters from them.
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
   need_apt+=(postgresql)
+fi
+# MariaDB server and client (mariadbd, mariadb-install-db, mariadb-binlog): the MySQL/MariaDB
+# connector's tests, benchmarks and the demo start their own throwaway servers from them
+if ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then
+  need_apt+=(mariadb-server mariadb-client)
 fi
 # redis-server: the Redis follower's tests and the demo start their own throwaway server
 if ! command -v redis-server >/dev/null; then

@@ -308,10 +308,10 @@ class RedisSink(Sink):
 
     def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:
         """Store ``offset`` for ``source`` unless the stored one orders after it (by
-        :func:`spark_apply.fold.watermark_order`: PostgreSQL ``lsn``)."""
-        from spark_apply.fold import watermark_order
+        :func:`cdc.offsets.offset_order`: PostgreSQL ``lsn``)."""
+        from cdc.offsets import offset_order
 
-        order = "".join(f"{part:016x}" for part in watermark_order(offset))
+        order = "".join(f"{part:016x}" for part in offset_order(offset))
         text = json.dumps(dict(offset), sort_keys=True, separators=(",", ":"))
         self._call(self._watermark_script, keys=[self._watermark_key()],
                    args=[source, text, order])

@@ -6,7 +6,7 @@ Format (``version`` 1)::
     {"version": 1, "sources": {"<source>": {"offset": {...}, "order": [...]}}}
 
 ``offset`` is the source offset exactly as :meth:`Sink.set_watermark` got it; ``order`` is its
-:func:`spark_apply.fold.watermark_order`, kept so that a watermark only ever moves forward: an
+:func:`cdc.offsets.offset_order`, kept so that a watermark only ever moves forward: an
 offset whose order is below the stored one (same shape) is ignored. Every write replaces the
 file atomically and durably: a temp file beside it, fsync, rename over it, fsync of the
 directory — a crash leaves the old file or the new one, never a torn one.
@@ -57,9 +57,9 @@ class WatermarkFile:
 
     def advance(self, source: str, offset: Mapping[str, Any]) -> None:
         """Store ``offset`` for ``source`` unless the stored one orders after it."""
-        from spark_apply.fold import watermark_order
+        from cdc.offsets import offset_order
 
-        order = list(watermark_order(offset))
+        order = list(offset_order(offset))
         sources = self.entries()
         held = sources.get(source)
         if isinstance(held, dict):

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cdc.offsets import offset_order
 from sinks.base import Change
 
 if TYPE_CHECKING:
@@ -71,14 +72,8 @@ class FoldResult:
     records_by_topic: dict[str, int] = field(default_factory=dict)
 
 
-def watermark_order(offset: Mapping[str, Any]) -> tuple[int, ...]:
-    """How source offsets order: PostgreSQL by ``lsn``, MySQL by ``(file_seq, pos)``; ``()``
-    for an offset of unknown shape (every such offset ties, so the last one seen wins)."""
-    if "lsn" in offset:
-        return (int(offset["lsn"]),)
-    if "file_seq" in offset and "pos" in offset:
-        return (int(offset["file_seq"]), int(offset["pos"]))
-    return ()
+#: how source offsets order (:func:`cdc.offsets.offset_order`)
+watermark_order = offset_order
 
 
 def _get(row: Any, name: str) -> Any:

@@ -88,3 +88,39 @@ def spark():  # type: ignore[no-untyped-def]
     session = spark_session(app_name="cdc-tests")
     yield session
     session.stop()
+
+
+# ------------------------------------------------------------------------- MariaDB fixtures
+
+@pytest.fixture(scope="session")
+def mariadb_server():  # type: ignore[no-untyped-def]
+    """One throwaway MariaDB server for the whole session (tests/mykit.py): row binlog with
+    full images and metadata, GTIDs, flushed to the OS at each commit (a SIGKILL loses no
+    committed transaction) but not fsynced."""
+    from tests.mykit import start_server
+
+    server = start_server()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def mysql_db(mariadb_server):  # type: ignore[no-untyped-def]
+    """A fresh database on the session server with its own capture user (password in the
+    environment variable ``mysql_db.password_env``), source name and replica ``server_id``."""
+    from tests.mykit import new_database
+
+    db = new_database(mariadb_server)
+    yield db
+    db.drop()
+
+
+@pytest.fixture
+def mariadb_factory():  # type: ignore[no-untyped-def]
+    """Starts extra throwaway servers with given options (``mariadb_factory(options={...})``,
+    ``start=False`` to start it yourself); all are deleted at the end of the test."""
+    from tests.mykit import ServerFactory
+
+    factory = ServerFactory()
+    yield factory
+    factory.cleanup()

@@ -36,9 +36,10 @@ import fastavro
 import psycopg
 
 from cdc.avro import field_names, value_schema
-from cdc.config import SourceConfig
+from cdc.config import PostgresSourceConfig
 from cdc.events import TableId, encode_key, topic_name
-from cdc.position import parse_lsn
+from cdc.position import format_lsn, parse_lsn
+from cdc.source import Chunk, Leader, Target
 from connectors.postgres import catalog
 from connectors.postgres.connection import SourceError, connect
 from connectors.postgres.replication import quote_ident, quote_literal
@@ -252,17 +253,6 @@ def canonical_sql(column_sql: str, type_oid: int, type_modifier: int,
 
 # ------------------------------------------------------------------------------- the leader
 
-@dataclass(frozen=True)
-class Chunk:
-    """One key-ordered chunk: keys in ``(after, last]`` (``after`` None: from the start)."""
-
-    keys: list[str]
-    checksum: str
-    #: the key values (text output, key order) of the row before the chunk, and of its last row
-    after: tuple[str, ...] | None
-    last: tuple[str, ...]
-
-
 @dataclass
 class LeaderTable:
     """One table as the leader has it now, with the SQL that summarises its chunks."""
@@ -306,11 +296,11 @@ def _texts_sql(key_sql: str, canons: Mapping[str, Canon]) -> str:
     return ", ".join([f"{key_sql} AS cdc_verify_key", *texts])
 
 
-class PostgresLeader:
+class PostgresLeader(Leader):
     """A source database seen by ``cdc verify``. One autocommit connection with the snapshot's
     session settings; every method raises :class:`SourceError` with a fix on failure."""
 
-    def __init__(self, source: SourceConfig) -> None:
+    def __init__(self, source: PostgresSourceConfig) -> None:
         self.source = source
         self.name = source.name
         self.conn: psycopg.Connection[Any] = connect(source)
@@ -331,6 +321,16 @@ class PostgresLeader:
         # walsenders only send flushed WAL: commit a transaction with an xid to flush it
         self.conn.execute("SELECT txid_current()")
         return parse_lsn(str(row[0]))
+
+    def target(self) -> Target:
+        lsn = self.heartbeat()
+        return Target((lsn,), format_lsn(lsn))
+
+    def columns(self, table: TableId) -> tuple[str, ...]:
+        return self.table(table).columns
+
+    def inexact(self, table: TableId) -> tuple[str, ...]:
+        return self.table(table).inexact
 
     def estimate_rows(self, table: TableId) -> int | None:
         """The planner's row count estimate for ``table`` (``None``: never analysed)."""

@@ -1,0 +1,347 @@
+"""Connectors: what every source database's connector promises the capture runner.
+
+A connector (``connectors/postgres/``, ``connectors/mysql/``) captures one leader database. It
+has two sources that emit through one dispatcher (:mod:`cdc.pipeline`) into the change log, run by
+:mod:`cdc.coordinator`: a :class:`SnapshotSource` (``cdc bootstrap``) and a
+:class:`StreamingSource` (``cdc capture``). Where it stands is a typed
+:class:`~cdc.offsets.SourceOffset`; where each change came from is its
+:class:`~cdc.position.Position` (outside the value) and the envelope's ``source`` block
+(:class:`EnvelopeSource`, inside it). ``cdc verify`` reads the leader through a :class:`Leader`;
+``cdc status`` asks :meth:`Connector.status`.
+
+Connectors are found by their ``kind`` (the ``kind`` of a ``sources:`` entry) through the
+``cdc.connectors`` entry points (``pyproject.toml``), so the core never imports one.
+
+Contracts, stated exactly:
+
+* **Snapshot.** :meth:`SnapshotSource.check` does every check that can refuse *before* anything
+  changes (in the log or on the server). After :meth:`SnapshotSource.open`, the rows of every
+  table are read in one consistent snapshot of the database, and
+  :meth:`SnapshotSource.resume_offset` is the point in the source's log that snapshot
+  describes: every transaction committed before it is in the snapshot, every one after it is
+  streamed. Snapshot rows get op ``r`` and positions that sort *before* every streamed change of
+  the same source.
+* **Stream.** :meth:`StreamingSource.items` yields changes in commit order and, after the last
+  change of each transaction, a :class:`Checkpoint` whose offset points *just past* that
+  transaction (the resume point, see :mod:`cdc.offsets`). Changes between two checkpoints are
+  one or more whole transactions; nothing is yielded for a transaction that ends at or before
+  the offset the stream was started from. ``None`` means "nothing arrived for a while": the
+  runner flushes then.
+* **Confirm only what is durable.** The runner calls :meth:`StreamingSource.confirm` with an
+  offset only after the log holds every record yielded before that offset's checkpoint. A
+  connector tells its server nothing earlier (PostgreSQL's slot, a MySQL heartbeat table ...),
+  so a crash at any instant loses nothing: the server sends again whatever was not confirmed,
+  and a change sent again carries the same position and content as its first copy.
+* **Batches.** A source may yield an :class:`EncodedBatch` instead of one
+  :class:`~cdc.events.ChangeEvent` per change: its records are already encoded (key, value,
+  position), in position order, for row changes only (c/u/d/r and a delete's tombstone). A
+  TRUNCATE, and any change whose image must be completed from the log (PostgreSQL's unchanged
+  TOAST values), is always a :class:`~cdc.events.ChangeEvent`.
+* **Errors.** Exceptions in :meth:`Connector.retryable` mean "the server or network went away":
+  the runner discards what it buffered (never confirmed), waits with backoff and streams again
+  from the stored offset. Any other exception stops capture of that source; a
+  :class:`~cdc.errors.CdcError` says what is wrong and how to fix it.
+* **Heartbeats.** :meth:`StreamingSource.heartbeat` is called every ``heartbeat_interval`` while
+  streaming. It makes the server put something into its own log that the stream then yields as
+  a :class:`Checkpoint`, so an idle source's stored offset (and what the server retains for
+  it) still moves.
+"""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from cdc.errors import ConfigError
+from cdc.events import ChangeEvent, TableId, TableSchema
+from cdc.offsets import SourceOffset
+from cdc.position import Position
+
+if TYPE_CHECKING:
+    from cdc.config import SourceConfig
+    from cdc.log.base import Record
+
+ENTRY_POINT_GROUP = "cdc.connectors"
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Everything yielded before this is whole transactions, complete up to ``offset``."""
+
+    offset: SourceOffset
+
+
+@dataclass(slots=True)
+class EncodedBatch:
+    """Row changes a source encoded itself (see the module doc, *Batches*).
+
+    ``records`` go to the log as they are, in order; ``schemas`` are the tables they belong to
+    (their topics are created first). ``events`` counts the changes (a delete and its tombstone
+    are one). ``offset``: when not None, the batch ends a transaction and everything in it is
+    complete up to ``offset`` (as if a :class:`Checkpoint` followed).
+    """
+
+    records: list[Record]
+    schemas: Sequence[TableSchema]
+    events: int
+    last_position: Position | None = None
+    offset: SourceOffset | None = None
+
+
+StreamItem = ChangeEvent | EncodedBatch | Checkpoint | None
+
+
+@dataclass(frozen=True)
+class EnvelopeSource:
+    """The connector's part of the envelope: Debezium's ``source`` block.
+
+    ``schema`` is the Avro record of the block (Debezium's field names and types);
+    ``defaults(table_schema)`` the values of its fields before the event's own
+    ``source_info`` is laid over them. For the codec's fast path, ``varying`` names the two
+    fields that change with every event — an optional string, then an optional long — with every
+    other field cached per table, commit time and transaction; ``()`` turns the fast path off
+    (the connector then encodes in batches, or every event takes the general path).
+    """
+
+    connector: str
+    schema: dict[str, Any]
+    defaults: Any  # Callable[[TableSchema], dict[str, Any]]
+    varying: tuple[str, ...] = ()
+    #: the keys ``source_info`` may hold for the fast path to apply
+    fast_keys: frozenset[str] = frozenset()
+
+
+class SnapshotSource(ABC):
+    """The consistent read of every captured table that starts a source (``cdc bootstrap``).
+
+    ``with connector.snapshot() as snap: snap.check(); snap.open(); for t in snap.tables:
+    snap.rows(t)``; then store :meth:`resume_offset` with the last rows."""
+
+    tables: dict[TableId, TableSchema]
+
+    @abstractmethod
+    def check(self) -> dict[TableId, TableSchema]:
+        """Every check that can refuse (server settings, privileges, tables, keys), before
+        anything changes; the schema of each captured table."""
+
+    @abstractmethod
+    def open(self) -> str:
+        """Start the consistent snapshot; a line saying where it stands (for the console)."""
+
+    @abstractmethod
+    def estimate_rows(self, table: TableId) -> int | None:
+        """How many rows ``table`` holds in the snapshot, for progress bars (None: unknown)."""
+
+    @abstractmethod
+    def rows(self, table: TableId) -> Iterator[ChangeEvent | EncodedBatch]:
+        """Every row of ``table`` in the snapshot as op ``r``, streamed (never all in memory)."""
+
+    @abstractmethod
+    def vanished_position(self) -> Position:
+        """A new snapshot position for a record the runner makes itself: the tombstone of a
+        key the log holds that the snapshot did not see."""
+
+    @abstractmethod
+    def resume_offset(self) -> SourceOffset:
+        """Where streaming starts: the snapshot's point in the source's log (state streaming)."""
+
+    def warnings(self) -> list[str]:
+        """Things the user should know that do not stop the bootstrap."""
+        return []
+
+    @abstractmethod
+    def close(self) -> None:
+        """End the snapshot transaction and close connections. Safe to call twice."""
+
+    def __enter__(self) -> SnapshotSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StreamingSource(ABC):
+    """A live session streaming changes from a stored offset (``cdc capture``)."""
+
+    @abstractmethod
+    def items(self, idle_timeout: float) -> Iterator[StreamItem]:
+        """Changes, batches and checkpoints in commit order; ``None`` after ``idle_timeout``
+        seconds without any (see the module doc)."""
+
+    @abstractmethod
+    def confirm(self, offset: SourceOffset) -> None:
+        """``offset`` is durable in the log: the server may forget what precedes it."""
+
+    @abstractmethod
+    def heartbeat(self) -> None:
+        """Make the server write something the stream yields as a checkpoint."""
+
+    def describe(self) -> str:
+        """Where the stream started, for the log."""
+        return ""
+
+    @abstractmethod
+    def close(self) -> None:
+        """End the session (after the last confirm), releasing what the server holds for it."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One key-ordered chunk of a leader table for ``cdc verify``: its keys' JSON texts in key
+    order, their rows' checksum (:func:`cdc.verify.row_digest_text` per row, MD5 of them
+    concatenated), and the key values bounding it, ``(after, last]`` (``after`` None: from the
+    table's start). Bounds are the leader's own (opaque to the core)."""
+
+    keys: list[str]
+    checksum: str
+    after: tuple[Any, ...] | None
+    last: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A point in the source's log that ``cdc verify`` waits for, as an offset order."""
+
+    order: tuple[int, ...]
+    text: str
+
+
+class Leader(ABC):
+    """The leader database as ``cdc verify`` reads it: now, in key order, summarised in SQL."""
+
+    name: str
+
+    @abstractmethod
+    def target(self) -> Target:
+        """Mark the source's log *now*: every transaction committed before this call ends at or
+        before the target, and capture checkpoints to at least it once it has read the mark,
+        even when the captured tables are idle."""
+
+    @abstractmethod
+    def estimate_rows(self, table: TableId) -> int | None:
+        """A row count estimate for progress bars."""
+
+    @abstractmethod
+    def columns(self, table: TableId) -> tuple[str, ...]:
+        """The table's columns now, in table order (the checksum's column order)."""
+
+    def inexact(self, table: TableId) -> tuple[str, ...]:
+        """Columns whose canonical text SQL cannot always reproduce (chunks holding them may
+        differ by checksum and are then compared by rows)."""
+        return ()
+
+    @abstractmethod
+    def chunks(self, table: TableId, size: int) -> Iterator[Chunk]:
+        """Every row in key order, ``size`` rows per chunk (keyset pagination)."""
+
+    @abstractmethod
+    def rows(self, table: TableId, chunk: Chunk) -> dict[str, dict[str, Any]]:
+        """The rows now in ``chunk``'s key range: ``{key JSON text: row in JSON form}``,
+        decoded exactly as the snapshot decodes rows. The authority when checksums differ."""
+
+    @abstractmethod
+    def absent(self, table: TableId, keys: Sequence[str]) -> list[str]:
+        """Those of ``keys`` (key JSON texts) that no row of ``table`` has now."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+@dataclass
+class ServerStatus:
+    """What the server says about a source, for ``cdc status``: ``fields`` are shown as they
+    are (e.g. slot, confirmed LSN, lag bytes), ``warnings`` printed under the table."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+class Connector(ABC):
+    """One configured source of one kind. Cheap to make: it connects only when asked."""
+
+    #: the ``kind`` of its ``sources:`` entries
+    kind: ClassVar[str]
+    #: its offset type
+    offset_type: ClassVar[type[SourceOffset]]
+
+    def __init__(self, config: SourceConfig) -> None:
+        self.config = config
+        self.name = config.name
+
+    @classmethod
+    def envelope(cls) -> EnvelopeSource:
+        """The envelope's ``source`` block of this connector's events."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def snapshot(self) -> SnapshotSource:
+        """A snapshot source (not yet checked or opened)."""
+
+    @abstractmethod
+    def stream(self, offset: SourceOffset) -> StreamingSource:
+        """A streaming session resuming after ``offset`` (see the module doc). It checks that
+        the server can still serve from ``offset`` and refuses (naming the fix, usually a new
+        bootstrap) when it cannot: a slot or binlog that is gone, a server that changed."""
+
+    @abstractmethod
+    def bootstrapping_offset(self) -> SourceOffset:
+        """The offset committed before a snapshot starts (state ``bootstrapping``)."""
+
+    def load_offset(self, data: dict[str, Any]) -> SourceOffset:
+        return self.offset_type.load(data)
+
+    def retryable(self) -> tuple[type[BaseException], ...]:
+        """Exceptions meaning the server or the network went away (see the module doc)."""
+        return ()
+
+    @abstractmethod
+    def status(self, stored: SourceOffset | None) -> ServerStatus:
+        """The server's view of this source (raising :class:`~cdc.errors.CdcError` if it
+        cannot be reached)."""
+
+    @abstractmethod
+    def leader(self) -> Leader:
+        """The leader as ``cdc verify`` reads it (connected; close it when done)."""
+
+
+# ------------------------------------------------------------------------------ the registry
+
+@functools.cache
+def _registered() -> dict[str, Any]:
+    return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def connector_class(kind: str) -> type[Connector]:
+    """The connector class for ``kind``; :class:`ConfigError` for an unknown one."""
+    point = _registered().get(kind)
+    if point is None:
+        known = ", ".join(sorted(_registered())) or "none (is the project installed?)"
+        raise ConfigError(f"no connector for source kind {kind!r} (known: {known})",
+                          "correct the source's `kind:`, or reinstall the project "
+                          "(pip install -e .) so its connectors are registered")
+    cls = point.load()
+    if not (isinstance(cls, type) and issubclass(cls, Connector)):
+        raise ConfigError(f"the connector registered for kind {kind!r} ({point.value}) is not a "
+                          "cdc.source.Connector", "fix or remove the plugin that registers it")
+    return cls
+
+
+def connector_for(config: SourceConfig) -> Connector:
+    """The connector of one configured source."""
+    return connector_class(config.kind)(config)
+
+
+@functools.cache
+def envelope_source(connector: str) -> EnvelopeSource:
+    """The :class:`EnvelopeSource` whose Debezium connector name is ``connector``
+    (``postgresql``, ``mysql``), looked up among the registered connectors."""
+    for kind in sorted(_registered()):
+        spec = connector_class(kind).envelope()
+        if spec.connector == connector:
+            return spec
+    raise ConfigError(f"no registered connector writes envelopes of connector {connector!r}",
+                      "reinstall the project (pip install -e .)")
