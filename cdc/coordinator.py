@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rich.console import Console
@@ -71,7 +71,8 @@ def open_log(config: Config) -> tuple[LocalChangeLog, EventCodec]:
 
 def capture_sources(config: Config, names: Iterable[str] = ()) -> list[SourceConfig]:
     """The sources to run: those named, or all of them; each must have a connector."""
-    chosen = [config.source(name) for name in names] if names else list(config.sources)
+    chosen: list[SourceConfig] = (
+        [config.source(name) for name in names] if names else list(config.sources))
     if not chosen:
         raise ConfigError("the config lists no sources", "add one under `sources:`")
     for source in chosen:
@@ -271,7 +272,8 @@ class StreamRunner:
             if kind is event_type:
                 add(item)  # type: ignore[arg-type]
             elif kind is checkpoint_type:
-                dispatcher.checkpoint(self._counted(item.offset))  # type: ignore[union-attr]
+                dispatcher.checkpoint(
+                    self._counted(item.offset))  # type: ignore[union-attr,arg-type]
             elif kind is EncodedBatch:
                 batch: EncodedBatch = item  # type: ignore[assignment]
                 if batch.offset is not None:
@@ -318,7 +320,7 @@ def _first_line(exc: BaseException) -> str:
     return str(text).strip().splitlines()[0]
 
 
-def run_capture(config: Config, sources: list[SourceConfig], writer: LocalChangeLog,
+def run_capture(config: Config, sources: Sequence[SourceConfig], writer: LocalChangeLog,
                 codec: EventCodec, stop: threading.Event) -> None:
     """Stream every source (one thread each) until ``stop``; re-raise the first fatal error.
 

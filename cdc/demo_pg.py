@@ -36,8 +36,8 @@ from cdc.config import Config, load_config
 from cdc.console import make_console
 from cdc.coordinator import bootstrap, open_log, run_capture
 from cdc.errors import CdcError
-from cdc.offsets import offset_text
 from cdc.log.local import LocalChangeLog
+from cdc.offsets import offset_text
 from cdc.servers.postgres import ThrowawayPostgres
 from cdc.servers.redis import ThrowawayRedis
 from cdc.verify import VerifyReport

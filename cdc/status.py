@@ -1,8 +1,8 @@
 """What a running capture says about itself, and ``cdc status``.
 
 Each capture process writes ``<log>/status/<source>.json`` about once a second (atomically:
-write, then rename). ``cdc status`` joins that with what the leader says about the source (through its
-connector) and what the log holds.
+write, then rename). ``cdc status`` joins that with what the leader says about the source
+(through its connector) and what the log holds.
 """
 
 from __future__ import annotations
