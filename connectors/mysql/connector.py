@@ -1,21 +1,77 @@
-"""The MySQL/MariaDB connector on the source contract (:mod:`cdc.source`)."""
+"""The MySQL/MariaDB connector on the source contract (:mod:`cdc.source`), registered for
+``kind: mysql`` in ``pyproject.toml``'s ``cdc.connectors`` entry points.
+
+Positions (:meth:`cdc.position.Position.mysql`): ``(binlog file sequence, start position of the
+rows event, ordinal of the change inside the event)``. A snapshot row is ``(sequence, snapshot
+position, row number)``: every streamed rows event starts after the snapshot position (a
+transaction's GTID event comes first), so snapshot rows sort before every streamed change.
+
+Offsets (:class:`MySqlOffset`): ``file``/``pos`` is the end of the last transaction (XID or DDL
+event) whose changes are all in the log; streaming resumes there, by file and position, on the
+same server. ``gtid`` is the GTID set reached (MariaDB's ``gtid_binlog_pos`` form), kept for
+resuming elsewhere; ``server_id``/``server_uuid`` name the server the positions belong to.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pymysql
 
 from cdc.avro import fixed_schema
-from cdc.errors import CdcError
-from cdc.events import TableSchema
-from cdc.offsets import SourceOffset
+from cdc.config import MySqlSourceConfig, SourceConfig
+from cdc.errors import ConfigError
+from cdc.events import ChangeEvent, Op, TableId, TableSchema
+from cdc.offsets import BOOTSTRAPPING, SourceOffset
+from cdc.position import Position
 from cdc.source import (
     Connector,
+    EncodedBatch,
     EnvelopeSource,
     Leader,
     ServerStatus,
     SnapshotSource,
     StreamingSource,
 )
+from connectors.mysql import catalog
+from connectors.mysql.connection import (
+    SourceError,
+    SourceUnavailable,
+    address,
+    connect,
+    query,
+    quote_ident,
+)
+
+if TYPE_CHECKING:
+    from connectors.mysql.schema import CapturedTable
+
+
+@dataclass(frozen=True, kw_only=True)
+class MySqlOffset(SourceOffset):
+    """Where a MySQL/MariaDB source stands (see the module doc)."""
+
+    kind = "mysql"
+
+    file: str = ""
+    pos: int = 0
+    file_seq: int = 0
+    gtid: str | None = None
+    server_id: int = 0
+    server_uuid: str | None = None
+    #: where the snapshot the source was bootstrapped from stood (``file:pos``)
+    snapshot_at: str | None = None
+    started_ms: int | None = None
+
+    def order(self) -> tuple[int, ...]:
+        return (self.file_seq, self.pos)
+
+    def describe(self) -> str:
+        return f"{self.file}:{self.pos}" if self.file else self.state
 
 
 def _source_defaults(schema: TableSchema) -> dict[str, Any]:
@@ -27,32 +83,196 @@ ENVELOPE = EnvelopeSource(connector="mysql", schema=fixed_schema("source.mysql.a
                           defaults=_source_defaults)
 
 
+def _my_config(config: SourceConfig) -> MySqlSourceConfig:
+    if not isinstance(config, MySqlSourceConfig):
+        raise ConfigError(f"source {config.name!r} is not a MySQL source",
+                          "set its `kind:` to mysql")
+    return config
+
+
 class MySqlConnector(Connector):
-    """``kind: mysql``: the row binlog as a replica, snapshots in a consistent-snapshot
-    transaction."""
+    """``kind: mysql``: the row binlog read as a replica; snapshots in a consistent-snapshot
+    transaction whose binlog position MariaDB reports atomically."""
 
     kind = "mysql"
-    offset_type = SourceOffset
+    offset_type = MySqlOffset
+
+    def __init__(self, config: SourceConfig) -> None:
+        super().__init__(config)
+        self.my_config = _my_config(config)
 
     @classmethod
     def envelope(cls) -> EnvelopeSource:
         return ENVELOPE
 
-    def _pending(self) -> CdcError:
-        return CdcError(f"source {self.name!r}: MySQL/MariaDB capture is being built (#11)",
-                        "capture PostgreSQL sources for now")
-
     def snapshot(self) -> SnapshotSource:
-        raise self._pending()
+        return MySqlSnapshot(self.my_config)
 
     def stream(self, offset: SourceOffset) -> StreamingSource:
-        raise self._pending()
+        from connectors.mysql.stream import MySqlStreaming
+
+        assert isinstance(offset, MySqlOffset)
+        return MySqlStreaming(self.my_config, offset)
 
     def bootstrapping_offset(self) -> SourceOffset:
-        raise self._pending()
+        return MySqlOffset(state=BOOTSTRAPPING, started_ms=int(time.time() * 1000))
+
+    def retryable(self) -> tuple[type[BaseException], ...]:
+        return (SourceUnavailable, pymysql.err.OperationalError, pymysql.err.InterfaceError,
+                ConnectionError)
 
     def status(self, stored: SourceOffset | None) -> ServerStatus:
-        raise self._pending()
+        conn = connect(self.my_config)
+        try:
+            file, pos = catalog.current_position(conn, self.name)
+            files = catalog.binlog_files(conn, self.name)
+        finally:
+            conn.close()
+        fields: dict[str, Any] = {"server_position": f"{file}:{pos}",
+                                  "oldest_binlog": files[0][0] if files else None,
+                                  "binlog_bytes": sum(size for _, size in files)}
+        warnings: list[str] = []
+        if isinstance(stored, MySqlOffset) and stored.file:
+            lag = _lag_bytes(files, stored.file, stored.pos, file, pos)
+            fields.update(position=stored.describe(), lag_bytes=lag,
+                          retained_bytes=fields["binlog_bytes"])
+            warnings.extend(purge_warnings(self.my_config, files, stored))
+        return ServerStatus(fields, warnings)
 
     def leader(self) -> Leader:
-        raise self._pending()
+        raise SourceError(f"source {self.name!r}: cdc verify of MySQL sources is not built yet",
+                          "verify PostgreSQL sources for now")
+
+
+def _lag_bytes(files: list[tuple[str, int]], stored_file: str, stored_pos: int,
+               file: str, pos: int) -> int:
+    """Binlog bytes between the stored position and the server's."""
+    if stored_file == file:
+        return max(pos - stored_pos, 0)
+    total, counting = 0, False
+    for name, size in files:
+        if name == stored_file:
+            counting, total = True, max(size - stored_pos, 0)
+        elif counting and name == file:
+            return total + pos
+        elif counting:
+            total += size
+    return total
+
+
+def purge_warnings(config: MySqlSourceConfig, files: list[tuple[str, int]],
+                   stored: MySqlOffset) -> list[str]:
+    """A warning when the server's oldest binlog is close to the stored position (it may be
+    purged before capture reads past it)."""
+    if not files or not stored.file:
+        return []
+    oldest = catalog.file_sequence(files[0][0])
+    if stored.file_seq - oldest <= config.warn_purge_files:
+        return [f"the server's oldest binlog ({files[0][0]}) is within "
+                f"{stored.file_seq - oldest} file(s) of the stored position {stored.describe()}; "
+                "if it is purged before capture reads past it, the source must be "
+                "re-bootstrapped: keep capture running, or raise binlog_expire_logs_seconds / "
+                "expire_logs_days"]
+    return []
+
+
+class MySqlSnapshot(SnapshotSource):
+    """One ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` over every captured table, its binlog
+    position read inside it (MariaDB's ``binlog_snapshot_file``/``_position``), no global
+    lock."""
+
+    def __init__(self, config: MySqlSourceConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.tables: dict[TableId, TableSchema] = {}
+        self.captured: dict[TableId, CapturedTable] = {}
+        self._warnings: list[str] = []
+        self._conn: Any = None
+        self._reader: Any = None
+        self.server: catalog.Server | None = None
+        self.file = ""
+        self.pos = 0
+        self.file_seq = 0
+        self.gtid: str | None = None
+        self.ts_ms = 0
+        self._row = 0
+
+    def check(self) -> dict[TableId, TableSchema]:
+        from connectors.mysql.schema import build
+
+        self._conn = connect(self.config)
+        self.server = catalog.server_info(self._conn, self.name)
+        catalog.check_privileges(self._conn, self.name, address(self.config).user)
+        catalog.current_position(self._conn, self.name)
+        tables = [TableId.parse(t) for t in self.config.tables]
+        for table in tables:
+            info = catalog.table_info(self._conn, self.name, table)
+            catalog.key_columns(info, self.name, self.config.keys.get(str(table)))
+            captured = build(self.config, table, info.columns, info.primary_key)
+            self.captured[table] = captured
+            self.tables[table] = captured.schema
+        self._warnings = catalog.cascades(self._conn, tables)
+        return self.tables
+
+    def warnings(self) -> list[str]:
+        return list(self._warnings)
+
+    def open(self) -> str:
+        self._reader = connect(self.config, streaming=True)
+        with self._reader.cursor() as cursor:
+            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            cursor.execute("SHOW SESSION STATUS LIKE 'binlog_snapshot_%'")
+            status = {str(k).lower(): str(v) for k, v in cursor.fetchall()}
+        if "binlog_snapshot_file" not in status:
+            raise SourceError(f"source {self.name!r}: the server does not report its snapshot's "
+                              "binlog position (binlog_snapshot_file): it is not MariaDB",
+                              "cdc bootstraps MariaDB without a global lock; MySQL 8 needs a "
+                              "brief FLUSH TABLES WITH READ LOCK, not supported yet")
+        self.file = status["binlog_snapshot_file"]
+        self.pos = int(status["binlog_snapshot_position"])
+        self.file_seq = catalog.file_sequence(self.file)
+        rows = query(self._reader, "SELECT BINLOG_GTID_POS(%s, %s)", (self.file, self.pos))
+        self.gtid = str(rows[0][0]) if rows and rows[0][0] is not None else None
+        self.ts_ms = int(time.time() * 1000)
+        return f"consistent snapshot at binlog {self.file}:{self.pos} (GTID {self.gtid or '-'})"
+
+    def estimate_rows(self, table: TableId) -> int | None:
+        rows = query(self._conn, "SELECT table_rows FROM information_schema.tables WHERE "
+                                 "table_schema = %s AND table_name = %s",
+                     (table.schema, table.table))
+        return int(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    def rows(self, table: TableId) -> Iterator[ChangeEvent | EncodedBatch]:
+        captured = self.captured[table]
+        schema = captured.schema
+        columns = ", ".join(quote_ident(c.name) for c in captured.columns)
+        server_id = self.server.server_id if self.server else 0
+        info = {"snapshot": "true", "file": self.file, "pos": self.pos, "row": 0,
+                "server_id": server_id, "gtid": self.gtid}
+        convert = captured.snapshot_row
+        with self._reader.cursor() as cursor:
+            cursor.execute(f"SELECT {columns} FROM {catalog.qualified(table)}")
+            for values in cursor.fetchall_unbuffered():
+                self._row += 1
+                yield ChangeEvent(schema, Op.READ,
+                                  Position.mysql(self.file_seq, self.pos, self._row), self.ts_ms,
+                                  after=convert(values), source_info=info)
+
+    def vanished_position(self) -> Position:
+        self._row += 1
+        return Position.mysql(self.file_seq, self.pos, self._row)
+
+    def resume_offset(self) -> SourceOffset:
+        server = self.server
+        return MySqlOffset(file=self.file, pos=self.pos, file_seq=self.file_seq, gtid=self.gtid,
+                           server_id=server.server_id if server else 0,
+                           server_uuid=server.server_uuid if server else None,
+                           snapshot_at=f"{self.file}:{self.pos}")
+
+    def close(self) -> None:
+        for conn in (self._reader, self._conn):
+            if conn is not None:
+                with contextlib.suppress(Exception):  # a broken connection may fail to close
+                    conn.close()
+        self._reader = self._conn = None

@@ -1,0 +1,496 @@
+"""The streaming source: the server's row binlog, read as a replica (python-mysql-replication),
+turned into change events and checkpoints.
+
+Transactions: MariaDB starts each with a GTID event (MySQL with a GTID event and ``BEGIN``) and
+ends it with an XID event (``COMMIT`` for non-transactional engines); a DDL statement is a
+transaction of its own. After each end the stream yields a :class:`~cdc.source.Checkpoint` at the
+end position of that event, so a resume (by file and position, on the same server) starts at a
+transaction boundary and never mid-transaction. When the server is idle it sends heartbeat events
+carrying its current position; between transactions they become checkpoints too, so an idle
+source's stored position keeps up with the server.
+
+A binlog reader thread does the blocking reads and the row decoding; the capture thread takes
+its items from a bounded queue (so memory stays bounded whatever the transaction size) and gets
+``None`` when nothing arrived for ``idle_timeout``.
+
+Refusals (:class:`~connectors.mysql.connection.SourceError`, never skipped): the stored binlog
+file was purged; the server's binlog sequence went backwards or its identity changed (a
+failover, ``RESET MASTER``); a DML statement arriving as a query (a session switched itself to
+STATEMENT or MIXED format); a rows event without whole row images (a session with a MINIMAL or
+NOBLOB row image); a table-map event without column names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import re
+import struct
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    TableMapEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
+
+from cdc.config import MySqlSourceConfig
+from cdc.events import ChangeEvent, Op, TableId, TransactionInfo
+from cdc.offsets import SourceOffset
+from cdc.position import Position
+from cdc.source import Checkpoint, StreamingSource, StreamItem
+from connectors.mysql import catalog
+from connectors.mysql.connection import (
+    SourceError,
+    SourceUnavailable,
+    address,
+    connect,
+    translate,
+)
+from connectors.mysql.connector import MySqlOffset, purge_warnings
+from connectors.mysql.schema import CapturedTable, build
+from connectors.mysql.types import columns_from_table_map, refine
+
+log = logging.getLogger("cdc.capture")
+
+#: chunks (lists of items) the reader may hold ahead of the capture thread
+QUEUE_CHUNKS = 64
+_END = object()
+_DML = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(INSERT|UPDATE|DELETE|REPLACE|LOAD\s+DATA)\b",
+                  re.IGNORECASE | re.DOTALL)
+_TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+_DROP = re.compile(r"^\s*DROP\s+(?:TEMPORARY\s+)?TABLES?\s+(?:IF\s+EXISTS\s+)?(.+?)\s*;?\s*$",
+                   re.IGNORECASE | re.DOTALL)
+
+
+def _names(text: str, default_schema: str) -> list[TableId]:
+    """Table names of a TRUNCATE/DROP statement (``a``, ``db.a``, backquoted)."""
+    out = []
+    for part in re.findall(r"(`(?:[^`]|``)+`|[^\s,`.]+)(?:\.(`(?:[^`]|``)+`|[^\s,`.]+))?", text):
+        first, second = (p.strip("`").replace("``", "`") if p else p for p in part)
+        if first.upper() in ("RESTRICT", "CASCADE", "WAIT", "NOWAIT"):
+            continue
+        out.append(TableId(first, second) if second else TableId(default_schema, first))
+    return out
+
+
+class _Reconnected(SourceUnavailable):
+    """The library lost its replication connection and tried to open another one."""
+
+
+def _connection_class(source: str) -> Any:
+    """PyMySQL's Connection, refusing a second replication connection: python-mysql-replication
+    silently reconnects and goes on from the last *event*, possibly mid-transaction; we prefer
+    to start over from the stored offset (the runner discards what was not durable)."""
+    opened = {"stream": 0}
+
+    class Connection(pymysql.connections.Connection):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if kwargs.get("db") != "information_schema":
+                opened["stream"] += 1
+                if opened["stream"] > 1:
+                    raise _Reconnected(f"source {source!r}: the replication connection was "
+                                       "lost", "nothing to do: capture resumes from the log")
+            super().__init__(*args, **kwargs)
+
+    return Connection
+
+
+class MySqlStreaming(StreamingSource):
+    """A binlog dump from a stored offset, after checking the server can still serve it."""
+
+    def __init__(self, config: MySqlSourceConfig, offset: MySqlOffset) -> None:
+        self.config = config
+        self.offset = offset
+        self.name = config.name
+        self.tables = {TableId.parse(t) for t in config.tables}
+        self._queue: queue.Queue[Any] = queue.Queue(QUEUE_CHUNKS)
+        self._stop = threading.Event()
+        self._catalog = connect(config)
+        try:
+            self.server = catalog.server_info(self._catalog, self.name)
+            self._check_offset()
+            self._reader = BinlogReader(self, offset)
+        except BaseException:
+            self._catalog.close()
+            raise
+        self._thread = threading.Thread(target=self._reader.run, name=f"binlog-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _check_offset(self) -> None:
+        again = (f"run `cdc bootstrap --source {self.name}` again: it re-snapshots the tables "
+                 "and tombstones keys deleted meanwhile")
+        offset, server = self.offset, self.server
+        if offset.server_id and server.server_id != offset.server_id or (
+                offset.server_uuid and server.server_uuid != offset.server_uuid):
+            raise SourceError(f"source {self.name!r}: the server is not the one the log's "
+                              f"positions come from (server_id {server.server_id}, was "
+                              f"{offset.server_id}): a failover or a new server?", again)
+        files = catalog.binlog_files(self._catalog, self.name)
+        names = [name for name, _ in files]
+        if offset.file not in names:
+            sequences = [catalog.file_sequence(name) for name in names]
+            if sequences and offset.file_seq < min(sequences):
+                raise SourceError(f"source {self.name!r}: binlog {offset.file} was purged from "
+                                  f"the server (its oldest is now {names[0]}), so changes "
+                                  "since the stored position are gone", again)
+            raise SourceError(f"source {self.name!r}: binlog {offset.file} is not on the server "
+                              f"and its binlog sequence is behind it (newest {names[-1]}): "
+                              "RESET MASTER, or another server", again)
+        size = dict(files)[offset.file]
+        if offset.pos > size:
+            raise SourceError(f"source {self.name!r}: the stored position {offset.describe()} "
+                              f"is past the end of {offset.file} ({size} bytes): the binlog "
+                              "was rewritten", again)
+        for warning in purge_warnings(self.config, files, offset):
+            log.warning("source %s: %s", self.name, warning)
+
+    def describe(self) -> str:
+        return self.offset.describe()
+
+    def items(self, idle_timeout: float) -> Iterator[StreamItem]:
+        get = self._queue.get
+        while True:
+            try:
+                chunk = get(timeout=idle_timeout)
+            except queue.Empty:
+                yield None
+                continue
+            if chunk is _END:
+                return
+            if isinstance(chunk, BaseException):
+                raise chunk
+            yield from chunk
+
+    def confirm(self, offset: SourceOffset) -> None:
+        """Nothing to tell the server: MySQL keeps binlogs by time, not by replica progress."""
+
+    def heartbeat(self) -> None:
+        """Nothing to write: the server sends heartbeat events with its position when idle."""
+
+    def close(self) -> None:
+        self._stop.set()
+        self._reader.close()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._queue.get_nowait()  # unblock a reader waiting to put
+        self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self._catalog.close()
+
+
+class BinlogReader:
+    """The reader thread's work: binlog events in, chunks of stream items out."""
+
+    def __init__(self, owner: MySqlStreaming, offset: MySqlOffset) -> None:
+        self.owner = owner
+        self.config = owner.config
+        self.name = owner.name
+        self.offset = offset
+        self.file = offset.file
+        self.file_seq = offset.file_seq
+        self.gtids = _gtid_map(offset.gtid)
+        self.captured: dict[TableId, CapturedTable] = {}
+        self.by_table_id: dict[int, CapturedTable | None] = {}
+        #: per table, the columns its last table map described (a new version when they change)
+        self.maps: dict[TableId, list[Any]] = {}
+        self.txn: _Txn | None = None
+        settings = address(self.config).settings()
+        self.stream = BinLogStreamReader(
+            connection_settings=settings, server_id=self.config.replica_id,
+            log_file=offset.file, log_pos=offset.pos, resume_stream=True, blocking=True,
+            is_mariadb=owner.server.mariadb, slave_heartbeat=1.0, freeze_schema=True,
+            only_events=[MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, RotateEvent,
+                         HeartbeatLogEvent, TableMapEvent, WriteRowsEvent, UpdateRowsEvent,
+                         DeleteRowsEvent],
+            pymysql_wrapper=_connection_class(self.name), enable_logging=False)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stream.close()
+
+    def run(self) -> None:
+        put, stop = self.owner._queue.put, self.owner._stop
+        try:
+            for event in self.stream:
+                if stop.is_set():
+                    return
+                items = self.handle(event)
+                if items:
+                    put(items)
+            put(_END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the capture thread
+            if stop.is_set():
+                return
+            put(_error(self.config, exc))
+
+    # -- events ------------------------------------------------------------------------------
+    def handle(self, event: Any) -> list[StreamItem]:
+        kind = event.__class__
+        if kind in (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent):
+            return self.rows(event)
+        if kind is TableMapEvent:
+            self.table_map(event)
+            return []
+        if kind is XidEvent:
+            return self.commit(event)
+        if kind is MariadbGtidEvent or kind is GtidEvent:
+            self.txn = _Txn(event.gtid, event.packet.log_pos - event.event_size)
+            return []
+        if kind is QueryEvent:
+            return self.query(event)
+        if kind is RotateEvent:
+            self.file = event.next_binlog
+            self.file_seq = catalog.file_sequence(self.file)
+            return []
+        if kind is HeartbeatLogEvent:
+            return self.idle(event)
+        return []
+
+    def _offset(self, pos: int) -> MySqlOffset:
+        return self.offset.replace(file=self.file, file_seq=self.file_seq, pos=pos,
+                                   gtid=_gtid_text(self.gtids))
+
+    def commit(self, event: Any) -> list[StreamItem]:
+        txn, self.txn = self.txn, None
+        if txn is not None and txn.gtid:
+            _advance(self.gtids, txn.gtid)
+        return [Checkpoint(self._offset(event.packet.log_pos))]
+
+    def idle(self, event: Any) -> list[StreamItem]:
+        if self.txn is not None or not event.packet.log_pos:
+            return []
+        if event.ident and event.ident != self.file:
+            return []
+        return [Checkpoint(self._offset(event.packet.log_pos))]
+
+    def query(self, event: Any) -> list[StreamItem]:
+        text = event.query.strip()
+        upper = text[:16].upper()
+        if upper.startswith("BEGIN"):
+            if self.txn is None:
+                self.txn = _Txn(None, event.packet.log_pos - event.event_size)
+            return []
+        if upper.startswith("COMMIT"):
+            return self.commit(event)
+        schema = event.schema.decode() if isinstance(event.schema, bytes) else str(event.schema)
+        if _DML.match(text):
+            raise SourceError(
+                f"source {self.name!r}: a DML statement arrived as a query event at "
+                f"{self.file}:{event.packet.log_pos - event.event_size} (a session with "
+                f"binlog_format STATEMENT or MIXED): {text[:120]!r}",
+                "make every session write ROW events (SET GLOBAL binlog_format='ROW', and do "
+                "not let sessions change it; reconnect the writers), then re-bootstrap this "
+                "source: the statement's changes are not in the log")
+        items: list[StreamItem] = []
+        start = event.packet.log_pos - event.event_size
+        for match, what in ((_TRUNCATE.match(text), "truncate"), (_DROP.match(text), "drop")):
+            if match is None:
+                continue
+            for table in _names(match.group(1), schema):
+                captured = self.captured.get(table) or self._known(table)
+                if captured is None:
+                    continue
+                if what == "drop":
+                    log.warning("source %s: table %s was dropped; its rows are tombstoned in "
+                                "the log", self.name, table)
+                    self.captured.pop(table, None)
+                items.append(ChangeEvent(
+                    captured.schema, Op.TRUNCATE, Position.mysql(self.file_seq, start, 0),
+                    event.timestamp * 1000,
+                    source_info=self._info(event, 0, query=text[:1000])))
+        if self.txn is not None and self.txn.gtid:
+            _advance(self.gtids, self.txn.gtid)
+        self.txn = None
+        self.by_table_id.clear()  # a DDL may change any table: read the next table maps afresh
+        items.append(Checkpoint(self._offset(event.packet.log_pos)))
+        return items
+
+    def _known(self, table: TableId) -> CapturedTable | None:
+        """A captured table not seen in this session yet, described from information_schema."""
+        if table not in self.owner.tables:
+            return None
+        info = catalog.table_info(self.owner._catalog, self.name, table)
+        captured = build(self.config, table, info.columns, info.primary_key)
+        self.captured[table] = captured
+        return captured
+
+    def table_map(self, event: Any) -> None:
+        table = TableId(event.schema, event.table)
+        if table not in self.owner.tables:
+            self.by_table_id[event.table_id] = None
+            return
+        columns = columns_from_table_map(event)
+        if any(not c.name for c in columns) or getattr(event, "column_name_flag", True) is False:
+            raise SourceError(f"source {self.name!r}: the table-map event of {table} at "
+                              f"{self.file}:{event.packet.log_pos} carries no column names",
+                              "SET GLOBAL binlog_row_metadata = 'FULL' (and in my.cnf), then "
+                              "re-bootstrap: events written without it cannot be decoded")
+        known = self.captured.get(table)
+        if known is not None and self.maps.get(table) == columns:
+            self.by_table_id[event.table_id] = known
+            return
+        self.maps[table] = columns
+        info = None
+        with contextlib.suppress(SourceError):
+            info = catalog.table_info(self.owner._catalog, self.name, table)
+        refined = refine(columns, info.columns) if info is not None else columns
+        pk = [columns[i].name for i in _primary_key(event)]
+        captured = build(self.config, table, refined, pk or (info.primary_key if info else ()))
+        self.captured[table] = captured
+        self.by_table_id[event.table_id] = captured
+
+    def rows(self, event: Any) -> list[StreamItem]:
+        captured = self.by_table_id.get(event.table_id)
+        if captured is None:
+            return []
+        start = event.packet.log_pos - event.event_size
+        txn = self.txn or _Txn(None, start)
+        if self.txn is None:
+            self.txn = txn
+        kind = event.__class__
+        schema = captured.schema
+        ts_ms = event.timestamp * 1000
+        out: list[StreamItem] = []
+        ordinal = 0
+        for index, row in enumerate(event.rows):
+            if kind is UpdateRowsEvent:
+                before = captured.binlog_row(row["before_values"])
+                after = captured.binlog_row(row["after_values"])
+                _whole(self, captured, row["before_values"], event)
+                if schema.key_of(before) != schema.key_of(after):
+                    ordinal += 1
+                    out.append(self._event(captured, Op.DELETE, before, None, start, ordinal,
+                                           index, ts_ms, event, txn))
+                    ordinal += 1
+                    out.append(self._event(captured, Op.CREATE, None, after, start, ordinal,
+                                           index, ts_ms, event, txn))
+                    continue
+                ordinal += 1
+                out.append(self._event(captured, Op.UPDATE, before, after, start, ordinal,
+                                       index, ts_ms, event, txn))
+            else:
+                values = row["values"]
+                _whole(self, captured, values, event)
+                image = captured.binlog_row(values)
+                ordinal += 1
+                if kind is WriteRowsEvent:
+                    out.append(self._event(captured, Op.CREATE, None, image, start, ordinal,
+                                           index, ts_ms, event, txn))
+                else:
+                    out.append(self._event(captured, Op.DELETE, image, None, start, ordinal,
+                                           index, ts_ms, event, txn))
+        return out
+
+    def _info(self, event: Any, row: int, query: str | None = None) -> dict[str, Any]:
+        return {"snapshot": "false", "server_id": event.packet.server_id,
+                "gtid": self.txn.gtid if self.txn else None, "file": self.file,
+                "pos": event.packet.log_pos - event.event_size, "row": row, "thread": None,
+                "query": query}
+
+    def _event(self, captured: CapturedTable, op: Op, before: dict[str, Any] | None,
+               after: dict[str, Any] | None, start: int, ordinal: int, index: int, ts_ms: int,
+               event: Any, txn: _Txn) -> ChangeEvent:
+        txn.total += 1
+        table = captured.schema.table
+        txn.per_table[table] = txn.per_table.get(table, 0) + 1
+        return ChangeEvent(captured.schema, op, Position.mysql(self.file_seq, start, ordinal),
+                           ts_ms, before=before, after=after,
+                           source_info=self._info(event, index),
+                           transaction=TransactionInfo(txn.id(self.file), txn.total,
+                                                       txn.per_table[table]))
+
+
+class _Txn:
+    __slots__ = ("gtid", "start", "total", "per_table")
+
+    def __init__(self, gtid: str | None, start: int) -> None:
+        self.gtid = gtid
+        self.start = start
+        self.total = 0
+        self.per_table: dict[TableId, int] = {}
+
+    def id(self, file: str) -> str:
+        return self.gtid or f"{file}:{self.start}"
+
+
+def _primary_key(event: Any) -> list[int]:
+    meta = getattr(event, "optional_metadata", None)
+    if meta is None:
+        return []
+    keys = list(getattr(meta, "simple_primary_key_list", []) or [])
+    keys += list((getattr(meta, "primary_keys_with_prefix", None) or {}).keys())
+    return keys
+
+
+def _whole(reader: BinlogReader, captured: CapturedTable, values: dict[str, Any],
+           event: Any) -> None:
+    """Refuse a row image that lacks columns (a session with a MINIMAL/NOBLOB row image)."""
+    if len(values) < len(captured.columns) or any(
+            name not in values for name, _ in captured.binlog):
+        raise SourceError(
+            f"source {reader.name!r}: a row of {captured.schema.table} at {reader.file}:"
+            f"{event.packet.log_pos - event.event_size} is not a whole row image (a session "
+            "with binlog_row_image MINIMAL or NOBLOB)",
+            "make every session log whole rows (SET GLOBAL binlog_row_image='FULL' and "
+            "reconnect the writers), then re-bootstrap this source: followers cannot be "
+            "rebuilt from partial rows")
+
+
+def _gtid_map(text: str | None) -> dict[str, str]:
+    """``"0-1-42,1-2-7"`` as {domain: gtid}."""
+    out: dict[str, str] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if part.count("-") == 2:
+            out[part.split("-", 1)[0]] = part
+        elif part:
+            out[part] = part  # MySQL's uuid:interval form, kept as it is
+    return out
+
+
+def _advance(gtids: dict[str, str], gtid: str) -> None:
+    if gtid.count("-") == 2:
+        gtids[gtid.split("-", 1)[0]] = gtid
+
+
+def _gtid_text(gtids: dict[str, str]) -> str | None:
+    return ",".join(gtids[k] for k in sorted(gtids, key=_domain_key)) or None
+
+
+def _domain_key(domain: str) -> tuple[int, str]:
+    return (int(domain), "") if domain.isdigit() else (1 << 62, domain)
+
+
+def _error(config: MySqlSourceConfig, exc: BaseException) -> BaseException:
+    """The exception to hand over: library and driver errors made ours."""
+    if isinstance(exc, SourceError):
+        return exc
+    if isinstance(exc, pymysql.err.MySQLError):
+        if exc.args and exc.args[0] == 1236:  # ER_MASTER_FATAL_ERROR_READING_BINLOG
+            return SourceError(f"source {config.name!r}: the server refused the binlog dump: "
+                               f"{exc.args[-1]}",
+                               "if another replica uses the same id, set a unique server_id; "
+                               f"if the binlog was purged, run `cdc bootstrap --source "
+                               f"{config.name}` again")
+        return translate(config, exc)
+    if isinstance(exc, OSError | EOFError | struct.error):
+        return SourceUnavailable(f"source {config.name!r}: the replication connection failed "
+                                 f"({exc.__class__.__name__}: {exc})",
+                                 "nothing to do: capture resumes from the log")
+    return exc
