@@ -616,6 +616,36 @@ def _dimension_to_json(element: ColumnType, datum: Any) -> Any:
             else element.to_json(item) for item in datum]
 
 
+# -- MySQL SET, YEAR ---------------------------------------------------------------------------
+def _enumset_to_avro(ctype: ColumnType, value: Any) -> Any:
+    """Debezium's ``io.debezium.data.EnumSet``: the members, comma-joined in definition order.
+
+    A ``str`` is taken as already joined (MySQL's own text, e.g. ``"a,c"``); a set, list or tuple
+    of members is joined in the order of ``ctype.values`` (any member not among them is refused).
+    """
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, set | frozenset | list | tuple) or not all(
+            isinstance(member, str) for member in value):
+        raise _fail(ctype, value, "expected a str or a set of member strings")
+    members = set(value)
+    if not ctype.values:
+        return ",".join(sorted(members))
+    unknown = members.difference(ctype.values)
+    if unknown:
+        raise _fail(ctype, value, f"not members of the set: {sorted(unknown)}")
+    return ",".join(member for member in ctype.values if member in members)
+
+
+_YEAR_LOW, _YEAR_HIGH = 0, 9999
+
+
+def _year_to_avro(ctype: ColumnType, value: Any) -> Any:
+    if not _plain_int(value) or not _YEAR_LOW <= value <= _YEAR_HIGH:
+        raise _fail(ctype, value, "expected a year number 0-9999")
+    return value
+
+
 def _connect(avro_type: str, name: str) -> Callable[[ColumnType], Any]:
     return lambda _t: {"type": avro_type, "connect.name": name}
 
@@ -658,6 +688,12 @@ _CODECS: dict[str, _Codec] = {
     "interval": _Codec(_connect("string", "io.debezium.time.Interval"), _interval_to_avro),
     "point": _Codec(lambda _t: _POINT_AVRO, _point_to_avro, _point_to_json),
     "array": _Codec(_array_avro, _array_to_avro, _array_to_json),
+    "enumset": _Codec(
+        lambda t: {"type": "string", "connect.name": "io.debezium.data.EnumSet",
+                   "cdc.values": list(t.values)},
+        _enumset_to_avro,
+    ),
+    "year": _Codec(_connect("int", "io.debezium.time.Year"), _year_to_avro),
 }
 
 TYPE_NAMES = tuple(sorted(_CODECS))

@@ -82,7 +82,7 @@ def test_bootstrap_then_stream_from_exactly_the_snapshot(mysql_db: MyDatabase,
     assert first.envelope is not None
     source = first.envelope["source"]
     assert source["connector"] == "mysql" and source["db"] == db.name
-    assert source["table"] == "items" and source["file"].startswith(("mysql-bin", "mariadb"))
+    assert source["table"] == "items" and source["file"].rsplit(".", 1)[1].isdigit()
     assert source["gtid"] and source["server_id"] == 1
     assert first.envelope["transaction"]["id"] == source["gtid"]
 

@@ -39,8 +39,9 @@ from typing import Any
 from cdc.errors import CdcError
 from cdc.servers.postgres import free_port
 
-#: a value of ``False`` in ``options`` removes the option (``{"log_bin": False}``: no binlog);
-#: ``None`` or ``True`` passes it as a bare flag (``--log-bin``)
+#: a value of ``False`` in an ``options`` mapping removes the option (``{"log_bin": False}``: no
+#: binlog); ``None`` or ``True`` passes it as a bare flag (``--log-bin``); a list of
+#: ``"name=value"`` / ``"name"`` strings only adds or overrides
 OptionValue = str | int | bool | None
 Options = Mapping[str, OptionValue] | Iterable[str]
 
@@ -125,7 +126,7 @@ class ThrowawayMariaDB:
     options: Options = field(default_factory=dict)
     server_id: int = 1
     gtid_domain_id: int = 0
-    #: 1/1 is durable; tests that only want speed pass 0/0
+    #: 1/1 is durable; 2/0 (tests/mykit.py) survives a SIGKILL of mariadbd, not of the OS
     flush_log_at_trx_commit: int = 1
     sync_binlog: int = 1
     #: a ``--version=`` override, e.g. :func:`debezium_version_string`
@@ -135,6 +136,7 @@ class ThrowawayMariaDB:
     directory: Path | None = None
     port: int = 0
     host: str = "127.0.0.1"
+    #: the OS user mariadbd runs as (set by ``start()``: ``mysql`` when we are root)
     user: str | None = None
     process: subprocess.Popen[bytes] | None = None
     #: seconds the last ``start()`` took (install included when it ran)
@@ -245,10 +247,14 @@ class ThrowawayMariaDB:
             os.chmod(template, 0o755)
             if self.user:
                 shutil.chown(template, self.user, self.user)
+            try:
+                _install(template / "data", self.user, self.time_zones)
+            except BaseException:
+                shutil.rmtree(template, ignore_errors=True)
+                raise
             if not _TEMPLATES:
                 atexit.register(_remove_templates)
             _TEMPLATES[key] = template
-            _install(template / "data", self.user, self.time_zones)
         result = subprocess.run(["cp", "-a", str(template / "data"), str(self.data_dir)],
                                 capture_output=True, text=True, check=False)
         if result.returncode != 0:

@@ -44,7 +44,6 @@ from connectors.mysql.connection import (
     address,
     connect,
     query,
-    quote_ident,
 )
 
 if TYPE_CHECKING:
@@ -246,7 +245,9 @@ class MySqlSnapshot(SnapshotSource):
     def rows(self, table: TableId) -> Iterator[ChangeEvent | EncodedBatch]:
         captured = self.captured[table]
         schema = captured.schema
-        columns = ", ".join(quote_ident(c.name) for c in captured.columns)
+        from connectors.mysql.types import snapshot_expression
+
+        columns = ", ".join(snapshot_expression(c) for c in captured.columns)
         server_id = self.server.server_id if self.server else 0
         info = {"snapshot": "true", "file": self.file, "pos": self.pos, "row": 0,
                 "server_id": server_id, "gtid": self.gtid}

@@ -65,7 +65,7 @@ def build(source: MySqlSourceConfig, table: TableId, columns: Sequence[MyColumn]
     if missing:
         raise SourceError(f"source {source.name!r}: key column(s) {missing} of {table} are not "
                           "among its (stored) columns", "correct keys: in the config")
-    schema_columns = tuple(Column(c.name, column_type(c, table), nullable=c.name not in key)
+    schema_columns = tuple(Column(c.name, column_type(c), nullable=c.name not in key)
                            for c in kept)
     schema = TableSchema(source.name, table.schema, table, schema_columns, key,
                          connector=CONNECTOR)

@@ -63,7 +63,7 @@ from connectors.mysql.connection import (
 )
 from connectors.mysql.connector import MySqlOffset, purge_warnings
 from connectors.mysql.schema import CapturedTable, build
-from connectors.mysql.types import columns_from_table_map, refine
+from connectors.mysql.types import prepare_table_map, refine
 
 log = logging.getLogger("cdc.capture")
 
@@ -214,7 +214,10 @@ class BinlogReader:
         self.stream = BinLogStreamReader(
             connection_settings=settings, server_id=self.config.replica_id,
             log_file=offset.file, log_pos=offset.pos, resume_stream=True, blocking=True,
-            is_mariadb=owner.server.mariadb, slave_heartbeat=1.0, freeze_schema=True,
+            # is_mariadb=True would make the library ignore log_file/log_pos and dump from the
+            # first binlog (or by GTID); MariaDB serves COM_BINLOG_DUMP by file and position,
+            # which resumes exactly at our transaction boundary
+            is_mariadb=False, slave_heartbeat=1.0, freeze_schema=True,
             only_events=[MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, RotateEvent,
                          HeartbeatLogEvent, TableMapEvent, WriteRowsEvent, UpdateRowsEvent,
                          DeleteRowsEvent],
@@ -335,7 +338,7 @@ class BinlogReader:
         if table not in self.owner.tables:
             self.by_table_id[event.table_id] = None
             return
-        columns = columns_from_table_map(event)
+        columns = prepare_table_map(event)
         if any(not c.name for c in columns) or getattr(event, "column_name_flag", True) is False:
             raise SourceError(f"source {self.name!r}: the table-map event of {table} at "
                               f"{self.file}:{event.packet.log_pos} carries no column names",
