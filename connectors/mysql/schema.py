@@ -52,7 +52,7 @@ class CapturedTable:
 def build(source: MySqlSourceConfig, table: TableId, columns: Sequence[MyColumn],
           primary_key: Sequence[str]) -> CapturedTable:
     """A table version from its columns; the key is the configured one, else the primary key."""
-    kept = tuple(c for c in columns if c.generated != "VIRTUAL")
+    kept = tuple(columns)  # VIRTUAL generated columns too: MariaDB logs their values
     names = {c.name for c in kept}
     configured = source.keys.get(str(table)) or source.keys.get(_config_name(source, table))
     key = tuple(configured or primary_key)
