@@ -33,6 +33,7 @@ from typing import Any
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.bitmap import BitCount
 from pymysqlreplication.event import (
     GtidEvent,
     HeartbeatLogEvent,
@@ -371,11 +372,11 @@ class BinlogReader:
         ts_ms = event.timestamp * 1000
         out: list[StreamItem] = []
         ordinal = 0
+        _whole(self, captured, event)
         for index, row in enumerate(event.rows):
             if kind is UpdateRowsEvent:
                 before = captured.binlog_row(row["before_values"])
                 after = captured.binlog_row(row["after_values"])
-                _whole(self, captured, row["before_values"], event)
                 if schema.key_of(before) != schema.key_of(after):
                     ordinal += 1
                     out.append(self._event(captured, Op.DELETE, before, None, start, ordinal,
@@ -389,7 +390,6 @@ class BinlogReader:
                                        index, ts_ms, event, txn))
             else:
                 values = row["values"]
-                _whole(self, captured, values, event)
                 image = captured.binlog_row(values)
                 ordinal += 1
                 if kind is WriteRowsEvent:
@@ -441,18 +441,20 @@ def _primary_key(event: Any) -> list[int]:
     return keys
 
 
-def _whole(reader: BinlogReader, captured: CapturedTable, values: dict[str, Any],
-           event: Any) -> None:
-    """Refuse a row image that lacks columns (a session with a MINIMAL/NOBLOB row image)."""
-    if len(values) < len(captured.columns) or any(
-            name not in values for name, _ in captured.binlog):
-        raise SourceError(
-            f"source {reader.name!r}: a row of {captured.schema.table} at {reader.file}:"
-            f"{event.packet.log_pos - event.event_size} is not a whole row image (a session "
-            "with binlog_row_image MINIMAL or NOBLOB)",
-            "make every session log whole rows (SET GLOBAL binlog_row_image='FULL' and "
-            "reconnect the writers), then re-bootstrap this source: followers cannot be "
-            "rebuilt from partial rows")
+def _whole(reader: BinlogReader, captured: CapturedTable, event: Any) -> None:
+    """Refuse a rows event whose row images lack columns (a session with a MINIMAL or NOBLOB
+    row image): its columns-present bitmaps must name every column."""
+    count = len(event.columns) if getattr(event, "columns", None) else len(captured.columns)
+    for name in ("columns_present_bitmap", "columns_present_bitmap2"):
+        bitmap = getattr(event, name, None)
+        if bitmap is not None and BitCount(bitmap) < count:
+            raise SourceError(
+                f"source {reader.name!r}: a row of {captured.schema.table} at {reader.file}:"
+                f"{event.packet.log_pos - event.event_size} is not a whole row image (a session "
+                "with binlog_row_image MINIMAL or NOBLOB)",
+                "make every session log whole rows (SET GLOBAL binlog_row_image='FULL' and "
+                "reconnect the writers), then re-bootstrap this source: followers cannot be "
+                "rebuilt from partial rows")
 
 
 def _gtid_map(text: str | None) -> dict[str, str]:
@@ -485,6 +487,12 @@ def _error(config: MySqlSourceConfig, exc: BaseException) -> BaseException:
     if isinstance(exc, SourceError):
         return exc
     if isinstance(exc, pymysql.err.MySQLError):
+        if exc.args and exc.args[0] == 4052:  # ER_SLAVE_SAME_ID: another replica took our id
+            return SourceError(f"source {config.name!r}: another replica connected to the "
+                               f"server with the same server_id ({config.replica_id}), and the "
+                               "server dropped capture's connection",
+                               "give this source a server_id that is unique among the server's "
+                               "replicas (sources[].server_id), then start capture again")
         if exc.args and exc.args[0] == 1236:  # ER_MASTER_FATAL_ERROR_READING_BINLOG
             return SourceError(f"source {config.name!r}: the server refused the binlog dump: "
                                f"{exc.args[-1]}",
