@@ -125,12 +125,13 @@ class MySqlConnector(Connector):
         try:
             file, pos = catalog.current_position(conn, self.name)
             files = catalog.binlog_files(conn, self.name)
+            cascades = catalog.cascades(conn, [TableId.parse(t) for t in self.my_config.tables])
         finally:
             conn.close()
         fields: dict[str, Any] = {"server_position": f"{file}:{pos}",
                                   "oldest_binlog": files[0][0] if files else None,
                                   "binlog_bytes": sum(size for _, size in files)}
-        warnings: list[str] = []
+        warnings: list[str] = list(cascades)
         if isinstance(stored, MySqlOffset) and stored.file:
             lag = _lag_bytes(files, stored.file, stored.pos, file, pos)
             fields.update(position=stored.describe(), lag_bytes=lag,
