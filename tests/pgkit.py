@@ -337,8 +337,16 @@ def check_against_audit(db: Database, events: list[LoggedEvent]) -> dict[str, in
     sequence for that key — starting after the snapshot row if the key was snapshotted. The
     latest row per key must equal the table. Returns figures for the test report.
     """
+    return check_history(db.execute("SELECT id, v, op FROM audit ORDER BY seq"),
+                         table_rows(db, "items"), events)
+
+
+def check_history(audit_rows: Any, table: dict[str, dict[str, Any]],
+                  events: list[LoggedEvent]) -> dict[str, int]:
+    """:func:`check_against_audit` on rows already read: ``audit_rows`` (id, v, op) in commit
+    order and ``table`` the current rows of ``items`` by key text (any leader)."""
     audit: dict[str, list[tuple[str, int | None]]] = defaultdict(list)
-    for key, version, op in db.execute("SELECT id, v, op FROM audit ORDER BY seq"):
+    for key, version, op in audit_rows:
         audit[json.dumps({"id": key}, separators=(",", ":"))].append((op, version))
     by_key: dict[str, dict[Position, LoggedEvent]] = defaultdict(dict)
     duplicates = 0
@@ -366,7 +374,6 @@ def check_against_audit(db: Database, events: list[LoggedEvent]) -> dict[str, in
             chain = chain[1:]
         assert chain == expected, f"{key}: log history {chain} != audit {expected}"
     logged = latest_rows(events)
-    table = table_rows(db, "items")
     assert set(logged) == set(table), (
         f"keys differ: only in log {sorted(set(logged) - set(table))[:5]}, "
         f"only in table {sorted(set(table) - set(logged))[:5]}")
