@@ -20,6 +20,7 @@ import json
 import os
 import re
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -307,6 +308,7 @@ class EventCodec:
         self._times: tuple[int, bytes] = (-1, b"")
         self._unavailable_writer: Writer = _no_writer
         self._spec: EnvelopeSource | None = None
+        self._lock = threading.Lock()
         self._cached_keys: tuple[str, ...] = ()
         self._after_readers: dict[int, AfterReader | None] = {}
         self._codecs: dict[str, TableCodec] = {}
@@ -318,6 +320,10 @@ class EventCodec:
         by_identity = self._by_identity.get(id(schema))
         if by_identity is not None and by_identity.schema is schema:
             return by_identity
+        with self._lock:  # sources may register from their own threads
+            return self._register(schema)
+
+    def _register(self, schema: TableSchema) -> TableCodec:
         fingerprint = json.dumps(schema.describe(), sort_keys=True)
         codec = self._codecs.get(fingerprint)
         if codec is None:

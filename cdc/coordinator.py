@@ -253,7 +253,7 @@ class StreamRunner:
         if self._unavailable_base is None:
             self._unavailable_base = offset.unavailable_images
             self.last_offset = offset
-        stream = self.connector.stream(offset)
+        stream = self.connector.stream(offset, self.dispatcher.codec)
         try:
             log.info("source %s: streaming from %s", self.name, stream.describe())
             self._streamed_recently = False

@@ -62,6 +62,7 @@ from cdc.offsets import SourceOffset
 from cdc.position import Position
 
 if TYPE_CHECKING:
+    from cdc.avro import EventCodec
     from cdc.config import SourceConfig
     from cdc.log.base import Record
 
@@ -282,10 +283,14 @@ class Connector(ABC):
         """A snapshot source (not yet checked or opened)."""
 
     @abstractmethod
-    def stream(self, offset: SourceOffset) -> StreamingSource:
+    def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:
         """A streaming session resuming after ``offset`` (see the module doc). It checks that
         the server can still serve from ``offset`` and refuses (naming the fix, usually a new
-        bootstrap) when it cannot: a slot or binlog that is gone, a server that changed."""
+        bootstrap) when it cannot: a slot or binlog that is gone, a server that changed.
+
+        ``codec``: the runner's codec, for a source that yields :class:`EncodedBatch` es: it
+        registers each table schema with ``codec.table(schema)`` (thread-safe) and writes
+        values in that schema id's envelope; without one it yields change events only."""
 
     @abstractmethod
     def bootstrapping_offset(self) -> SourceOffset:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pymysql
 
-from cdc.avro import fixed_schema
+from cdc.avro import EventCodec, fixed_schema
 from cdc.config import MySqlSourceConfig, SourceConfig
 from cdc.errors import ConfigError
 from cdc.events import ChangeEvent, Op, TableId, TableSchema
@@ -107,11 +107,11 @@ class MySqlConnector(Connector):
     def snapshot(self) -> SnapshotSource:
         return MySqlSnapshot(self.my_config)
 
-    def stream(self, offset: SourceOffset) -> StreamingSource:
+    def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:
         from connectors.mysql.stream import MySqlStreaming
 
         assert isinstance(offset, MySqlOffset)
-        return MySqlStreaming(self.my_config, offset)
+        return MySqlStreaming(self.my_config, offset, codec)
 
     def bootstrapping_offset(self) -> SourceOffset:
         return MySqlOffset(state=BOOTSTRAPPING, started_ms=int(time.time() * 1000))

@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from cdc.avro import fixed_schema
+from cdc.avro import EventCodec, fixed_schema
 from cdc.config import PostgresSourceConfig, SourceConfig
 from cdc.errors import CdcError, ConfigError
 from cdc.events import ChangeEvent, TableId, TableSchema
@@ -104,7 +104,7 @@ class PostgresConnector(Connector):
     def snapshot(self) -> SnapshotSource:
         return PostgresSnapshot(self.pg_config)
 
-    def stream(self, offset: SourceOffset) -> StreamingSource:
+    def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:
         assert isinstance(offset, PostgresOffset)
         return PostgresStreaming(self.pg_config, offset)
 

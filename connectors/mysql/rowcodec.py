@@ -1,0 +1,376 @@
+"""The fast row path: a binlog rows event's bytes straight to Avro row images and key bytes.
+
+python-mysql-replication decodes every value of every row into a Python object (its row loop
+is the connector's bottleneck); the typed path then converts those (``types.binlog_converter``),
+and the codec encodes them again. For tables whose every column has a *fast kind* (the common
+types: integers, FLOAT/DOUBLE, DECIMAL, UTF-8 text, binary strings, ENUM, DATE, DATETIME(n),
+TIMESTAMP(n), YEAR, MariaDB JSON) this module reads the rows event body itself and writes each
+row's Avro ``Value`` record and its key bytes directly. The bytes equal the typed path's
+(``tests/test_mysql_rowcodec.py`` checks both implementations against it); anything it does not
+expect (a zero date in a key, a value outside a fast kind) raises :class:`Fallback` and the caller
+takes the typed path for that event.
+
+Two implementations of one contract: this file (pure Python, selected by ``CDC_PURE_PYTHON=1``)
+and ``connectors/mysql/_fast`` (Cython), whose functions take the same plans.
+
+Plans are plain tuples built by :func:`plan_for`:
+
+* a column: ``(kind, prefix, a, b, labels)``: ``prefix`` is the union branch byte of the value
+  (``-1``: the field is no union, so a null cannot be written), ``a``/``b`` the kind's
+  parameters (byte sizes, fsp, precision/scale, signedness), ``labels`` the encoded ENUM labels;
+* a key column: ``(json name prefix bytes, column index, kind)``.
+
+The binary row format (MySQL's "rows event" body; MariaDB writes the same): per row a null
+bitmap over the present columns, then the non-null values in column order; an update row is the
+before image, then the after image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from cdc.types import days_from_civil
+
+# fast kinds
+INT, UINT64, FLOAT, DOUBLE, DECIMAL, STRING, BYTES, ENUM, DATE, DATETIME2, TIMESTAMP2, YEAR = (
+    range(1, 13))
+
+# MySQL field types (binlog table map), as python-mysql-replication's FIELD_TYPE
+_T_DECIMAL, _T_TINY, _T_SHORT, _T_LONG, _T_FLOAT, _T_DOUBLE = 0, 1, 2, 3, 4, 5
+_T_LONGLONG, _T_INT24, _T_DATE, _T_YEAR = 8, 9, 10, 13
+_T_VARCHAR, _T_TIMESTAMP2, _T_DATETIME2, _T_NEWDECIMAL, _T_ENUM = 15, 17, 18, 246, 247
+_T_BLOB, _T_VAR_STRING, _T_STRING = 252, 253, 254
+_INT_SIZES = {_T_TINY: 1, _T_SHORT: 2, _T_INT24: 3, _T_LONG: 4, _T_LONGLONG: 8}
+_UTF8 = frozenset({"utf8", "utf8mb3", "utf8mb4", "ascii"})
+_DIG2BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
+#: logical types each fast kind may write
+_KIND_TYPES = {INT: {"int16", "int32", "int64"}, UINT64: {"uint64"}, FLOAT: {"float32"},
+               DOUBLE: {"float64"}, DECIMAL: {"decimal"}, STRING: {"string", "json"},
+               BYTES: {"bytes"}, ENUM: {"enum"}, DATE: {"date"}, DATETIME2: {"timestamp"},
+               TIMESTAMP2: {"timestamptz"}, YEAR: {"year", "int32"}}
+_KEY_KINDS = frozenset({INT, UINT64, STRING})
+
+
+class Fallback(Exception):  # noqa: N818 - a signal, not an error
+    """The fast path does not take this event: use the typed path."""
+
+
+Column = tuple[int, int, int, int, tuple[bytes, ...]]
+KeyColumn = tuple[bytes, int, int]
+Plan = tuple[tuple[Column, ...], tuple[KeyColumn, ...]]
+
+
+def _original(column: Any, name: str) -> Any:
+    original = getattr(column, "cdc_original", None) or {}
+    return original.get(name, getattr(column, name, None))
+
+
+def _column_kind(column: Any, my: Any, ctype: Any) -> tuple[int, int, int, tuple[bytes, ...]]:
+    """(kind, a, b, labels) of one column, or kind 0 when it has no fast kind."""
+    field_type = _original(column, "type")
+    charset = _original(column, "character_set_name")
+    kind, a, b, labels = 0, 0, 0, ()
+    if field_type in _INT_SIZES:
+        kind, a, b = INT, _INT_SIZES[field_type], int(bool(my.unsigned))
+        if field_type == _T_LONGLONG and my.unsigned:
+            kind = UINT64
+    elif field_type == _T_FLOAT:
+        kind = FLOAT
+    elif field_type == _T_DOUBLE:
+        kind = DOUBLE
+    elif field_type == _T_NEWDECIMAL:
+        kind, a, b = DECIMAL, int(column.precision), int(column.decimals)
+    elif field_type in (_T_VARCHAR, _T_STRING, _T_VAR_STRING, _T_BLOB):
+        size = int(column.length_size) if field_type == _T_BLOB else (
+            2 if int(column.max_length) > 255 else 1)
+        binary = charset in (None, "binary") or (my.charset or "binary") == "binary"
+        if binary:
+            pad = int(my.precision or 0) if my.data_type == "binary" else 0
+            kind, a, b = BYTES, size, pad
+        elif (my.charset or "").lower() in _UTF8:
+            kind, a = STRING, size
+    elif field_type == _T_ENUM:
+        kind, a = ENUM, int(column.size)
+        labels = tuple(value.encode() for value in my.values)
+    elif field_type == _T_DATE:
+        kind = DATE
+    elif field_type == _T_DATETIME2:
+        kind, a = DATETIME2, int(_original(column, "fsp") or 0)
+    elif field_type == _T_TIMESTAMP2:
+        kind, a = TIMESTAMP2, int(_original(column, "fsp") or 0)
+    elif field_type == _T_YEAR:
+        kind = YEAR
+    if kind and ctype.name not in _KIND_TYPES[kind]:
+        kind = 0
+    return kind, a, b, labels
+
+
+def _prefix(field_type: Any) -> int:
+    """The union branch byte of a field's value (``-1``: no union)."""
+    if not isinstance(field_type, list):
+        return -1
+    for index, branch in enumerate(field_type):
+        if branch != "null":
+            return index << 1
+    return -1
+
+
+def plan_for(columns: Sequence[Any], my_columns: Sequence[Any], value_fields: Sequence[Any],
+             types: Sequence[Any], key: Sequence[str]) -> Plan | None:
+    """The plan of one table version: ``columns`` are the table map's (python-mysql-replication
+    ``Column`` objects, after ``types.prepare_table_map``), ``my_columns`` the captured
+    :class:`~connectors.mysql.types.MyColumn` s, ``value_fields`` the registered Avro fields
+    of the ``Value`` record, ``types`` the columns' logical types. None when some column or
+    key column has no fast kind."""
+    if not (len(columns) == len(my_columns) == len(value_fields) == len(types)):
+        return None
+    plan = []
+    for column, my, field, ctype in zip(columns, my_columns, value_fields, types, strict=True):
+        kind, a, b, labels = _column_kind(column, my, ctype)
+        if not kind:
+            return None
+        prefix = _prefix(field["type"])
+        if kind == DECIMAL:  # [bytes, string] or [null, bytes, string]
+            prefix = 2 if prefix == 2 else 0
+        plan.append((kind, prefix, a, b, labels))
+    names = [my.name for my in my_columns]
+    keys = []
+    for position, name in enumerate(key):
+        index = names.index(name)
+        if plan[index][0] not in _KEY_KINDS:
+            return None
+        text = ("{" if position == 0 else ",") + json.dumps(name, ensure_ascii=False) + ":"
+        keys.append((text.encode(), index, plan[index][0]))
+    return tuple(plan), tuple(keys)
+
+
+# ------------------------------------------------------------------------------ pure Python
+
+def _write_long(n: int, out: bytearray) -> None:
+    n = (n << 1) ^ (n >> 63)
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _unscaled_bytes(value: int, out: bytearray) -> None:
+    data = value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True)
+    _write_long(len(data), out)
+    out += data
+
+
+def _decimal(data: bytes, pos: int, precision: int, scale: int) -> tuple[int, int]:
+    """MySQL's packed DECIMAL at ``pos``: (unscaled value, next position)."""
+    integral = precision - scale
+    size = (integral // 9) * 4 + _DIG2BYTES[integral % 9] + (scale // 9) * 4 + _DIG2BYTES[
+        scale % 9]
+    raw = bytearray(data[pos:pos + size])
+    if len(raw) != size:
+        raise Fallback
+    negative = not raw[0] & 0x80
+    raw[0] ^= 0x80
+    if negative:
+        raw = bytearray(x ^ 0xFF for x in raw)
+    value, offset = 0, 0
+    for digits in ([integral % 9] if integral % 9 else []) + [9] * (integral // 9):
+        width = _DIG2BYTES[digits]
+        value = value * 10**digits + int.from_bytes(raw[offset:offset + width], "big")
+        offset += width
+    for digits in [9] * (scale // 9) + ([scale % 9] if scale % 9 else []):
+        width = _DIG2BYTES[digits]
+        value = value * 10**digits + int.from_bytes(raw[offset:offset + width], "big")
+        offset += width
+    return (-value if negative else value), pos + size
+
+
+def _fraction(data: bytes, pos: int, fsp: int) -> tuple[int, int]:
+    """The fractional seconds of a TIME2/DATETIME2/TIMESTAMP2 (microseconds, next position)."""
+    width = (fsp + 1) // 2
+    if not width:
+        return 0, pos
+    value = int.from_bytes(data[pos:pos + width], "big")
+    return value * 10 ** (6 - 2 * width), pos + width
+
+
+def _iso_utc(seconds: int, micros: int) -> bytes:
+    days, rest = divmod(seconds, 86400)
+    from cdc.types import civil_from_days
+
+    year, month, day = civil_from_days(days)
+    return (f"{year:04d}-{month:02d}-{day:02d}T{rest // 3600:02d}:{rest // 60 % 60:02d}:"
+            f"{rest % 60:02d}.{micros:06d}Z").encode()
+
+
+def _value(column: Column, data: bytes, pos: int, out: bytearray) -> int:
+    """Write one non-null value's Avro bytes (its union branch included); the next position."""
+    kind, prefix, a, b, labels = column
+    start = len(out)
+    if prefix >= 0:
+        out.append(prefix)
+    if kind == INT:
+        value = int.from_bytes(data[pos:pos + a], "little", signed=not b)
+        _write_long(value, out)
+        return pos + a
+    if kind == UINT64:
+        _unscaled_bytes(int.from_bytes(data[pos:pos + 8], "little"), out)
+        return pos + 8
+    if kind == FLOAT:
+        out += data[pos:pos + 4]
+        return pos + 4
+    if kind == DOUBLE:
+        out += data[pos:pos + 8]
+        return pos + 8
+    if kind == DECIMAL:
+        value, pos = _decimal(data, pos, a, b)
+        _unscaled_bytes(value, out)
+        return pos
+    if kind in (STRING, BYTES):
+        length = int.from_bytes(data[pos:pos + a], "little")
+        pos += a
+        text = data[pos:pos + length]
+        if kind == BYTES and b and length < b:
+            text += b"\x00" * (b - length)
+        if kind == STRING:
+            text.decode()  # the typed path would fail on invalid UTF-8: let it say so
+        _write_long(len(text), out)
+        out += text
+        return pos + length
+    if kind == ENUM:
+        index = int.from_bytes(data[pos:pos + a], "little")
+        label = labels[index - 1] if 0 < index <= len(labels) else b""
+        _write_long(len(label), out)
+        out += label
+        return pos + a
+    if kind == YEAR:
+        year = data[pos]
+        _write_long(year + 1900 if year else 0, out)
+        return pos + 1
+    if kind == DATE:
+        packed = int.from_bytes(data[pos:pos + 3], "little")
+        day, month, year = packed & 31, (packed >> 5) & 15, packed >> 9
+        if not month or not day:
+            _null(prefix, out, start)
+        else:
+            _write_long(days_from_civil(year, month, day), out)
+        return pos + 3
+    if kind == DATETIME2:
+        packed = int.from_bytes(data[pos:pos + 5], "big") - 0x8000000000
+        micros, after = _fraction(data, pos + 5, a)
+        ymd, hms = packed >> 17, packed & 0x1FFFF
+        year, month, day = (ymd >> 5) // 13, (ymd >> 5) % 13, ymd & 31
+        if not month or not day:
+            _null(prefix, out, start)
+        else:
+            seconds = days_from_civil(year, month, day) * 86400 + (hms >> 12) * 3600 + (
+                (hms >> 6) & 63) * 60 + (hms & 63)
+            _write_long(seconds * 1_000_000 + micros, out)
+        return after
+    if kind == TIMESTAMP2:
+        seconds = int.from_bytes(data[pos:pos + 4], "big")
+        micros, after = _fraction(data, pos + 4, a)
+        if not seconds and not micros:
+            _null(prefix, out, start)
+        else:
+            text = _iso_utc(seconds, micros)
+            _write_long(len(text), out)
+            out += text
+        return after
+    raise Fallback
+
+
+def _null(prefix: int, out: bytearray, start: int) -> None:
+    """A zero date where the typed path writes null: the null branch (or no fast path)."""
+    if prefix < 0:
+        raise Fallback
+    del out[start:]
+    out.append(0)
+
+
+def _image(plan: tuple[Column, ...], data: bytes, pos: int, out: bytearray,
+           offsets: list[int]) -> int:
+    """One row image: the Avro ``Value`` record into ``out``; each column's start in ``data``
+    (-1 for null) into ``offsets``; the next position."""
+    count = len(plan)
+    nulls = data[pos:pos + (count + 7) // 8]
+    pos += (count + 7) // 8
+    for index, column in enumerate(plan):
+        if nulls[index >> 3] >> (index & 7) & 1:
+            if column[1] < 0:
+                raise Fallback
+            out.append(0)
+            offsets.append(-1)
+            continue
+        offsets.append(pos)
+        pos = _value(column, data, pos, out)
+    return pos
+
+
+def _key(keys: tuple[KeyColumn, ...], plan: tuple[Column, ...], data: bytes,
+         offsets: list[int]) -> bytes:
+    out = bytearray()
+    for prefix, index, kind in keys:
+        pos = offsets[index]
+        if pos < 0:
+            raise Fallback
+        out += prefix
+        a, b = plan[index][2], plan[index][3]
+        if kind == INT:
+            out += str(int.from_bytes(data[pos:pos + a], "little", signed=not b)).encode()
+        elif kind == UINT64:
+            out += b'"' + str(int.from_bytes(data[pos:pos + 8], "little")).encode() + b'"'
+        else:
+            length = int.from_bytes(data[pos:pos + a], "little")
+            text = data[pos + a:pos + a + length].decode()
+            out += json.dumps(text, ensure_ascii=False).encode()
+    out += b"}"
+    return bytes(out)
+
+
+def decode_rows(plan: Plan, data: bytes, pos: int, end: int, update: bool
+                ) -> list[tuple[bytes, bytes, bytes | None, bytes | None]]:
+    """Every row of a rows event body ``data[pos:end]``: ``(key, image, before key, before
+    image)`` where ``image`` is the row's Avro ``Value`` (the after image; a delete's before
+    image) and, for an update, ``before key``/``before image`` the before image's."""
+    columns, keys = plan
+    rows = []
+    while pos < end:
+        first, offsets = bytearray(), []
+        pos = _image(columns, data, pos, first, offsets)
+        first_key = _key(keys, columns, data, offsets)
+        if not update:
+            rows.append((first_key, bytes(first), None, None))
+            continue
+        second, offsets = bytearray(), []
+        pos = _image(columns, data, pos, second, offsets)
+        rows.append((_key(keys, columns, data, offsets), bytes(second), first_key,
+                     bytes(first)))
+    if pos != end:
+        raise Fallback
+    return rows
+
+
+def implementation() -> str:
+    """``compiled`` when the Cython twin is in use, else ``pure``."""
+    return "compiled" if decode_rows is not _pure_decode_rows else "pure"
+
+
+_pure_decode_rows = decode_rows
+_pure_plan_for = plan_for
+if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+    with contextlib.suppress(ImportError):  # the compiled twin, when built
+        from connectors.mysql._fast import (  # type: ignore[import-not-found,no-redef]
+            decode_rows,
+        )
+
+_POSITION = struct.Struct(">BQQQ").pack
+
+
+def position_bytes(file_seq: int, pos: int, ordinal: int) -> bytes:
+    """:meth:`cdc.position.Position.mysql` ``(file_seq, pos, ordinal)`` as bytes."""
+    return _POSITION(2, file_seq, pos, ordinal)
