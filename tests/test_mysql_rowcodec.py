@@ -129,12 +129,12 @@ def test_compiled_decoder_equals_pure_python(mysql_db: MyDatabase) -> None:
         WriteRowsEvent,
     )
 
+    from cdc.config import MySqlSourceConfig
+    from cdc.events import TableId
     from connectors.mysql import _fast  # type: ignore[attr-defined]
     from connectors.mysql.catalog import table_info
     from connectors.mysql.schema import build
     from connectors.mysql.types import prepare_table_map
-    from cdc.config import MySqlSourceConfig
-    from cdc.events import TableId
 
     db = mysql_db
     start = db.binlog_position()
