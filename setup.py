@@ -1,7 +1,7 @@
 """Builds the optional compiled fast paths (Cython); everything else is in pyproject.toml.
 
-``pip install -e .`` (``make setup``) compiles ``cdc/_fast.pyx``, ``cdc/log/_fast.pyx`` and
-``connectors/postgres/_fast.pyx`` when Cython (a build requirement, from PyPI) and a C compiler
+``pip install -e .`` (``make setup``) compiles ``cdc/_fast.pyx``, ``cdc/log/_fast.pyx``,
+``connectors/postgres/_fast.pyx`` and ``connectors/mysql/_fast.pyx`` when Cython (a build requirement, from PyPI) and a C compiler
 are there.
 If either is missing or compilation fails, the install still succeeds and the pure-Python
 implementations are used; ``CDC_PURE_PYTHON=1`` skips the build (and, at run time, selects the
@@ -19,6 +19,7 @@ from setuptools.command.build_ext import build_ext
 SOURCES = {
     "cdc._fast": (["cdc/_fast.pyx"], []),
     "connectors.postgres._fast": (["connectors/postgres/_fast.pyx"], []),
+    "connectors.mysql._fast": (["connectors/mysql/_fast.pyx"], []),
     "cdc.log._fast": (["cdc/log/_fast.pyx"], ["z"]),
 }
 

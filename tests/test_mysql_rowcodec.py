@@ -116,7 +116,7 @@ def test_fast_path_equals_typed_path(mysql_db: MyDatabase, tmp_path: Path) -> No
         assert mine == theirs
 
 
-def test_compiled_decoder_equals_pure_python(mysql_db: MyDatabase) -> None:
+def test_compiled_decoder_equals_pure_python(mysql_db: MyDatabase, tmp_path: Path) -> None:
     from connectors.mysql import rowcodec
 
     if rowcodec.implementation() != "compiled":
@@ -147,8 +147,7 @@ def test_compiled_decoder_equals_pure_python(mysql_db: MyDatabase) -> None:
     info = table_info(conn, db.source, TableId(db.name, "fast"))
     conn.close()
     captured = build(source, TableId(db.name, "fast"), info.columns, info.primary_key)
-    codec = EventCodec(SchemaStore(Path(os.environ.get("TMPDIR", "/tmp")) / db.name,
-                                   writable=True)).table(captured.schema)
+    codec = EventCodec(SchemaStore(tmp_path, writable=True)).table(captured.schema)
     stream = BinLogStreamReader(connection_settings=db.capture_settings(),
                                 server_id=db.server_id, log_file=start[0], log_pos=start[1],
                                 resume_stream=True, blocking=False, freeze_schema=True,

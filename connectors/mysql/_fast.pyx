@@ -1,0 +1,395 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled twin of connectors/mysql/rowcodec.py's decode_rows.
+
+Same plans, same contract, same bytes (tests/test_mysql_rowcodec.py compares both on real rows
+events); anything unexpected raises rowcodec.Fallback and the caller takes the typed path.
+"""
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdio cimport snprintf
+from libc.string cimport memcpy, memset
+
+import json
+
+from connectors.mysql.rowcodec import Fallback
+
+DEF INT = 1
+DEF UINT64 = 2
+DEF FLOAT = 3
+DEF DOUBLE = 4
+DEF DECIMAL = 5
+DEF STRING = 6
+DEF BYTES = 7
+DEF ENUM = 8
+DEF DATE = 9
+DEF DATETIME2 = 10
+DEF TIMESTAMP2 = 11
+DEF YEAR = 12
+
+cdef int[10] DIG2BYTES = [0, 1, 1, 2, 2, 3, 3, 4, 4, 4]
+cdef long long[10] POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000,
+                            1000000000]
+
+
+# ---------------------------------------------------------------------------- byte writing
+
+cdef inline int _put(bytearray out, const char* data, Py_ssize_t n) except -1:
+    cdef Py_ssize_t size = PyByteArray_GET_SIZE(out)
+    PyByteArray_Resize(out, size + n)
+    memcpy(PyByteArray_AS_STRING(out) + size, data, n)
+    return 0
+
+
+cdef inline int _byte(bytearray out, unsigned char value) except -1:
+    cdef Py_ssize_t size = PyByteArray_GET_SIZE(out)
+    PyByteArray_Resize(out, size + 1)
+    PyByteArray_AS_STRING(out)[size] = <char>value
+    return 0
+
+
+cdef inline int _long(bytearray out, long long value) except -1:
+    cdef unsigned long long n = (<unsigned long long>value << 1) ^ <unsigned long long>(value >> 63)
+    cdef char buf[10]
+    cdef int i = 0
+    while n > 0x7F:
+        buf[i] = <char>((n & 0x7F) | 0x80)
+        n >>= 7
+        i += 1
+    buf[i] = <char>n
+    return _put(out, buf, i + 1)
+
+
+cdef inline unsigned long long _le(const unsigned char* p, int n):
+    cdef unsigned long long v = 0
+    cdef int i
+    for i in range(n - 1, -1, -1):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef inline unsigned long long _be(const unsigned char* p, int n):
+    cdef unsigned long long v = 0
+    cdef int i
+    for i in range(n):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef inline long long _days_from_civil(long long y, long long m, long long d):
+    y -= m <= 2
+    cdef long long era = (y if y >= 0 else y - 399) // 400
+    cdef long long yoe = y - era * 400
+    cdef long long doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    cdef long long doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+cdef inline void _civil_from_days(long long z, long long* y, long long* m, long long* d):
+    z += 719468
+    cdef long long era = (z if z >= 0 else z - 146096) // 146097
+    cdef long long doe = z - era * 146097
+    cdef long long yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    cdef long long doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    cdef long long mp = (5 * doy + 2) // 153
+    d[0] = doy - (153 * mp + 2) // 5 + 1
+    m[0] = mp + 3 if mp < 10 else mp - 9
+    y[0] = yoe + era * 400 + (m[0] <= 2)
+
+
+cdef int _unscaled(bytearray out, object value) except -1:
+    """Avro decimal bytes (minimal big-endian two's complement) of a Python int."""
+    data = value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True)
+    _long(out, PyBytes_GET_SIZE(data))
+    return _put(out, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+
+
+cdef int _unscaled_ll(bytearray out, long long value) except -1:
+    cdef char buf[9]
+    cdef int n = 1
+    cdef long long probe = value
+    # the fewest bytes whose two's complement holds the value (with room for the sign bit)
+    while n < 8 and not (-(1LL << (8 * n - 1)) <= value < (1LL << (8 * n - 1))):
+        n += 1
+    cdef int i
+    for i in range(n):
+        buf[n - 1 - i] = <char>((probe >> (8 * i)) & 0xFF)
+    _long(out, n)
+    return _put(out, buf, n)
+
+
+cdef Py_ssize_t _decimal(bytearray out, const unsigned char* p, Py_ssize_t left, int precision,
+                         int scale) except -2:
+    """Write MySQL's packed DECIMAL at ``p`` as Avro decimal bytes; return its size."""
+    cdef int integral = precision - scale
+    cdef Py_ssize_t size = (integral // 9) * 4 + DIG2BYTES[integral % 9] + (scale // 9) * 4 + \
+        DIG2BYTES[scale % 9]
+    if size > left or size > 64:
+        raise Fallback()
+    cdef unsigned char raw[64]
+    memcpy(raw, p, size)
+    cdef bint negative = not (raw[0] & 0x80)
+    raw[0] ^= 0x80
+    cdef Py_ssize_t i
+    if negative:
+        for i in range(size):
+            raw[i] ^= 0xFF
+    cdef int offset = 0
+    cdef int groups[16]
+    cdef int widths[16]
+    cdef int count = 0
+    if integral % 9:
+        groups[count] = integral % 9
+        count += 1
+    for i in range(integral // 9):
+        groups[count] = 9
+        count += 1
+    for i in range(scale // 9):
+        groups[count] = 9
+        count += 1
+    if scale % 9:
+        groups[count] = scale % 9
+        count += 1
+    cdef long long small = 0
+    cdef object big
+    cdef int digits, width
+    cdef long long part
+    if precision <= 18:
+        for i in range(count):
+            digits = groups[i]
+            width = DIG2BYTES[digits]
+            part = <long long>_be(raw + offset, width)
+            small = small * POW10[digits] + part
+            offset += width
+        _unscaled_ll(out, -small if negative else small)
+        return size
+    big = 0
+    for i in range(count):
+        digits = groups[i]
+        width = DIG2BYTES[digits]
+        big = big * POW10[digits] + <long long>_be(raw + offset, width)
+        offset += width
+    _unscaled(out, -big if negative else big)
+    return size
+
+
+cdef inline int _null(int prefix, bytearray out, Py_ssize_t start) except -1:
+    if prefix < 0:
+        raise Fallback()
+    PyByteArray_Resize(out, start)
+    return _byte(out, 0)
+
+
+cdef Py_ssize_t _value(tuple column, const unsigned char* p, Py_ssize_t left,
+                       bytearray out) except -2:
+    """One non-null value's Avro bytes (its union branch included); its size in the event."""
+    cdef int kind = column[0]
+    cdef int prefix = column[1]
+    cdef int a = column[2]
+    cdef int b = column[3]
+    cdef Py_ssize_t start = PyByteArray_GET_SIZE(out)
+    cdef unsigned long long u
+    cdef long long v, seconds, micros, year, month, day, hms
+    cdef Py_ssize_t length, width
+    cdef char text[40]
+    cdef int n
+    cdef bytes label
+    if prefix >= 0:
+        _byte(out, <unsigned char>prefix)
+    if kind == INT:
+        if left < a:
+            raise Fallback()
+        u = _le(p, a)
+        if not b and a < 8 and u & (1ULL << (8 * a - 1)):
+            v = <long long>(u - (1ULL << (8 * a)))
+        else:
+            v = <long long>u
+        _long(out, v)
+        return a
+    if kind == UINT64:
+        if left < 8:
+            raise Fallback()
+        u = _le(p, 8)
+        if u >> 63:
+            _unscaled(out, u)
+        else:
+            _unscaled_ll(out, <long long>u)
+        return 8
+    if kind == FLOAT:
+        if left < 4:
+            raise Fallback()
+        _put(out, <const char*>p, 4)
+        return 4
+    if kind == DOUBLE:
+        if left < 8:
+            raise Fallback()
+        _put(out, <const char*>p, 8)
+        return 8
+    if kind == DECIMAL:
+        return _decimal(out, p, left, a, b)
+    if kind == STRING or kind == BYTES:
+        if left < a:
+            raise Fallback()
+        length = <Py_ssize_t>_le(p, a)
+        if left < a + length:
+            raise Fallback()
+        if kind == STRING:
+            (<bytes>PyBytes_FromStringAndSize(<const char*>p + a, length)).decode()
+        width = length
+        if kind == BYTES and b and length < b:
+            width = b
+        _long(out, width)
+        _put(out, <const char*>p + a, length)
+        if width > length:
+            n = PyByteArray_GET_SIZE(out)
+            PyByteArray_Resize(out, n + width - length)
+            memset(PyByteArray_AS_STRING(out) + n, 0, width - length)
+        return a + length
+    if kind == ENUM:
+        if left < a:
+            raise Fallback()
+        u = _le(p, a)
+        labels = column[4]
+        label = labels[u - 1] if 0 < u <= len(labels) else b""
+        _long(out, len(label))
+        _put(out, label, len(label))
+        return a
+    if kind == YEAR:
+        if left < 1:
+            raise Fallback()
+        _long(out, p[0] + 1900 if p[0] else 0)
+        return 1
+    if kind == DATE:
+        if left < 3:
+            raise Fallback()
+        u = _le(p, 3)
+        day, month, year = u & 31, (u >> 5) & 15, u >> 9
+        if not month or not day:
+            _null(prefix, out, start)
+        else:
+            _long(out, _days_from_civil(year, month, day))
+        return 3
+    if kind == DATETIME2:
+        width = (a + 1) // 2
+        if left < 5 + width:
+            raise Fallback()
+        v = <long long>_be(p, 5) - 0x8000000000
+        micros = <long long>_be(p + 5, width) * POW10[6 - 2 * width] if width else 0
+        hms = v & 0x1FFFF
+        v >>= 17
+        year, month, day = (v >> 5) // 13, (v >> 5) % 13, v & 31
+        if not month or not day:
+            _null(prefix, out, start)
+        else:
+            seconds = _days_from_civil(year, month, day) * 86400 + (hms >> 12) * 3600 + \
+                ((hms >> 6) & 63) * 60 + (hms & 63)
+            _long(out, seconds * 1000000 + micros)
+        return 5 + width
+    if kind == TIMESTAMP2:
+        width = (a + 1) // 2
+        if left < 4 + width:
+            raise Fallback()
+        seconds = <long long>_be(p, 4)
+        micros = <long long>_be(p + 4, width) * POW10[6 - 2 * width] if width else 0
+        if not seconds and not micros:
+            _null(prefix, out, start)
+        else:
+            _civil_from_days(seconds // 86400, &year, &month, &day)
+            v = seconds % 86400
+            n = snprintf(text, 40, "%04lld-%02lld-%02lldT%02lld:%02lld:%02lld.%06lldZ", year,
+                         month, day, v // 3600, v // 60 % 60, v % 60, micros)
+            _long(out, n)
+            _put(out, text, n)
+        return 4 + width
+    raise Fallback()
+
+
+cdef Py_ssize_t _image(tuple plan, const unsigned char* p, Py_ssize_t pos, Py_ssize_t end,
+                       bytearray out, Py_ssize_t* offsets) except -2:
+    cdef Py_ssize_t count = len(plan)
+    cdef Py_ssize_t nulls = pos
+    cdef Py_ssize_t index
+    cdef tuple column
+    pos += (count + 7) // 8
+    if pos > end:
+        raise Fallback()
+    for index in range(count):
+        column = <tuple>plan[index]
+        if p[nulls + (index >> 3)] >> (index & 7) & 1:
+            if <int>column[1] < 0:
+                raise Fallback()
+            _byte(out, 0)
+            offsets[index] = -1
+            continue
+        offsets[index] = pos
+        pos += _value(column, p + pos, end - pos, out)
+    return pos
+
+
+cdef bytes _key(tuple keys, tuple plan, const unsigned char* p, Py_ssize_t* offsets):
+    cdef bytearray out = bytearray()
+    cdef tuple key, column
+    cdef Py_ssize_t pos, length
+    cdef int kind, a, b, n
+    cdef unsigned long long u
+    cdef long long v
+    cdef char text[24]
+    for key in keys:
+        pos = offsets[<Py_ssize_t>key[1]]
+        if pos < 0:
+            raise Fallback()
+        prefix = <bytes>key[0]
+        _put(out, prefix, len(prefix))
+        kind = key[2]
+        column = <tuple>plan[<Py_ssize_t>key[1]]
+        a, b = column[2], column[3]
+        if kind == INT:
+            u = _le(p + pos, a)
+            if not b and a < 8 and u & (1ULL << (8 * a - 1)):
+                v = <long long>(u - (1ULL << (8 * a)))
+            else:
+                v = <long long>u
+            if b and a == 8:
+                n = snprintf(text, 24, "%llu", u)
+            else:
+                n = snprintf(text, 24, "%lld", v)
+            _put(out, text, n)
+        elif kind == UINT64:
+            u = _le(p + pos, 8)
+            n = snprintf(text, 24, "\"%llu\"", u)
+            _put(out, text, n)
+        else:
+            length = <Py_ssize_t>_le(p + pos, a)
+            value = PyBytes_FromStringAndSize(<const char*>p + pos + a, length).decode()
+            encoded = json.dumps(value, ensure_ascii=False).encode()
+            _put(out, encoded, len(encoded))
+    _byte(out, ord("}"))
+    return bytes(out)
+
+
+def decode_rows(tuple plan, bytes data, Py_ssize_t pos, Py_ssize_t end, bint update):
+    """See rowcodec.decode_rows."""
+    cdef tuple columns = plan[0]
+    cdef tuple keys = plan[1]
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t count = len(columns)
+    cdef list rows = []
+    cdef bytearray first, second
+    cdef bytes first_key
+    if end > PyBytes_GET_SIZE(data):
+        raise Fallback()
+    cdef bytearray holder = bytearray(8 * (count + 1))
+    cdef Py_ssize_t* offsets = <Py_ssize_t*>PyByteArray_AS_STRING(holder)
+    while pos < end:
+        first = bytearray()
+        pos = _image(columns, p, pos, end, first, offsets)
+        first_key = _key(keys, columns, p, offsets)
+        if not update:
+            rows.append((first_key, bytes(first), None, None))
+            continue
+        second = bytearray()
+        pos = _image(columns, p, pos, end, second, offsets)
+        rows.append((_key(keys, columns, p, offsets), bytes(second), first_key, bytes(first)))
+    if pos != end:
+        raise Fallback()
+    return rows
