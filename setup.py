@@ -1,8 +1,8 @@
 """Builds the optional compiled fast paths (Cython); everything else is in pyproject.toml.
 
 ``pip install -e .`` (``make setup``) compiles ``cdc/_fast.pyx``, ``cdc/log/_fast.pyx``,
-``connectors/postgres/_fast.pyx`` and ``connectors/mysql/_fast.pyx`` when Cython (a build requirement, from PyPI) and a C compiler
-are there.
+``connectors/postgres/_fast.pyx`` and ``connectors/mysql/_fast.pyx`` when Cython (a build
+requirement, from PyPI) and a C compiler are there.
 If either is missing or compilation fails, the install still succeeds and the pure-Python
 implementations are used; ``CDC_PURE_PYTHON=1`` skips the build (and, at run time, selects the
 pure-Python paths even when the extensions are built).
