@@ -293,22 +293,26 @@ def status_cmd(config_path: str | None, as_json: bool) -> None:
 @click.option("--seconds", default=15.0, show_default=True,
               help="How long the workload writes once the follower has caught up (the "
                    "latency window).")
+@click.option("--source", "source", type=click.Choice(["postgres", "mysql"]),
+              default="postgres", show_default=True,
+              help="The leader: a throwaway PostgreSQL, or MariaDB (kind: mysql).")
 @click.option("--log-only", is_flag=True,
               help="Only the change log (append, read, compact, stats), no database.")
 @click.option("--rows", default=20_000, show_default=True,
               help="With --log-only: changes the synthetic workload appends.")
 @friendly_errors
-def demo(directory: str, seconds: float, log_only: bool, rows: int) -> None:
-    """A throwaway PostgreSQL and Redis, a shop workload, bootstrap + capture + apply, verify."""
+def demo(directory: str, seconds: float, source: str, log_only: bool, rows: int) -> None:
+    """A throwaway PostgreSQL (or MariaDB) and Redis, a shop workload, bootstrap + capture +
+    apply, verify."""
     if log_only:
         from cdc.demo import run_demo
 
         run_demo(directory, rows)
         return
-    from cdc.demo_pg import run_pg_demo
+    from cdc.demo_pg import run_db_demo
 
     _setup_logging()
-    run_pg_demo(directory, seconds)
+    run_db_demo(directory, seconds, source)
 
 
 @main.group("warehouse")

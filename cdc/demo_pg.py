@@ -1,10 +1,12 @@
-"""``cdc demo``: PostgreSQL -> change log -> Spark -> Redis, Delta and search, live, then
-``cdc verify`` for each follower.
+"""``cdc demo``: PostgreSQL (or MariaDB: ``--source mysql``) -> change log -> Spark -> Redis,
+Delta and search, live, then ``cdc verify`` for each follower.
 
-A throwaway PostgreSQL cluster (initdb on a free port, wal_level=logical) gets a small shop
-schema and data. Three followers of three kinds run side by side in one Spark application:
-``cache`` (a throwaway ``redis-server``), ``warehouse`` (Delta tables, SCD1, under the demo
-directory) and ``search`` (a Tantivy index there). While a workload keeps writing:
+A throwaway PostgreSQL cluster (initdb on a free port, wal_level=logical) or MariaDB server
+(mariadbd on a free port, row binlog) gets a small shop schema and data; what differs per leader
+kind (server, schema and data, the config's source, the workload's SQL, the server's current log
+position) is a :class:`DemoLeader`. Three followers of three kinds run side by side in one
+Spark application: ``cache`` (a throwaway ``redis-server``), ``warehouse`` (Delta tables, SCD1,
+under the demo directory) and ``search`` (a Tantivy index there). While a workload keeps writing:
 ``cdc bootstrap`` snapshots the tables into a fresh log (the SparkSession starts meanwhile), then
 ``cdc capture`` streams the rest and ``cdc apply --follower cache --follower warehouse
 --follower search`` runs continuously in this process. Once every follower has caught up, the
@@ -12,21 +14,30 @@ workload writes for ``seconds`` more (the latencies reported are of the changes 
 that window), then stops; ``cdc verify`` waits for capture and each follower's watermark and
 compares every table. The summary: per follower and table, rows, events applied and
 commit -> applied latency p50/p99. The config it writes (``<dir>/cdc.yaml``) works with every
-``cdc`` command while the demo runs (``cdc search``, ``cdc warehouse``, ``cdc verify``...).
+``cdc`` command while the demo runs (``cdc search``, ``cdc warehouse``, ``cdc verify``...; with
+MariaDB, set ``CDC_DEMO_MYSQL_PASSWORD`` before the demo: the capture user's password, random
+otherwise).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
+import secrets
 import shutil
 import threading
 import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
+import pymysql
+from pymysql.constants import CLIENT
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -37,7 +48,8 @@ from cdc.console import make_console
 from cdc.coordinator import bootstrap, open_log, run_capture
 from cdc.errors import CdcError
 from cdc.log.local import LocalChangeLog
-from cdc.offsets import offset_text
+from cdc.offsets import offset_order, offset_text, reached
+from cdc.servers.mysql import ThrowawayMariaDB
 from cdc.servers.postgres import ThrowawayPostgres
 from cdc.servers.redis import ThrowawayRedis
 from cdc.verify import VerifyReport
@@ -51,7 +63,76 @@ FOLLOWERS = {"cache": "Redis", "warehouse": "Delta (SCD1)", "search": "Tantivy"}
 #: at most this long for the follower to catch up with the backlog before the measured window
 CATCH_UP_S = 120.0
 
-SHOP_SCHEMA = """
+#: the environment variable holding the MariaDB capture user's password (set it before
+#: ``cdc demo --source mysql`` to choose the password and use other ``cdc`` commands meanwhile)
+MYSQL_PASSWORD_ENV = "CDC_DEMO_MYSQL_PASSWORD"
+
+
+class WorkloadSession(Protocol):
+    """A connection the workload writes through: ``execute`` with ``%s`` parameters, in
+    ``transaction()`` blocks (a psycopg connection is one)."""
+
+    def execute(self, sql: str, params: tuple[Any, ...], /) -> Any: ...
+
+    def transaction(self) -> AbstractContextManager[Any]: ...
+
+
+class DemoLeader(ABC):
+    """What differs per leader kind: the throwaway server (a context manager: started on entry,
+    deleted on exit), the shop schema and data, the config's source, the workload's connection
+    and SQL, and the server's current log position."""
+
+    #: how messages and the summary name the leader
+    title: str
+    #: how the live view names a position in the leader's log
+    position_name: str
+    #: where bootstrap hands off to the stream
+    handoff: str
+    #: the captured tables, as the config names them (customers, orders)
+    tables: tuple[str, str]
+    #: the workload's statements (``%s`` parameters): ``place`` (id, customer, amount),
+    #: ``status`` (status, id), ``cancel`` (id: a delete), ``rename`` (customer id)
+    statements: dict[str, str]
+
+    @abstractmethod
+    def __enter__(self) -> DemoLeader: ...
+
+    @abstractmethod
+    def __exit__(self, *exc: object) -> None: ...
+
+    @abstractmethod
+    def describe(self) -> str:
+        """``throwaway <server> on 127.0.0.1:PORT (...)``."""
+
+    @abstractmethod
+    def create_shop(self) -> None:
+        """The ``shop`` database: customers (2,000 rows), orders (30,000 rows)."""
+
+    @abstractmethod
+    def source_yaml(self) -> str:
+        """The config's ``sources:`` entry (named ``shop``), indented for the list."""
+
+    @abstractmethod
+    def session(self) -> AbstractContextManager[WorkloadSession]:
+        """A connection to the shop database for the workload."""
+
+    @abstractmethod
+    def position(self) -> tuple[int, ...]:
+        """The server's current log position, as an offset order (:func:`offset_order`)."""
+
+
+class PostgresDemoLeader(DemoLeader):
+    title = "PostgreSQL"
+    position_name = "LSN"
+    handoff = "the slot's consistent point"
+    tables = ("public.customers", "public.orders")
+    statements = {
+        "place": "INSERT INTO orders (id, customer_id, amount, items) VALUES (%s, %s, %s, '[]')",
+        "status": "UPDATE orders SET status = %s WHERE id = %s",
+        "cancel": "DELETE FROM orders WHERE id = %s",
+        "rename": "UPDATE customers SET name = name || '*' WHERE id = %s",
+    }
+    SCHEMA = """
 CREATE TYPE order_status AS ENUM ('new', 'paid', 'shipped', 'cancelled');
 CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, email text,
                         created timestamptz NOT NULL DEFAULT now());
@@ -65,28 +146,179 @@ INSERT INTO orders (id, customer_id, amount, items, note)
          'qty', 1 + g % 5)), repeat('n', 50) FROM generate_series(1, 30000) g;
 """
 
+    def __init__(self) -> None:
+        # (its data lives in a fresh temporary directory the unprivileged server user can reach)
+        self.server = ThrowawayPostgres()
+        self.dsn = ""
 
-def run_pg_demo(directory: str, seconds: float) -> None:
+    def __enter__(self) -> PostgresDemoLeader:
+        self.server.__enter__()
+        self.dsn = self.server.dsn("shop")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.__exit__(*exc)
+
+    def describe(self) -> str:
+        return f"throwaway PostgreSQL on 127.0.0.1:{self.server.port} (wal_level=logical)"
+
+    def create_shop(self) -> None:
+        with psycopg.connect(self.server.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE shop")
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(self.SCHEMA)
+
+    def source_yaml(self) -> str:
+        return f"""\
+  - name: shop
+    kind: postgres
+    dsn: {self.dsn}
+    tables: [{', '.join(self.tables)}]
+    heartbeat_interval: 1s
+"""
+
+    def session(self) -> AbstractContextManager[WorkloadSession]:
+        return psycopg.connect(self.dsn, autocommit=True)
+
+    def position(self) -> tuple[int, ...]:
+        from cdc.position import parse_lsn
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        return (parse_lsn(row[0]) if row else 0,)
+
+
+class MariaDbDemoLeader(DemoLeader):
+    title = "MariaDB"
+    position_name = "binlog position"
+    handoff = "the snapshot's binlog position"
+    tables = ("shop.customers", "shop.orders")
+    statements = {
+        "place": "INSERT INTO orders (id, customer_id, amount, items) VALUES (%s, %s, %s, '[]')",
+        "status": "UPDATE orders SET status = %s WHERE id = %s",
+        "cancel": "DELETE FROM orders WHERE id = %s",
+        "rename": "UPDATE customers SET name = CONCAT(name, '*') WHERE id = %s",
+    }
+    SCHEMA = """
+CREATE TABLE customers (id BIGINT PRIMARY KEY, name TEXT NOT NULL, email TEXT,
+                        created DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6));
+CREATE TABLE orders (id BIGINT PRIMARY KEY, customer_id BIGINT NOT NULL,
+                     status ENUM('new', 'paid', 'shipped', 'cancelled') NOT NULL DEFAULT 'new',
+                     amount DECIMAL(12,2) NOT NULL, items JSON,
+                     placed TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), note TEXT,
+                     FOREIGN KEY (customer_id) REFERENCES customers (id));
+INSERT INTO customers (id, name, email)
+  SELECT seq, CONCAT('customer ', seq), CONCAT('c', seq, '@example.com') FROM seq_1_to_2000;
+INSERT INTO orders (id, customer_id, amount, items, note)
+  SELECT seq, 1 + seq % 2000, (seq % 9973) * 1.01, JSON_ARRAY(JSON_OBJECT('sku', seq % 97,
+         'qty', 1 + seq % 5)), REPEAT('n', 50) FROM seq_1_to_30000;
+"""
+    #: the capture user: the binlog dump and positions on the server, reading the shop
+    USER = "cdc"
+
+    def __init__(self) -> None:
+        # flushed to the OS at each commit, not fsynced (the demo's PostgreSQL has fsync off)
+        self.server = ThrowawayMariaDB(flush_log_at_trx_commit=2, sync_binlog=0)
+        self.password = os.environ.get(MYSQL_PASSWORD_ENV) or secrets.token_urlsafe(18)
+
+    def __enter__(self) -> MariaDbDemoLeader:
+        self.server.__enter__()
+        os.environ[MYSQL_PASSWORD_ENV] = self.password  # read by this process's cdc commands
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.__exit__(*exc)
+
+    def describe(self) -> str:
+        return (f"throwaway MariaDB on 127.0.0.1:{self.server.port} (row binlog; capture user "
+                f"{self.USER}, password in ${MYSQL_PASSWORD_ENV})")
+
+    def create_shop(self) -> None:
+        self.server.execute("CREATE DATABASE shop CHARACTER SET utf8mb4")
+        self.server.execute(f"CREATE USER '{self.USER}'@'%%' IDENTIFIED BY %s", (self.password,))
+        self.server.execute(f"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO "
+                            f"'{self.USER}'@'%'")
+        self.server.execute(f"GRANT SELECT, SHOW VIEW ON shop.* TO '{self.USER}'@'%'")
+        conn = pymysql.connect(**self.server.connection_settings(database="shop", tcp=False),
+                               autocommit=True, client_flag=CLIENT.MULTI_STATEMENTS)
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(self.SCHEMA)
+                while cursor.nextset():
+                    pass
+        finally:
+            conn.close()
+
+    def source_yaml(self) -> str:
+        return f"""\
+  - name: shop
+    kind: mysql
+    dsn: {self.server.url_for(self.USER, "shop")}
+    password_env: {MYSQL_PASSWORD_ENV}
+    tables: [{', '.join(self.tables)}]
+    heartbeat_interval: 1s
+"""
+
+    @contextmanager
+    def session(self) -> Iterator[WorkloadSession]:
+        conn = self.server.root_connect("shop")
+        try:
+            yield _MySqlSession(conn)
+        finally:
+            conn.close()
+
+    def position(self) -> tuple[int, ...]:
+        from connectors.mysql.catalog import file_sequence
+
+        file, pos = self.server.binlog_position()
+        return (file_sequence(file), pos)
+
+
+class _MySqlSession:
+    """A PyMySQL connection (autocommit) as a :class:`WorkloadSession`."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: tuple[Any, ...], /) -> Any:
+        with self.conn.cursor() as cursor:
+            return cursor.execute(sql, params)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        self.conn.begin()
+        try:
+            yield
+        except BaseException:
+            self.conn.rollback()
+            raise
+        self.conn.commit()
+
+
+#: ``cdc demo --source``: the leader kinds
+LEADERS: dict[str, type[DemoLeader]] = {"postgres": PostgresDemoLeader,
+                                        "mysql": MariaDbDemoLeader}
+
+
+def run_db_demo(directory: str, seconds: float, source: str = "postgres") -> None:
     console = make_console()
     root = Path(directory).resolve()
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    console.rule("[bold]cdc demo: PostgreSQL -> change log -> Spark -> Redis, Delta, search")
-    # (its data lives in a fresh temporary directory the unprivileged server user can reach)
-    with ThrowawayPostgres() as pg, ThrowawayRedis() as cache:
-        console.print(f"throwaway PostgreSQL on 127.0.0.1:{pg.port} (wal_level=logical), "
+    leader = LEADERS[source]()
+    console.rule(f"[bold]cdc demo: {leader.title} -> change log -> Spark -> Redis, Delta, "
+                 "search")
+    with leader, ThrowawayRedis() as cache:
+        console.print(f"{leader.describe()}, "
                       f"throwaway Redis on 127.0.0.1:{cache.port} (follower cache); Delta "
                       f"tables (follower warehouse) and a search index (follower search) "
                       f"under {root}")
-        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE shop")
-        with psycopg.connect(pg.dsn("shop"), autocommit=True) as conn:
-            conn.execute(SHOP_SCHEMA)
+        leader.create_shop()
         console.print("shop schema: customers (2,000 rows), orders (30,000 rows)")
-        config_path = _write_config(root, pg.dsn("shop"), cache.url)
+        config_path = _write_config(root, leader, cache.url)
         console.print(f"config: {config_path}")
         config = load_config(config_path)
-        workload = ShopWorkload(pg.dsn("shop"))
+        workload = ShopWorkload(leader)
         follower = LiveApply(config)
         writer, codec = open_log(config)
         try:
@@ -95,18 +327,18 @@ def run_pg_demo(directory: str, seconds: float) -> None:
             console.rule("bootstrap (snapshot while the workload writes; Spark starts meanwhile)")
             report = bootstrap(config, config.sources[0], writer, codec, console)
             console.print(f"snapshot of {sum(report.rows.values()):,} rows durable in "
-                          f"{report.seconds:.1f} s; streaming from the slot's consistent point")
+                          f"{report.seconds:.1f} s; streaming from {leader.handoff}")
             console.rule("capture + cdc apply " + " ".join(f"--follower {name}"
                                                             for name in FOLLOWERS)
                          + " (continuous)")
             follower.start_queries()
-            verified = _capture_live(config, writer, codec, workload, follower, seconds,
-                                     console)
+            verified = _capture_live(config, writer, codec, leader, workload, follower,
+                                     seconds, console)
         finally:
             workload.stop()
             follower.stop()
             writer.close()
-        _summary(config, follower, verified, workload, console)
+        _summary(config, leader, follower, verified, workload, console)
 
 
 class LiveApply:
@@ -172,20 +404,15 @@ class LiveApply:
             self._spark.stop()
 
 
-def _write_config(root: Path, dsn: str, redis_url: str) -> Path:
+def _write_config(root: Path, leader: DemoLeader, redis_url: str) -> Path:
     path = root / "cdc.yaml"
     path.write_text(f"""\
-# written by `cdc demo`; valid while the demo's PostgreSQL runs
+# written by `cdc demo`; valid while the demo's {leader.title} runs
 log:
   path: {root / 'log'}
   partitions: 8
 sources:
-  - name: shop
-    kind: postgres
-    dsn: {dsn}
-    tables: [public.customers, public.orders]
-    heartbeat_interval: 1s
-followers:
+{leader.source_yaml()}followers:
   cache:
     kind: redis
     url: {redis_url}
@@ -200,8 +427,8 @@ followers:
     kind: search
     path: {root / 'search'}
     text_fields:
-      public.customers: [name, email]
-      public.orders: [status, note]
+      {leader.tables[0]}: [name, email]
+      {leader.tables[1]}: [status, note]
     trigger_interval: 500ms
 """)
     return path
@@ -210,8 +437,8 @@ followers:
 class ShopWorkload:
     """Orders placed, paid, shipped and cancelled; customers renamed; a thread of its own."""
 
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
+    def __init__(self, leader: DemoLeader) -> None:
+        self.leader = leader
         self.transactions = 0
         self.changes = 0
         self._stop = threading.Event()
@@ -229,7 +456,7 @@ class ShopWorkload:
         rng = random.Random(42)
         next_id = 100_000
         try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
+            with self.leader.session() as conn:
                 while not self._stop.is_set():
                     with conn.transaction():
                         for _ in range(rng.randint(1, 5)):
@@ -239,22 +466,20 @@ class ShopWorkload:
         except BaseException as exc:  # noqa: BLE001 - shown in the summary
             self.error = exc
 
-    def _change(self, conn: psycopg.Connection[Any], rng: random.Random, next_id: int) -> int:
+    def _change(self, conn: WorkloadSession, rng: random.Random, next_id: int) -> int:
+        sql = self.leader.statements
         roll = rng.random()
         order = rng.randint(1, next_id)
         if roll < 0.4:
-            conn.execute("INSERT INTO orders (id, customer_id, amount, items) VALUES "
-                         "(%s, %s, %s, '[]')", (next_id, rng.randint(1, 2000),
-                                                rng.randint(100, 100_000) / 100))
+            conn.execute(sql["place"], (next_id, rng.randint(1, 2000),
+                                        rng.randint(100, 100_000) / 100))
             next_id += 1
         elif roll < 0.8:
-            conn.execute("UPDATE orders SET status = %s WHERE id = %s",
-                         (rng.choice(["paid", "shipped", "cancelled"]), order))
+            conn.execute(sql["status"], (rng.choice(["paid", "shipped", "cancelled"]), order))
         elif roll < 0.9:
-            conn.execute("DELETE FROM orders WHERE id = %s", (order,))
+            conn.execute(sql["cancel"], (order,))
         else:
-            conn.execute("UPDATE customers SET name = name || '*' WHERE id = %s",
-                         (rng.randint(1, 2000),))
+            conn.execute(sql["rename"], (rng.randint(1, 2000),))
         self.changes += 1
         return next_id
 
@@ -272,8 +497,8 @@ class LiveResult:
 
 
 def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
-                  workload: ShopWorkload, follower: LiveApply, seconds: float,
-                  console: Console) -> LiveResult:
+                  leader: DemoLeader, workload: ShopWorkload, follower: LiveApply,
+                  seconds: float, console: Console) -> LiveResult:
     """Capture in a thread and the follower running: wait until the follower has caught up,
     measure ``seconds`` of workload, stop the workload, then ``cdc verify`` (capture and apply
     still running: verify's heartbeat must travel through both)."""
@@ -297,23 +522,24 @@ def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
     def view(phase: str) -> Group:
         offset = writer.source_offsets().get("shop", {})
         return Group(f"{phase}\nworkload: {workload.transactions:,} transactions, "
-                     f"{workload.changes:,} changes written | log: committed up to LSN "
-                     f"{offset_text(offset)}", job.table())
+                     f"{workload.changes:,} changes written | log: committed up to "
+                     f"{leader.position_name} {offset_text(offset)}", job.table())
 
     result = LiveResult()
     try:
         with Live(view(""), console=console, refresh_per_second=4) as live:
             began = time.monotonic()
-            target: int | None = None  # the log's LSN when every follower had a batch
+            # the log's position when every follower had a batch (an offset order)
+            target: tuple[int, ...] | None = None
             while time.monotonic() - began < CATCH_UP_S:
                 follower.check()
                 if errors:
                     raise errors[0]
                 progress = job.progress.values()
                 if target is None and all(p.batches for p in progress):
-                    target = int(writer.source_offsets().get("shop", {}).get("lsn", 0))
-                reached = min(int(p.watermarks.get("shop", {}).get("lsn", -1)) for p in progress)
-                if target is not None and reached >= target:
+                    target = offset_order(writer.source_offsets().get("shop"))
+                if target is not None and all(reached(p.watermarks.get("shop"), target)
+                                              for p in progress):
                     break
                 live.update(view("the followers are catching up with the snapshot and "
                                  "backlog"))
@@ -330,7 +556,7 @@ def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
             result.window_s = time.monotonic() - began
             result.changes_in_window = workload.changes - written
             live.update(view("workload stopped; waiting for capture to catch up"))
-            _wait_caught_up(config, writer, thread)
+            _wait_caught_up(config, writer, leader, thread)
             live.update(view("workload stopped; capture caught up"))
         if not console.is_terminal:
             console.line()  # rich leaves the last line of a non-terminal Live open
@@ -354,28 +580,25 @@ def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
     return result
 
 
-def _wait_caught_up(config: Config, writer: LocalChangeLog, thread: threading.Thread) -> None:
-    from cdc.position import parse_lsn
-
+def _wait_caught_up(config: Config, writer: LocalChangeLog, leader: DemoLeader,
+                    thread: threading.Thread) -> None:
     source = config.sources[0]
-    with psycopg.connect(source.dsn.reveal(), autocommit=True) as conn:
-        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    target = parse_lsn(row[0]) if row else 0
+    target = leader.position()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and thread.is_alive():
-        if int(writer.source_offsets().get(source.name, {}).get("lsn", 0)) >= target:
+        if reached(writer.source_offsets().get(source.name), target):
             return
         time.sleep(0.1)
 
 
-def _summary(config: Config, follower: LiveApply, live: LiveResult, workload: ShopWorkload,
-             console: Console) -> None:
+def _summary(config: Config, leader: DemoLeader, follower: LiveApply, live: LiveResult,
+             workload: ShopWorkload, console: Console) -> None:
     from cdc.verify import print_report
     from spark_apply.latency import LatencyHistogram, format_seconds
 
     assert follower.job is not None
-    table = Table(title="summary: PostgreSQL -> log -> Spark -> followers",
-                  caption=f"latency: commit at PostgreSQL -> applied in the follower, per "
+    table = Table(title=f"summary: {leader.title} -> log -> Spark -> followers",
+                  caption=f"latency: commit at {leader.title} -> applied in the follower, per "
                           f"change, for the {live.changes_in_window:,} changes the workload "
                           f"committed in the {live.window_s:.0f} s after the followers had "
                           "caught up")
@@ -415,7 +638,8 @@ def _summary(config: Config, follower: LiveApply, live: LiveResult, workload: Sh
                        "this is a bug: please report it with the keys listed above")
     config_file = config.base_dir / "cdc.yaml"
     batches = sum(p.batches for p in follower.job.progress.values())
-    console.print(f"[green]Redis, Delta and the search index equal PostgreSQL[/] ({batches:,} "
-                  f"micro-batches). Try:\n  cdc search --config {config_file} --follower "
-                  f"search 'name:customer'\n  cdc log dump --config {config_file} | head",
+    console.print(f"[green]Redis, Delta and the search index equal {leader.title}[/] "
+                  f"({batches:,} micro-batches). Try:\n  cdc search --config {config_file} "
+                  f"--follower search 'name:customer'\n  cdc log dump --config {config_file} "
+                  "| head",
                   highlight=False)

@@ -136,7 +136,7 @@ class Dispatcher:
         """Buffer a source's already-encoded records (and its checkpoint, if it has one)."""
         for schema in batch.schemas:
             self.ensure_topic(schema)
-            if self.images.max_bytes and may_be_partial(schema):
+            if self.images.max_bytes and not batch.whole_rows and may_be_partial(schema):
                 for record in batch.records:
                     if record.topic == schema.topic:
                         self.images.remember(record.topic, record.key, record.value)

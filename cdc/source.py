@@ -91,6 +91,9 @@ class EncodedBatch:
     events: int
     last_position: Position | None = None
     offset: SourceOffset | None = None
+    #: the source always sends whole rows for these tables (no change of theirs will ever
+    #: need a previous image), so the dispatcher need not remember the images
+    whole_rows: bool = False
 
 
 StreamItem = ChangeEvent | EncodedBatch | Checkpoint | None

@@ -393,3 +393,87 @@ def decode_rows(tuple plan, bytes data, Py_ssize_t pos, Py_ssize_t end, bint upd
     if pos != end:
         raise Fallback()
     return rows
+
+
+cdef bytes _envelope(tuple pieces, bytes before, bytes after, const char* op, long long row,
+                     long long total, long long per_table):
+    cdef bytes header = pieces[0]
+    cdef bytes prefix = pieces[1]
+    cdef bytes suffix = pieces[2]
+    cdef bytes txn = pieces[3]
+    cdef bytes tail = pieces[4]
+    cdef bytearray out = bytearray()
+    _put(out, header, len(header))
+    if before is None:
+        _byte(out, 0)
+    else:
+        _byte(out, 2)
+        _put(out, before, len(before))
+    if after is None:
+        _byte(out, 0)
+    else:
+        _byte(out, 2)
+        _put(out, after, len(after))
+    _put(out, prefix, len(prefix))
+    _long(out, row)
+    _put(out, suffix, len(suffix))
+    _put(out, txn, len(txn))
+    _long(out, total)
+    _long(out, per_table)
+    _put(out, op, 2)
+    _put(out, tail, len(tail))
+    return bytes(out)
+
+
+cdef bytes _position(long long file_seq, long long start, long long ordinal):
+    cdef unsigned char buf[25]
+    cdef int i
+    buf[0] = 2
+    for i in range(8):
+        buf[1 + i] = (file_seq >> (56 - 8 * i)) & 0xFF
+        buf[9 + i] = (start >> (56 - 8 * i)) & 0xFF
+        buf[17 + i] = (ordinal >> (56 - 8 * i)) & 0xFF
+    return PyBytes_FromStringAndSize(<const char*>buf, 25)
+
+
+def build_records(list decoded, int kind, str topic, tuple pieces, long long total,
+                  long long per_table, long long file_seq, long long start, record):
+    """See rowcodec.build_records."""
+    cdef list records = []
+    cdef long long ordinal = 0
+    cdef long long row = 0
+    cdef bytes position, key, image, old_key, old_image
+    for item in decoded:
+        key, image, old_key, old_image = item
+        ordinal += 1
+        position = _position(file_seq, start, ordinal)
+        if kind == 0:
+            total += 1
+            per_table += 1
+            records.append(record(topic, key, _envelope(pieces, None, image, b"\x02c", row,
+                                                         total, per_table), position))
+        elif kind == 1:
+            total += 1
+            per_table += 1
+            records.append(record(topic, key, _envelope(pieces, image, None, b"\x02d", row,
+                                                         total, per_table), position))
+            records.append(record(topic, key, None, position))
+        elif old_key == key:
+            total += 1
+            per_table += 1
+            records.append(record(topic, key, _envelope(pieces, old_image, image, b"\x02u", row,
+                                                         total, per_table), position))
+        else:
+            total += 1
+            per_table += 1
+            records.append(record(topic, old_key, _envelope(pieces, old_image, None, b"\x02d",
+                                                             row, total, per_table), position))
+            records.append(record(topic, old_key, None, position))
+            ordinal += 1
+            total += 1
+            per_table += 1
+            records.append(record(topic, key, _envelope(pieces, None, image, b"\x02c", row,
+                                                         total, per_table),
+                                  _position(file_seq, start, ordinal)))
+        row += 1
+    return records, total, per_table

@@ -355,18 +355,71 @@ def decode_rows(plan: Plan, data: bytes, pos: int, end: int, update: bool
     return rows
 
 
+def build_records(decoded: Sequence[tuple[bytes, bytes, bytes | None, bytes | None]], kind: int,
+                  topic: str, pieces: tuple[bytes, ...], total: int, per_table: int,
+                  file_seq: int, start: int, record: Any) -> tuple[list[Any], int, int]:
+    """The log records of one rows event's decoded rows (``kind``: 0 insert, 1 delete,
+    2 update): ``(records, total order, per-table order)`` after them.
+
+    ``pieces`` are the envelope's constant parts: ``(header, source block before its row,
+    source block after it, transaction block prefix (union byte and id), times and the null
+    unavailable_columns)``; ``record`` makes a record from ``(topic, key, value, position)``.
+    A delete is followed by a tombstone at its position; an update that changed the key is a
+    delete (and tombstone) of the old key and a create of the new one."""
+    header, prefix, suffix, txn, tail = pieces
+    records = []
+    ordinal = 0
+
+    def value(before: bytes | None, after: bytes | None, op: bytes, row: int) -> bytes:
+        nonlocal total, per_table
+        total += 1
+        per_table += 1
+        out = bytearray(header)
+        if before is None:
+            out.append(0)
+        else:
+            out.append(2)
+            out += before
+        if after is None:
+            out.append(0)
+        else:
+            out.append(2)
+            out += after
+        out += prefix
+        _write_long(row, out)
+        out += suffix
+        out += txn
+        _write_long(total, out)
+        _write_long(per_table, out)
+        out += op
+        out += tail
+        return bytes(out)
+
+    for row, (key, image, old_key, old_image) in enumerate(decoded):
+        ordinal += 1
+        position = position_bytes(file_seq, start, ordinal)
+        if kind == 0:
+            records.append(record(topic, key, value(None, image, b"\x02c", row), position))
+        elif kind == 1:
+            records.append(record(topic, key, value(image, None, b"\x02d", row), position))
+            records.append(record(topic, key, None, position))
+        elif old_key == key:
+            records.append(record(topic, key, value(old_image, image, b"\x02u", row),
+                                  position))
+        else:
+            records.append(record(topic, old_key, value(old_image, None, b"\x02d", row),
+                                  position))
+            records.append(record(topic, old_key, None, position))
+            ordinal += 1
+            records.append(record(topic, key, value(None, image, b"\x02c", row),
+                                  position_bytes(file_seq, start, ordinal)))
+    return records, total, per_table
+
+
 def implementation() -> str:
     """``compiled`` when the Cython twin is in use, else ``pure``."""
     return "compiled" if decode_rows is not _pure_decode_rows else "pure"
 
-
-_pure_decode_rows = decode_rows
-_pure_plan_for = plan_for
-if os.environ.get("CDC_PURE_PYTHON", "") != "1":
-    with contextlib.suppress(ImportError):  # the compiled twin, when built
-        from connectors.mysql._fast import (  # type: ignore[import-not-found,no-redef]
-            decode_rows,
-        )
 
 _POSITION = struct.Struct(">BQQQ").pack
 
@@ -374,3 +427,13 @@ _POSITION = struct.Struct(">BQQQ").pack
 def position_bytes(file_seq: int, pos: int, ordinal: int) -> bytes:
     """:meth:`cdc.position.Position.mysql` ``(file_seq, pos, ordinal)`` as bytes."""
     return _POSITION(2, file_seq, pos, ordinal)
+
+
+_pure_decode_rows = decode_rows
+_pure_build_records = build_records
+if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+    with contextlib.suppress(ImportError):  # the compiled twin, when built
+        from connectors.mysql._fast import (  # type: ignore[import-not-found,no-redef]
+            build_records,
+            decode_rows,
+        )

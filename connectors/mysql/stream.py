@@ -69,10 +69,10 @@ from connectors.mysql.connection import (
 from connectors.mysql.connector import MySqlOffset, purge_warnings
 from connectors.mysql.rowcodec import (
     Fallback,
+    build_records,
     decode_rows,
     implementation,
     plan_for,
-    position_bytes,
 )
 from connectors.mysql.schema import CapturedTable, build
 from connectors.mysql.types import prepare_table_map, refine
@@ -601,46 +601,15 @@ class FastRows:
         times = b"".join(b"\x02" + _long(v) for v in
                          (processed, processed * 1000, processed * 1_000_000))
         prefix, suffix = self._source(codec, schema, ts_ms, reader, event, start)
-        txn_id = b"\x02" + _string(txn.id(reader.file))
-        header = codec.header
-        file_seq = reader.file_seq
-        records: list[Record] = []
-        ordinal = 0
-        per_table = txn.per_table.get(table, 0)
-
-        def value(before: bytes | None, after: bytes | None, op: Op, row: int) -> bytes:
-            nonlocal per_table
-            txn.total += 1
-            per_table += 1
-            return b"".join((header, b"\x00" if before is None else b"\x02" + before,
-                             b"\x00" if after is None else b"\x02" + after,
-                             prefix, _long(row), suffix, txn_id, _long(txn.total),
-                             _long(per_table), _OPS[op], times, b"\x00"))
-
-        for index, (key, image, old_key, old_image) in enumerate(decoded):
-            ordinal += 1
-            position = position_bytes(file_seq, start, ordinal)
-            if kind is WriteRowsEvent:
-                records.append(Record(topic, key, value(None, image, Op.CREATE, index),
-                                      position))
-            elif kind is DeleteRowsEvent:
-                records.append(Record(topic, key, value(image, None, Op.DELETE, index),
-                                      position))
-                records.append(Record(topic, key, None, position))
-            elif old_key == key:
-                records.append(Record(topic, key, value(old_image, image, Op.UPDATE, index),
-                                      position))
-            else:  # the primary key changed: delete the old key, create the new one
-                assert old_key is not None
-                records.append(Record(topic, old_key, value(old_image, None, Op.DELETE, index),
-                                      position))
-                records.append(Record(topic, old_key, None, position))
-                ordinal += 1
-                records.append(Record(topic, key, value(None, image, Op.CREATE, index),
-                                      position_bytes(file_seq, start, ordinal)))
+        pieces = (codec.header, prefix, suffix, b"\x02" + _string(txn.id(reader.file)),
+                  times + b"\x00")
+        kind = 0 if kind is WriteRowsEvent else 1 if kind is DeleteRowsEvent else 2
+        records, txn.total, per_table = build_records(
+            decoded, kind, topic, pieces, txn.total, txn.per_table.get(table, 0),
+            reader.file_seq, start, Record)
         txn.per_table[table] = per_table
         events = sum(1 for r in records if r.value is not None)
-        return [EncodedBatch(records, (schema,), events)]
+        return [EncodedBatch(records, (schema,), events, whole_rows=True)]
 
     def _source(self, codec: Any, schema: Any, ts_ms: int, reader: BinlogReader, event: Any,
                 start: int) -> tuple[bytes, bytes]:
