@@ -122,7 +122,7 @@ def bootstrap(config: Config, source_config: SourceConfig, writer: LocalChangeLo
     connector = connector or connector_for(source_config)
     report = BootstrapReport(source_config.name)
     started = time.monotonic()
-    with connector.snapshot() as snap:
+    with connector.snapshot(codec) as snap:
         tables = snap.check()  # every refusal happens here, before anything changes
         report.warnings = snap.warnings()
         for warning in report.warnings:

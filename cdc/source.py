@@ -282,8 +282,8 @@ class Connector(ABC):
         raise NotImplementedError
 
     @abstractmethod
-    def snapshot(self) -> SnapshotSource:
-        """A snapshot source (not yet checked or opened)."""
+    def snapshot(self, codec: EventCodec | None = None) -> SnapshotSource:
+        """A snapshot source (not yet checked or opened); ``codec`` as for :meth:`stream`."""
 
     @abstractmethod
     def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:

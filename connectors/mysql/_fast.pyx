@@ -477,3 +477,277 @@ def build_records(list decoded, int kind, str topic, tuple pieces, long long tot
                                   _position(file_seq, start, ordinal)))
         row += 1
     return records, total, per_table
+
+
+# ------------------------------------------------------------------- snapshot rows (text)
+
+DEF T_INT = 1
+DEF T_UINT64 = 2
+DEF T_FLOAT = 3
+DEF T_DOUBLE = 4
+DEF T_DECIMAL = 5
+DEF T_STRING = 6
+DEF T_BYTES = 7
+DEF T_DATE = 8
+DEF T_DATETIME = 9
+DEF T_TIMESTAMP = 10
+DEF T_YEAR = 11
+
+from libc.string cimport memchr
+
+from cpython.ref cimport PyObject
+
+cdef extern from "Python.h":
+    int PyFloat_Pack4(double x, char* p, int le) except -1
+    int PyFloat_Pack8(double x, char* p, int le) except -1
+    double PyOS_string_to_double(const char* s, char** endptr, PyObject* overflow) except? -1.0
+
+
+cdef inline long long _digits(const unsigned char* p, Py_ssize_t n) except? -1:
+    """A non-negative decimal of at most 18 digits."""
+    cdef long long v = 0
+    cdef Py_ssize_t i
+    if n <= 0 or n > 18:
+        raise Fallback()
+    for i in range(n):
+        if p[i] < 48 or p[i] > 57:
+            raise Fallback()
+        v = v * 10 + (p[i] - 48)
+    return v
+
+
+cdef int _text_int(bytearray out, const unsigned char* p, Py_ssize_t n, bint unsigned_wide
+                   ) except -1:
+    cdef bint negative = n > 0 and p[0] == 45
+    if negative:
+        p += 1
+        n -= 1
+    if n > 18:  # beyond 64 bits or close to it: Python's int does it exactly
+        value = int(PyBytes_FromStringAndSize(<const char*>p, n))
+        if negative:
+            value = -value
+        if unsigned_wide:
+            return _unscaled(out, value)
+        return _long(out, value)
+    cdef long long v = _digits(p, n)
+    if negative:
+        v = -v
+    if unsigned_wide:
+        return _unscaled_ll(out, v)
+    return _long(out, v)
+
+
+cdef int _text_decimal(bytearray out, const unsigned char* p, Py_ssize_t n, int scale
+                       ) except -1:
+    cdef const unsigned char* dot = <const unsigned char*>memchr(p, 46, n)
+    cdef Py_ssize_t whole = (dot - p) if dot != NULL else n
+    cdef Py_ssize_t fraction = n - whole - 1 if dot != NULL else 0
+    if fraction != scale:
+        raise Fallback()
+    cdef bint negative = n > 0 and p[0] == 45
+    cdef Py_ssize_t start = 1 if negative else 0
+    cdef long long v
+    if whole - start + fraction <= 18:
+        v = _digits(p + start, whole - start) if whole > start else 0
+        if fraction:
+            v = v * POW10_18(fraction) + _digits(dot + 1, fraction)
+        return _unscaled_ll(out, -v if negative else v)
+    text = PyBytes_FromStringAndSize(<const char*>p + start, whole - start)
+    if fraction:
+        text += PyBytes_FromStringAndSize(<const char*>dot + 1, fraction)
+    value = int(text)
+    return _unscaled(out, -value if negative else value)
+
+
+cdef inline long long POW10_18(Py_ssize_t n):
+    cdef long long v = 1
+    cdef Py_ssize_t i
+    for i in range(n):
+        v *= 10
+    return v
+
+
+cdef int _text_moment(const unsigned char* p, Py_ssize_t n, long long* days, long long* seconds,
+                      long long* micros) except -1:
+    """0 for a zero date, 1 for a moment."""
+    if n < 10 or p[4] != 45 or p[7] != 45:
+        raise Fallback()
+    cdef long long year = _digits(p, 4)
+    cdef long long month = _digits(p + 5, 2)
+    cdef long long day = _digits(p + 8, 2)
+    if not month or not day:
+        return 0
+    days[0] = _days_from_civil(year, month, day)
+    seconds[0] = 0
+    micros[0] = 0
+    cdef Py_ssize_t width
+    if n > 10:
+        if n < 19:
+            raise Fallback()
+        seconds[0] = _digits(p + 11, 2) * 3600 + _digits(p + 14, 2) * 60 + _digits(p + 17, 2)
+        if n > 20:
+            width = n - 20 if n - 20 < 6 else 6
+            micros[0] = _digits(p + 20, width) * POW10[6 - width]
+    return 1
+
+
+cdef int _text_value(tuple column, const unsigned char* p, Py_ssize_t n, bytearray out
+                     ) except -1:
+    cdef int kind = column[0]
+    cdef int prefix = column[1]
+    cdef int a = column[2]
+    cdef Py_ssize_t start = PyByteArray_GET_SIZE(out)
+    cdef char buf[48]
+    cdef char* end
+    cdef double number
+    cdef long long days, seconds, micros, year, month, day, v
+    cdef int size
+    if prefix >= 0:
+        _byte(out, <unsigned char>prefix)
+    if kind == T_INT or kind == T_YEAR:
+        return _text_int(out, p, n, False)
+    if kind == T_UINT64:
+        return _text_int(out, p, n, True)
+    if kind == T_FLOAT or kind == T_DOUBLE:
+        if n >= 47:
+            raise Fallback()
+        memcpy(buf, p, n)
+        buf[n] = 0
+        number = PyOS_string_to_double(buf, &end, NULL)
+        if end != buf + n:
+            raise Fallback()
+        if kind == T_FLOAT:
+            PyFloat_Pack4(number, buf, 1)
+            return _put(out, buf, 4)
+        PyFloat_Pack8(number, buf, 1)
+        return _put(out, buf, 8)
+    if kind == T_DECIMAL:
+        return _text_decimal(out, p, n, a)
+    if kind == T_STRING or kind == T_BYTES:
+        if kind == T_STRING:
+            (<bytes>PyBytes_FromStringAndSize(<const char*>p, n)).decode()
+        size = n if not (kind == T_BYTES and a and n < a) else a
+        _long(out, size)
+        _put(out, <const char*>p, n)
+        if size > n:
+            v = PyByteArray_GET_SIZE(out)
+            PyByteArray_Resize(out, v + size - n)
+            memset(PyByteArray_AS_STRING(out) + v, 0, size - n)
+        return 0
+    if not _text_moment(p, n, &days, &seconds, &micros):
+        return _null(prefix, out, start)
+    if kind == T_DATE:
+        return _long(out, days)
+    if kind == T_DATETIME:
+        return _long(out, (days * 86400 + seconds) * 1000000 + micros)
+    _civil_from_days(days, &year, &month, &day)
+    size = snprintf(buf, 48, "%04lld-%02lld-%02lldT%02lld:%02lld:%02lld.%06lldZ", year, month,
+                    day, seconds // 3600, seconds // 60 % 60, seconds % 60, micros)
+    _long(out, size)
+    return _put(out, buf, size)
+
+
+cdef inline Py_ssize_t _lenenc(const unsigned char* p, Py_ssize_t left, Py_ssize_t* length
+                               ) except -2:
+    """The header size of a length-encoded string (its length into ``length``; -1: NULL)."""
+    if left < 1:
+        raise Fallback()
+    cdef unsigned char first = p[0]
+    if first < 0xFB:
+        length[0] = first
+        return 1
+    if first == 0xFB:
+        length[0] = -1
+        return 1
+    if first == 0xFC:
+        if left < 3:
+            raise Fallback()
+        length[0] = <Py_ssize_t>_le(p + 1, 2)
+        return 3
+    if first == 0xFD:
+        if left < 4:
+            raise Fallback()
+        length[0] = <Py_ssize_t>_le(p + 1, 3)
+        return 4
+    if left < 9:
+        raise Fallback()
+    length[0] = <Py_ssize_t>_le(p + 1, 8)
+    return 9
+
+
+def encode_text_rows(tuple plan, list packets):
+    """See rowcodec.encode_text_rows."""
+    cdef tuple columns = plan[0]
+    cdef tuple keys = plan[1]
+    cdef Py_ssize_t count = len(columns)
+    cdef list rows = []
+    cdef bytes data
+    cdef const unsigned char* p
+    cdef Py_ssize_t size, pos, length, index
+    cdef tuple column, key
+    cdef bytearray image, out
+    cdef bytearray holder = bytearray(16 * (count + 1))
+    cdef Py_ssize_t* starts = <Py_ssize_t*>PyByteArray_AS_STRING(holder)
+    cdef Py_ssize_t* lengths = starts + count
+    cdef char text[24]
+    cdef int n
+    for data in packets:
+        p = <const unsigned char*>PyBytes_AS_STRING(data)
+        size = PyBytes_GET_SIZE(data)
+        pos = 0
+        image = bytearray()
+        for index in range(count):
+            column = <tuple>columns[index]
+            pos += _lenenc(p + pos, size - pos, &length)
+            if length < 0:
+                if <int>column[1] < 0:
+                    raise Fallback()
+                _byte(image, 0)
+                starts[index] = -1
+                continue
+            if length > size - pos:
+                raise Fallback()
+            starts[index] = pos
+            lengths[index] = length
+            _text_value(column, p + pos, length, image)
+            pos += length
+        if pos != size:
+            raise Fallback()
+        out = bytearray()
+        for key in keys:
+            index = key[1]
+            if starts[index] < 0:
+                raise Fallback()
+            prefix = <bytes>key[0]
+            _put(out, prefix, len(prefix))
+            if <int>key[2] == T_INT:
+                _text_key_int(out, p + starts[index], lengths[index], False)
+            elif <int>key[2] == T_UINT64:
+                _text_key_int(out, p + starts[index], lengths[index], True)
+            else:
+                value = PyBytes_FromStringAndSize(<const char*>p + starts[index],
+                                                  lengths[index]).decode()
+                encoded = json.dumps(value, ensure_ascii=False).encode()
+                _put(out, encoded, len(encoded))
+        _byte(out, ord("}"))
+        rows.append((bytes(out), bytes(image)))
+    return rows
+
+
+cdef int _text_key_int(bytearray out, const unsigned char* p, Py_ssize_t n, bint quoted
+                       ) except -1:
+    """The canonical decimal text of an integer written by MySQL (already canonical, but
+    checked: only digits after an optional minus, no leading zeros)."""
+    cdef Py_ssize_t start = 1 if n > 0 and p[0] == 45 else 0
+    cdef Py_ssize_t i
+    if n <= start or (n - start > 1 and p[start] == 48):
+        raise Fallback()
+    for i in range(start, n):
+        if p[i] < 48 or p[i] > 57:
+            raise Fallback()
+    if quoted:
+        _byte(out, 34)
+    _put(out, <const char*>p, n)
+    if quoted:
+        _byte(out, 34)
+    return 0

@@ -99,6 +99,13 @@ def current_position(conn: Any, source: str) -> tuple[str, int]:
     return str(rows[0][0]), int(rows[0][1])
 
 
+def expires_binlogs(conn: Any) -> bool:
+    """Whether the server purges binlogs by age (``binlog_expire_logs_seconds`` or
+    ``expire_logs_days`` set)."""
+    found = variables(conn, "binlog_expire_logs_seconds", "expire_logs_days")
+    return any(float(value or 0) > 0 for value in found.values())
+
+
 def file_sequence(name: str) -> int:
     """The number at the end of a binlog file name (``mysql-bin.000042`` -> 42)."""
     match = re.search(r"\.(\d+)$", name)

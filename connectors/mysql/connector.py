@@ -15,6 +15,7 @@ resuming elsewhere; ``server_id``/``server_uuid`` name the server the positions 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 import pymysql
 
 from cdc.avro import EventCodec, fixed_schema
+from cdc.avrowriter import write_long
 from cdc.config import MySqlSourceConfig, SourceConfig
 from cdc.errors import ConfigError
 from cdc.events import ChangeEvent, Op, TableId, TableSchema
+from cdc.log.base import Record
 from cdc.offsets import BOOTSTRAPPING, SourceOffset
 from cdc.position import Position
 from cdc.source import (
@@ -104,8 +107,9 @@ class MySqlConnector(Connector):
     def envelope(cls) -> EnvelopeSource:
         return ENVELOPE
 
-    def snapshot(self) -> SnapshotSource:
-        return MySqlSnapshot(self.my_config)
+    def snapshot(self, codec: EventCodec | None = None) -> SnapshotSource:
+        return MySqlSnapshot(self.my_config,
+                             None if os.environ.get("CDC_MYSQL_TYPED") == "1" else codec)
 
     def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:
         from connectors.mysql.stream import MySqlStreaming
@@ -126,6 +130,7 @@ class MySqlConnector(Connector):
             file, pos = catalog.current_position(conn, self.name)
             files = catalog.binlog_files(conn, self.name)
             cascades = catalog.cascades(conn, [TableId.parse(t) for t in self.my_config.tables])
+            expiring = catalog.expires_binlogs(conn)
         finally:
             conn.close()
         fields: dict[str, Any] = {"server_position": f"{file}:{pos}",
@@ -136,7 +141,7 @@ class MySqlConnector(Connector):
             lag = _lag_bytes(files, stored.file, stored.pos, file, pos)
             fields.update(position=stored.describe(), lag_bytes=lag,
                           retained_bytes=fields["binlog_bytes"])
-            warnings.extend(purge_warnings(self.my_config, files, stored))
+            warnings.extend(purge_warnings(self.my_config, files, stored, expiring))
         return ServerStatus(fields, warnings)
 
     def leader(self) -> Leader:
@@ -162,10 +167,10 @@ def _lag_bytes(files: list[tuple[str, int]], stored_file: str, stored_pos: int,
 
 
 def purge_warnings(config: MySqlSourceConfig, files: list[tuple[str, int]],
-                   stored: MySqlOffset) -> list[str]:
+                   stored: MySqlOffset, expiring: bool = True) -> list[str]:
     """A warning when the server's oldest binlog is close to the stored position (it may be
-    purged before capture reads past it)."""
-    if not files or not stored.file:
+    purged before capture reads past it); ``expiring``: the server purges binlogs by age."""
+    if not files or not stored.file or not expiring:
         return []
     oldest = catalog.file_sequence(files[0][0])
     if stored.file_seq - oldest <= config.warn_purge_files:
@@ -177,13 +182,23 @@ def purge_warnings(config: MySqlSourceConfig, files: list[tuple[str, int]],
     return []
 
 
+#: snapshot rows encoded per batch by the fast path
+SNAPSHOT_BATCH = 2000
+
+
+def _raw_packet(packet: Any) -> bytes:
+    """A text-protocol row as its packet's bytes (PyMySQL then converts nothing)."""
+    return bytes(packet._data)
+
+
 class MySqlSnapshot(SnapshotSource):
     """One ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` over every captured table, its binlog
     position read inside it (MariaDB's ``binlog_snapshot_file``/``_position``), no global
     lock."""
 
-    def __init__(self, config: MySqlSourceConfig) -> None:
+    def __init__(self, config: MySqlSourceConfig, codec: EventCodec | None = None) -> None:
         self.config = config
+        self.codec = codec
         self.name = config.name
         self.tables: dict[TableId, TableSchema] = {}
         self.captured: dict[TableId, CapturedTable] = {}
@@ -245,22 +260,83 @@ class MySqlSnapshot(SnapshotSource):
         return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
     def rows(self, table: TableId) -> Iterator[ChangeEvent | EncodedBatch]:
-        captured = self.captured[table]
-        schema = captured.schema
         from connectors.mysql.types import snapshot_expression
 
+        captured = self.captured[table]
         columns = ", ".join(snapshot_expression(c) for c in captured.columns)
-        server_id = self.server.server_id if self.server else 0
-        info = {"snapshot": "true", "file": self.file, "pos": self.pos, "row": 0,
-                "server_id": server_id, "gtid": self.gtid}
+        sql = f"SELECT {columns} FROM {catalog.qualified(table)}"
+        fast = self._fast(captured)
+        if fast is not None:
+            yield from self._fast_rows(captured, sql, *fast)
+            return
+        schema = captured.schema
+        info = self._source_info()
         convert = captured.snapshot_row
         with self._reader.cursor() as cursor:
-            cursor.execute(f"SELECT {columns} FROM {catalog.qualified(table)}")
+            cursor.execute(sql)
             for values in cursor.fetchall_unbuffered():
                 self._row += 1
                 yield ChangeEvent(schema, Op.READ,
                                   Position.mysql(self.file_seq, self.pos, self._row), self.ts_ms,
                                   after=convert(values), source_info=info)
+
+    def _source_info(self) -> dict[str, Any]:
+        server_id = self.server.server_id if self.server else 0
+        return {"snapshot": "true", "file": self.file, "pos": self.pos, "row": 0,
+                "server_id": server_id, "gtid": self.gtid}
+
+    def _fast(self, captured: CapturedTable) -> tuple[Any, bytes] | None:
+        """(text plan, the constant tail of every value) when the table takes the fast path."""
+        from connectors.mysql import rowcodec
+
+        if self.codec is None:
+            return None
+        codec = self.codec.table(captured.schema)
+        plan = rowcodec.text_plan_for(captured.columns, codec.value_fields,
+                                      [c.type for c in captured.schema.columns],
+                                      captured.schema.key)
+        record = (codec.parts or {}).get("io.debezium.connector.mysql.Source")
+        envelope = (codec.parts or {}).get(f"{codec.registered.schema['namespace']}.Envelope")
+        if plan is None or record is None or envelope is None:
+            return None
+        probe = ChangeEvent(captured.schema, Op.READ, Position.mysql(0, 0, 0), self.ts_ms,
+                            after={}, source_info=self._source_info(), processed_ms=self.ts_ms)
+        block = self.codec.source_block(probe)
+        tail = bytearray()
+        for name, writer in record:
+            writer(block[name], tail)
+        tail += b"\x00"  # no transaction block
+        tail += b"\x02r"
+        for value in (self.ts_ms, self.ts_ms * 1000, self.ts_ms * 1_000_000):
+            tail.append(2)
+            write_long(value, tail)
+        tail += b"\x00"  # unavailable_columns
+        return plan, bytes(tail)
+
+    def _fast_rows(self, captured: CapturedTable, sql: str, plan: Any,
+                   tail: bytes) -> Iterator[EncodedBatch]:
+        """Raw text-protocol row packets, a batch at a time, straight to records."""
+        from connectors.mysql import rowcodec
+
+        assert self.codec is not None
+        schema = captured.schema
+        topic = schema.topic
+        header = self.codec.table(schema).header + b"\x00\x02"  # no before; an after image
+        with self._reader.cursor() as cursor:
+            cursor.execute(sql)
+            result = cursor._result
+            result._read_row_from_packet = _raw_packet
+            while True:
+                packets = cursor.fetchmany(SNAPSHOT_BATCH)
+                if not packets:
+                    return
+                encoded = rowcodec.encode_text_rows(plan, packets)
+                first = self._row
+                self._row += len(encoded)
+                records = [Record(topic, key, header + image + tail,
+                                  rowcodec.position_bytes(self.file_seq, self.pos, first + n))
+                           for n, (key, image) in enumerate(encoded, 1)]
+                yield EncodedBatch(records, (schema,), len(records), whole_rows=True)
 
     def vanished_position(self) -> Position:
         self._row += 1

@@ -421,6 +421,172 @@ def implementation() -> str:
     return "compiled" if decode_rows is not _pure_decode_rows else "pure"
 
 
+# ------------------------------------------------------------------- snapshot rows (text)
+#
+# The snapshot reads rows with the text protocol (each value a length-encoded string, 0xFB for
+# NULL); for tables whose every column has a text kind, :func:`encode_text_rows` turns a batch
+# of raw row packets into Avro ``Value`` images and key bytes without a Python value per column.
+
+T_INT, T_UINT64, T_FLOAT, T_DOUBLE, T_DECIMAL, T_STRING, T_BYTES, T_DATE, T_DATETIME, \
+    T_TIMESTAMP, T_YEAR = range(1, 12)
+_TEXT_KINDS = {
+    "int16": T_INT, "int32": T_INT, "int64": T_INT, "uint64": T_UINT64, "float32": T_FLOAT,
+    "float64": T_DOUBLE, "decimal": T_DECIMAL, "string": T_STRING, "json": T_STRING,
+    "enum": T_STRING, "enumset": T_STRING, "bytes": T_BYTES, "date": T_DATE,
+    "timestamp": T_DATETIME, "timestamptz": T_TIMESTAMP, "year": T_YEAR,
+}
+_TEXT_KEY_KINDS = frozenset({T_INT, T_UINT64, T_STRING})
+
+
+def text_plan_for(my_columns: Sequence[Any], value_fields: Sequence[Any],
+                  types: Sequence[Any], key: Sequence[str]) -> Plan | None:
+    """The plan of a table's snapshot rows: per column ``(kind, prefix, scale or pad, 0, ())``;
+    None when a column (or a key column) has no text kind."""
+    if not (len(my_columns) == len(value_fields) == len(types)):
+        return None
+    plan = []
+    for my, field, ctype in zip(my_columns, value_fields, types, strict=True):
+        kind = _TEXT_KINDS.get(ctype.name, 0)
+        if kind == T_BYTES and my.data_type not in ("binary", "varbinary", "tinyblob", "blob",
+                                                    "mediumblob", "longblob"):
+            kind = 0  # uuid, inet6 ... print as text
+        if not kind:
+            return None
+        prefix = _prefix(field["type"])
+        a = 0
+        if kind == T_DECIMAL:
+            prefix = 2 if prefix == 2 else 0
+            a = int(ctype.scale or 0)
+        elif kind == T_BYTES and my.data_type == "binary":
+            a = int(my.precision or 0)
+        plan.append((kind, prefix, a, 0, ()))
+    names = [my.name for my in my_columns]
+    keys = []
+    for position, name in enumerate(key):
+        index = names.index(name)
+        if plan[index][0] not in _TEXT_KEY_KINDS:
+            return None
+        text = ("{" if position == 0 else ",") + json.dumps(name, ensure_ascii=False) + ":"
+        keys.append((text.encode(), index, plan[index][0]))
+    return tuple(plan), tuple(keys)
+
+
+def _text_fields(data: bytes, count: int) -> list[bytes | None]:
+    """The values of a text-protocol row packet."""
+    out: list[bytes | None] = []
+    pos = 0
+    for _ in range(count):
+        first = data[pos]
+        if first == 0xFB:
+            out.append(None)
+            pos += 1
+            continue
+        if first < 0xFB:
+            length, pos = first, pos + 1
+        elif first == 0xFC:
+            length, pos = int.from_bytes(data[pos + 1:pos + 3], "little"), pos + 3
+        elif first == 0xFD:
+            length, pos = int.from_bytes(data[pos + 1:pos + 4], "little"), pos + 4
+        else:
+            length, pos = int.from_bytes(data[pos + 1:pos + 9], "little"), pos + 9
+        out.append(data[pos:pos + length])
+        pos += length
+    if pos != len(data):
+        raise Fallback
+    return out
+
+
+def _text_moment(text: bytes) -> tuple[int, int, int, int] | None:
+    """(days, seconds of the day, microseconds, has time) of ``YYYY-MM-DD[ HH:MM:SS[.f]]``;
+    None for a zero date (zero month or day)."""
+    if len(text) < 10 or text[4:5] != b"-" or text[7:8] != b"-":
+        raise Fallback
+    year, month, day = int(text[0:4]), int(text[5:7]), int(text[8:10])
+    if not month or not day:
+        return None
+    seconds = micros = 0
+    if len(text) > 10:
+        if len(text) < 19:
+            raise Fallback
+        seconds = int(text[11:13]) * 3600 + int(text[14:16]) * 60 + int(text[17:19])
+        if len(text) > 20:
+            micros = int(text[20:26].ljust(6, b"0"))
+    return days_from_civil(year, month, day), seconds, micros, len(text) > 10
+
+
+def _text_value(column: Column, text: bytes, out: bytearray) -> None:
+    kind, prefix, a = column[0], column[1], column[2]
+    start = len(out)
+    if prefix >= 0:
+        out.append(prefix)
+    if kind in (T_INT, T_YEAR):
+        _write_long(int(text), out)
+    elif kind == T_UINT64:
+        _unscaled_bytes(int(text), out)
+    elif kind == T_FLOAT:
+        out += struct.pack("<f", float(text))
+    elif kind == T_DOUBLE:
+        out += struct.pack("<d", float(text))
+    elif kind == T_DECIMAL:
+        whole, _, fraction = text.partition(b".")
+        if len(fraction) != a:
+            raise Fallback
+        _unscaled_bytes(int(whole + fraction), out)
+    elif kind in (T_STRING, T_BYTES):
+        if kind == T_STRING:
+            text.decode()
+        elif a and len(text) < a:
+            text += b"\x00" * (a - len(text))
+        _write_long(len(text), out)
+        out += text
+    else:
+        moment = _text_moment(text)
+        if moment is None:
+            _null(prefix, out, start)
+            return
+        days, seconds, micros, _ = moment
+        if kind == T_DATE:
+            _write_long(days, out)
+        elif kind == T_DATETIME:
+            _write_long((days * 86400 + seconds) * 1_000_000 + micros, out)
+        else:
+            iso = _iso_utc(days * 86400 + seconds, micros)
+            _write_long(len(iso), out)
+            out += iso
+
+
+def encode_text_rows(plan: Plan, packets: Sequence[bytes]) -> list[tuple[bytes, bytes]]:
+    """``(key bytes, Avro Value image)`` of each text-protocol row packet."""
+    columns, keys = plan
+    count = len(columns)
+    rows = []
+    for data in packets:
+        values = _text_fields(data, count)
+        image = bytearray()
+        for column, text in zip(columns, values, strict=True):
+            if text is None:
+                if column[1] < 0:
+                    raise Fallback
+                image.append(0)
+            else:
+                _text_value(column, text, image)
+        key = bytearray()
+        for prefix, index, kind in keys:
+            text = values[index]
+            if text is None:
+                raise Fallback
+            key += prefix
+            if kind == T_INT:
+                key += str(int(text)).encode()
+            elif kind == T_UINT64:
+                key += b'"' + str(int(text)).encode() + b'"'
+            else:
+                key += json.dumps(text.decode(), ensure_ascii=False).encode()
+        key += b"}"
+        rows.append((bytes(key), bytes(image)))
+    return rows
+
+
 _POSITION = struct.Struct(">BQQQ").pack
 
 
@@ -431,9 +597,11 @@ def position_bytes(file_seq: int, pos: int, ordinal: int) -> bytes:
 
 _pure_decode_rows = decode_rows
 _pure_build_records = build_records
+_pure_encode_text_rows = encode_text_rows
 if os.environ.get("CDC_PURE_PYTHON", "") != "1":
     with contextlib.suppress(ImportError):  # the compiled twin, when built
         from connectors.mysql._fast import (  # type: ignore[import-not-found,no-redef]
             build_records,
             decode_rows,
+            encode_text_rows,
         )

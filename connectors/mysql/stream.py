@@ -171,7 +171,8 @@ class MySqlStreaming(StreamingSource):
             raise SourceError(f"source {self.name!r}: the stored position {offset.describe()} "
                               f"is past the end of {offset.file} ({size} bytes): the binlog "
                               "was rewritten", again)
-        for warning in purge_warnings(self.config, files, offset):
+        expiring = catalog.expires_binlogs(self._catalog)
+        for warning in purge_warnings(self.config, files, offset, expiring):
             log.warning("source %s: %s", self.name, warning)
 
     def describe(self) -> str:

@@ -101,7 +101,7 @@ class PostgresConnector(Connector):
     def envelope(cls) -> EnvelopeSource:
         return ENVELOPE
 
-    def snapshot(self) -> SnapshotSource:
+    def snapshot(self, codec: EventCodec | None = None) -> SnapshotSource:
         return PostgresSnapshot(self.pg_config)
 
     def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:
