@@ -188,3 +188,21 @@ def test_clashing_server_id_stops_capture(mysql_db: MyDatabase, tmp_path: Path) 
         other.close()
     text = (tmp_path / "capture.log").read_text()
     assert "server_id" in text and "unique" in text, text
+
+
+def test_renaming_a_captured_table_away_stops_capture(mysql_db: MyDatabase,
+                                                      tmp_path: Path) -> None:
+    db = mysql_db
+    db.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    db.execute("CREATE TABLE other (id INT PRIMARY KEY)")
+    config = _bootstrap(db, tmp_path, ["t"])
+    capture = Capture(config, tmp_path / "capture.log").start()
+    db.execute("RENAME TABLE other TO other2")  # not captured: fine
+    db.execute("INSERT INTO t VALUES (1)")
+    caught_up(db, tmp_path / "log")
+    assert capture.alive()
+    db.execute("ALTER TABLE t ADD COLUMN v INT, RENAME TO t_old")
+    assert _exits(capture) != 0
+    text = (tmp_path / "capture.log").read_text()
+    assert f"captured table {db.name}.t was renamed to {db.name}.t_old" in text, text
+    assert "Traceback" not in text

@@ -85,6 +85,12 @@ _END = object()
 _DML = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(INSERT|UPDATE|DELETE|REPLACE|LOAD\s+DATA)\b",
                   re.IGNORECASE | re.DOTALL)
 _TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+_RENAME = re.compile(r"^\s*RENAME\s+TABLES?\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+_ALTER_RENAME = re.compile(
+    r"^\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?"
+    r"(`(?:[^`]|``)+`(?:\.`(?:[^`]|``)+`)?|[^\s`]+)\s.*?\bRENAME\s+(?:TO\s+|AS\s+)?"
+    r"(`(?:[^`]|``)+`(?:\.`(?:[^`]|``)+`)?|[^\s`,;]+)",
+    re.IGNORECASE | re.DOTALL)
 _DROP = re.compile(r"^\s*DROP\s+(?:TEMPORARY\s+)?TABLES?\s+(?:IF\s+EXISTS\s+)?(.+?)\s*;?\s*$",
                    re.IGNORECASE | re.DOTALL)
 
@@ -325,6 +331,7 @@ class BinlogReader:
                 "make every session write ROW events (SET GLOBAL binlog_format='ROW', and do "
                 "not let sessions change it; reconnect the writers), then re-bootstrap this "
                 "source: the statement's changes are not in the log")
+        self._renames(text, schema, event)
         items: list[StreamItem] = []
         start = event.packet.log_pos - event.event_size
         for match, what in ((_TRUNCATE.match(text), "truncate"), (_DROP.match(text), "drop")):
@@ -348,6 +355,29 @@ class BinlogReader:
         self.by_table_id.clear()  # a DDL may change any table: read the next table maps afresh
         items.append(Checkpoint(self._offset(event.packet.log_pos)))
         return items
+
+    def _renames(self, text: str, schema: str, event: Any) -> None:
+        """Refuse a DDL that renames a captured table away: its later changes would carry a
+        name capture does not follow, and be lost without a word."""
+        pairs: list[tuple[TableId, TableId]] = []
+        match = _RENAME.match(text)
+        if match is not None:
+            names = _names(re.sub(r"(?i)\bTO\b", ",", match.group(1)), schema)
+            pairs = list(zip(names[0::2], names[1::2], strict=False))
+        altered = _ALTER_RENAME.match(text)
+        if altered is not None:
+            old = _names(altered.group(1), schema)
+            new = _names(altered.group(2), schema)
+            if old and new:
+                pairs.append((old[0], new[0]))
+        for old_name, new_name in pairs:
+            if old_name in self.owner.tables and new_name not in self.owner.tables:
+                raise SourceError(
+                    f"source {self.name!r}: captured table {old_name} was renamed to {new_name} "
+                    f"at {self.file}:{event.packet.log_pos - event.event_size}; its later "
+                    "changes would not be captured",
+                    f"add {new_name} to the source's tables: (and remove {old_name}), then run "
+                    f"`cdc bootstrap --source {self.name}`; or rename it back")
 
     def _known(self, table: TableId) -> CapturedTable | None:
         """A captured table not seen in this session yet, described from information_schema."""
