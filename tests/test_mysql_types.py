@@ -204,11 +204,13 @@ def _snapshot(db: Any, columns: list[MyColumn]) -> dict[int, dict[str, tuple[Any
 
 
 def _binlog(db: Any, start: tuple[str, int], info: list[MyColumn]) -> list[tuple[str, Any]]:
-    """(event kind, images) of every row event of the table since ``start``, encoded."""
+    """(event kind, images) of every row event of the table since ``start``, encoded.
+    (``is_mariadb=False``: in MariaDB mode the library ignores log_file/log_pos and reads the
+    shared server's whole binlog from its start.)"""
     stream = BinLogStreamReader(
         connection_settings=db.capture_settings(), server_id=db.server_id,
         log_file=start[0], log_pos=start[1], resume_stream=True, blocking=False,
-        is_mariadb=True, only_schemas=[db.name],
+        is_mariadb=False, only_schemas=[db.name],
         only_events=[TableMapEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent])
     events: list[tuple[str, Any]] = []
     columns: list[MyColumn] = []
@@ -289,7 +291,7 @@ def test_binlog_columns_refined_by_information_schema(typed_table: Any) -> None:
     stream = BinLogStreamReader(
         connection_settings=db.capture_settings(), server_id=db.server_id,
         log_file=start[0], log_pos=start[1], resume_stream=True, blocking=False,
-        is_mariadb=True, only_schemas=[db.name], only_events=[TableMapEvent])
+        is_mariadb=False, only_schemas=[db.name], only_events=[TableMapEvent])
     try:
         table_map = next(iter(stream))
         binlog_columns = prepare_table_map(table_map)

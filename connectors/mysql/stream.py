@@ -88,7 +88,8 @@ _TRUNCATE = re.compile(r"^\s*TRUNCATE\s+(?:TABLE\s+)?(.+?)\s*;?\s*$", re.IGNOREC
 _RENAME = re.compile(r"^\s*RENAME\s+TABLES?\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 _ALTER_RENAME = re.compile(
     r"^\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?"
-    r"(`(?:[^`]|``)+`(?:\.`(?:[^`]|``)+`)?|[^\s`]+)\s.*?\bRENAME\s+(?:TO\s+|AS\s+)?"
+    r"(`(?:[^`]|``)+`(?:\.`(?:[^`]|``)+`)?|[^\s`]+)\s.*?\bRENAME\s+"
+    r"(?!COLUMN\b|INDEX\b|KEY\b|CONSTRAINT\b)(?:TO\s+|AS\s+)?"
     r"(`(?:[^`]|``)+`(?:\.`(?:[^`]|``)+`)?|[^\s`,;]+)",
     re.IGNORECASE | re.DOTALL)
 _DROP = re.compile(r"^\s*DROP\s+(?:TEMPORARY\s+)?TABLES?\s+(?:IF\s+EXISTS\s+)?(.+?)\s*;?\s*$",
@@ -418,6 +419,7 @@ class BinlogReader:
         if captured is None:
             return []
         start = event.packet.log_pos - event.event_size
+        _whole(self, captured, event)  # before any decoding: a partial image misreads
         if self.fast is not None:
             with contextlib.suppress(Fallback):
                 items = self.fast.rows(self, event, captured, start)
@@ -432,7 +434,6 @@ class BinlogReader:
         ts_ms = event.timestamp * 1000
         out: list[StreamItem] = []
         ordinal = 0
-        _whole(self, captured, event)
         for index, row in enumerate(event.rows):
             if kind is UpdateRowsEvent:
                 before = captured.binlog_row(row["before_values"])
