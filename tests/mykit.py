@@ -227,3 +227,14 @@ class ServerFactory:
         for server in self.servers:
             server.cleanup()
         self.servers.clear()
+
+
+def wait_caught_up(db: MyDatabase, log: Path, timeout: float = 60) -> None:
+    """Until the log's stored offset reaches the server's binlog position as of now (idle
+    heartbeats carry it there when the captured tables are quiet)."""
+    from tests.pgkit import stored_offset, wait_for
+
+    file, pos = db.binlog_position()
+    target = (int(file.rsplit(".", 1)[1]), pos)
+    wait_for(lambda: tuple((stored_offset(log, db.source) or {}).get("order") or (0, 0))
+             >= target, timeout, f"capture to reach {file}:{pos}")

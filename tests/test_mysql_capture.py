@@ -10,20 +10,8 @@ import time
 from pathlib import Path
 
 from cdc.position import Position
-from tests.mykit import MyDatabase, write_config
-from tests.pgkit import Capture, cdc, latest_rows, output, read_topic, stored_offset, wait_for
-
-
-def _caught_up(db: MyDatabase, log: Path, timeout: float = 60) -> None:
-    """Until the log's stored offset reaches the server's binlog position as of now."""
-    file, pos = db.binlog_position()
-    seq = int(file.rsplit(".", 1)[1])
-
-    def reached() -> bool:
-        order = (stored_offset(log, db.source) or {}).get("order") or [0, 0]
-        return tuple(order) >= (seq, pos)
-
-    wait_for(reached, timeout, f"capture to reach {file}:{pos}")
+from tests.mykit import MyDatabase, wait_caught_up, write_config
+from tests.pgkit import Capture, cdc, latest_rows, output, read_topic
 
 
 def _rows(db: MyDatabase, table: str) -> dict[str, dict[str, object]]:
@@ -65,7 +53,7 @@ def test_bootstrap_then_stream_from_exactly_the_snapshot(mysql_db: MyDatabase,
     stop.set()
     thread.join()
     db.execute("UPDATE items SET id = 99999 WHERE id = 10001")  # a primary-key change
-    _caught_up(db, tmp_path / "log")
+    wait_caught_up(db, tmp_path / "log")
     assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
     events = read_topic(tmp_path / "log", f"{db.source}.{db.name}.items")
     snapshot = [e for e in events if e.op == "r"]
@@ -97,12 +85,12 @@ def test_truncate_restart_and_resume(mysql_db: MyDatabase, tmp_path: Path) -> No
     db.execute("INSERT INTO items VALUES (3, 'c', 3)")
     db.execute("TRUNCATE TABLE items")
     db.execute("INSERT INTO items VALUES (4, 'd', 4)")
-    _caught_up(db, tmp_path / "log")
+    wait_caught_up(db, tmp_path / "log")
     assert capture.terminate() == 0
     db.execute("INSERT INTO items VALUES (5, 'e', 5)")  # while capture is stopped
     db.execute("UPDATE items SET qty = 40 WHERE id = 4")
     capture = Capture(config, tmp_path / "capture2.log").start()
-    _caught_up(db, tmp_path / "log")
+    wait_caught_up(db, tmp_path / "log")
     assert capture.terminate() == 0
     events = read_topic(tmp_path / "log", f"{db.source}.{db.name}.items")
     assert latest_rows(events) == _rows(db, "items")
@@ -164,7 +152,7 @@ def test_every_type_is_the_same_from_snapshot_and_stream(mysql_db: MyDatabase,
     assert result.returncode == 0, output(result)
     capture = Capture(config, tmp_path / "capture.log").start()
     insert(10)
-    _caught_up(db, tmp_path / "log")
+    wait_caught_up(db, tmp_path / "log")
     assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
     events = {e.key: e for e in read_topic(tmp_path / "log", f"{db.source}.{db.name}.{TABLE}")}
     for ident, expected in EXPECTED.items():

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from cdc.log.local import LocalChangeLogReader
-from tests.mykit import MyDatabase, write_config
+from tests.mykit import MyDatabase, wait_caught_up, write_config
 from tests.pgkit import (
     PROJECT,
     Capture,
@@ -31,7 +31,6 @@ from tests.pgkit import (
     stored_offset,
     wait_for,
 )
-from tests.test_mysql_schema import caught_up
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -149,7 +148,7 @@ def test_capture_survives_sigkill_under_load(mysql_db: MyDatabase, tmp_path: Pat
         time.sleep(rng.uniform(0, 0.3))
         capture.start()
     load.finish()
-    caught_up(db, log, timeout=180)
+    wait_caught_up(db, log, timeout=180)
     assert capture.terminate() == 0
     assert orders == sorted(orders) and orders[-1] > orders[0]  # it progressed between kills
     figures = check_history(db.execute("SELECT id, v, op FROM audit ORDER BY seq"), _table(db),

@@ -12,9 +12,8 @@ from pathlib import Path
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 
-from tests.mykit import MyDatabase, new_database, write_config
+from tests.mykit import MyDatabase, new_database, wait_caught_up, write_config
 from tests.pgkit import Capture, cdc, latest_rows, output, read_topic, stored_offset, wait_for
-from tests.test_mysql_schema import caught_up
 
 
 def _bootstrap(db: MyDatabase, tmp_path: Path, tables: list[str]) -> Path:
@@ -40,7 +39,7 @@ def test_server_time_zone_does_not_change_values(mariadb_factory, tmp_path: Path
         config = _bootstrap(db, tmp_path, ["t"])
         capture = Capture(config, tmp_path / "capture.log").start()
         db.execute(f"INSERT INTO t VALUES (2, {row})")  # read from the binlog
-        caught_up(db, tmp_path / "log")
+        wait_caught_up(db, tmp_path / "log")
         assert capture.terminate() == 0
         events = {e.key: e for e in read_topic(tmp_path / "log", f"{db.source}.{db.name}.t")}
         snap, streamed = events['{"id":1}'], events['{"id":2}']
@@ -62,7 +61,7 @@ def test_statement_format_session_stops_capture(mysql_db: MyDatabase, tmp_path: 
     config = _bootstrap(db, tmp_path, ["t"])
     capture = Capture(config, tmp_path / "capture.log").start()
     db.execute("INSERT INTO t VALUES (1, 1)")
-    caught_up(db, tmp_path / "log")
+    wait_caught_up(db, tmp_path / "log")
     conn = db.connect()
     with conn.cursor() as cursor:
         cursor.execute("SET SESSION binlog_format = 'STATEMENT'")
@@ -127,7 +126,7 @@ def test_server_restart_mid_stream_loses_nothing(mariadb_factory, tmp_path: Path
         time.sleep(1.0)
         stop.set()
         thread.join()
-        caught_up(db, tmp_path / "log", timeout=90)
+        wait_caught_up(db, tmp_path / "log", timeout=90)
         assert capture.alive(), (tmp_path / "capture.log").read_text()
         assert capture.terminate() == 0
         text = (tmp_path / "capture.log").read_text()
@@ -163,7 +162,7 @@ def test_purged_binlog_and_reset_master_are_refused(mariadb_factory, tmp_path: P
         server.execute("FLUSH BINARY LOGS")
         capture = Capture(config, tmp_path / "capture.log").start()
         db.execute("INSERT INTO t VALUES (2)")
-        caught_up(db, tmp_path / "log")
+        wait_caught_up(db, tmp_path / "log")
         assert capture.terminate() == 0
         server.execute("RESET MASTER")
         db.execute("INSERT INTO t VALUES (3)")
@@ -204,7 +203,7 @@ def test_renaming_a_captured_table_away_stops_capture(mysql_db: MyDatabase,
     capture = Capture(config, tmp_path / "capture.log").start()
     db.execute("RENAME TABLE other TO other2")  # not captured: fine
     db.execute("INSERT INTO t VALUES (1)")
-    caught_up(db, tmp_path / "log")
+    wait_caught_up(db, tmp_path / "log")
     assert capture.alive()
     db.execute("ALTER TABLE t ADD COLUMN v INT, RENAME TO t_old")
     assert _exits(capture) != 0

@@ -17,9 +17,8 @@ import pytest
 from cdc.avro import EventCodec
 from cdc.log.local import LocalChangeLogReader
 from cdc.log.schemas import SchemaStore
-from tests.mykit import MyDatabase, write_config
+from tests.mykit import MyDatabase, wait_caught_up, write_config
 from tests.pgkit import Capture, cdc, stored_offset, wait_for
-from tests.test_mysql_schema import caught_up
 from tests.test_pg_huge_txn import RSS_LIMIT_MB
 from tests.test_pg_huge_txn import vm_hwm_mb as peak_rss_mb
 
@@ -69,7 +68,7 @@ def test_huge_transaction_bounded_memory_and_sigkill(mysql_db: MyDatabase,
         return order > tuple(before["order"])  # type: ignore[index]
 
     wait_for(done, 300, "the transaction's commit to be stored")
-    caught_up(db, log)
+    wait_caught_up(db, log)
     assert capture.terminate() == 0, output_of(tmp_path)
     assert first_rss < RSS_LIMIT_MB and peak < RSS_LIMIT_MB, (first_rss, peak)
     codec = EventCodec(SchemaStore(log))

@@ -18,9 +18,8 @@ import pytest
 from cdc.avro import EventCodec
 from cdc.log.local import LocalChangeLogReader
 from cdc.log.schemas import SchemaStore
-from tests.mykit import MyDatabase, write_config
+from tests.mykit import MyDatabase, wait_caught_up, write_config
 from tests.pgkit import PROJECT, cdc, output
-from tests.test_mysql_schema import caught_up
 
 DDL = """
 CREATE TABLE fast (
@@ -84,7 +83,7 @@ def _capture(config: Path, log: Path, db: MyDatabase, env: dict[str, str]) -> st
                                 str(config)], cwd=PROJECT, env={**os.environ, **env},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        caught_up(db, log)
+        wait_caught_up(db, log)
     finally:
         process.terminate()
         text, _ = process.communicate(timeout=30)

@@ -10,17 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from cdc.log.schemas import SchemaStore
-from tests.mykit import MyDatabase, write_config
-from tests.pgkit import Capture, LoggedEvent, cdc, latest_rows, output, read_topic, stored_offset
-from tests.pgkit import wait_for as _wait_for
-
-
-def caught_up(db: MyDatabase, log: Path, timeout: float = 60) -> None:
-    """Until the log's stored offset reaches the server's binlog position as of now."""
-    file, pos = db.binlog_position()
-    target = (int(file.rsplit(".", 1)[1]), pos)
-    _wait_for(lambda: tuple((stored_offset(log, db.source) or {}).get("order") or (0, 0))
-              >= target, timeout, f"capture to reach {file}:{pos}")
+from tests.mykit import MyDatabase, wait_caught_up, write_config
+from tests.pgkit import Capture, LoggedEvent, cdc, latest_rows, output, read_topic
 
 
 @contextmanager
@@ -31,7 +22,7 @@ def capturing(db: MyDatabase, tmp_path: Path, tables: list[str]) -> Iterator[Pat
     capture = Capture(config, tmp_path / "capture.log").start()
     try:
         yield tmp_path / "log"
-        caught_up(db, tmp_path / "log")
+        wait_caught_up(db, tmp_path / "log")
         assert capture.alive(), (tmp_path / "capture.log").read_text()
     finally:
         code = capture.terminate()

@@ -31,8 +31,8 @@ from connectors.mysql.catalog import qualified
 from connectors.mysql.connection import query, quote_ident
 from sinks.base import canonical_text, row_text
 from tests import test_mysql_types as types_test
-from tests.mykit import MyDatabase, write_config
-from tests.pgkit import Capture, cdc, output, stored_offset, wait_for
+from tests.mykit import MyDatabase, wait_caught_up, write_config
+from tests.pgkit import Capture, cdc, output
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -197,18 +197,6 @@ def _setup(db: MyDatabase, tmp_path: Path, redis_url: str) -> Path:
     return config
 
 
-def _caught_up(db: MyDatabase, log: Path, timeout: float = 60) -> None:
-    """Until the log's stored offset reaches the server's binlog position as of now."""
-    file, pos = db.binlog_position()
-    seq = int(file.rsplit(".", 1)[1])
-
-    def reached() -> bool:
-        order = (stored_offset(log, db.source) or {}).get("order") or [0, 0]
-        return tuple(order) >= (seq, pos)
-
-    wait_for(reached, timeout, f"capture to reach {file}:{pos}")
-
-
 def _verify(config: Path, db: MyDatabase, *args: str) -> Any:
     began = time.monotonic()
     result = cdc("verify", "--config", str(config), "--follower", "cache", "--chunk-size", "64",
@@ -237,7 +225,7 @@ def test_verify_mariadb_follower_equal_then_different_then_capture_behind(
         db.execute("UPDATE items SET v = v + 1, note = NULL, tags = 'b' WHERE id % 10 = 0")
         db.execute("DELETE FROM items WHERE id BETWEEN 201 AND 220")
         db.execute("INSERT INTO items (id, v, ratio) VALUES (9001, 5, 1e16)")
-        _caught_up(db, tmp_path / "log")  # apply --once folds what the log holds now
+        wait_caught_up(db, tmp_path / "log")  # apply --once folds what the log holds now
         _apply_once(config, db)
 
         result = _verify(config, db, "--timeout", "60s")

@@ -583,7 +583,6 @@ def _string(text: str) -> bytes:
     return _long(len(data)) + data
 
 
-_OPS = {op: b"\x02" + op.value.encode() for op in Op}
 
 
 class FastRows:
