@@ -751,3 +751,15 @@ cdef int _text_key_int(bytearray out, const unsigned char* p, Py_ssize_t n, bint
     if quoted:
         _byte(out, 34)
     return 0
+
+
+def snapshot_records(tuple plan, list packets, str topic, bytes header, bytes tail,
+                     long long file_seq, long long pos, long long first, record):
+    """See rowcodec.snapshot_records."""
+    cdef list out = []
+    cdef long long n = first
+    cdef bytes key, image
+    for key, image in encode_text_rows(plan, packets):
+        n += 1
+        out.append(record(topic, key, header + image + tail, _position(file_seq, pos, n)))
+    return out

@@ -23,9 +23,9 @@ impossible month or day) are null here too. ``DOUBLE`` (and ``FLOAT``, read as `
 DOUBLE)`` like the snapshot does) is printed like Python's ``repr``: MariaDB prints the same
 shortest round-trip digits, only laid out differently (``1e15``, ``0.00001``), so the SQL takes
 the digits and the decimal exponent from MariaDB's text and lays them out as Python does.
-``DOUBLE(M,D)`` is the one inexact type (:attr:`LeaderTable.inexact`): the snapshot reads its
-text rounded to ``D`` decimals (reproduced here), the binlog the stored double, which may differ
-(``-0.01`` is stored as ``-0.010000000000000009``), so a follower may hold either.
+``DOUBLE(M,D)`` prints rounded to ``D`` decimals, while the binlog holds the stored double
+(``-0.01`` is stored as ``-0.010000000000000009``): the snapshot and this SQL read it as
+``CAST(col AS DOUBLE)``, the stored value, like the binlog.
 
 The chunk query computes every row's texts once, in a derived table that ``LIMIT`` makes MariaDB
 materialise (keyset pagination over the key, compared column by column so the range optimizer
@@ -191,10 +191,9 @@ def canonical_sql(column: MyColumn, x: str) -> Canon:
     if name == "float32":  # as the snapshot reads it: CAST(col AS DOUBLE), the exact value
         return _number(_u(_python_float(f"CAST({x} AS DOUBLE)")))
     if name == "float64":
-        # DOUBLE(M,D) is read as text rounded to D decimals, which need not be the stored
-        # double (the binlog's): the snapshot's value is reproduced, but rows streamed to a
-        # follower may hold the stored one, so such columns are compared by rows
-        return Canon(_u(_python_float(x)), _python_float(x), "(" not in column.column_type)
+        if "(" in column.column_type:  # DOUBLE(M,D): as the snapshot reads it, the stored value
+            x = f"CAST({x} AS DOUBLE)"
+        return _number(_u(_python_float(x)))
     if name == "boolean":
         return _number(f"IF({x} + 0 = 0, 'false', 'true')")
     if name == "bits":

@@ -186,11 +186,6 @@ def purge_warnings(config: MySqlSourceConfig, files: list[tuple[str, int]],
 SNAPSHOT_BATCH = 2000
 
 
-def _raw_packet(packet: Any) -> bytes:
-    """A text-protocol row as its packet's bytes (PyMySQL then converts nothing)."""
-    return bytes(packet._data)
-
-
 class MySqlSnapshot(SnapshotSource):
     """One ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` over every captured table, its binlog
     position read inside it (MariaDB's ``binlog_snapshot_file``/``_position``), no global
@@ -322,21 +317,37 @@ class MySqlSnapshot(SnapshotSource):
         schema = captured.schema
         topic = schema.topic
         header = self.codec.table(schema).header + b"\x00\x02"  # no before; an after image
-        with self._reader.cursor() as cursor:
-            cursor.execute(sql)
-            result = cursor._result
-            result._read_row_from_packet = _raw_packet
-            while True:
-                packets = cursor.fetchmany(SNAPSHOT_BATCH)
-                if not packets:
-                    return
-                encoded = rowcodec.encode_text_rows(plan, packets)
-                first = self._row
-                self._row += len(encoded)
-                records = [Record(topic, key, header + image + tail,
-                                  rowcodec.position_bytes(self.file_seq, self.pos, first + n))
-                           for n, (key, image) in enumerate(encoded, 1)]
-                yield EncodedBatch(records, (schema,), len(records), whole_rows=True)
+        cursor = self._reader.cursor()
+        cursor.execute(sql)  # unbuffered: the column definitions are read, the rows are not
+        splitter = rowcodec.PacketSplitter()
+        stream = self._reader._rfile
+        pending: list[bytes] = []
+        try:
+            while not splitter.done:
+                chunk = stream.read1(1 << 20)
+                if not chunk:
+                    raise SourceUnavailable(f"source {self.name!r}: the server closed the "
+                                            f"connection while {schema.table} was read",
+                                            "run `cdc bootstrap` again")
+                pending += splitter.feed(chunk)
+                while len(pending) >= SNAPSHOT_BATCH or (splitter.done and pending):
+                    batch, pending = pending[:SNAPSHOT_BATCH], pending[SNAPSHOT_BATCH:]
+                    records = rowcodec.snapshot_records(plan, batch, topic, header, tail,
+                                                       self.file_seq, self.pos, self._row,
+                                                       Record)
+                    self._row += len(records)
+                    yield EncodedBatch(records, (schema,), len(records), whole_rows=True)
+        except rowcodec.PacketError as exc:
+            payload = exc.args[0]
+            raise SourceError(f"source {self.name!r}: reading {schema.table} failed: "
+                              f"{payload[9:].decode(errors='replace')}",
+                              "check the server's log, then run `cdc bootstrap` again") from None
+        finally:
+            # the rows were read here, not by PyMySQL: its result is over
+            cursor._result.unbuffered_active = False
+            cursor._result.connection = None
+            self._reader._result = None
+            cursor.close()
 
     def vanished_position(self) -> Position:
         self._row += 1

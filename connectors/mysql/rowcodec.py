@@ -590,6 +590,50 @@ def encode_text_rows(plan: Plan, packets: Sequence[bytes]) -> list[tuple[bytes, 
 _POSITION = struct.Struct(">BQQQ").pack
 
 
+class PacketSplitter:
+    """Splits the bytes a text-protocol result set's rows arrive in into row packets (the
+    payloads), until its EOF packet; an error packet raises ``error(payload)``. A row of 16 MiB
+    or more (split over several packets) raises :class:`Fallback`."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.done = False
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        data = self.buffer + chunk
+        rows: list[bytes] = []
+        pos, size = 0, len(data)
+        while size - pos >= 4:
+            length = data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16
+            if length == 0xFFFFFF:
+                raise Fallback
+            if size - pos - 4 < length:
+                break
+            payload = data[pos + 4:pos + 4 + length]
+            pos += 4 + length
+            if payload[:1] == b"\xfe" and length < 9:
+                self.done = True
+                break
+            if payload[:1] == b"\xff":
+                raise PacketError(payload)
+            rows.append(payload)
+        self.buffer = data[pos:]
+        return rows
+
+
+class PacketError(Exception):
+    """An error packet in the middle of a result set (its payload)."""
+
+
+def snapshot_records(plan: Plan, packets: Sequence[bytes], topic: str, header: bytes,
+                     tail: bytes, file_seq: int, pos: int, first: int, record: Any
+                     ) -> list[Any]:
+    """The log records of a batch of snapshot row packets: value ``header + image + tail``,
+    position ``(file_seq, pos, first + n)`` for the n-th row (from 1)."""
+    return [record(topic, key, header + image + tail, position_bytes(file_seq, pos, first + n))
+            for n, (key, image) in enumerate(encode_text_rows(plan, packets), 1)]
+
+
 def position_bytes(file_seq: int, pos: int, ordinal: int) -> bytes:
     """:meth:`cdc.position.Position.mysql` ``(file_seq, pos, ordinal)`` as bytes."""
     return _POSITION(2, file_seq, pos, ordinal)
@@ -598,10 +642,12 @@ def position_bytes(file_seq: int, pos: int, ordinal: int) -> bytes:
 _pure_decode_rows = decode_rows
 _pure_build_records = build_records
 _pure_encode_text_rows = encode_text_rows
+_pure_snapshot_records = snapshot_records
 if os.environ.get("CDC_PURE_PYTHON", "") != "1":
     with contextlib.suppress(ImportError):  # the compiled twin, when built
         from connectors.mysql._fast import (  # type: ignore[import-not-found,no-redef]
             build_records,
             decode_rows,
             encode_text_rows,
+            snapshot_records,
         )

@@ -394,8 +394,10 @@ class BinlogReader:
         if table not in self.owner.tables:
             self.by_table_id[event.table_id] = None
             return
+        meta = getattr(event, "optional_metadata", None)
+        named = bool(getattr(meta, "column_name_list", None))
         columns = prepare_table_map(event)
-        if any(not c.name for c in columns) or getattr(event, "column_name_flag", True) is False:
+        if not named or any(not c.name or c.name.startswith("UNKNOWN_COL") for c in columns):
             raise SourceError(f"source {self.name!r}: the table-map event of {table} at "
                               f"{self.file}:{event.packet.log_pos} carries no column names",
                               "SET GLOBAL binlog_row_metadata = 'FULL' (and in my.cnf), then "
@@ -594,6 +596,8 @@ class FastRows:
         self.codec = codec
         #: (captured table, table id) -> (plan or None, its table codec)
         self.plans: dict[tuple[int, int], tuple[Any, Any]] = {}
+        #: (table codec, commit second, server id) -> the source block's fixed head and tail
+        self._heads: dict[tuple[int, int, int], tuple[bytes | None, bytes]] = {}
 
     def _plan(self, captured: CapturedTable, event: Any) -> tuple[Any, Any]:
         cache = (id(captured), event.table_id)
@@ -644,18 +648,44 @@ class FastRows:
 
     def _source(self, codec: Any, schema: Any, ts_ms: int, reader: BinlogReader, event: Any,
                 start: int) -> tuple[bytes, bytes]:
-        """The source block's bytes before and after its ``row`` field."""
-        probe = ChangeEvent(schema, Op.CREATE, Position.mysql(0, 0, 0), ts_ms, after={},
-                            source_info=reader._info(event, 0))
-        block = self.codec.source_block(probe)
-        record = codec.parts.get("io.debezium.connector.mysql.Source")
-        if record is None:
+        """The source block's bytes before and after its ``row`` field. The fields up to
+        ``server_id`` change once a second at most: they are written by the registered
+        schema's writers and cached; ``gtid``, ``file`` and ``pos`` are appended per event."""
+        info = reader._info(event, 0)
+        cache = (id(codec), ts_ms, info["server_id"])
+        found = self._heads.get(cache)
+        if found is None:
+            found = self._heads[cache] = self._head(codec, schema, ts_ms, info)
+            if len(self._heads) > 1024:
+                self._heads.clear()
+                self._heads[cache] = found
+        head, suffix = found
+        if head is None:
             raise Fallback
-        prefix, suffix = bytearray(), bytearray()
-        target = prefix
-        for name, writer in record:
-            if name == "row":
-                target = suffix
-                continue
-            writer(block[name], target)
-        return bytes(prefix), bytes(suffix)
+        out = bytearray(head)
+        gtid = info["gtid"]
+        if gtid is None:
+            out.append(0)
+        else:
+            out.append(2)
+            out += _string(gtid)
+        out += _string(info["file"])
+        out += _long(info["pos"])
+        return bytes(out), suffix
+
+    def _head(self, codec: Any, schema: Any, ts_ms: int, info: dict[str, Any]
+              ) -> tuple[bytes | None, bytes]:
+        """The fixed head and tail of the source block (None: not the expected layout)."""
+        record = (codec.parts or {}).get("io.debezium.connector.mysql.Source")
+        names = [name for name, _ in record or ()]
+        if not names or names[-6:] != ["gtid", "file", "pos", "row", "thread", "query"]:
+            return None, b""
+        probe = ChangeEvent(schema, Op.CREATE, Position.mysql(0, 0, 0), ts_ms, after={},
+                            source_info={**info, "thread": None, "query": None})
+        block = self.codec.source_block(probe)
+        head, tail = bytearray(), bytearray()
+        for name, writer in record[:-6]:
+            writer(block[name], head)
+        for name, writer in record[-2:]:
+            writer(block[name], tail)
+        return bytes(head), bytes(tail)
