@@ -168,7 +168,8 @@ class Dispatcher:
         return len(self._buffer)
 
     def checkpoint(self, offset: SourceOffset) -> None:
-        """Everything added so far is complete up to ``offset`` (the source's resume point)."""
+        """Everything added so far is complete up to ``offset`` (the source's resume point; a
+        plain mapping is stored as it is, for tests and tools without a connector)."""
         self._pending_offset = offset
         if self._oldest is None:
             self._oldest = time.monotonic()
@@ -193,7 +194,8 @@ class Dispatcher:
         offset = self._pending_offset
         if not self._buffer and offset is None:
             return done
-        offsets = {self.source: offset.dump()} if offset is not None else None
+        offsets = None if offset is None else {
+            self.source: offset.dump() if isinstance(offset, SourceOffset) else dict(offset)}
         records = self._buffer
         self.stats.records += len(records)
         self.stats.commits += 1
