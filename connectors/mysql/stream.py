@@ -81,6 +81,8 @@ log = logging.getLogger("cdc.capture")
 
 #: chunks (lists of items) the reader may hold ahead of the capture thread
 QUEUE_CHUNKS = 64
+#: items (rows-event batches, events) the reader gathers before handing them over mid-transaction
+HANDOVER_ITEMS = 64
 _END = object()
 _DML = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(INSERT|UPDATE|DELETE|REPLACE|LOAD\s+DATA)\b",
                   re.IGNORECASE | re.DOTALL)
@@ -261,13 +263,22 @@ class BinlogReader:
 
     def run(self) -> None:
         put, stop = self.owner._queue.put, self.owner._stop
+        pending: list[StreamItem] = []
         try:
             for event in self.stream:
                 if stop.is_set():
                     return
                 items = self.handle(event)
-                if items:
-                    put(items)
+                if not items:
+                    continue
+                pending += items
+                # one hand-over per transaction (or per HANDOVER_EVENTS rows events of a big
+                # one): the capture thread needs nothing before the transaction's checkpoint
+                if items[-1].__class__ is Checkpoint or len(pending) >= HANDOVER_ITEMS:
+                    put(pending)
+                    pending = []
+            if pending:
+                put(pending)
             put(_END)
         except BaseException as exc:  # noqa: BLE001 - handed to the capture thread
             if stop.is_set():
