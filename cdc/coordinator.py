@@ -238,7 +238,8 @@ class StreamRunner:
                 self.reconnects += 1
                 self.last_error = _first_line(exc)
                 if self._streamed_recently:
-                    delay = 0.2
+                    delay = 0.2  # it had been streaming: start the backoff over, once
+                    self._streamed_recently = False
                 log.warning("source %s: %s; reconnecting in %.1f s", self.name,
                             self.last_error, delay)
                 self._status("reconnecting", force=True)

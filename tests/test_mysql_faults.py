@@ -5,6 +5,7 @@ refusal names the problem and the fix; nothing is skipped silently; no password 
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -24,8 +25,13 @@ def _bootstrap(db: MyDatabase, tmp_path: Path, tables: list[str]) -> Path:
 
 
 def _exits(capture: Capture, timeout: float = 30) -> int:
+    """The capture's exit code; killed (and the test failed) if it runs past ``timeout``."""
     assert capture.process is not None
-    return capture.process.wait(timeout)
+    try:
+        return capture.process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        capture.kill()
+        raise AssertionError(f"capture still ran after {timeout} s") from None
 
 
 def test_server_time_zone_does_not_change_values(mariadb_factory, tmp_path: Path) -> None:
