@@ -154,6 +154,22 @@ def value_schema(schema: TableSchema) -> dict[str, Any]:
     }
 
 
+def json_form(schema: TableSchema, record: Any, row: Any) -> dict[str, Any]:
+    """A decoded row as the log's readers see it: through Avro (``record``: the parsed
+    ``Value`` record of ``schema``) and back, then each column's JSON form. What ``cdc verify``
+    compares a follower's rows with."""
+    names = field_names(schema.columns)
+    datum = {name: None if row[column.name] is None else column.type.to_avro(row[column.name])
+             for column, name in zip(schema.columns, names, strict=True)}
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, record, datum)
+    buffer.seek(0)
+    back = fastavro.schemaless_reader(buffer, record, None)
+    assert isinstance(back, dict)
+    return {column.name: None if back[name] is None else column.type.to_json(back[name])
+            for column, name in zip(schema.columns, names, strict=True)}
+
+
 def key_schema(schema: TableSchema) -> dict[str, Any]:
     """The Avro schema of the key's columns (the key *bytes* are canonical JSON)."""
     columns = tuple(schema.column(name) for name in schema.key)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import io
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +51,7 @@ from typing import Any
 import fastavro
 import pymysql
 
-from cdc.avro import field_names, value_schema
+from cdc.avro import json_form, value_schema
 from cdc.config import MySqlSourceConfig
 from cdc.events import TableId, encode_key, topic_name
 from cdc.source import Chunk, Leader, Target
@@ -491,17 +490,7 @@ class MySqlLeader(Leader):
 
     def json_form(self, leader: LeaderTable, row: Mapping[str, Any]) -> dict[str, Any]:
         """A decoded row as the log's readers see it: through Avro and back, then JSON."""
-        schema = leader.captured.schema
-        names = field_names(schema.columns)
-        datum = {name: None if row[column.name] is None else column.type.to_avro(row[column.name])
-                 for column, name in zip(schema.columns, names, strict=True)}
-        buffer = io.BytesIO()
-        fastavro.schemaless_writer(buffer, leader.avro, datum)
-        buffer.seek(0)
-        back = fastavro.schemaless_reader(buffer, leader.avro, None)
-        assert isinstance(back, dict)
-        return {column.name: None if back[name] is None else column.type.to_json(back[name])
-                for column, name in zip(schema.columns, names, strict=True)}
+        return json_form(leader.captured.schema, leader.avro, row)
 
     # -- keys the leader lacks -------------------------------------------------------------------
     def absent(self, table: TableId, keys: Sequence[str]) -> list[str]:
