@@ -35,8 +35,8 @@ from cdc.avroreader import AfterReader, NotReadable, compile_after_reader
 from cdc.avrowriter import Unsupported, Writer, compile_parts, write_long
 from cdc.errors import EncodingError, SchemaError
 from cdc.events import ChangeEvent, Column, Op, TableSchema, encode_key
-from cdc.log.base import Record
-from cdc.log.schemas import RegisteredSchema, SchemaStore
+from cdc.log.base import Record, SchemaRegistry
+from cdc.log.schemas import RegisteredSchema
 from cdc.source import EnvelopeSource, envelope_source
 from cdc.types import ColumnType
 
@@ -316,7 +316,7 @@ class DecodedValue:
 class EventCodec:
     """Encodes :class:`ChangeEvent` s as log records and decodes log values back to JSON."""
 
-    def __init__(self, store: SchemaStore) -> None:
+    def __init__(self, store: SchemaRegistry) -> None:
         self.store = store
         self._pieces: dict[tuple[Any, ...], tuple[TableCodec, tuple[bytes, bytes, bytes] | None]]
         self._pieces = {}

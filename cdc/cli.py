@@ -94,11 +94,12 @@ def log_group() -> None:
 @friendly_errors
 def log_stats(config_path: str | None, as_json: bool) -> None:
     """Topics, partitions, records, tombstones, bytes and source offsets of the log."""
+    from cdc.log.open import must_read
     from cdc.logview import log_stats as collect
     from cdc.logview import print_stats
 
     config = _load(config_path)
-    stats = collect(config.log_path)
+    stats = collect(must_read(config))
     if as_json:
         click.echo(json.dumps(stats, indent=2))
     else:
@@ -141,12 +142,13 @@ def log_compact(config_path: str | None, retention: str | None) -> None:
 def log_dump(config_path: str | None, topics: tuple[str, ...], partition: int | None,
              from_offset: int) -> None:
     """One JSON object per record, in offset order within each partition."""
+    from cdc.log.open import must_read
     from cdc.logview import dump_lines
 
     config = _load(config_path)
     out = sys.stdout
     try:
-        for line in dump_lines(config.log_path, topics, partition, from_offset):
+        for line in dump_lines(must_read(config), topics, partition, from_offset):
             out.write(line)
             out.write("\n")
     except BrokenPipeError:  # `cdc log dump | head` is fine

@@ -143,10 +143,31 @@ class _Strict(BaseModel):
 
 
 class LogConfig(_Strict):
-    """Where and how the change log is kept."""
+    """Where and how the change log is kept: ``backend: local`` (files under ``path``) or
+    ``backend: kafka`` (compacted topics on ``bootstrap_servers``; ``path`` then holds only the
+    daemons' status files and the followers' state)."""
 
-    backend: Literal["local"] = "local"
+    backend: Literal["local", "kafka"] = "local"
     path: Path = Path("./cdc-data/log")
+    #: kafka: the brokers, ``host:port[,host:port...]``
+    bootstrap_servers: str | None = None
+    #: kafka: replication factor of the topics cdc creates (-1: the broker's default)
+    replication_factor: int = Field(-1, ge=-1, le=32)
+    #: kafka: ``min.insync.replicas`` of the topics cdc creates (None: the broker's default)
+    min_insync_replicas: int | None = Field(None, ge=1, le=32)
+    #: kafka: the compacted topic of Avro schemas (Confluent's ids and subjects)
+    schemas_topic: str = "_cdc_schemas"
+    #: kafka: the compacted topic of source offsets and topic descriptions
+    offsets_topic: str = "_cdc_offsets"
+    #: kafka: prefix of each source's transactional.id (``<prefix><source>``)
+    transactional_id_prefix: str = "cdc-"
+    #: kafka: how long a broker waits for an open transaction of a dead producer
+    transaction_timeout: Duration = Field(60.0, ge=1, le=900)
+    #: kafka: extra client settings (librdkafka names: ``security.protocol``, ``sasl.mechanism``,
+    #: ``sasl.username``, ``ssl.ca.location``, ``message.max.bytes`` ...); no passwords here
+    client: dict[str, str | int | bool] = Field(default_factory=dict)
+    #: kafka: name of an environment variable holding ``sasl.password``
+    password_env: str | None = None
     partitions: int = Field(8, ge=1, le=4096)
     segment_bytes: Size = Field(64 * 1024**2, ge=4096)
     #: group commit: an append waits at most this long for company before it is made durable
@@ -157,6 +178,18 @@ class LogConfig(_Strict):
     tombstone_retention: Duration = Field(24 * 3600.0, ge=0)
     #: false only for throwaway logs: appends are then not fsynced
     fsync: bool = True
+
+    @model_validator(mode="after")
+    def _backend_settings(self) -> LogConfig:
+        if self.backend == "kafka":
+            if not self.bootstrap_servers:
+                raise ValueError("backend kafka needs bootstrap_servers (e.g. "
+                                 "bootstrap_servers: broker1:9092,broker2:9092)")
+            secret = [k for k in self.client if "password" in k.lower() or "secret" in k.lower()]
+            if secret:
+                raise ValueError(f"client: {secret} would put a secret in the config file; "
+                                 "use password_env (sasl.password) instead")
+        return self
 
 
 class SourceConfig(_Strict):

@@ -40,8 +40,8 @@ from cdc.avro import EventCodec
 from cdc.config import Config, SourceConfig
 from cdc.errors import CdcError, ConfigError
 from cdc.events import ChangeEvent, TableId, TableSchema
-from cdc.log.local import LocalChangeLog
-from cdc.log.schemas import SchemaStore
+from cdc.log.base import ChangeLogReader, ChangeLogWriter
+from cdc.log.open import open_writer
 from cdc.offsets import SourceOffset
 from cdc.pipeline import TABLE_KEY, Dispatcher
 from cdc.source import (
@@ -57,12 +57,11 @@ from cdc.status import StatusFile
 log = logging.getLogger("cdc.capture")
 
 
-def open_log(config: Config) -> tuple[LocalChangeLog, EventCodec]:
-    """The log writer for ``config`` and a codec registering schemas beside it."""
-    writer = LocalChangeLog(config.log_path, partitions=config.log.partitions,
-                            segment_bytes=config.log.segment_bytes, fsync=config.log.fsync)
+def open_log(config: Config) -> tuple[ChangeLogWriter, EventCodec]:
+    """The log writer for ``config`` and a codec registering schemas in the log's registry."""
+    writer = open_writer(config)
     try:
-        codec = EventCodec(SchemaStore(config.log_path, writable=True))
+        codec = EventCodec(writer.schemas())
     except BaseException:
         writer.close()
         raise
@@ -99,12 +98,13 @@ class _RateColumn(ProgressColumn):
         return Text(f"{speed:,.0f} rows/s" if speed else "", style="cyan")
 
 
-def live_keys(writer: LocalChangeLog, topic: str) -> set[bytes]:
+def live_keys(writer: ChangeLogReader, topic: str) -> set[bytes]:
     """The keys whose latest record in ``topic`` is not a tombstone."""
     live: set[bytes] = set()
-    if topic not in {t.name for t in writer.topics()}:
+    info = writer.committed().topics.get(topic)
+    if info is None:
         return live
-    for partition in range(writer.topic(topic).partitions):
+    for partition in range(info.partitions):
         for record in writer.iter_partition(topic, partition):
             if record.key == TABLE_KEY:
                 continue
@@ -115,11 +115,12 @@ def live_keys(writer: LocalChangeLog, topic: str) -> set[bytes]:
     return live
 
 
-def bootstrap(config: Config, source_config: SourceConfig, writer: LocalChangeLog,
+def bootstrap(config: Config, source_config: SourceConfig, writer: ChangeLogWriter,
               codec: EventCodec, console: Console,
               connector: Connector | None = None) -> BootstrapReport:
     """Snapshot every table of one source into the log; leave it ready to stream."""
     connector = connector or connector_for(source_config)
+    writer = writer.for_source(source_config.name)  # fences a capture still writing for it
     report = BootstrapReport(source_config.name)
     started = time.monotonic()
     with connector.snapshot(codec) as snap:
@@ -193,14 +194,14 @@ class NotBootstrapped(CdcError):
 class StreamRunner:
     """Streams one source into the log until ``stop`` is set; reconnects on its own."""
 
-    def __init__(self, config: Config, source_config: SourceConfig, writer: LocalChangeLog,
+    def __init__(self, config: Config, source_config: SourceConfig, writer: ChangeLogWriter,
                  codec: EventCodec, stop: threading.Event,
                  connector: Connector | None = None) -> None:
         self.config = config
         self.source_config = source_config
         self.connector = connector or connector_for(source_config)
         self.name = source_config.name
-        self.writer = writer
+        self.writer = writer = writer.for_source(self.name)  # fences an older writer first
         self.stop = stop
         self.dispatcher = Dispatcher(writer, codec, self.name,
                                      max_records=config.log.commit_max_records,
@@ -321,7 +322,7 @@ def _first_line(exc: BaseException) -> str:
     return str(text).strip().splitlines()[0]
 
 
-def run_capture(config: Config, sources: Sequence[SourceConfig], writer: LocalChangeLog,
+def run_capture(config: Config, sources: Sequence[SourceConfig], writer: ChangeLogWriter,
                 codec: EventCodec, stop: threading.Event) -> None:
     """Stream every source (one thread each) until ``stop``; re-raise the first fatal error.
 

@@ -20,11 +20,10 @@ from rich.table import Table
 from cdc.avro import EventCodec
 from cdc.console import make_console
 from cdc.errors import CdcError
-from cdc.log.base import AppendResult, Record
+from cdc.log.base import AppendResult, ChangeLogReader, Record
 from cdc.log.compaction import compact
 from cdc.log.group_commit import GroupCommitter
-from cdc.log.local import LocalChangeLog, LocalChangeLogReader
-from cdc.log.schemas import SchemaStore
+from cdc.log.open import reader_from, writer_from
 from cdc.logview import dump_lines, log_stats, print_stats
 from cdc.synthetic import ORDERS, Workload
 
@@ -37,8 +36,10 @@ def run_demo(directory: str, rows: int, keys: int = 2000) -> None:
     console.print(f"log directory: {path.resolve()}  (8 partitions, fsync on, group commit 20 ms)")
 
     workload = Workload(keys=keys)
-    log = LocalChangeLog(path, partitions=8, segment_bytes=256 * 1024)
-    codec = EventCodec(SchemaStore(path, writable=True))
+    settings = {"backend": "local", "path": str(path), "partitions": 8,
+                "segment_bytes": 256 * 1024}
+    log = writer_from(settings)
+    codec = EventCodec(log.schemas())
     log.ensure_topic(ORDERS.topic, {"source": "shop", "table": str(ORDERS.table)})
     committer = GroupCommitter(log, interval=0.02, max_records=5000)
     started = time.perf_counter()
@@ -69,11 +70,13 @@ def run_demo(directory: str, rows: int, keys: int = 2000) -> None:
                   "most of the time is Avro encoding)")
 
     console.rule("first records (cdc log dump)")
-    for line in list(dump_lines(path, partition=0))[:2]:
+    reader = reader_from(settings)
+    assert reader is not None
+    for line in list(dump_lines(reader, partition=0))[:2]:
         console.print_json(line)
 
     console.rule("before compaction")
-    print_stats(log_stats(path), console)
+    print_stats(log_stats(reader), console)
     report = compact(path, tombstone_retention=0)
     console.rule("compaction")
     console.print(f"{report.records_before:,} -> {report.records_after:,} records, "
@@ -81,16 +84,15 @@ def run_demo(directory: str, rows: int, keys: int = 2000) -> None:
                   f"{report.bytes_before:,} -> {report.bytes_after:,} bytes "
                   f"in {report.seconds:.2f} s")
     console.rule("after compaction")
-    print_stats(log_stats(path), console)
-    _check(path, workload, console)
+    print_stats(log_stats(reader), console)
+    _check(reader, workload, console)
 
 
-def _check(path: Path, workload: Workload, console: Console) -> None:
+def _check(reader: ChangeLogReader, workload: Workload, console: Console) -> None:
     """The compacted log, folded per key, must equal the workload's model of the table."""
-    reader = LocalChangeLogReader(path)
-    codec = EventCodec(SchemaStore(path))
+    codec = EventCodec(reader.schemas())
     latest: dict[str, dict[str, object] | None] = {}
-    for partition in range(reader.topic(ORDERS.topic).partitions):
+    for partition in range(reader.committed().topics[ORDERS.topic].partitions):
         for record in reader.iter_partition(ORDERS.topic, partition):
             row = None
             if record.value is not None:

@@ -47,7 +47,7 @@ from cdc.config import Config, load_config
 from cdc.console import make_console
 from cdc.coordinator import bootstrap, open_log, run_capture
 from cdc.errors import CdcError
-from cdc.log.local import LocalChangeLog
+from cdc.log.base import ChangeLogWriter
 from cdc.offsets import offset_order, offset_text, reached
 from cdc.servers.mysql import ThrowawayMariaDB
 from cdc.servers.postgres import ThrowawayPostgres
@@ -496,7 +496,7 @@ class LiveResult:
     changes_in_window: int = 0
 
 
-def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
+def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
                   leader: DemoLeader, workload: ShopWorkload, follower: LiveApply,
                   seconds: float, console: Console) -> LiveResult:
     """Capture in a thread and the follower running: wait until the follower has caught up,
@@ -580,7 +580,7 @@ def _capture_live(config: Config, writer: LocalChangeLog, codec: EventCodec,
     return result
 
 
-def _wait_caught_up(config: Config, writer: LocalChangeLog, leader: DemoLeader,
+def _wait_caught_up(config: Config, writer: ChangeLogWriter, leader: DemoLeader,
                     thread: threading.Thread) -> None:
     source = config.sources[0]
     target = leader.position()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -12,22 +11,13 @@ from rich.table import Table
 
 from cdc.avro import EventCodec
 from cdc.errors import LogError
-from cdc.log.local import LocalChangeLogReader
-from cdc.log.schemas import SchemaStore
+from cdc.log.base import ChangeLogReader
 from cdc.position import Position
 
 
-def _reader(path: Path) -> LocalChangeLogReader:
-    if not path.exists():
-        raise LogError(f"no change log at {path}",
-                       "check log.path in the config, or run `cdc capture` to create the log")
-    return LocalChangeLogReader(path)
-
-
-def log_stats(path: Path) -> dict[str, Any]:
+def log_stats(reader: ChangeLogReader) -> dict[str, Any]:
     """Per topic and partition: offsets, record and tombstone counts, bytes, segments."""
-    reader = _reader(path)
-    store = SchemaStore(path)
+    store = reader.schemas()
     topics = []
     for info in reader.topics():
         partitions = [reader.partition_stats(info.name, index).__dict__
@@ -43,12 +33,12 @@ def log_stats(path: Path) -> dict[str, Any]:
             "end_offset_total": sum(p["end_offset"] for p in partitions),
             "schema_versions": len(store.versions(f"{info.name}-value")),
         })
-    return {"path": str(path), "commit": reader.state().commit, "topics": topics,
+    return {"path": reader.where, "backend": reader.backend, "topics": topics,
             "source_offsets": reader.source_offsets()}
 
 
 def print_stats(stats: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"change log at {stats['path']} (commit {stats['commit']})")
+    table = Table(title=f"change log ({stats['backend']}) at {stats['path']}")
     for column in ("topic", "table", "partitions", "records", "tombstones", "appended",
                    "bytes", "segments", "schema versions"):
         table.add_column(column, justify="left" if column in ("topic", "table") else "right")
@@ -65,11 +55,10 @@ def print_stats(stats: dict[str, Any], console: Console) -> None:
                       highlight=False)
 
 
-def dump_lines(path: Path, topics: Sequence[str] = (), partition: int | None = None,
-               start: int = 0) -> Iterator[str]:
+def dump_lines(reader: ChangeLogReader, topics: Sequence[str] = (),
+               partition: int | None = None, start: int = 0) -> Iterator[str]:
     """The ``cdc log dump`` lines: one JSON object per record, offset order per partition."""
-    reader = _reader(path)
-    codec = EventCodec(SchemaStore(path))
+    codec = EventCodec(reader.schemas())
     known = {info.name: info for info in reader.topics()}
     missing = [t for t in topics if t not in known]
     if missing:
@@ -94,16 +83,17 @@ def dump_lines(path: Path, topics: Sequence[str] = (), partition: int | None = N
                 }, ensure_ascii=False, separators=(",", ":"))
 
 
-def fold_latest(path: Path, topic: str) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
+def fold_latest(reader: ChangeLogReader, topic: str
+                ) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
     """Counts per op, and the live row per key (JSON key text -> after image) of ``topic``,
     folded by position: what a follower rebuilt from offset 0 would hold."""
-    reader = _reader(path)
-    codec = EventCodec(SchemaStore(path))
+    codec = EventCodec(reader.schemas())
     counts = {"records": 0, "r": 0, "c": 0, "u": 0, "d": 0, "t": 0, "tombstones": 0}
     latest: dict[str, tuple[Position, dict[str, Any] | None]] = {}
-    if topic not in {info.name for info in reader.topics()}:
+    info = reader.committed().topics.get(topic)
+    if info is None:
         return counts, {}
-    for index in range(reader.topic(topic).partitions):
+    for index in range(info.partitions):
         for record in reader.iter_partition(topic, index):
             counts["records"] += 1
             row = None

@@ -120,14 +120,25 @@ def source_status(config: Config, source: SourceConfig,
 
 
 def collect(config: Config) -> dict[str, Any]:
-    from cdc.log.local import LocalChangeLogReader
+    from cdc.log.open import open_reader
 
     offsets: dict[str, Any] = {}
-    if (config.log_path / "state.json").exists():
-        offsets = LocalChangeLogReader(config.log_path).source_offsets()
+    reader = open_reader(config, missing_ok=True)
+    log: dict[str, Any] = {"backend": config.log.backend, "path": str(config.log_path),
+                           "bytes": 0}
+    if reader is not None:
+        try:
+            offsets = reader.source_offsets()
+            log["path"] = reader.where
+            if config.log.backend == "local":
+                log["bytes"] = directory_bytes(config.log_path)
+            else:
+                log["bytes"] = sum(reader.partition_stats(t.name, p).bytes
+                                   for t in reader.topics() for p in range(t.partitions))
+        finally:
+            reader.close()
     return {
-        "log": {"path": str(config.log_path),
-                "bytes": directory_bytes(config.log_path) if config.log_path.exists() else 0},
+        "log": log,
         "sources": [source_status(config, s, offsets.get(s.name)) for s in config.sources],
     }
 

@@ -211,10 +211,9 @@ def wait_for_follower(config: Config, sink: Sink, targets: Mapping[str, Target],
     """Block until ``sink``'s watermark of every source reaches its target; return the
     watermarks reached (shown). :class:`VerifyTimeout` after ``timeout`` seconds, naming the
     stage behind for each source that is late."""
-    from cdc.log.local import LocalChangeLogReader
+    from cdc.log.open import open_reader
 
-    reader = LocalChangeLogReader(config.log_path) if (
-        config.log_path / "state.json").exists() else None
+    reader = open_reader(config, missing_ok=True)
     deadline = time.monotonic() + timeout
     with console.status("waiting for the follower") as status:
         while True:

@@ -17,6 +17,7 @@ def open_sink(config: Config, name: str) -> Sink:
     """The sink of follower ``name`` (:class:`~cdc.errors.ConfigError` if there is none).
     Nothing is connected yet; the Redis sink's ``check()`` PINGs."""
     from cdc.config import DeltaFollowerConfig, RedisFollowerConfig
+    from cdc.log.open import log_settings
 
     follower = config.follower(name)
     tables = config.follower_topics(name)
@@ -32,7 +33,7 @@ def open_sink(config: Config, name: str) -> Sink:
         return DeltaSink(name, config.follower_path(name), tables=tables, mode=follower.mode,
                          buckets=follower.buckets,
                          tombstone_retention=follower.tombstone_retention,
-                         log_path=config.log_path)
+                         log_path=config.log_path, log=log_settings(config))
     from sinks.search import SearchSink
 
     return SearchSink(name, config.follower_path(name), tables=tables,

@@ -89,7 +89,7 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
     from rich.table import Table
 
-    from cdc.log.schemas import SchemaStore
+    from cdc.log.base import SchemaRegistry
 
 KEY = "_cdc_key"
 BUCKET = "_cdc_bucket"
@@ -390,7 +390,8 @@ class DeltaSink(Sink):
 
     def __init__(self, name: str, root: Path, *, tables: Mapping[str, tuple[str, TableId]],
                  mode: Mode = "scd1", buckets: int = 16,
-                 tombstone_retention: float = 24 * 3600.0, log_path: Path | None = None) -> None:
+                 tombstone_retention: float = 24 * 3600.0, log_path: Path | None = None,
+                 log: Mapping[str, Any] | None = None) -> None:
         if mode not in ("scd1", "scd2"):
             raise DeltaSinkError(f"follower {name}: unknown mode {mode!r}",
                                  "set mode to scd1 or scd2")
@@ -402,9 +403,13 @@ class DeltaSink(Sink):
         self.buckets = max(1, int(buckets))
         self.tombstone_retention = float(tombstone_retention)
         self.log_path = None if log_path is None else Path(log_path)
+        #: the change log's settings (``cdc.log.open.log_settings``); default: a local log at
+        #: ``log_path``
+        self.log_settings = dict(log) if log is not None else (
+            None if log_path is None else {"backend": "local", "path": str(log_path)})
         self.reserved = reserved_columns(mode)
         self._reserved_folded = {name.casefold() for name in self.reserved}
-        self._store: SchemaStore | None = None
+        self._store: SchemaRegistry | None = None
         self._state: dict[str, _Table] = {}
 
     # ------------------------------------------------------------------------- checking
@@ -492,13 +497,16 @@ class DeltaSink(Sink):
                                  "check the directory and the disk")
         return state
 
-    def _schema_store(self) -> SchemaStore | None:
-        if self.log_path is None:
+    def _schema_store(self) -> SchemaRegistry | None:
+        if self.log_settings is None:
             return None
         if self._store is None:
-            from cdc.log.schemas import SchemaStore
+            from cdc.log.open import reader_from
 
-            self._store = SchemaStore(self.log_path)
+            reader = reader_from(self.log_settings, missing_ok=True)
+            if reader is None:
+                return None
+            self._store = reader.schemas()
         return self._store
 
     def declared_columns(self, topic: str) -> tuple[dict[str, Kind], list[str]]:

@@ -21,6 +21,7 @@ running batch finish before stopping.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -36,6 +37,7 @@ from rich.table import Table
 
 from cdc.config import Config
 from cdc.errors import CdcError, LogError
+from cdc.log.open import log_settings
 from sinks.base import Sink
 from spark_apply.latency import LatencyHistogram, format_seconds
 
@@ -163,9 +165,16 @@ def _wait_initialized(query: Any, timeout: float = 30.0) -> None:
 
 def check_log(config: Config) -> None:
     """:class:`LogError` with the fix unless the configured log exists."""
-    if not (config.log_path / "state.json").exists():
-        raise LogError(f"there is no change log at {config.log_path}",
-                       "run `cdc bootstrap` (then `cdc capture`) first, or correct log.path")
+    from cdc.log.open import open_reader
+
+    reader = open_reader(config, missing_ok=True)
+    if reader is None:
+        where = (config.log_path if config.log.backend == "local"
+                 else config.log.bootstrap_servers)
+        raise LogError(f"there is no change log at {where}",
+                       "run `cdc bootstrap` (then `cdc capture`) first, or correct the log "
+                       "settings")
+    reader.close()
 
 
 @dataclass
@@ -227,7 +236,7 @@ class ApplyJob:
     def _start_query(self, spark: Any, name: str, once: bool) -> Any:
         follower = self.config.follower(name)
         stream = (spark.readStream.format("cdc")
-                  .option("path", str(self.config.log_path))
+                  .option("log", json.dumps(log_settings(self.config)))
                   .option("sources", ",".join(self.config.follower_sources(name)))
                   .option("maxRecordsPerTrigger", str(follower.max_records_per_batch))
                   .load())

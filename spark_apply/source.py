@@ -7,7 +7,9 @@ the query is planned). Register it with :func:`register` (``spark_apply.session`
 Options
 -------
 ``path``
-    the log directory (required; ``load(path)`` sets it too).
+    a local log's directory (``load(path)`` sets it too), or
+``log``
+    the log's settings as JSON (``cdc.log.open.log_settings``: any backend). One of the two.
 ``topics``
     comma-separated topic names to read. Every one must exist when the query starts.
 ``sources``
@@ -64,7 +66,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -83,8 +84,8 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 from cdc.avro import EventCodec
 from cdc.avrowriter import Unsupported
 from cdc.errors import ConfigError, LogError
-from cdc.log.local import STATE_FILE, TOPICS_DIR, LocalChangeLogReader, LogState
-from cdc.log.schemas import SchemaStore
+from cdc.log.base import CUT_KEY, ChangeLogReader, Committed
+from cdc.log.open import reader_from
 from spark_apply.avroread import Projection, compile_projection
 
 NAME = "cdc"
@@ -104,7 +105,7 @@ SCHEMA = StructType([
 ])
 #: ``op`` of a watermark row
 WATERMARK_OP = "w"
-OPTIONS = ("path", "topics", "sources", "maxrecordspertrigger", "splits")
+OPTIONS = ("path", "log", "topics", "sources", "maxrecordspertrigger", "splits")
 #: records per log read and per Arrow batch handed to Spark
 CHUNK = 8192
 
@@ -119,7 +120,8 @@ class SourceOptionError(ConfigError):
 class SourceOptions:
     """The validated options (see the module docstring)."""
 
-    path: str
+    #: the log's settings as JSON (a local ``path`` becomes ``{"backend": "local", ...}``)
+    log: str
     topics: tuple[str, ...] | None = None
     sources: tuple[str, ...] | None = None
     max_records: int | None = None
@@ -163,26 +165,33 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
                                 "its options are path, topics, sources, maxRecordsPerTrigger, "
                                 "splits")
     path = (given.get("path") or "").strip()
-    if not path:
-        raise SourceOptionError("the cdc source needs the change log's directory",
-                                'pass .option("path", "<log dir>") or .load("<log dir>")')
+    log = (given.get("log") or "").strip()
+    if not path and not log:
+        raise SourceOptionError("the cdc source needs the change log's directory or settings",
+                                'pass .option("path", "<log dir>"), .load("<log dir>") or '
+                                '.option("log", <log settings as JSON>)')
+    if not log:
+        log = json.dumps({"backend": "local", "path": path})
+    try:
+        settings = json.loads(log)
+        reader = reader_from(settings)
+    except ValueError as exc:
+        raise SourceOptionError(f"the cdc source option log is not valid: {exc}",
+                                "pass cdc.log.open.log_settings(config) as JSON") from None
+    assert reader is not None
     topics, sources = _names(given.get("topics"), "topics"), _names(given.get("sources"),
                                                                     "sources")
     if topics is not None and sources is not None:
         raise SourceOptionError("the cdc source takes either topics or sources, not both",
                                 "drop one of the two options")
-    parsed = SourceOptions(path, topics, sources,
+    parsed = SourceOptions(log, topics, sources,
                            _positive(given.get("maxrecordspertrigger"), "maxRecordsPerTrigger",
                                      None),
                            _positive(given.get("splits"), "splits", 2) or 2)
-    state = LocalChangeLogReader(path).state()
-    if not (Path(path) / STATE_FILE).exists() and not (Path(path) / TOPICS_DIR).is_dir():
-        raise LogError(f"{path} is not a change log (it has no {STATE_FILE})",
-                       "point path at the directory `cdc capture` writes (log.path in the "
-                       "config)")
+    state = reader.committed()
     missing = [topic for topic in topics or () if topic not in state.topics]
     if missing:
-        raise LogError(f"the change log at {path} has no topic {', '.join(missing)}",
+        raise LogError(f"the change log at {reader.where} has no topic {', '.join(missing)}",
                        f"known topics: {', '.join(sorted(state.topics)) or 'none yet'}; or "
                        "read by source name with the sources option")
     return parsed
@@ -190,14 +199,14 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
 
 # ------------------------------------------------------------------------------ offset logic
 
-def selected_topics(state: LogState, options: SourceOptions) -> list[str]:
+def selected_topics(state: Committed, options: SourceOptions) -> list[str]:
     """The topics ``options`` selects in ``state``, sorted by name."""
     if options.topics is not None:
         return sorted(topic for topic in options.topics if topic in state.topics)
     if options.sources is not None:
         wanted = set(options.sources)
-        return sorted(name for name, topic in state.topics.items()
-                      if topic.info.meta.get("source") in wanted)
+        return sorted(name for name, info in state.topics.items()
+                      if info.meta.get("source") in wanted)
     return sorted(state.topics)
 
 
@@ -206,18 +215,26 @@ def _canonical(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True))
 
 
-def complete_end(state: LogState, options: SourceOptions) -> dict[str, Any]:
-    """The end offset of everything committed in ``state``: every selected topic's next
-    offsets, and the watermarks (source offsets) of the sources read."""
+def complete_end(state: Committed, options: SourceOptions) -> dict[str, Any]:
+    """The end offset of everything complete in ``state``: every selected topic's next
+    offsets at its source's cut (the end of the source's last whole transaction in the log;
+    a log without cuts: everything committed), and the watermarks (source offsets without
+    the cut) of the sources read."""
     topics = selected_topics(state, options)
-    ends = {topic: {str(index): part.next_offset
-                    for index, part in enumerate(state.topics[topic].parts)}
-            for topic in topics}
+    ends = {}
+    for topic in topics:
+        source = str(state.topics[topic].meta.get("source"))
+        cut = state.cut(source)
+        if cut is None:
+            ends[topic] = {str(index): end for index, end in enumerate(state.ends[topic])}
+        else:  # a topic not in its source's cut holds only records of an unfinished transaction
+            ends[topic] = {str(index): int(cut.get(topic, {}).get(str(index), 0))
+                           for index in range(state.topics[topic].partitions)}
     if options.sources is not None:
         sources = set(options.sources)
     else:
-        sources = {str(state.topics[topic].info.meta.get("source")) for topic in topics}
-    marks = {source: state.source_offsets[source]
+        sources = {str(state.topics[topic].meta.get("source")) for topic in topics}
+    marks = {source: {k: v for k, v in state.source_offsets[source].items() if k != CUT_KEY}
              for source in sorted(sources) if source in state.source_offsets}
     return {"topics": ends, "watermarks": _canonical(marks)}
 
@@ -309,13 +326,13 @@ class CdcPartition(InputPartition):
         return f"CdcPartition({self.ranges!r}, watermarks={self.watermarks!r})"
 
 
-def plan(state: LogState, start: Mapping[str, Any], end: Mapping[str, Any],
+def plan(state: Committed, start: Mapping[str, Any], end: Mapping[str, Any],
          splits: int) -> list[CdcPartition]:
     """The tasks that read ``(start, end]``: the non-empty ranges spread over at most ``splits``
     partitions, balanced by length; ``end``'s watermark rows go to the first."""
     ranges = []
     for topic, parts in end.get("topics", {}).items():
-        info = state.topics[topic].info if topic in state.topics else None
+        info = state.topics.get(topic)
         meta = info.meta if info is not None else {}
         for partition, stop in parts.items():
             begin = int(start.get("topics", {}).get(topic, {}).get(partition, 0))
@@ -401,15 +418,17 @@ def _row_builder(columns: Sequence[tuple[str, str, Any]]) -> Any:
     return scope["build"]
 
 
-_OPEN: dict[str, tuple[LocalChangeLogReader, Decoder]] = {}
+_OPEN: dict[str, tuple[ChangeLogReader, Decoder]] = {}
 
 
-def _open(path: str) -> tuple[LocalChangeLogReader, Decoder]:
-    """A reader and decoder per log directory, kept for the life of the Python worker."""
-    found = _OPEN.get(path)
+def _open(log: str) -> tuple[ChangeLogReader, Decoder]:
+    """A reader and decoder per log, kept for the life of the Python worker."""
+    found = _OPEN.get(log)
     if found is None:
-        found = (LocalChangeLogReader(path), Decoder(EventCodec(SchemaStore(path))))
-        _OPEN[path] = found
+        reader = reader_from(json.loads(log))
+        assert reader is not None
+        found = (reader, Decoder(EventCodec(reader.schemas())))
+        _OPEN[log] = found
     return found
 
 
@@ -429,9 +448,9 @@ def _arrow_batch(rows: list[tuple[Any, ...]]) -> Any:
     return pa.RecordBatch.from_arrays(arrays, names=SCHEMA.fieldNames())
 
 
-def read_partition(path: str, partition: CdcPartition) -> Iterator[Any]:
+def read_partition(settings: str, partition: CdcPartition) -> Iterator[Any]:
     """The rows of one task, as Arrow record batches of at most :data:`CHUNK` rows."""
-    log, decoder = _open(path)
+    log, decoder = _open(settings)
     rows: list[tuple[Any, ...]] = []
     for item in partition.ranges:
         at = item.start
@@ -467,17 +486,17 @@ class CdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self._log: LocalChangeLogReader | None = None
+        self._log: ChangeLogReader | None = None
         #: the complete end recorded by prepareForTriggerAvailableNow (None: run continuously)
         self._target: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "_log": None, "_target": None}
 
-    def _state(self) -> LogState:
+    def _state(self) -> Committed:
         if self._log is None:
-            self._log = LocalChangeLogReader(self.options.path)
-        return self._log.state()
+            self._log = _open(self.options.log)[0]
+        return self._log.committed()
 
     def initialOffset(self) -> dict[str, Any]:
         """Every partition from offset 0 (a topic missing from an offset starts at 0)."""
@@ -507,7 +526,7 @@ class CdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, CdcPartition)
-        return read_partition(self.options.path, partition)
+        return read_partition(self.options.log, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: the log keeps records for other readers; Spark's checkpoint is the
@@ -522,12 +541,12 @@ class CdcBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
-        state = LocalChangeLogReader(self.options.path).state()
+        state = _open(self.options.log)[0].committed()
         return plan(state, {"topics": {}}, complete_end(state, self.options), self.options.splits)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, CdcPartition)
-        return read_partition(self.options.path, partition)
+        return read_partition(self.options.log, partition)
 
 
 class CdcDataSource(DataSource):

@@ -129,7 +129,7 @@ def test_every_record_once_across_batches(spark: Any, log: Log, tmp_path: Path) 
     from cdc.logview import dump_lines
 
     dumped = {(d["topic"], d["partition"], d["offset"]): d
-              for d in map(json.loads, dump_lines(log.path))}
+              for d in map(json.loads, dump_lines(log.writer))}
     for row in records(batches):
         line = dumped[(row["topic"], row["partition"], row["offset"])]
         value = line["value"]

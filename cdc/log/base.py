@@ -14,14 +14,28 @@ Contracts, stated exactly:
   offsets ``>= n`` in increasing order; offsets compacted away are simply absent.
 * :meth:`ChangeLogReader.end_offsets` gives, per partition, the offset the *next* append will get
   (one past the last committed record) — the resume point for a reader that has read everything.
+  (Kafka's transaction markers take offsets too, so there the next record may land further on:
+  readers must never assume offsets are dense.)
+* :meth:`ChangeLogReader.committed` reads one committed state at once: topics, ends and the
+  source offsets committed with them. A source's offset may hold a ``cut`` (see
+  :data:`CUT_KEY`): the ends of that source's topics at its last *transaction boundary*; records
+  past a source's cut belong to a source transaction not yet complete in the log.
+
+Callers never name a backend: :func:`cdc.log.open.open_writer` and
+:func:`cdc.log.open.open_reader` make one from the config.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+#: the key, in a source offset stored in the log, of that source's *cut*: ``{topic: {"<p>":
+#: next offset}}`` for every partition of every topic of the source, as of the end of the last
+#: whole source transaction (or snapshot chunk) in the log. Everything before a cut is complete.
+CUT_KEY = "cut"
 
 
 class Record(NamedTuple):
@@ -100,8 +114,79 @@ class CompactionReport:
     offline: bool = False
 
 
+@dataclass
+class Committed:
+    """One committed state of the log, read at once (:meth:`ChangeLogReader.committed`)."""
+
+    topics: dict[str, TopicInfo]
+    #: per topic, per partition: one past the last committed offset
+    ends: dict[str, list[int]]
+    #: the source offsets committed with those records, per source name
+    source_offsets: dict[str, Any]
+
+    def cut(self, source: str) -> dict[str, dict[str, int]] | None:
+        """``source``'s cut (see :data:`CUT_KEY`), or None when the log holds none for it."""
+        offset = self.source_offsets.get(source)
+        cut = offset.get(CUT_KEY) if isinstance(offset, dict) else None
+        return cut if isinstance(cut, dict) else None
+
+
+class SchemaRegistry(ABC):
+    """Versioned Avro schemas per subject (Confluent's ``<topic>-value`` / ``<topic>-key``),
+    kept with the log. Every distinct schema has one global id; registering a schema already
+    registered under a subject returns the existing id. :meth:`register` returns only once the
+    registration is durable, so a committed record never refers to an unknown id."""
+
+    @abstractmethod
+    def register(self, subject: str, schema: Any) -> Any:
+        """Register ``schema`` under ``subject``; the :class:`RegisteredSchema`."""
+
+    @abstractmethod
+    def get(self, schema_id: int) -> Any:
+        """The registered schema with id ``schema_id``
+        (:class:`~cdc.errors.SchemaError` if none)."""
+
+    @abstractmethod
+    def versions(self, subject: str) -> list[Any]:
+        """Every schema of ``subject``, oldest (version 1) first."""
+
+    @abstractmethod
+    def subjects(self) -> list[str]:
+        """Every subject, sorted."""
+
+
 class ChangeLogReader(ABC):
     """Read side of a change log. Safe to use while another process appends or compacts."""
+
+    #: which backend this is ("local", "kafka"), for messages
+    backend = "?"
+    #: where the log is, for messages (a directory, or broker addresses)
+    where = "?"
+
+    def committed(self) -> Committed:
+        """The latest committed state (topics, ends and source offsets read at once)."""
+        topics = {info.name: info for info in self.topics()}
+        ends = {}
+        for name, info in topics.items():
+            found = self.end_offsets(name)
+            ends[name] = [found.get(p, 0) for p in range(info.partitions)]
+        return Committed(topics, ends, self.source_offsets())
+
+    @abstractmethod
+    def schemas(self) -> SchemaRegistry:
+        """The schema registry kept with this log (read-only unless opened by a writer)."""
+
+    @abstractmethod
+    def partition_stats(self, topic: str, partition: int) -> PartitionStats:
+        """Counts for ``cdc log stats`` (may read the whole partition)."""
+
+    @abstractmethod
+    def tombstone_retention(self, topic: str) -> float:
+        """Seconds a tombstone stays readable after it was appended: a reader that stops for
+        longer may miss deletes (it must rebuild from offset 0)."""
+
+    def close(self) -> None:  # noqa: B027 - optional: most readers hold nothing
+        """Release connections and files (readers hold nothing that must be flushed)."""
 
     @abstractmethod
     def topics(self) -> list[TopicInfo]:
@@ -135,15 +220,37 @@ class ChangeLogWriter(ChangeLogReader):
     """Write side: exactly one writer per log at a time."""
 
     @abstractmethod
-    def ensure_topic(self, topic: str, meta: Mapping[str, Any] | None = None) -> TopicInfo:
-        """Create ``topic`` with the configured partition count if it does not exist yet."""
+    def ensure_topic(self, topic: str, meta: Mapping[str, Any] | None = None,
+                     partitions: int | None = None) -> TopicInfo:
+        """Create ``topic`` if it does not exist yet, with ``partitions`` partitions (default:
+        the configured count). An existing topic with another count is refused
+        (:class:`~cdc.errors.LogError`), never repartitioned."""
 
     @abstractmethod
     def append(self, records: Sequence[Record],
-               source_offsets: Mapping[str, Any] | None = None) -> list[AppendResult]:
+               source_offsets: Mapping[str, Any] | None = None,
+               finish: Finisher | None = None) -> list[AppendResult]:
         """Append ``records`` in order and, in the same atomic commit, set ``source_offsets``
-        (merged per source name). Returns once durable; the results are in input order."""
+        (merged per source name). Returns once durable; the results are in input order.
+
+        ``finish``, if given, is called once every record has its place (its offset; no
+        ``location`` yet) and before anything is committed, with those results. It returns
+        records to append *after* them in the same commit (their results follow in the list
+        returned) and the source offsets to commit instead of ``source_offsets`` (``None``:
+        keep them). Transaction END events use it to say where their transaction ends.
+        """
+
+    def for_source(self, source: str) -> ChangeLogWriter:
+        """The writer to use for ``source``'s appends. Where the backend has writers per source
+        (Kafka: one transactional producer each), taking it *fences* any other process still
+        writing for ``source``: that one's next append fails, and its open transaction is
+        aborted. Call it before reading the source's stored offset."""
+        return self
 
     @abstractmethod
     def close(self) -> None:
         """Release the writer lock and files. Does not lose anything already appended."""
+
+
+#: see :meth:`ChangeLogWriter.append`: where ``records`` landed -> (more records, offsets)
+Finisher = Callable[[Sequence[AppendResult]], tuple[Sequence[Record], Mapping[str, Any] | None]]

@@ -43,12 +43,15 @@ from cdc.log.base import (
     AppendResult,
     ChangeLogReader,
     ChangeLogWriter,
+    Committed,
+    Finisher,
     PartitionStats,
     Record,
     StoredRecord,
     TopicInfo,
 )
 from cdc.log.partitioner import partition_for
+from cdc.log.schemas import SchemaStore
 from cdc.log.segment import (
     READ_CHUNK,
     encode_record_bytes,
@@ -143,8 +146,13 @@ def _fsync_dir(path: Path) -> None:
 class LocalChangeLogReader(ChangeLogReader):
     """Reads a local log directory; safe beside a running writer and a running compaction."""
 
-    def __init__(self, path: str | Path) -> None:
+    backend = "local"
+
+    def __init__(self, path: str | Path, tombstone_retention: float = 24 * 3600.0) -> None:
         self.path = Path(path)
+        self.where = str(self.path)
+        self.retention = tombstone_retention
+        self._schemas: SchemaStore | None = None
         self._state = LogState.empty()
         self._state_bytes = b""
         # (topic, partition) -> (segment path, next offset, byte position) after the last read,
@@ -202,6 +210,21 @@ class LocalChangeLogReader(ChangeLogReader):
 
     def source_offsets(self) -> dict[str, Any]:
         return copy.deepcopy(self.state().source_offsets)
+
+    def committed(self) -> Committed:
+        state = self.state()
+        return Committed({name: topic.info for name, topic in state.topics.items()},
+                         {name: [part.next_offset for part in topic.parts]
+                          for name, topic in state.topics.items()},
+                         copy.deepcopy(state.source_offsets))
+
+    def schemas(self) -> SchemaStore:
+        if self._schemas is None:
+            self._schemas = SchemaStore(self.path)
+        return self._schemas
+
+    def tombstone_retention(self, topic: str) -> float:
+        return self.retention
 
     # -- records -----------------------------------------------------------------------------
     def read(self, topic: str, partition: int, start: int = 0,
@@ -269,6 +292,9 @@ class LocalChangeLogReader(ChangeLogReader):
             return None
         return StoredRecord(topic, partition, raw.offset, raw.timestamp_ms, raw.key, raw.value,
                             raw.position)
+
+    def close(self) -> None:
+        self.close_reads()
 
     def close_reads(self) -> None:
         """Close the files :meth:`read_at` keeps open."""
@@ -343,7 +369,8 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
     """The writer. Exactly one per log directory (enforced by an flock on ``LOCK``)."""
 
     def __init__(self, path: str | Path, *, partitions: int = 8,
-                 segment_bytes: int = 64 * 1024**2, fsync: bool = True) -> None:
+                 segment_bytes: int = 64 * 1024**2, fsync: bool = True,
+                 tombstone_retention: float = 24 * 3600.0) -> None:
         self.path = Path(path)
         try:
             (self.path / TOPICS_DIR).mkdir(parents=True, exist_ok=True)
@@ -352,7 +379,7 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         if not os.access(self.path, os.W_OK):
             raise LogError(f"the log directory {self.path} is not writable by this user",
                            "fix its permissions (chown/chmod) or set log.path elsewhere")
-        super().__init__(path)
+        super().__init__(path, tombstone_retention)
         self.partitions = partitions
         self.segment_bytes = segment_bytes
         self.fsync = fsync
@@ -372,6 +399,11 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
     def state(self) -> LogState:
         """The writer is the only committer: after recovery its own copy is the truth."""
         return self._state if self._recovered else super().state()
+
+    def schemas(self) -> SchemaStore:
+        if self._schemas is None:
+            self._schemas = SchemaStore(self.path, writable=True)
+        return self._schemas
 
     # -- locking and recovery ----------------------------------------------------------------
     def _take_lock(self) -> int:
@@ -433,18 +465,24 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         _fsync_dir(directory)
 
     # -- topics ------------------------------------------------------------------------------
-    def ensure_topic(self, topic: str, meta: Mapping[str, Any] | None = None) -> TopicInfo:
+    def ensure_topic(self, topic: str, meta: Mapping[str, Any] | None = None,
+                     partitions: int | None = None) -> TopicInfo:
+        count = partitions or self.partitions
         with self._mutex:
             state = self.state()
             existing = state.topics.get(topic)
             if existing is not None:
+                if partitions is not None and existing.info.partitions != count:
+                    raise LogError(
+                        f"topic {topic} has {existing.info.partitions} partitions, not {count}",
+                        "a topic is never repartitioned: rebuild the log to change it")
                 return existing.info
             new = copy.deepcopy(state)
-            info = TopicInfo(topic, self.partitions, dict(meta or {}))
-            new.topics[topic] = TopicState(info, [PartitionState() for _ in range(self.partitions)])
+            info = TopicInfo(topic, count, dict(meta or {}))
+            new.topics[topic] = TopicState(info, [PartitionState() for _ in range(count)])
             root = topic_dir(self.path, topic)
             try:
-                for index in range(self.partitions):
+                for index in range(count):
                     directory = root / str(index)
                     directory.mkdir(parents=True, exist_ok=True)
                     (directory / segment_name(0)).touch()
@@ -458,22 +496,37 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
 
     # -- appending ---------------------------------------------------------------------------
     def append(self, records: Sequence[Record],
-               source_offsets: Mapping[str, Any] | None = None) -> list[AppendResult]:
+               source_offsets: Mapping[str, Any] | None = None,
+               finish: Finisher | None = None) -> list[AppendResult]:
         with self._mutex:
             if self._closed:
                 raise LogError("the change log writer is closed")
-            return self._append_locked(records, source_offsets)
+            return self._append_locked(records, source_offsets, finish)
 
     def _append_locked(self, records: Sequence[Record],
-                       source_offsets: Mapping[str, Any] | None) -> list[AppendResult]:
+                       source_offsets: Mapping[str, Any] | None,
+                       finish: Finisher | None) -> list[AppendResult]:
         state = self.state()
         new = copy.deepcopy(state)
         now_ms = int(time.time() * 1000)
         placed: list[tuple[str, int, int]] = []  # (topic, partition, offset) per record
         pieces: dict[tuple[str, int], list[bytes]] = {}
         indices: dict[tuple[str, int], list[int]] = {}  # record indices per partition
+        self._place(records, new, now_ms, placed, pieces, indices)
+        if finish is not None:
+            more, offsets = finish([AppendResult(*where) for where in placed])
+            if offsets is not None:
+                source_offsets = offsets
+            if more:
+                self._place(more, new, now_ms, placed, pieces, indices)
+        return self._write_placed(state, new, placed, pieces, indices, source_offsets)
+
+    def _place(self, records: Sequence[Record], new: LogState, now_ms: int,
+               placed: list[tuple[str, int, int]], pieces: dict[tuple[str, int], list[bytes]],
+               indices: dict[tuple[str, int], list[int]]) -> None:
+        """Give each record its partition and offset (in ``new``) and its framed bytes."""
         topics = new.topics
-        for index, record in enumerate(records):
+        for index, record in enumerate(records, len(placed)):
             topic = topics.get(record.topic)
             if topic is None:
                 raise LogError(f"append to unknown topic {record.topic!r}",
@@ -491,6 +544,12 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
                                              record.position))
             indices[where].append(index)
             placed.append((record.topic, partition, offset))
+
+    def _write_placed(self, state: LogState, new: LogState, placed: list[tuple[str, int, int]],
+                      pieces: dict[tuple[str, int], list[bytes]],
+                      indices: dict[tuple[str, int], list[int]],
+                      source_offsets: Mapping[str, Any] | None) -> list[AppendResult]:
+        """Write the placed records, sync them and commit ``new`` with ``source_offsets``."""
         locations: list[Location | None] = [None] * len(placed)
         written: list[tuple[str, int, int, int]] = []  # topic, partition, fd, committed bytes
         new_dirs: list[Path] = []

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.errors import SchemaError, storage_error
+from cdc.log.base import SchemaRegistry
 
 SCHEMA_FILE = "schemas.jsonl"
 
@@ -38,7 +39,7 @@ class RegisteredSchema:
     schema: Any
 
 
-class SchemaStore:
+class SchemaStore(SchemaRegistry):
     """Reads (and, with ``writable=True``, appends to) ``<log dir>/schemas.jsonl``."""
 
     def __init__(self, directory: str | Path, writable: bool = False) -> None:
