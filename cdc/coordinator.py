@@ -130,13 +130,16 @@ def bootstrap(config: Config, source_config: SourceConfig, writer: ChangeLogWrit
             console.print(f"[yellow]warning:[/] source {source_config.name}: {warning}",
                           highlight=False)
         previous = {table: live_keys(writer, schema.topic) for table, schema in tables.items()}
-        writer.append([], {source_config.name: connector.bootstrapping_offset().dump()})
-        where = snap.open()
-        console.print(f"source [bold]{source_config.name}[/]: {where}; snapshotting "
-                      f"{len(tables)} table(s)", highlight=False)
         dispatcher = Dispatcher(writer, codec, source_config.name,
                                 max_records=config.log.commit_max_records, interval=1.0,
                                 image_cache_bytes=0)  # snapshot rows are never partial
+        # committed first: a crash before the end leaves the source marked unfinished; the
+        # snapshot's rows stay past the source's cut (unseen by followers) until it ends
+        dispatcher.checkpoint(connector.bootstrapping_offset())
+        dispatcher.flush()
+        where = snap.open()
+        console.print(f"source [bold]{source_config.name}[/]: {where}; snapshotting "
+                      f"{len(tables)} table(s)", highlight=False)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       _RateColumn(), TimeRemainingColumn(), console=console,
                       transient=False) as progress:

@@ -100,7 +100,8 @@ class PreviousImages:
         partial = self._partial_topics
         if not partial:
             return
-        for record, result in zip(records, results, strict=True):
+        # results may go on past ``records``: the transaction events the commit added
+        for record, result in zip(records, results[:len(records)], strict=True):
             if record.topic in partial:
                 where = (result.topic, result.partition)
                 index = self._appended.get(where)

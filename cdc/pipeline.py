@@ -8,10 +8,16 @@ Memory stays bounded: the buffer is flushed when it holds ``max_records`` record
 middle of a transaction. Such a flush carries the *previous* checkpoint as source offset, so a
 crash replays the transaction from its start; the replayed records carry the same positions,
 which followers' version gates ignore.
+
+Transaction boundaries (:mod:`cdc.transactions`): a streamed change that starts a source
+transaction logs a BEGIN event; the checkpoint that ends it logs the END event in the same
+commit as its last change. Every commit with a source offset also stores the source's *cut*, the
+ends of its topics at the last boundary, so readers can stop where no transaction is open.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,11 +26,24 @@ from typing import Any
 from cdc.avro import EventCodec, Filler, TableCodec
 from cdc.events import ChangeEvent, Op, TableSchema
 from cdc.images import PreviousImages, may_be_partial
-from cdc.log.base import AppendResult, ChangeLogWriter, Record, StoredRecord
+from cdc.log.base import CUT_KEY, AppendResult, ChangeLogWriter, Record, StoredRecord
 from cdc.log.partitioner import partition_for
 from cdc.offsets import SourceOffset
 from cdc.position import Position
 from cdc.source import EncodedBatch
+from cdc.transactions import (
+    BEGIN,
+    END,
+    Ends,
+    OpenTransaction,
+    TransactionEvents,
+    advance,
+    transaction_topic,
+)
+
+#: a point in the buffer: (index, BEGIN / END / "CHECK", the transaction, its position)
+Marker = tuple[int, str, OpenTransaction | None, bytes]
+CHECK = "CHECK"
 
 #: the key of records about a whole table (a TRUNCATE), not one row
 TABLE_KEY = b"{}"
@@ -61,6 +80,57 @@ class Dispatcher:
                               ] | None = None
         self._committer: ThreadPoolExecutor | None = None
         self.images = PreviousImages(log, codec, self._unlogged, image_cache_bytes)
+        self.transactions = TransactionEvents(source, codec.store)
+        #: the source transaction being logged (its END not yet buffered)
+        self._open: OpenTransaction | None = None
+        #: transaction starts, ends and checkpoints in the buffer, in order
+        self._markers: list[Marker] = []
+        self._cut: Ends = {}
+        #: ends of records committed after the cut (an unfinished transaction's)
+        self._uncut: Ends = {}
+        self._load_cut()
+
+    def _load_cut(self) -> None:
+        """The cut as the log has it (after a failure: whatever was really committed)."""
+        stored = self.log.source_offsets().get(self.source)
+        cut = stored.get(CUT_KEY) if isinstance(stored, dict) else None
+        if isinstance(cut, dict):
+            self._cut = copy.deepcopy(cut)
+        else:  # a log from before cuts: everything committed counts as complete
+            state = self.log.committed()
+            self._cut = {name: {str(p): end for p, end in enumerate(state.ends[name])}
+                         for name, info in state.topics.items()
+                         if info.meta.get("source") == self.source
+                         and info.meta.get("kind") != "transactions"}
+        self._uncut = {}
+        self._open = None
+        self._markers = []
+
+    def _begin(self, txn_id: str, ts_ms: int, position: Position, table: str,
+               count: int = 1) -> None:
+        """Count a streamed change of transaction ``txn_id``, starting it if it is new."""
+        txn = self._open
+        if txn is None or txn.id != txn_id:
+            if txn is None:
+                self._ensure_transaction_topic()
+            txn = self._open = OpenTransaction(txn_id, ts_ms, position.to_bytes())
+            self._markers.append((len(self._buffer), BEGIN, txn, txn.position))
+        txn.counts[table] = txn.counts.get(table, 0) + count
+
+    def _ensure_transaction_topic(self) -> None:
+        topic = transaction_topic(self.source)
+        if topic not in self._topics:
+            info = self.log.ensure_topic(topic, {"source": self.source, "kind": "transactions"},
+                                         partitions=1)
+            self._topics[topic] = info.partitions
+
+    def _boundary(self, position: bytes | None) -> None:
+        """Everything buffered so far is whole transactions: end the open one here."""
+        txn, self._open = self._open, None
+        if txn is not None:
+            self._markers.append((len(self._buffer), END, txn, position or txn.position))
+        else:
+            self._markers.append((len(self._buffer), CHECK, None, b""))
 
     def add(self, event: ChangeEvent) -> list[Record]:
         """Buffer ``event``; return its records (the event, plus a tombstone after a delete).
@@ -79,6 +149,9 @@ class Dispatcher:
         records = self.codec.records(event, fill)
         if event.replaces is not None:
             self.add(event.replaces)
+        if event.transaction is not None:
+            self._begin(event.transaction.id, event.ts_ms, event.position,
+                        str(event.schema.table))
         if self._oldest is None:
             self._oldest = time.monotonic()
         self.stats.events += 1
@@ -140,12 +213,22 @@ class Dispatcher:
                 for record in batch.records:
                     if record.topic == schema.topic:
                         self.images.remember(record.topic, record.key, record.value)
+        if batch.transaction is not None and batch.records:
+            tables = {schema.topic: str(schema.table) for schema in batch.schemas}
+            counts: dict[str, int] = {}
+            for record in batch.records:
+                if record.value is not None:
+                    counts[record.topic] = counts.get(record.topic, 0) + 1
+            first = Position.from_bytes(batch.records[0].position)
+            for topic, count in counts.items():
+                self._begin(batch.transaction, batch.ts_ms, first, tables[topic], count)
         self._buffer.extend(batch.records)
         self.stats.events += batch.events
         if self._oldest is None:
             self._oldest = time.monotonic()
         if batch.offset is not None:
             self._pending_offset = batch.offset
+            self._boundary(batch.records[-1].position if batch.records else None)
 
     def add_tombstone(self, schema: TableSchema, key: bytes, position: Position) -> None:
         """Buffer a tombstone for ``key`` of ``schema``'s table (a row known only by its key)."""
@@ -171,6 +254,7 @@ class Dispatcher:
         """Everything added so far is complete up to ``offset`` (the source's resume point; a
         plain mapping is stored as it is, for tests and tools without a connector)."""
         self._pending_offset = offset
+        self._boundary(self._buffer[-1].position if self._buffer else None)
         if self._oldest is None:
             self._oldest = time.monotonic()
 
@@ -197,19 +281,75 @@ class Dispatcher:
         offsets = None if offset is None else {
             self.source: offset.dump() if isinstance(offset, SourceOffset) else dict(offset)}
         records = self._buffer
+        finish = self._finisher(self._markers, self._open, offsets)
         self.stats.records += len(records)
         self.stats.commits += 1
         self._buffer = []
+        self._markers = []
         self._pending_offset = None
         self._oldest = None
         if wait:
-            self.images.appended(records, self.log.append(records, offsets))
+            self.images.appended(records, self.log.append(records, offsets, finish))
             return offset if offset is not None else done
         if self._committer is None:
             self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-commit")
-        self._inflight = (self._committer.submit(self.log.append, records, offsets), records,
-                          offset)
+        self._inflight = (self._committer.submit(self.log.append, records, offsets, finish),
+                          records, offset)
         return done
+
+    def _finisher(self, markers: list[Marker], still_open: OpenTransaction | None,
+                  offsets: dict[str, Any] | None) -> Any:
+        """The ``finish`` step of one append (see :meth:`ChangeLogWriter.append`): the
+        transaction events, placed after the records they describe, and the source offset
+        with the new cut. Runs in the commit (maybe in the background), in commit order."""
+        source = self.source
+        events = self.transactions
+
+        def finish(results: list[AppendResult]) -> tuple[list[Record], dict[str, Any] | None]:
+            more: list[Record] = []
+            cut_at = None
+            last = 0
+            txn: OpenTransaction | None = None
+            for index, kind, marker_txn, position in markers:
+                if txn is not None:
+                    advance(txn.ends, results[last:index])
+                last = index
+                if kind == BEGIN:
+                    txn = marker_txn
+                    assert txn is not None
+                    if not txn.begun:
+                        txn.begun = True
+                        more.append(events.record(BEGIN, txn, position))
+                elif kind == END:
+                    ended = txn or marker_txn
+                    assert ended is not None
+                    if txn is None:  # begun in an earlier append
+                        advance(ended.ends, results[:index])
+                    more.append(events.record(END, ended, position, ended.ends))
+                    txn = None
+                    cut_at = index
+                else:
+                    cut_at = index
+            if txn is None and still_open is not None and not markers:
+                txn = still_open  # a big transaction's middle: no marker in this append
+            if txn is not None:
+                advance(txn.ends, results[last:])
+            new = offsets
+            if cut_at is not None:
+                advance(self._uncut, results[:cut_at])
+                for topic, parts in self._uncut.items():
+                    mine = self._cut.setdefault(topic, {})
+                    for partition, end in parts.items():
+                        mine[partition] = max(mine.get(partition, 0), end)
+                self._uncut = {}
+                advance(self._uncut, results[cut_at:])
+            else:
+                advance(self._uncut, results)
+            if offsets is not None:
+                new = {source: {**offsets[source], CUT_KEY: copy.deepcopy(self._cut)}}
+            return more, new
+
+        return finish
 
     def _finish_inflight(self) -> SourceOffset | None:
         """Wait for the background commit (re-raising its error); its offset, if any."""
@@ -229,8 +369,11 @@ class Dispatcher:
     def discard(self) -> None:
         """Forget what is buffered (it was never acknowledged; the source sends it again).
         A commit already running in the background is waited for (it may succeed)."""
-        self._finish_inflight()
-        self.images.forget_all()  # it may hold images of what is discarded
-        self._buffer = []
-        self._pending_offset = None
-        self._oldest = None
+        try:
+            self._finish_inflight()
+        finally:
+            self.images.forget_all()  # it may hold images of what is discarded
+            self._buffer = []
+            self._pending_offset = None
+            self._oldest = None
+            self._load_cut()  # what the log really holds

@@ -94,6 +94,10 @@ class EncodedBatch:
     #: the source always sends whole rows for these tables (no change of theirs will ever
     #: need a previous image), so the dispatcher need not remember the images
     whole_rows: bool = False
+    #: the id of the source transaction the records belong to (None: snapshot rows)
+    transaction: str | None = None
+    #: that transaction's commit time at the source (ms since the epoch)
+    ts_ms: int = 0
 
 
 StreamItem = ChangeEvent | EncodedBatch | Checkpoint | None

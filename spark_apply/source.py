@@ -64,7 +64,7 @@ The reader never acknowledges anything upstream, so it does not rely on ``commit
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,7 @@ from cdc.avrowriter import Unsupported
 from cdc.errors import ConfigError, LogError
 from cdc.log.base import CUT_KEY, ChangeLogReader, Committed
 from cdc.log.open import reader_from
+from cdc.transactions import END, decode_event, is_transaction_topic
 from spark_apply.avroread import Projection, compile_projection
 
 NAME = "cdc"
@@ -202,7 +203,11 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
 def selected_topics(state: Committed, options: SourceOptions) -> list[str]:
     """The topics ``options`` selects in ``state``, sorted by name."""
     if options.topics is not None:
-        return sorted(topic for topic in options.topics if topic in state.topics)
+        chosen = {topic for topic in options.topics if topic in state.topics}
+        sources = {state.topics[topic].meta.get("source") for topic in chosen}
+        chosen |= {name for name, info in state.topics.items()
+                   if is_transaction_topic(info.meta) and info.meta.get("source") in sources}
+        return sorted(chosen)
     if options.sources is not None:
         wanted = set(options.sources)
         return sorted(name for name, info in state.topics.items()
@@ -225,7 +230,7 @@ def complete_end(state: Committed, options: SourceOptions) -> dict[str, Any]:
     for topic in topics:
         source = str(state.topics[topic].meta.get("source"))
         cut = state.cut(source)
-        if cut is None:
+        if cut is None or is_transaction_topic(state.topics[topic].meta):
             ends[topic] = {str(index): end for index, end in enumerate(state.ends[topic])}
         else:  # a topic not in its source's cut holds only records of an unfinished transaction
             ends[topic] = {str(index): int(cut.get(topic, {}).get(str(index), 0))
@@ -264,10 +269,38 @@ def fair_share(pending: Mapping[tuple[str, str], int], budget: int,
     return take
 
 
+def _whole_transactions(begun: Offsets, topics: Sequence[str], cuts: Iterable[Offsets],
+                        budget: int) -> dict[tuple[str, str], int]:
+    """How far each of ``topics`` (one source's) may advance: to the furthest of ``cuts`` (the
+    ends after each of its transactions, in order) within ``budget`` offsets, or to the first
+    one when even that is larger (a transaction is never split)."""
+    chosen: Offsets | None = None
+    for cut in cuts:
+        size = sum(max(0, int(end) - int(begun.get(topic, {}).get(partition, 0)))
+                   for topic, parts in cut.items() if topic in topics
+                   for partition, end in parts.items())
+        if chosen is not None and size > budget:
+            break
+        chosen = cut
+    take: dict[tuple[str, str], int] = {}
+    for topic, parts in (chosen or {}).items():
+        for partition, end in parts.items():
+            at = int(begun.get(topic, {}).get(partition, 0))
+            take[(topic, partition)] = max(0, int(end) - at)
+    return take
+
+
 def next_end(start: Mapping[str, Any], complete: Mapping[str, Any],
-             max_records: int | None) -> dict[str, Any]:
+             max_records: int | None,
+             boundaries: Mapping[tuple[str, ...], Iterable[Offsets]] | None = None
+             ) -> dict[str, Any]:
     """The end offset of the next batch from ``start`` towards ``complete`` (see
     :func:`complete_end`), advancing at most ``max_records`` offsets (``None``: no limit).
+
+    ``boundaries``: per source (the tuple of its topics), the ends after each of its
+    transactions between ``start`` and ``complete``, in order (:func:`transaction_cuts`). A
+    source with boundaries advances to one of them (never into a transaction); the budget is
+    shared evenly between such sources; other topics share it partition by partition.
 
     Topics in ``start`` that are no longer selected keep their offsets. Raises
     :class:`~cdc.errors.LogError` when ``start`` is past the log's end (the log was replaced).
@@ -285,11 +318,20 @@ def next_end(start: Mapping[str, Any], complete: Mapping[str, Any],
                     "older copy",
                     "delete the streaming checkpoint (and rebuild the followers from offset 0)")
             pending[(topic, partition)] = stop - at
-    if max_records is None:
+    if max_records is None or sum(pending.values()) <= max_records:
         take = pending
     else:
-        rotate = sum(int(n) for parts in begun.values() for n in parts.values())
-        take = fair_share(pending, max_records, rotate)
+        take = {}
+        groups = list(boundaries or {})
+        budget = max(1, max_records // max(1, len(groups))) if groups else max_records
+        free = [key for key in pending if not any(key[0] in g for g in groups)]
+        for group in groups:  # one source: stop at the end of one of its transactions
+            take.update(_whole_transactions(begun, group, boundaries[group], budget))  # type: ignore[index]
+        if free:
+            rotate = sum(int(n) for parts in begun.values() for n in parts.values())
+            share = fair_share({key: pending[key] for key in free},
+                               max_records if not groups else budget, rotate)
+            take.update(share)
     ends: Offsets = {topic: dict(parts) for topic, parts in begun.items()}
     for topic, partition in pending:
         ends.setdefault(topic, {})[partition] = (
@@ -300,6 +342,49 @@ def next_end(start: Mapping[str, Any], complete: Mapping[str, Any],
     if all(take.get(key, 0) == count for key, count in pending.items()):
         end["watermarks"] = complete["watermarks"]
     return end
+
+
+def transaction_cuts(log: ChangeLogReader, state: Committed, start: Mapping[str, Any],
+                     complete: Mapping[str, Any]) -> dict[tuple[str, ...], Iterator[Offsets]]:
+    """Per source with transaction events between ``start`` and ``complete``: the ends after
+    each of its transactions, read lazily from its transaction topic's END events."""
+    out: dict[tuple[str, ...], Iterator[Offsets]] = {}
+    wanted: Offsets = complete["topics"]
+    for txn_topic, parts in wanted.items():
+        info = state.topics.get(txn_topic)
+        if info is None or not is_transaction_topic(info.meta):
+            continue
+        source = info.meta.get("source")
+        topics = tuple(sorted(name for name in wanted if name != txn_topic and state.topics.get(
+            name) is not None and state.topics[name].meta.get("source") == source))
+        begin = int(start.get("topics", {}).get(txn_topic, {}).get("0", 0))
+        stop = int(parts.get("0", 0))
+        if stop > begin and topics:
+            out[(*topics, txn_topic)] = _cuts(log, txn_topic, begin, stop, start, wanted)
+    return out
+
+
+def _cuts(log: ChangeLogReader, txn_topic: str, begin: int, stop: int,
+          start: Mapping[str, Any], complete: Offsets) -> Iterator[Offsets]:
+    acc: Offsets = {topic: {p: int(n) for p, n in parts.items()}
+                    for topic, parts in start.get("topics", {}).items()}
+    for record in log.iter_partition(txn_topic, 0, begin, batch=1000):
+        if record.offset >= stop:
+            return
+        if record.value is None:
+            continue
+        event = decode_event(record.value)
+        if event["status"] != END:
+            continue
+        for topic, parts in (event.get("ends") or {}).items():
+            limit = complete.get(topic, {})
+            for partition, end in parts.items():
+                if int(end) > int(limit.get(partition, 0)):
+                    return  # committed after the state read (not complete there yet)
+                mine = acc.setdefault(topic, {})
+                mine[partition] = max(int(mine.get(partition, 0)), int(end))
+        acc.setdefault(txn_topic, {})["0"] = record.offset + 1
+        yield {topic: dict(parts) for topic, parts in acc.items()}
 
 
 @dataclass(frozen=True)
@@ -334,6 +419,8 @@ def plan(state: Committed, start: Mapping[str, Any], end: Mapping[str, Any],
     for topic, parts in end.get("topics", {}).items():
         info = state.topics.get(topic)
         meta = info.meta if info is not None else {}
+        if is_transaction_topic(meta):
+            continue  # read for its boundaries only, never handed to followers
         for partition, stop in parts.items():
             begin = int(start.get("topics", {}).get(topic, {}).get(partition, 0))
             if stop > begin:
@@ -511,9 +598,14 @@ class CdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.options.max_records)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        complete = self._target or complete_end(self._state(), self.options)
+        state = self._state()
+        complete = self._target or complete_end(state, self.options)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end = next_end(start, complete, max_rows)
+        boundaries = None
+        if max_rows is not None:
+            assert self._log is not None
+            boundaries = transaction_cuts(self._log, state, start, complete)
+        end = next_end(start, complete, max_rows, boundaries)
         if _canonical(end) == _canonical(start):
             return start
         return end

@@ -655,7 +655,8 @@ class FastRows:
             reader.file_seq, start, Record)
         txn.per_table[table] = per_table
         events = sum(1 for r in records if r.value is not None)
-        return [EncodedBatch(records, (schema,), events, whole_rows=True)]
+        return [EncodedBatch(records, (schema,), events, whole_rows=True,
+                             transaction=txn.id(reader.file), ts_ms=ts_ms)]
 
     def _source(self, codec: Any, schema: Any, ts_ms: int, reader: BinlogReader, event: Any,
                 start: int) -> tuple[bytes, bytes]:
