@@ -28,6 +28,10 @@ fi
 if ! command -v java >/dev/null; then
   need_apt+=(openjdk-17-jre-headless)
 fi
+# Maven: fetches the Kafka broker's jars once (scripts/fetch_jars.sh, below)
+if ! command -v mvn >/dev/null; then
+  need_apt+=(maven)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -47,3 +51,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q -e '.[dev,spark]'
   touch "$stamp"
 fi
+
+# Apache Kafka's jars (broker, kafka-tools) from Maven into .cache/jars/kafka, once: tests, the
+# demo and the benchmarks run throwaway KRaft brokers from them (cdc/servers/kafka.py)
+bash scripts/fetch_jars.sh

@@ -124,3 +124,18 @@ def mariadb_factory():  # type: ignore[no-untyped-def]
     factory = ServerFactory()
     yield factory
     factory.cleanup()
+
+
+# --------------------------------------------------------------------------- Kafka fixture
+
+@pytest.fixture(scope="session")
+def kafka_broker():  # type: ignore[no-untyped-def]
+    """One throwaway Apache Kafka broker (KRaft, one combined broker+controller node, from the
+    jars `make setup` fetched) for the whole session; ``kafka_broker.bootstrap_servers``. Tests
+    create topics with names of their own (``auto.create.topics.enable=false``)."""
+    from cdc.servers.kafka import ThrowawayKafka
+
+    broker = ThrowawayKafka().start()
+    yield broker
+    broker.stop()
+    broker.cleanup()

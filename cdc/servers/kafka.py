@@ -18,13 +18,27 @@ our stdout. The JVM dies with us: ``start_new_session`` keeps a terminal's Ctrl-
 stop it), an atexit hook kills whatever is still running, and on Linux the kernel SIGKILLs it when
 the thread that started it dies (``PR_SET_PDEATHSIG``; only set when started from the main
 thread, since it fires on the death of the starting *thread*).
+
+Start-up time on a 2-core machine is mostly the JVM loading and compiling Kafka, so two things
+are done once and reused:
+
+* storage: the quorum is static (``controller.quorum.voters``), so a formatted data directory is
+  just ``bootstrap.checkpoint`` (feature levels) and ``meta.properties`` (cluster, node and
+  directory ids). ``kafka.tools.StorageTool format`` runs once per process into a template; each
+  node gets a copy with its own ids instead of a JVM of its own (~1 s each; 5 s for 3 nodes).
+* classes: the first broker that stops cleanly leaves an AppCDS archive of the classes it loaded
+  (``-XX:ArchiveClassesAtExit``) in the jar folder, keyed by the ``java`` binary; later JVMs map
+  it (``-XX:SharedArchiveFile``) and start ~0.8 s sooner each. fetch_jars.sh replaces the folder
+  when the jars change, which drops the archive with them.
 """
 
 from __future__ import annotations
 
 import atexit
 import base64
+import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -34,7 +48,6 @@ import tempfile
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,16 +84,29 @@ _LOG4J2 = """\
 """
 
 
+def jars_dir() -> Path:
+    return Path(os.environ.get(JARS_ENV) or JARS_DIR)
+
+
 def kafka_classpath() -> str:
     """The broker's classpath: every jar in ``$CDC_KAFKA_JARS`` or ``.cache/jars/kafka``."""
-    folder = Path(os.environ.get(JARS_ENV) or JARS_DIR)
+    folder = jars_dir()
     jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
     if not any(jar.name.startswith("kafka_2.13-") for jar in jars):
-        raise CdcError(f"the Apache Kafka jars are missing: no kafka_2.13-*.jar in {folder}",
-                       _SETUP_FIX if JARS_ENV not in os.environ
-                       else f"point {JARS_ENV} at a folder of Kafka jars, or unset it and "
-                            + _SETUP_FIX[4:])
+        fix = _SETUP_FIX if JARS_ENV not in os.environ else \
+            f"point {JARS_ENV} at a folder of Kafka jars, or unset it and " + _SETUP_FIX[4:]
+        raise CdcError(f"the Apache Kafka jars are missing: no kafka_2.13-*.jar in {folder}", fix)
     return os.pathsep.join(str(jar) for jar in jars)
+
+
+def kafka_version() -> str:
+    """The broker's version, from its jar's name (``kafka_2.13-4.3.1.jar`` -> ``4.3.1``)."""
+    kafka_classpath()
+    for jar in jars_dir().glob("kafka_2.13-*.jar"):
+        match = re.fullmatch(r"kafka_2\.13-(.+)\.jar", jar.name)
+        if match:
+            return match.group(1)
+    raise CdcError(f"no kafka_2.13-*.jar in {jars_dir()}", _SETUP_FIX)  # pragma: no cover
 
 
 def find_java() -> str:
@@ -96,7 +122,7 @@ def find_java() -> str:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, base64url without padding (what
+    """A KRaft cluster (or directory) id: 16 random bytes, base64url without padding (what
     ``kafka-storage random-uuid`` prints; like it, never one starting with ``-``)."""
     while True:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -119,8 +145,8 @@ class ThrowawayKafka:
     temporary directory. ``start()`` after ``stop()``/``kill()`` reuses the same ports and data
     (restart tests); ``cleanup()`` deletes them.
 
-    On its own it is a single-node cluster (a standalone controller quorum, replication factor
-    1); :class:`ThrowawayKafkaCluster` makes nodes that share a static quorum (``voters``)."""
+    On its own it is a single-node cluster (a quorum of itself, replication factor 1);
+    :class:`ThrowawayKafkaCluster` makes nodes that share a quorum (``voters``)."""
 
     #: extra or overriding ``server.properties`` entries
     overrides: Mapping[str, str] = field(default_factory=dict)
@@ -130,13 +156,16 @@ class ThrowawayKafka:
     directory: Path | None = None
     cluster_id: str = ""
     #: ``controller.quorum.voters`` (``1@127.0.0.1:PORT,...``) of a multi-node quorum; empty:
-    #: this node alone, formatted with ``--standalone``
+    #: this node alone
     voters: str = ""
-    heap: tuple[str, ...] = HEAP
+    #: JVM options before the classpath (the heap by default)
+    jvm_options: tuple[str, ...] = HEAP
     process: subprocess.Popen[bytes] | None = None
-    #: seconds the last ``start()`` took (formatting the storage included when it ran)
+    #: seconds the last ``start()`` took
     start_seconds: float = 0.0
     _owned_dir: bool = False
+    #: the class archive this JVM writes when it exits (see the module's docstring)
+    _cds_dump: Path | None = None
 
     # ------------------------------------------------------------------------------ paths
 
@@ -165,15 +194,14 @@ class ThrowawayKafka:
     # ---------------------------------------------------------------------- configuration
 
     def server_properties(self) -> dict[str, str]:
-        """Every ``server.properties`` entry: single-node defaults, then ``overrides``."""
-        replicas = "1" if not self.voters else "3"
-        min_isr = "1" if not self.voters else "2"
-        quorum = ({"controller.quorum.voters": self.voters} if self.voters else
-                  {"controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}"})
+        """Every ``server.properties`` entry: the defaults, then ``overrides``."""
+        voters = self.voters or f"{self.node_id}@127.0.0.1:{self.controller_port}"
+        size = len(voters.split(","))
+        replicas, min_isr = str(min(size, 3)), str(max(1, min(2, size - 1)))
         defaults = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
-            **quorum,
+            "controller.quorum.voters": voters,
             "listeners": (f"PLAINTEXT://127.0.0.1:{self.port},"
                           f"CONTROLLER://127.0.0.1:{self.controller_port}"),
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
@@ -203,14 +231,18 @@ class ThrowawayKafka:
             "num.network.threads": "2",
             "num.io.threads": "4",
             "num.recovery.threads.per.data.dir": "1",
-            # a node is fenced (its partitions move) 9 s after its last heartbeat; a follower
-            # that stops fetching drops out of the ISR after 10 s
-            "broker.heartbeat.interval.ms": "1000",
-            "broker.session.timeout.ms": "9000",
+            # a node that stops heartbeating is fenced (its partitions get new leaders, it
+            # leaves the ISRs) after 6 s (3 s alone, where nobody takes over). A node started
+            # again, even after a clean stop, is only let back in once its old session has
+            # expired (DUPLICATE_BROKER_REGISTRATION until then): this is also how soon a
+            # stopped or killed node of a cluster can rejoin. A new active controller gives
+            # every registered broker a full session, so a single node killed and started
+            # again waits for it too (stopped cleanly, it does not).
+            "broker.heartbeat.interval.ms": "500" if size == 1 else "1000",
+            "broker.session.timeout.ms": "3000" if size == 1 else "6000",
             "replica.lag.time.max.ms": "10000",
             "controller.quorum.election.timeout.ms": "1000",
             "controller.quorum.fetch.timeout.ms": "3000",
-            "controlled.shutdown.enable": "true",
         }
         return {**defaults, **self.overrides}
 
@@ -219,35 +251,31 @@ class ThrowawayKafka:
         self.properties_file.write_text("\n".join(lines) + "\n")
         (self._dir / "log4j2.xml").write_text(_LOG4J2.format(path=self.server_log))
 
-    def _java(self, *arguments: str, heap: tuple[str, ...] = ()) -> list[str]:
-        return [find_java(), *heap, "-Djava.awt.headless=true", "-XX:+ExitOnOutOfMemoryError",
-                f"-Dlog4j2.configurationFile={self._dir / 'log4j2.xml'}",
-                f"-Dkafka.logs.dir={self._dir}", "-cp", kafka_classpath(), *arguments]
-
     # -------------------------------------------------------------------------- lifecycle
 
     def start(self, timeout: float = 60.0) -> ThrowawayKafka:
-        """Format the storage (first time only), start the JVM and return once a client
-        reaches the broker; :class:`CdcError` with the end of its log otherwise."""
+        """Start the broker (a new one: fresh directory, ports and storage) or start it again
+        after ``stop()``/``kill()``, and return once a client reaches it; :class:`CdcError` with
+        the end of its log otherwise."""
         if self.running():
             return self
         began = time.monotonic()
-        self.launch()
-        self.wait_ready(timeout)
+        fresh = self.directory is None
+        try:
+            self.launch()
+            self.wait_ready(timeout)
+        except BaseException:
+            if fresh:  # a broker that never ran: nothing in its directory worth keeping
+                self.cleanup()
+            raise
         self.start_seconds = time.monotonic() - began
         return self
 
     def launch(self) -> None:
-        """Format if needed and start the JVM, without waiting for it (a cluster's nodes wait
-        for one another: start them all, then :meth:`wait_ready` each)."""
+        """Start the JVM without waiting for it (a cluster's nodes wait for one another: launch
+        them all, then :meth:`wait_ready` each)."""
         if self.running():
             return
-        self.prepare()
-        self.format_storage()
-        self._spawn()
-
-    def prepare(self) -> None:
-        """Pick the directory, ports and cluster id (first time) and write the config files."""
         if self.directory is None:
             self.directory = Path(tempfile.mkdtemp(prefix="cdc-kafka-"))
             self._owned_dir = True
@@ -255,38 +283,31 @@ class ThrowawayKafka:
         if not self.port or not self.controller_port:
             self.port, self.controller_port = _free_ports(2)
         self.cluster_id = self.cluster_id or new_cluster_id()
-        self._write_config()
         _LIVE.add(self)
-
-    def format_storage(self) -> None:
-        """``kafka.tools.StorageTool format`` unless the data directory is formatted."""
-        process = self.start_format()
-        if process is not None:
-            self.finish_format(process)
-
-    def start_format(self) -> subprocess.Popen[bytes] | None:
-        if (self.data_dir / "meta.properties").exists():
-            return None
-        command = self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id,
-                             "-c", str(self.properties_file),
-                             *(() if self.voters else ("--standalone",)))
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=self._dir)
-
-    def finish_format(self, process: subprocess.Popen[bytes]) -> None:
-        output, _ = process.communicate()
-        if process.returncode != 0:
-            raise CdcError(f"formatting the Kafka storage in {self.data_dir} failed "
-                           f"(status {process.returncode}):\n"
-                           f"{output.decode(errors='replace')[-2000:]}",
-                           "check the overrides given to the throwaway broker; " + _SETUP_FIX)
-
-    def _spawn(self) -> None:
-        command = self._java("kafka.Kafka", str(self.properties_file), heap=self.heap)
+        self._write_config()
+        self._format_storage()
+        command, self._cds_dump = _java_command(self._dir, ("kafka.Kafka",
+                                                            str(self.properties_file)),
+                                                self.jvm_options, may_dump=True)
         with open(self._dir / "kafka.out", "ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=out, cwd=self._dir,
                                             stdin=subprocess.DEVNULL, start_new_session=True,
                                             preexec_fn=_die_with_parent())
+
+    def _format_storage(self) -> None:
+        """A formatted data directory (first start only): the template's with our ids."""
+        if (self.data_dir / "meta.properties").exists():
+            return
+        template = _storage_template()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(template / "bootstrap.checkpoint", self.data_dir / "bootstrap.checkpoint")
+        ids = {"node.id": str(self.node_id), "cluster.id": self.cluster_id,
+               "directory.id": new_cluster_id()}
+        lines = []
+        for line in (template / "meta.properties").read_text().splitlines():
+            key = line.partition("=")[0]
+            lines.append(f"{key}={ids[key]}" if key in ids else line)
+        (self.data_dir / "meta.properties").write_text("\n".join(lines) + "\n")
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Return once an admin client asking this node sees it among the live brokers."""
@@ -303,8 +324,8 @@ class ThrowawayKafka:
                     continue
                 client = _admin(self.bootstrap_servers)
             try:
-                metadata = client.list_topics(timeout=min(2.0, max(deadline - time.monotonic(),
-                                                                   0.1)))
+                metadata = client.list_topics(
+                    timeout=min(2.0, max(deadline - time.monotonic(), 0.1)))
                 if self.node_id in metadata.brokers:
                     return
                 error = f"the broker does not list itself yet ({sorted(metadata.brokers)})"
@@ -317,7 +338,7 @@ class ThrowawayKafka:
             self.kill()
             what = f"was not ready within {timeout:.0f} s ({error})"
         else:
-            self.process = None
+            self._reaped(clean=False)
             what = f"exited with status {exited}"
         raise CdcError(f"the Kafka broker on port {self.port} (node {self.node_id}) {what}; "
                        f"the end of its log:\n{tail}",
@@ -341,8 +362,7 @@ class ThrowawayKafka:
 
     def terminate(self) -> None:
         """SIGTERM without waiting (a controlled shutdown); :meth:`stop` waits."""
-        if self.running():
-            assert self.process is not None
+        if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -352,10 +372,12 @@ class ThrowawayKafka:
         self.terminate()
         try:
             self.process.wait(timeout)
+            clean = True
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(30)
-        self.process = None
+            clean = False
+        self._reaped(clean)
 
     def kill(self) -> None:
         """SIGKILL the JVM: a crash (the log recovers at the next ``start()``)."""
@@ -364,7 +386,13 @@ class ThrowawayKafka:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(30)
+        self._reaped(clean=False)
+
+    def _reaped(self, clean: bool) -> None:
         self.process = None
+        if self._cds_dump is not None:
+            _keep_archive(self._cds_dump, clean)
+            self._cds_dump = None
 
     def restart(self, timeout: float = 60.0) -> ThrowawayKafka:
         """Stop and start again on the same ports and data."""
@@ -383,6 +411,7 @@ class ThrowawayKafka:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
+        self.stop(timeout=10.0)
         self.cleanup()
 
 
@@ -397,6 +426,7 @@ class ThrowawayKafkaCluster:
     size: int = 3
     #: extra or overriding ``server.properties`` entries, for every node
     overrides: Mapping[str, str] = field(default_factory=dict)
+    jvm_options: tuple[str, ...] = HEAP
     directory: Path | None = None
     nodes: list[ThrowawayKafka] = field(default_factory=list)
     #: seconds the last ``start()`` took (until every node was ready)
@@ -407,29 +437,29 @@ class ThrowawayKafkaCluster:
         return ",".join(node.bootstrap_servers for node in self.nodes)
 
     def node(self, index: int) -> ThrowawayKafka:
-        """The ``index``-th node (0-based; its ``node_id`` is ``index + 1``)."""
+        """The ``index``-th node (0-based; its ``node_id`` is ``index + 1``): ``kill()``,
+        ``stop()``, ``start()``, ``restart()`` it on its own."""
         return self.nodes[index]
 
     def start(self, timeout: float = 90.0) -> ThrowawayKafkaCluster:
-        """Start every node not running and return once each is ready."""
+        """Start every node not running and return once each is ready (a node needs a
+        majority of the quorum up before it can be, so all are launched first)."""
         began = time.monotonic()
-        if not self.nodes:
+        fresh = not self.nodes
+        if fresh:
             self._create_nodes()
+        waiting = [node for node in self.nodes if not node.running()]
         try:
-            waiting = [node for node in self.nodes if not node.running()]
             for node in waiting:
-                node.prepare()
-            formats = [(node, node.start_format()) for node in waiting]
-            for node, process in formats:
-                if process is not None:
-                    node.finish_format(process)
-            for node in waiting:
-                node._spawn()
+                node.launch()
             deadline = time.monotonic() + timeout
             for node in waiting:
                 node.wait_ready(max(deadline - time.monotonic(), 1.0))
         except BaseException:
-            self.kill()
+            if fresh:
+                self.cleanup()
+            else:
+                self.kill()
             raise
         self.start_seconds = time.monotonic() - began
         return self
@@ -437,19 +467,22 @@ class ThrowawayKafkaCluster:
     def _create_nodes(self) -> None:
         if self.directory is None:
             self.directory = Path(tempfile.mkdtemp(prefix="cdc-kafka-cluster-"))
+        _LIVE.add(self)
         ports = _free_ports(2 * self.size)
         voters = ",".join(f"{i + 1}@127.0.0.1:{ports[2 * i + 1]}" for i in range(self.size))
         cluster_id = new_cluster_id()
         self.nodes = [ThrowawayKafka(overrides=self.overrides, node_id=i + 1,
                                      port=ports[2 * i], controller_port=ports[2 * i + 1],
                                      directory=self.directory / f"node{i + 1}",
-                                     cluster_id=cluster_id, voters=voters)
+                                     cluster_id=cluster_id, voters=voters,
+                                     jvm_options=self.jvm_options)
                       for i in range(self.size)]
-        _LIVE.add(self)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every node: SIGTERM to all at once (so none waits for a controller that is
-        shutting down too), SIGKILL to any not gone within ``timeout``."""
+        shutting down too), SIGKILL to any not gone within ``timeout``. Takes ~5 s: the active
+        controller, left without voters to hand over to, waits out KRaft's fixed 5 s graceful
+        shutdown."""
         for node in self.nodes:
             node.terminate()
         deadline = time.monotonic() + timeout
@@ -462,7 +495,8 @@ class ThrowawayKafkaCluster:
 
     def cleanup(self) -> None:
         """Kill every node and delete the cluster's directory."""
-        self.kill()
+        for node in self.nodes:
+            node.cleanup()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
@@ -472,27 +506,119 @@ class ThrowawayKafkaCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop(timeout=10.0)
-        self.cleanup()
+        self.cleanup()  # killed, not stopped: its data is deleted anyway (see stop())
 
 
-# ------------------------------------------------------------------------------ helpers
+# --------------------------------------------------------------------- JVM and storage
 
-#: brokers and clusters that may have a JVM running or a directory to delete
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+#: brokers and clusters that may have a JVM running or a directory to delete (held until their
+#: cleanup(), so that one dropped without it is still cleaned up at exit)
+_LIVE: set[Any] = set()
+_LOCK = threading.RLock()
+#: the formatted storage template of this process (see the module's docstring)
+_TEMPLATE: list[Path] = []
+#: whether a JVM of this process is writing the class archive (one at a time is enough)
+_CDS_DUMPING: list[bool] = [False]
 
 
 @atexit.register
 def _cleanup_live() -> None:
     for server in list(_LIVE):
         server.cleanup()
+    for template in _TEMPLATE:
+        shutil.rmtree(template, ignore_errors=True)
+    _TEMPLATE.clear()
+
+
+def _cds_archive() -> Path | None:
+    """Where the class archive for this ``java`` and jar folder lives (``None``: nowhere, the
+    folder is not writable and has none)."""
+    java = Path(find_java()).resolve()
+    stat = java.stat()
+    key = hashlib.sha1(f"{java}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    path = jars_dir() / f"kafka-cds-{key}.jsa"
+    return path if path.exists() or os.access(jars_dir(), os.W_OK) else None
+
+
+def _java_command(directory: Path, arguments: tuple[str, ...], jvm_options: tuple[str, ...],
+                  may_dump: bool) -> tuple[list[str], Path | None]:
+    """``java`` with our options and the classpath, running ``arguments``; and the path the
+    JVM will write a class archive to when it exits, if it is the one to make it."""
+    options = [*jvm_options, "-Djava.awt.headless=true", "-XX:+ExitOnOutOfMemoryError",
+               f"-Dlog4j2.configurationFile={directory / 'log4j2.xml'}",
+               f"-Dkafka.logs.dir={directory}"]
+    classpath = kafka_classpath()
+    archive = _cds_archive()
+    dump = None
+    if archive is not None and archive.exists():
+        options.append(f"-XX:SharedArchiveFile={archive}")
+    elif archive is not None and may_dump:
+        with _LOCK:
+            if not _CDS_DUMPING[0]:
+                _CDS_DUMPING[0] = True
+                dump = archive.with_name(f"{archive.name}.{os.getpid()}.{id(directory)}.tmp")
+                options.append(f"-XX:ArchiveClassesAtExit={dump}")
+    return [find_java(), *options, "-cp", classpath, *arguments], dump
+
+
+def _keep_archive(dump: Path, clean: bool) -> None:
+    """Move a class archive a JVM wrote at its exit into place if the JVM exited by itself and
+    a JVM accepts it (``-Xshare:on`` fails rather than ignore a bad one); else delete it."""
+    archive = dump.with_name(dump.name.split(".jsa.")[0] + ".jsa")
+    try:
+        if clean and dump.exists():
+            check = subprocess.run([find_java(), "-Xshare:on", f"-XX:SharedArchiveFile={dump}",
+                                    "-cp", kafka_classpath(), "-version"],
+                                   capture_output=True, check=False)
+            if check.returncode == 0:
+                os.replace(dump, archive)
+    finally:
+        dump.unlink(missing_ok=True)
+        with _LOCK:
+            _CDS_DUMPING[0] = False
+
+
+def _storage_template() -> Path:
+    """A data directory ``kafka.tools.StorageTool format`` made, once per process."""
+    with _LOCK:
+        if _TEMPLATE and (_TEMPLATE[0] / "data" / "meta.properties").exists():
+            return _TEMPLATE[0] / "data"
+        directory = Path(tempfile.mkdtemp(prefix="cdc-kafka-template-"))
+        try:
+            _format(directory)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+        _TEMPLATE[:] = [directory]
+        return directory / "data"
+
+
+def _format(directory: Path) -> None:
+    properties = {"process.roles": "broker,controller", "node.id": "1",
+                  "controller.quorum.voters": "1@127.0.0.1:9093",
+                  "listeners": "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093",
+                  "controller.listener.names": "CONTROLLER",
+                  "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                  "log.dirs": str(directory / "data")}
+    config = directory / "server.properties"
+    config.write_text("".join(f"{key}={_escape(value)}\n" for key, value in properties.items()))
+    (directory / "log4j2.xml").write_text(_LOG4J2.format(path=directory / "format.log"))
+    command, _ = _java_command(directory, ("kafka.tools.StorageTool", "format", "-t",
+                                           new_cluster_id(), "-c", str(config)),
+                               ("-Xmx128m",), may_dump=False)
+    result = subprocess.run(command, capture_output=True, text=True, cwd=directory,
+                            stdin=subprocess.DEVNULL, check=False)
+    if result.returncode != 0 or not (directory / "data" / "bootstrap.checkpoint").exists():
+        output = (result.stdout + result.stderr)[-2000:]
+        raise CdcError(f"formatting Kafka storage (kafka.tools.StorageTool format) failed "
+                       f"with status {result.returncode}:\n{output}", _SETUP_FIX)
 
 
 def _die_with_parent() -> Any:
     """A ``preexec_fn`` asking Linux to SIGKILL the child when the thread starting it dies,
     or ``None`` off Linux or off the main thread (a worker thread may end before the broker)."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not \
-            threading.main_thread():
+    if not sys.platform.startswith("linux") or \
+            threading.current_thread() is not threading.main_thread():
         return None
     import ctypes
 
@@ -527,5 +653,6 @@ def _admin(bootstrap_servers: str) -> Any:
     """A quiet confluent-kafka admin client (librdkafka logs connection errors to stderr)."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0,
-                        "error_cb": lambda error: None})
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, "log_level": 0,
+                              "error_cb": lambda error: None}
+    return AdminClient(config)
