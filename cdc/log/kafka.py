@@ -1,0 +1,614 @@
+"""The Kafka backend: the change log as compacted Kafka topics (``log: {backend: kafka}``).
+
+Layout
+------
+* One compacted topic per captured table, named like Debezium's (``<source>.<schema>.<table>``)
+  with characters Kafka does not allow replaced by ``_`` (:func:`kafka_topic`); two tables whose
+  names meet there are refused. ``log.partitions`` partitions; a topic that exists with another
+  count, or without ``cleanup.policy=compact``, is refused (never repartitioned or altered).
+* Partitions are chosen here with Kafka's murmur2 (:mod:`cdc.log.partitioner`) and passed
+  explicitly (librdkafka's default partitioner is not Java's).
+* Keys are the JSON key bytes, values Confluent's wire format (magic byte, schema id, Avro), the
+  position travels in the record header ``cdc.position``.
+* ``log.offsets_topic`` (compacted, one partition) holds each source's offset (key
+  ``source:<name>``, with its cut) and each topic's description (key ``topic:<name>``: Kafka name,
+  partitions, meta). ``log.schemas_topic`` holds the schemas (:mod:`cdc.log.kafka_schemas`).
+
+Exactly once
+------------
+Each source has its own transactional producer (``transactional.id`` =
+``log.transactional_id_prefix + source``). One append is one Kafka transaction: the records, the
+transaction events computed from where they landed (the ``finish`` step) and the source offset
+are committed together or not at all; readers use ``read_committed``. Taking a source's writer
+(:meth:`KafkaChangeLog.for_source`) calls ``init_transactions``, which fences any older producer
+with that id (its next append fails with :class:`LogFencedError`) and aborts its open
+transaction, before the stored offset is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+)
+
+from cdc.config import LogConfig
+from cdc.errors import LogError
+from cdc.log.base import (
+    AppendResult,
+    ChangeLogReader,
+    ChangeLogWriter,
+    Committed,
+    Finisher,
+    PartitionStats,
+    Record,
+    StoredRecord,
+    TopicInfo,
+)
+from cdc.log.partitioner import partition_for
+
+POSITION_HEADER = "cdc.position"
+#: librdkafka's own log lines go here (not to stderr)
+_CLIENT_LOG = logging.getLogger("cdc.kafka.client")
+_LEGAL = re.compile(r"[^A-Za-z0-9._-]")
+#: how long a metadata request may take before the brokers count as unreachable
+TIMEOUT = 15.0
+
+
+class LogFencedError(LogError):
+    """Another process took over this source's writer (a second capture, or a bootstrap)."""
+
+
+def kafka_topic(topic: str) -> str:
+    """``topic`` as a legal Kafka topic name (``[A-Za-z0-9._-]``, at most 249 characters)."""
+    name = _LEGAL.sub("_", topic)
+    if len(name) > 249:
+        name = f"{name[:240]}_{zlib.crc32(topic.encode()):08x}"
+    return name
+
+
+def client_settings(config: LogConfig) -> dict[str, Any]:
+    """librdkafka settings shared by every client (the password read from its variable)."""
+    settings: dict[str, Any] = {"bootstrap.servers": config.bootstrap_servers,
+                                "logger": _CLIENT_LOG,
+                                **{k: v for k, v in config.client.items()}}
+    if config.password_env:
+        password = os.environ.get(config.password_env)
+        if password is None:
+            raise LogError(f"the environment variable {config.password_env} (log.password_env) "
+                           "is not set", f"export {config.password_env} with the SASL password")
+        settings["sasl.password"] = password
+    return settings
+
+
+def kafka_error(action: str, error: Any, where: str) -> LogError:
+    """A :class:`LogError` naming the problem and the fix for a Kafka error."""
+    err = error.args[0] if isinstance(error, KafkaException) and error.args else error
+    code = err.code() if isinstance(err, KafkaError) else None
+    text = err.str() if isinstance(err, KafkaError) else str(err)
+    fixes = {
+        KafkaError._TRANSPORT: "check log.bootstrap_servers and that the brokers are up",
+        KafkaError._ALL_BROKERS_DOWN: "check log.bootstrap_servers and that the brokers are up",
+        KafkaError._TIMED_OUT: "check log.bootstrap_servers and that the brokers are up",
+        KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            "grant this principal Describe/Read/Write on the cdc topics (or fix the ACLs)",
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+            "grant this principal Write on the transactional id "
+            "(log.transactional_id_prefix + source)",
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED:
+            "grant this principal IdempotentWrite/Create on the cluster",
+        KafkaError.GROUP_AUTHORIZATION_FAILED: "grant this principal Read on the group",
+        KafkaError.SASL_AUTHENTICATION_FAILED:
+            "check sasl.username in log.client and the password in log.password_env",
+        KafkaError.MSG_SIZE_TOO_LARGE:
+            "raise the topic's max.message.bytes (and the broker's message.max.bytes) and "
+            "log.client's message.max.bytes, or keep rows smaller",
+        KafkaError._MSG_TIMED_OUT: "check that the brokers are up and reachable",
+    }
+    fix = fixes.get(code, "check the brokers' logs") if code is not None else \
+        "check the brokers' logs"
+    return LogError(f"Kafka log at {where}: {action} failed: {text}", fix)
+
+
+class _Snapshot:
+    """What the offsets topic says, read to its end: source offsets and topic descriptions."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, Any] = {}
+        self.topics: dict[str, dict[str, Any]] = {}
+        self.next_offset = 0
+
+
+class KafkaChangeLogReader(ChangeLogReader):
+    """Reads the Kafka log (``read_committed``). Any number beside the writers."""
+
+    backend = "kafka"
+
+    def __init__(self, config: LogConfig) -> None:
+        self.config = config
+        self.where = str(config.bootstrap_servers)
+        self.settings = client_settings(config)
+        self._admin = AdminClient(dict(self.settings))
+        self._consumer: Consumer | None = None
+        self._snapshot = _Snapshot()
+        self._lock = threading.RLock()
+        self._schemas: Any = None
+        self._check_reachable()
+
+    # -- clients -----------------------------------------------------------------------------
+    def _check_reachable(self) -> None:
+        try:
+            self._admin.list_topics(timeout=TIMEOUT)
+        except KafkaException as exc:
+            raise kafka_error("connecting", exc, self.where) from None
+
+    def _reader(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer({**self.settings, "group.id": "cdc-reader",
+                                       "enable.auto.commit": False,
+                                       "isolation.level": "read_committed",
+                                       "enable.partition.eof": True,
+                                       "auto.offset.reset": "earliest",
+                                       "fetch.wait.max.ms": 50})
+        return self._consumer
+
+    # -- the offsets topic -------------------------------------------------------------------
+    def _refresh(self) -> _Snapshot:
+        """Read the offsets topic from where the last refresh stopped to its end."""
+        with self._lock:
+            snap = self._snapshot
+            topic = self.config.offsets_topic
+            end = self._high(topic, 0)
+            if end is None or end <= snap.next_offset:
+                return snap
+            for record in self._consume(topic, 0, snap.next_offset, end):
+                key = record.key().decode()
+                value = record.value()
+                if value is None:
+                    continue
+                data = json.loads(value)
+                if key.startswith("source:"):
+                    snap.sources[key[7:]] = data
+                elif key.startswith("topic:"):
+                    snap.topics[key[6:]] = data
+            snap.next_offset = end
+            return snap
+
+    def _high(self, kafka_name: str, partition: int) -> int | None:
+        """The partition's last stable offset (read_committed end); None if no such topic."""
+        try:
+            _, high = self._reader().get_watermark_offsets(
+                TopicPartition(kafka_name, partition), timeout=TIMEOUT, cached=False)
+        except KafkaException as exc:
+            code = exc.args[0].code() if exc.args else None
+            if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+                        KafkaError._UNKNOWN_TOPIC):
+                return None
+            raise kafka_error(f"reading the end of {kafka_name}", exc, self.where) from None
+        return int(high)
+
+    def _consume(self, kafka_name: str, partition: int, start: int, end: int,
+                 limit: int | None = None) -> list[Any]:
+        """Committed messages of one partition with ``start <= offset < end``."""
+        consumer = self._reader()
+        consumer.assign([TopicPartition(kafka_name, partition, start)])
+        out: list[Any] = []
+        deadline = time.monotonic() + 60
+        while True:
+            batch = consumer.consume(num_messages=min(10_000, limit or 10_000), timeout=0.02)
+            done = False
+            for message in batch:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        done = True
+                        continue
+                    raise kafka_error(f"reading {kafka_name}", error, self.where)
+                if (message.offset() or 0) >= end:
+                    done = True
+                    break
+                out.append(message)
+                if limit is not None and len(out) >= limit:
+                    done = True
+                    break
+            if done:
+                break
+            position = consumer.position([TopicPartition(kafka_name, partition)])[0].offset
+            if position >= end:
+                break
+            if time.monotonic() > deadline:
+                raise LogError(f"Kafka log at {self.where}: reading {kafka_name} partition "
+                               f"{partition} from offset {start} made no progress for 60 s",
+                               "check that the brokers are up")
+        return out
+
+    # -- the contract ------------------------------------------------------------------------
+    def _info(self, name: str, data: Mapping[str, Any]) -> TopicInfo:
+        return TopicInfo(name, int(data["partitions"]), dict(data.get("meta", {})))
+
+    def topics(self) -> list[TopicInfo]:
+        snap = self._refresh()
+        return [self._info(name, snap.topics[name]) for name in sorted(snap.topics)]
+
+    def kafka_name(self, topic: str) -> str:
+        data = self._refresh().topics.get(topic)
+        return str(data["kafka"]) if data else kafka_topic(topic)
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        data = self._refresh().topics.get(topic)
+        if data is None:
+            return {}
+        name = str(data["kafka"])
+        return {p: self._high(name, p) or 0 for p in range(int(data["partitions"]))}
+
+    def source_offsets(self) -> dict[str, Any]:
+        copied: dict[str, Any] = json.loads(json.dumps(self._refresh().sources))
+        return copied
+
+    def committed(self) -> Committed:
+        with self._lock:
+            snap = self._refresh()
+            topics = {name: self._info(name, data) for name, data in snap.topics.items()}
+            sources = json.loads(json.dumps(snap.sources))
+            ends: dict[str, list[int]] = {}
+            for name, info in topics.items():
+                source = info.meta.get("source")
+                cut = (sources.get(source) or {}).get("cut") if source else None
+                if isinstance(cut, dict) and info.meta.get("kind") != "transactions":
+                    parts = cut.get(name, {})
+                    ends[name] = [int(parts.get(str(p), 0)) for p in range(info.partitions)]
+                else:
+                    found = self.end_offsets(name)
+                    ends[name] = [found.get(p, 0) for p in range(info.partitions)]
+            return Committed(topics, ends, sources)
+
+    def read(self, topic: str, partition: int, start: int = 0,
+             max_records: int | None = None) -> list[StoredRecord]:
+        data = self._refresh().topics.get(topic)
+        if data is None:
+            return []
+        name = str(data["kafka"])
+        with self._lock:
+            end = self._high(name, partition) or 0
+            if start >= end:
+                return []
+            messages = self._consume(name, partition, start, end, max_records)
+        return [self._stored(topic, partition, m) for m in messages]
+
+    @staticmethod
+    def _stored(topic: str, partition: int, message: Any) -> StoredRecord:
+        position = b""
+        for header, value in message.headers() or ():
+            if header == POSITION_HEADER:
+                position = bytes(value)
+        return StoredRecord(topic, partition, message.offset(), message.timestamp()[1],
+                            message.key() or b"", message.value(), position)
+
+    def partition_stats(self, topic: str, partition: int) -> PartitionStats:
+        data = self._refresh().topics.get(topic)
+        if data is None:
+            raise LogError(f"the log has no topic {topic!r}", "run `cdc log stats` to list topics")
+        name = str(data["kafka"])
+        low, _ = self._reader().get_watermark_offsets(TopicPartition(name, partition),
+                                                      timeout=TIMEOUT, cached=False)
+        end = self._high(name, partition) or 0
+        records = tombstones = size = 0
+        for record in self.iter_partition(topic, partition):
+            records += 1
+            tombstones += record.value is None
+            size += len(record.key) + len(record.value or b"") + len(record.position)
+        return PartitionStats(topic, partition, int(low), end, records, tombstones, size, 0)
+
+    def tombstone_retention(self, topic: str) -> float:
+        name = self.kafka_name(topic)
+        resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+        try:
+            configs = self._admin.describe_configs([resource])[resource].result(timeout=TIMEOUT)
+        except KafkaException:
+            return float(self.config.tombstone_retention)
+        entry = configs.get("delete.retention.ms")
+        return float(entry.value) / 1000 if entry is not None else \
+            float(self.config.tombstone_retention)
+
+    def schemas(self) -> Any:
+        if self._schemas is None:
+            from cdc.log.kafka_schemas import KafkaSchemaRegistry
+
+            self._schemas = KafkaSchemaRegistry(self.settings, self.config.schemas_topic,
+                                                self.where, writable=False)
+        return self._schemas
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
+    """The writer: internal topics are created on open; appends run on the producer of the
+    source they are for (:meth:`for_source`; the log's own writer uses ``<prefix>default``)."""
+
+    def __init__(self, config: LogConfig, source: str | None = None,
+                 parent: KafkaChangeLog | None = None) -> None:
+        super().__init__(config)
+        self.source = source
+        self._mutex = threading.Lock()
+        self._producer: Producer | None = None
+        self._sources: dict[str, KafkaChangeLog] = {}
+        self._closed = False
+        self._parent = parent
+        if parent is None:
+            self._create_internal_topics()
+
+    # -- topics ------------------------------------------------------------------------------
+    def _topic_config(self, compact_only: bool = False) -> dict[str, str]:
+        config = {"cleanup.policy": "compact"}
+        if not compact_only:
+            config["delete.retention.ms"] = str(int(self.config.tombstone_retention * 1000))
+        if self.config.min_insync_replicas is not None:
+            config["min.insync.replicas"] = str(self.config.min_insync_replicas)
+        return config
+
+    def _create(self, name: str, partitions: int, config: dict[str, str]) -> None:
+        """Create ``name``; if it exists, check its partition count and cleanup policy."""
+        new = NewTopic(name, num_partitions=partitions,
+                       replication_factor=self.config.replication_factor, config=config)
+        try:
+            self._admin.create_topics([new], operation_timeout=TIMEOUT)[name].result(
+                timeout=TIMEOUT)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not (isinstance(error, KafkaError)
+                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+                raise kafka_error(f"creating topic {name}", exc, self.where) from None
+        self._check_existing(name, partitions)
+
+    def _check_existing(self, name: str, partitions: int) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # a topic just created may take a moment to be known everywhere
+            try:
+                meta = self._admin.list_topics(name, timeout=TIMEOUT).topics[name]
+                if meta.error is not None:
+                    raise KafkaException(meta.error)
+                resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+                configs = self._admin.describe_configs([resource])[resource].result(
+                    timeout=TIMEOUT)
+                break
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                unknown = isinstance(error, KafkaError) and error.code() in (
+                    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE)
+                if not unknown or time.monotonic() > deadline:
+                    raise kafka_error(f"describing topic {name}", exc, self.where) from None
+                time.sleep(0.1)
+        if len(meta.partitions) != partitions:
+            raise LogError(f"Kafka topic {name} has {len(meta.partitions)} partitions; the log "
+                           f"needs {partitions} (log.partitions)",
+                           "cdc never repartitions a topic (keys would move): set "
+                           f"log.partitions to {len(meta.partitions)}, or delete the topic and "
+                           "rebuild it from the sources")
+        policy = configs.get("cleanup.policy")
+        if policy is None or "compact" not in str(policy.value):
+            raise LogError(f"Kafka topic {name} exists with cleanup.policy="
+                           f"{policy.value if policy else '?'}, not compact",
+                           f"set it: kafka-configs --alter --topic {name} --add-config "
+                           "cleanup.policy=compact (or delete the topic so cdc creates it)")
+
+    def schemas(self) -> Any:
+        root = self._parent or self
+        if root._schemas is None or not root._schemas.writable:
+            from cdc.log.kafka_schemas import KafkaSchemaRegistry
+
+            root._schemas = KafkaSchemaRegistry(self.settings, self.config.schemas_topic,
+                                                self.where, writable=True)
+        return root._schemas
+
+    def _create_internal_topics(self) -> None:
+        self._create(self.config.offsets_topic, 1, self._topic_config(compact_only=True))
+        self._create(self.config.schemas_topic, 1, self._topic_config(compact_only=True))
+
+    def ensure_topic(self, topic: str, meta: Mapping[str, Any] | None = None,
+                     partitions: int | None = None) -> TopicInfo:
+        count = partitions or self.config.partitions
+        snap = self._refresh()
+        found = snap.topics.get(topic)
+        if found is not None:
+            info = self._info(topic, found)
+            if partitions is not None and info.partitions != count:
+                raise LogError(f"topic {topic} has {info.partitions} partitions, not {count}",
+                               "a topic is never repartitioned: rebuild the log to change it")
+            return info
+        name = kafka_topic(topic)
+        clash = [other for other, data in snap.topics.items() if data.get("kafka") == name]
+        if clash:
+            raise LogError(f"tables {clash[0]!r} and {topic!r} both map to the Kafka topic "
+                           f"{name!r} (characters Kafka does not allow become '_')",
+                           "rename one of the tables, or capture them from different sources")
+        self._create(name, count, self._topic_config())
+        description = {"kafka": name, "partitions": count, "meta": dict(meta or {})}
+        self._transaction([(self.config.offsets_topic, f"topic:{topic}".encode(),
+                            json.dumps(description).encode())])
+        snap.topics[topic] = description
+        return self._info(topic, description)
+
+    # -- writing -----------------------------------------------------------------------------
+    def for_source(self, source: str) -> KafkaChangeLog:
+        if self.source == source:
+            return self
+        root = self._parent or self
+        with root._mutex:
+            writer = root._sources.get(source)
+            if writer is None:
+                writer = KafkaChangeLog(self.config, source, root)
+                writer._open_producer()
+                root._sources[source] = writer
+            return writer
+
+    def _open_producer(self) -> Producer:
+        if self._producer is None:
+            txn_id = self.config.transactional_id_prefix + (self.source or "default")
+            producer = Producer({**self.settings, "transactional.id": txn_id,
+                                 "enable.idempotence": True, "acks": "all",
+                                 "linger.ms": 5, "batch.size": 1_000_000,
+                                 "transaction.timeout.ms": int(
+                                     self.config.transaction_timeout * 1000),
+                                 "message.max.bytes": int(
+                                     self.config.client.get("message.max.bytes", 4_000_000))})
+            try:
+                producer.init_transactions(TIMEOUT * 4)
+            except KafkaException as exc:
+                raise kafka_error(f"starting the transactional producer {txn_id}", exc,
+                                  self.where) from None
+            self._producer = producer
+        return self._producer
+
+    def _transaction(self, messages: Sequence[tuple[str, bytes, bytes]]) -> None:
+        """Commit a few messages to internal topics in one transaction."""
+        with self._mutex:
+            producer = self._open_producer()
+            self._begin(producer)
+            for topic, key, value in messages:
+                self._produce(producer, topic, key, value, 0, None, None)
+            self._commit(producer)
+
+    def _begin(self, producer: Producer) -> None:
+        try:
+            producer.begin_transaction()
+        except KafkaException as exc:
+            raise self._failure("beginning a transaction", exc) from None
+
+    def _produce(self, producer: Producer, topic: str, key: bytes, value: bytes | None,
+                 partition: int, position: bytes | None, on_delivery: Any) -> None:
+        headers: list[tuple[str, str | bytes | None]] | None = (
+            None if position is None else [(POSITION_HEADER, position)])
+        while True:
+            try:
+                producer.produce(topic, value, key, partition=partition, headers=headers,
+                                 on_delivery=on_delivery)
+                return
+            except BufferError:
+                producer.poll(0.05)
+            except KafkaException as exc:
+                self._abort(producer)
+                raise self._failure(f"writing to {topic}", exc) from None
+
+    def _commit(self, producer: Producer) -> None:
+        try:
+            producer.commit_transaction(TIMEOUT * 4)
+        except KafkaException as exc:
+            self._abort(producer)
+            raise self._failure("committing a transaction", exc) from None
+
+    def _abort(self, producer: Producer) -> None:
+        with contextlib.suppress(KafkaException):
+            producer.abort_transaction(TIMEOUT)
+
+    def _failure(self, action: str, exc: KafkaException) -> LogError:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and (error.fatal() or error.code() in (
+                KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                KafkaError.INVALID_PRODUCER_EPOCH)):
+            self._producer = None
+            return LogFencedError(
+                f"Kafka log at {self.where}: another process took over the writer of source "
+                f"{self.source or 'default'} (transactional id "
+                f"{self.config.transactional_id_prefix}{self.source or 'default'}): {action} "
+                "was refused",
+                "run one `cdc capture` per source; a `cdc bootstrap` of a source stops its "
+                "capture on purpose")
+        return kafka_error(action, exc, self.where)
+
+    def append(self, records: Sequence[Record], source_offsets: Mapping[str, Any] | None = None,
+               finish: Finisher | None = None) -> list[AppendResult]:
+        with self._mutex:
+            if self._closed:
+                raise LogError("the change log writer is closed")
+            producer = self._open_producer()
+            snap = self._refresh()
+            results: list[AppendResult | None] = [None] * len(records)
+            failures: list[Any] = []
+            self._begin(producer)
+            self._send(producer, snap, records, results, failures, 0)
+            self._flush(producer, failures)
+            placed = [r for r in results if r is not None]
+            if finish is not None:
+                more, offsets = finish(placed)
+                if offsets is not None:
+                    source_offsets = offsets
+                if more:
+                    extra: list[AppendResult | None] = [None] * len(more)
+                    self._send(producer, snap, more, extra, failures, 0)
+                    self._flush(producer, failures)
+                    placed.extend(r for r in extra if r is not None)
+            for name, offset in (source_offsets or {}).items():
+                self._produce(producer, self.config.offsets_topic, f"source:{name}".encode(),
+                              json.dumps(offset).encode(), 0, None, None)
+            self._commit(producer)
+            for name, offset in (source_offsets or {}).items():
+                snap.sources[name] = json.loads(json.dumps(offset))
+            return placed
+
+    def _send(self, producer: Producer, snap: _Snapshot, records: Sequence[Record],
+              results: list[AppendResult | None], failures: list[Any], base: int) -> None:
+        names: dict[str, tuple[str, int]] = {}
+        for index, record in enumerate(records):
+            found = names.get(record.topic)
+            if found is None:
+                data = snap.topics.get(record.topic)
+                if data is None:
+                    raise LogError(f"append to unknown topic {record.topic!r}",
+                                   "call ensure_topic() first (this is a bug in the caller)")
+                found = names[record.topic] = (str(data["kafka"]), int(data["partitions"]))
+            partition = partition_for(record.key, found[1])
+
+            def delivered(error: Any, message: Any, index: int = index,
+                          topic: str = record.topic) -> None:
+                if error is not None:
+                    failures.append(error)
+                else:
+                    results[index] = AppendResult(topic, message.partition(), message.offset())
+
+            self._produce(producer, found[0], record.key, record.value, partition,
+                          record.position, delivered)
+
+    def _flush(self, producer: Producer, failures: list[Any]) -> None:
+        try:
+            remaining = producer.flush(TIMEOUT * 8)
+        except KafkaException as exc:
+            self._abort(producer)
+            raise self._failure("writing records", exc) from None
+        if remaining or failures:
+            self._abort(producer)
+            error = failures[0] if failures else KafkaError(KafkaError._MSG_TIMED_OUT)
+            raise self._failure("writing records", KafkaException(error))
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+        for writer in list(self._sources.values()):
+            writer.close()
+        if self._producer is not None:
+            self._producer.flush(5)
+            self._producer = None
+        super().close()

@@ -1,0 +1,174 @@
+"""Schemas for the Kafka backend, kept in a compacted one-partition topic (``log.schemas_topic``).
+
+Each registration is one message, key ``<subject>/<id>``, value ``{"subject", "id", "schema"}``.
+Ids are unique even when several daemons register at once, without a coordinator:
+
+* a schema's candidate id is derived from its canonical text (31 bits of its SHA-256), so two
+  daemons registering the same schema pick the same id, and different schemas almost never meet;
+* the topic's order decides: the *first* message for an id fixes that id's schema. A registrant
+  writes its message (acks=all), reads the topic to its end, and if an earlier message gave the id
+  to another schema, it tries the next id. Every reader applies the same rule, so all agree.
+
+A subject's versions are its distinct schemas in the order of their first message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from cdc.errors import LogError, SchemaError
+from cdc.log.base import SchemaRegistry
+from cdc.log.schemas import RegisteredSchema, canonical
+
+TIMEOUT = 15.0
+
+
+def candidate_id(text: str) -> int:
+    """The first id tried for a schema: 31 bits of its canonical text's SHA-256 (never 0)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF or 1
+
+
+class KafkaSchemaRegistry(SchemaRegistry):
+    """The schema topic, read (and, with ``writable``, written) through Kafka."""
+
+    def __init__(self, settings: dict[str, Any], topic: str, where: str,
+                 writable: bool = False) -> None:
+        self.settings = settings
+        self.topic = topic
+        self.where = where
+        self.writable = writable
+        self._lock = threading.RLock()
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._next = 0
+        self._by_id: dict[int, RegisteredSchema] = {}
+        self._by_subject: dict[str, list[RegisteredSchema]] = {}
+        self._texts: dict[int, str] = {}
+
+    def _reader(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer({**self.settings, "group.id": "cdc-schemas",
+                                       "enable.auto.commit": False,
+                                       "isolation.level": "read_committed",
+                                       "enable.partition.eof": True,
+                                       "auto.offset.reset": "earliest"})
+        return self._consumer
+
+    def _refresh(self) -> None:
+        """Read the topic from where the last refresh stopped to its end."""
+        with self._lock:
+            consumer = self._reader()
+            partition = TopicPartition(self.topic, 0)
+            try:
+                _, end = consumer.get_watermark_offsets(partition, timeout=TIMEOUT, cached=False)
+            except KafkaException as exc:
+                raise LogError(f"Kafka log at {self.where}: cannot read the schemas topic "
+                               f"{self.topic}: {exc}",
+                               "check the brokers, and that cdc capture created the topic"
+                               ) from None
+            if end <= self._next:
+                return
+            consumer.assign([TopicPartition(self.topic, 0, self._next)])
+            deadline = time.monotonic() + 60
+            while self._next < end:
+                for message in consumer.consume(num_messages=1000, timeout=0.02):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            self._next = max(self._next, end)
+                            continue
+                        raise LogError(f"Kafka log at {self.where}: reading {self.topic}: "
+                                       f"{error.str()}", "check the brokers")
+                    self._next = (message.offset() or 0) + 1
+                    value = message.value()
+                    if value is not None:
+                        self._add(json.loads(value))
+                position = consumer.position([partition])[0].offset
+                if position >= end:
+                    self._next = max(self._next, end)
+                if time.monotonic() > deadline:
+                    raise LogError(f"Kafka log at {self.where}: reading {self.topic} made no "
+                                   "progress for 60 s", "check that the brokers are up")
+
+    def _add(self, entry: dict[str, Any]) -> None:
+        schema_id, subject = int(entry["id"]), str(entry["subject"])
+        text = canonical(entry["schema"])
+        owner = self._texts.get(schema_id)
+        if owner is not None and owner != text:
+            return  # the id was taken first by another schema: this message lost
+        self._texts[schema_id] = text
+        versions = self._by_subject.setdefault(subject, [])
+        if any(v.id == schema_id for v in versions):
+            return
+        registered = RegisteredSchema(schema_id, subject, len(versions) + 1, entry["schema"])
+        versions.append(registered)
+        self._by_id.setdefault(schema_id, registered)
+
+    def _find(self, subject: str, text: str) -> RegisteredSchema | None:
+        for registered in self._by_subject.get(subject, []):
+            if self._texts.get(registered.id) == text:
+                return registered
+        return None
+
+    def register(self, subject: str, schema: Any) -> RegisteredSchema:
+        text = canonical(schema)
+        with self._lock:
+            self._refresh()
+            found = self._find(subject, text)
+            if found is not None:
+                return found
+            if not self.writable:
+                raise SchemaError(f"schema registry {self.topic} is read-only here",
+                                  "register schemas from the capture daemon")
+            same = [i for i, t in self._texts.items() if t == text]
+            schema_id = same[0] if same else candidate_id(text)
+            for _ in range(64):
+                while self._texts.get(schema_id, text) != text:
+                    schema_id = schema_id % 0x7FFFFFFF + 1  # taken by another schema
+                self._write(subject, schema_id, schema)
+                self._refresh()
+                found = self._find(subject, text)
+                if found is not None:
+                    return found
+            raise SchemaError(f"could not register a schema for {subject} in {self.topic}",
+                              "check the brokers' logs")
+
+    def _write(self, subject: str, schema_id: int, schema: Any) -> None:
+        if self._producer is None:
+            self._producer = Producer({**self.settings, "acks": "all",
+                                       "enable.idempotence": True})
+        errors: list[Any] = []
+        self._producer.produce(self.topic, json.dumps(
+            {"subject": subject, "id": schema_id, "schema": schema}).encode(),
+            f"{subject}/{schema_id}".encode(), partition=0,
+            on_delivery=lambda error, _msg: errors.append(error) if error else None)
+        if self._producer.flush(TIMEOUT * 4) or errors:
+            raise LogError(f"Kafka log at {self.where}: registering a schema for {subject} "
+                           f"failed: {errors[0] if errors else 'timed out'}",
+                           "check the brokers, and this principal's Write on "
+                           f"{self.topic}")
+
+    def get(self, schema_id: int) -> RegisteredSchema:
+        found = self._by_id.get(schema_id)
+        if found is None:
+            self._refresh()
+            found = self._by_id.get(schema_id)
+        if found is None:
+            raise SchemaError(f"the log refers to schema id {schema_id}, which {self.topic} "
+                              "does not hold", "the schemas topic was deleted or truncated: "
+                              "rebuild the log")
+        return found
+
+    def versions(self, subject: str) -> list[RegisteredSchema]:
+        self._refresh()
+        return list(self._by_subject.get(subject, []))
+
+    def subjects(self) -> list[str]:
+        self._refresh()
+        return sorted(self._by_subject)
