@@ -117,6 +117,15 @@ def log_compact(config_path: str | None, retention: str | None) -> None:
     from cdc.log.compaction import compact
 
     config = _load(config_path)
+    if config.log.backend == "kafka":
+        make_console().print(
+            "the Kafka log is compacted by the brokers themselves: every topic cdc creates has "
+            "cleanup.policy=compact and delete.retention.ms = log.tombstone_retention "
+            f"({config.log.tombstone_retention:g} s). The broker's log cleaner rewrites closed "
+            "segments (segment.ms / segment.bytes) once their dirty ratio passes "
+            "min.cleanable.dirty.ratio; `cdc log stats` shows how many records remain.",
+            highlight=False)
+        return
     try:
         seconds = parse_duration(retention) if retention else config.log.tombstone_retention
     except ValueError as exc:
