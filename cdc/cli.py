@@ -77,7 +77,10 @@ def check_config(config_path: str | None) -> None:
     """Validate the config file and print what it means (secrets redacted)."""
     config = _load(config_path)
     console = make_console()
-    console.print(f"[green]ok[/]: log at {config.log_path} ({config.log.partitions} partitions)")
+    where = (f"Kafka at {config.log.bootstrap_servers}" if config.log.backend == "kafka"
+             else str(config.log_path))
+    console.print(f"[green]ok[/]: log at {where} ({config.log.partitions} partitions)",
+                  highlight=False)
     for source in config.sources:
         console.print(f"  source {source.name} ({source.kind}) {source.dsn}: "
                       f"{', '.join(source.tables)}", highlight=False)

@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,6 +137,27 @@ def test_parse_config_directly() -> None:
 
 def test_the_shipped_example_configs_are_valid() -> None:
     root = Path(__file__).resolve().parent.parent
-    for name in ("cdc.example.yaml", "docker/cdc.yaml"):
+    for name in ("cdc.example.yaml", "docker/cdc.yaml", "docker/cdc-kafka.yaml"):
         config = load_config(root / name)
         assert config.sources[0].name == "shop"
+
+
+def test_check_config_on_the_compose_kafka_config() -> None:
+    """docker/compose.yaml's Kafka config passes `cdc check-config` (no Docker engine runs
+    here: the check reads the file only)."""
+    root = Path(__file__).resolve().parent.parent
+    compose = (root / "docker" / "compose.yaml").read_text()
+    assert "apache/kafka" in compose and "cdc-kafka.yaml" in compose
+    result = subprocess.run([sys.executable, "-m", "cdc.cli", "check-config", "--config",
+                             str(root / "docker" / "cdc-kafka.yaml")],
+                            capture_output=True, text=True, cwd=root, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "log at Kafka at kafka:9092 (8 partitions)" in result.stdout
+
+
+def test_a_kafka_log_needs_brokers_and_no_secrets_in_client() -> None:
+    with pytest.raises(ConfigError, match="needs bootstrap_servers"):
+        parse_config({"log": {"backend": "kafka"}, "sources": []}, Path("/srv"))
+    with pytest.raises(ConfigError, match="use password_env"):
+        parse_config({"log": {"backend": "kafka", "bootstrap_servers": "b:9092",
+                              "client": {"sasl.password": "hunter2"}}, "sources": []}, Path("/"))
