@@ -147,6 +147,20 @@ def _kafka_yaml(broker: Any, prefix: str) -> dict[str, Any]:
             "transactional_id_prefix": f"cdc-{prefix}-"}
 
 
+def _wait_caught_up(settings: dict[str, Any], db: Database, timeout: float) -> None:
+    """Until the source offset in the log passes the server's current LSN as of now."""
+    target = db.current_lsn()
+
+    def caught_up() -> bool:
+        reader = reader_from(settings)
+        assert reader is not None
+        offset = reader.source_offsets().get(db.source) or {}
+        reader.close()
+        return int(offset.get("lsn", 0)) >= target
+
+    wait_for(caught_up, timeout, "capture into Kafka to catch up")
+
+
 def _latest(settings: dict[str, Any], topic: str) -> dict[str, Any]:
     from cdc.logview import fold_latest
 
@@ -172,16 +186,7 @@ def test_postgres_captured_into_kafka(kafka_broker: Any, pg_db: Database,
     wait_for(lambda: load.committed > 50, 60, "load")
     load.finish()
     settings = {**options, "path": str(tmp_path / "log")}
-    target = pg_db.current_lsn()
-
-    def caught_up() -> bool:
-        reader = reader_from(settings)
-        assert reader is not None
-        offset = reader.source_offsets().get(pg_db.source) or {}
-        reader.close()
-        return int(offset.get("lsn", 0)) >= target
-
-    wait_for(caught_up, 120, "capture into Kafka to catch up")
+    _wait_caught_up(settings, pg_db, 120)
     assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
     topic = f"{pg_db.source}.public.items"
     logged = _latest(settings, topic)
@@ -247,16 +252,7 @@ def test_sigkill_of_capture_into_kafka_loses_nothing(kafka_broker: Any, pg_db: D
     finally:
         load.finish()
     capture = Capture(config, tmp_path / "capture.log").start()
-    target = pg_db.current_lsn()
-
-    def caught_up() -> bool:
-        reader = reader_from(settings)
-        assert reader is not None
-        offset = reader.source_offsets().get(pg_db.source) or {}
-        reader.close()
-        return int(offset.get("lsn", 0)) >= target
-
-    wait_for(caught_up, 180, "capture into Kafka to catch up")
+    _wait_caught_up(settings, pg_db, 180)
     assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
     assert load.committed > 50
     figures = check_against_audit(pg_db, _events(settings, f"{pg_db.source}.public.items"))
