@@ -67,6 +67,7 @@ import redis
 from cdc.config import load_config
 from cdc.events import TableId
 from cdc.log.local import LocalChangeLogReader
+from cdc.transactions import TOPIC_SUFFIX as TRANSACTION_SUFFIX
 from sinks import open_sink
 from sinks.base import row_text
 from sinks.redis import DELETED_PREFIX, POSITION_FIELD, RedisSink
@@ -202,6 +203,8 @@ def batch_changes(log: Path, start: dict[str, Any], end: dict[str, Any]
     best: dict[tuple[str, str], tuple[bytes, int, bool]] = {}
     values: set[tuple[str, str, bytes]] = set()  # (topic, key, position) of non-tombstones
     for topic, parts in end.get("topics", {}).items():
+        if topic.endswith(f".{TRANSACTION_SUFFIX}"):
+            continue  # transaction events are not rows
         for partition, stop in parts.items():
             at = int(start.get("topics", {}).get(topic, {}).get(partition, 0))
             while at < stop:

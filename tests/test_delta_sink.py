@@ -340,7 +340,12 @@ def test_scd2_record_without_commit_time_uses_the_apply_time(tmp_path: Path) -> 
 # --------------------------------------------------------------------------- schema changes
 
 def new_store(directory: Path) -> SchemaStore:
-    directory.mkdir(parents=True, exist_ok=True)
+    """An empty change log at ``directory`` (the sink finds schemas through the log) and its
+    schema store."""
+    from cdc.log.local import LocalChangeLog
+
+    with LocalChangeLog(directory, partitions=4) as log:
+        log.append([], {"test": {"phase": "empty"}})
     return SchemaStore(directory, writable=True)
 
 

@@ -96,6 +96,7 @@ def test_background_flush_returns_offsets_once_durable(tmp_path: Path) -> None:
     commit's offset (durable by then), never one whose records are not in the log; records of
     a running commit stay visible to previous-image lookups; flush() waits for everything."""
     from cdc.avro import EventCodec
+    from cdc.log.base import CUT_KEY
     from cdc.log.schemas import SchemaStore
     from cdc.pipeline import Dispatcher
     from cdc.synthetic import Workload
@@ -118,6 +119,10 @@ def test_background_flush_returns_offsets_once_durable(tmp_path: Path) -> None:
             assert dispatcher._unlogged()[0] is running[1]  # visible to image lookups
         assert returned == [None, {"batch": 0}, {"batch": 1}, {"batch": 2}, {"batch": 3}]
         assert dispatcher.flush() == {"batch": 4}
-        assert log.source_offsets()["shop"] == {"batch": 4}
+        stored = dict(log.source_offsets()["shop"])
+        cut = stored.pop(CUT_KEY)
+        assert stored == {"batch": 4}
+        ends = log.end_offsets("shop.public.orders")  # the last checkpoint is a boundary
+        assert cut["shop.public.orders"] == {str(p): end for p, end in ends.items()}
         assert sum(log.end_offsets("shop.public.orders").values()) == dispatcher.stats.records
         assert dispatcher._inflight is None
