@@ -12,7 +12,9 @@ from cdc import shutdown  # isort: split
 
 import functools
 import json
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -36,6 +38,8 @@ def friendly_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except CdcError as exc:
+            if os.environ.get("CDC_TRACEBACK"):  # for bug reports: where the error came from
+                traceback.print_exc()
             err_console.print(f"[bold red]error:[/] {exc.problem}", highlight=False, markup=True)
             if exc.fix:
                 err_console.print(f"  [bold]fix:[/] {exc.fix}", highlight=False)

@@ -38,7 +38,7 @@ from rich.text import Text
 
 from cdc.avro import EventCodec
 from cdc.config import Config, SourceConfig
-from cdc.errors import CdcError, ConfigError
+from cdc.errors import CdcError, ConfigError, LogUnavailable
 from cdc.events import ChangeEvent, TableId, TableSchema
 from cdc.log.base import ChangeLogReader, ChangeLogWriter
 from cdc.log.open import open_writer
@@ -232,7 +232,7 @@ class StreamRunner:
 
     def run(self) -> None:
         delay = 0.2
-        retryable = self.connector.retryable()
+        retryable = self.connector.retryable() + (LogUnavailable,)
         while not self.stop.is_set():
             try:
                 self._session()
@@ -244,8 +244,9 @@ class StreamRunner:
                 if self._streamed_recently:
                     delay = 0.2  # it had been streaming: start the backoff over, once
                     self._streamed_recently = False
-                log.warning("source %s: %s; reconnecting in %.1f s", self.name,
-                            self.last_error, delay)
+                log.warning("source %s: %s; %s in %.1f s", self.name, self.last_error,
+                            "retrying the log" if isinstance(exc, LogUnavailable)
+                            else "reconnecting", delay)
                 self._status("reconnecting", force=True)
                 self.stop.wait(delay)
                 delay = min(delay * 2, 10.0)
@@ -255,6 +256,7 @@ class StreamRunner:
 
     def _session(self) -> None:
         offset = self.stored_offset()
+        self.dispatcher.resync()
         if self._unavailable_base is None:
             self._unavailable_base = offset.unavailable_images
             self.last_offset = offset

@@ -40,6 +40,12 @@ class LogError(CdcError):
     """The change log cannot be opened, written or read."""
 
 
+class LogUnavailable(LogError):
+    """The log's storage went away for a while (brokers down or unreachable). The failed call
+    committed nothing it reported; the writer resolves its own unfinished commit before it
+    next reads its source offsets, so a capture that retries resumes from what is durable."""
+
+
 class LogLockedError(LogError):
     """Another process holds the change log's writer lock."""
 

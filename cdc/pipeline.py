@@ -18,6 +18,7 @@ ends of its topics at the last boundary, so readers can stop where no transactio
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from cdc.transactions import (
     advance,
     transaction_topic,
 )
+
+log = logging.getLogger(__name__)
 
 #: a point in the buffer: (index, BEGIN / END / "CHECK", the transaction, its position)
 Marker = tuple[int, str, OpenTransaction | None, bytes]
@@ -368,12 +371,22 @@ class Dispatcher:
 
     def discard(self) -> None:
         """Forget what is buffered (it was never acknowledged; the source sends it again).
-        A commit already running in the background is waited for (it may succeed)."""
+        A commit already running in the background is waited for (it may succeed or fail:
+        either way its offset was never acknowledged). Call :meth:`resync` before adding
+        again: it reads what the log really holds (the log may be unreachable just now)."""
         try:
             self._finish_inflight()
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the source resends it
+            log.debug("source %s: the background commit failed too: %s", self.source, exc)
         finally:
             self.images.forget_all()  # it may hold images of what is discarded
             self._buffer = []
+            self._markers = []
+            self._open = None
             self._pending_offset = None
             self._oldest = None
-            self._load_cut()  # what the log really holds
+
+    def resync(self) -> None:
+        """Take the transaction cut from the log (after :meth:`discard`: whatever a failed
+        commit really left there)."""
+        self._load_cut()

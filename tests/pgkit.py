@@ -20,8 +20,8 @@ from typing import Any
 import psycopg
 
 from cdc.avro import EventCodec
-from cdc.log.local import LocalChangeLogReader
-from cdc.log.schemas import SchemaStore
+from cdc.log.base import ChangeLogReader
+from cdc.log.open import reader_from
 from cdc.position import Position, parse_lsn
 from cdc.servers.postgres import ThrowawayPostgres
 
@@ -155,10 +155,44 @@ class Capture:
         return self.process is not None and self.process.poll() is None
 
 
-def stored_offset(log: Path, source: str) -> dict[str, Any] | None:
-    if not (log / "state.json").exists():
+class ApplyProcess:
+    """``cdc apply --follower F`` (continuous) in the background."""
+
+    def __init__(self, config: Path, log_file: Path, follower: str = "cache") -> None:
+        with open(log_file, "ab") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config),
+                 "--follower", follower], stdout=err, stderr=err, cwd=PROJECT)
+        self.log_file = log_file
+
+    def terminate(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait(30)
+
+
+#: where a test's log is: a local log's directory, or log settings (``{"backend": "kafka",
+#: ...}`` as in the config, for :func:`cdc.log.open.reader_from`)
+LogAt = Path | dict[str, Any]
+
+
+def log_reader(log: LogAt) -> ChangeLogReader | None:
+    """A reader of ``log`` (None if nothing was committed to it yet); close it when done."""
+    settings = {"backend": "local", "path": str(log)} if isinstance(log, Path) else log
+    return reader_from(settings, missing_ok=True)
+
+
+def stored_offset(log: LogAt, source: str) -> dict[str, Any] | None:
+    reader = log_reader(log)
+    if reader is None:
         return None
-    offset: dict[str, Any] | None = LocalChangeLogReader(log).source_offsets().get(source)
+    try:
+        offset: dict[str, Any] | None = reader.source_offsets().get(source)
+    finally:
+        reader.close()
     return offset
 
 
@@ -172,7 +206,7 @@ def wait_for(predicate: Any, timeout: float = 60, what: str = "condition",
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def wait_caught_up(db: Database, log: Path, timeout: float = 120) -> None:
+def wait_caught_up(db: Database, log: LogAt, timeout: float = 120) -> None:
     """Until the log's stored LSN passes the server's current LSN as of now (heartbeats
     carry it past when the captured tables are idle)."""
     target = db.current_lsn()
@@ -190,12 +224,25 @@ class LoggedEvent:
     envelope: dict[str, Any] | None
 
 
-def read_topic(log: Path, topic: str) -> list[LoggedEvent]:
-    reader = LocalChangeLogReader(log)
-    codec = EventCodec(SchemaStore(log))
-    out = []
-    if topic not in {t.name for t in reader.topics()}:
+def read_topic(log: LogAt, topic: str) -> list[LoggedEvent]:
+    """Every committed record of ``topic``, partition by partition (any backend)."""
+    reader = log_reader(log)
+    out: list[LoggedEvent] = []
+    if reader is None:
         return out
+    try:
+        codec = EventCodec(reader.schemas())
+        info = reader.committed().topics.get(topic)
+        for partition in range(info.partitions if info else 0):
+            for record in reader.iter_partition(topic, partition):
+                envelope = (None if record.value is None
+                            else codec.decode_value(record.value).envelope)
+                out.append(LoggedEvent(Position.from_bytes(record.position),
+                                       record.key.decode(),
+                                       envelope["op"] if envelope else "tombstone", envelope))
+    finally:
+        reader.close()
+    return out
     for partition in range(reader.topic(topic).partitions):
         for record in reader.iter_partition(topic, partition):
             envelope = None if record.value is None else codec.decode_value(record.value).envelope

@@ -15,7 +15,7 @@ from cdc.config import LogConfig
 from cdc.errors import LogError
 from cdc.log.base import Record
 from cdc.log.kafka import KafkaChangeLog, KafkaChangeLogReader, LogFencedError, kafka_topic
-from cdc.log.open import reader_from
+from tests.kafkakit import kafka_yaml, latest
 from tests.pgkit import (
     LOAD_SCHEMA,
     Capture,
@@ -23,7 +23,9 @@ from tests.pgkit import (
     Load,
     cdc,
     output,
+    read_topic,
     table_rows,
+    wait_caught_up,
     wait_for,
     write_config,
 )
@@ -141,43 +143,12 @@ def test_a_record_larger_than_the_broker_allows(kafka_broker: Any) -> None:
 
 # --------------------------------------------------------------- PostgreSQL into Kafka, e2e
 
-def _kafka_yaml(broker: Any, prefix: str) -> dict[str, Any]:
-    return {"backend": "kafka", "bootstrap_servers": broker.bootstrap_servers,
-            "offsets_topic": f"_cdc_offsets_{prefix}", "schemas_topic": f"_cdc_schemas_{prefix}",
-            "transactional_id_prefix": f"cdc-{prefix}-"}
-
-
-def _wait_caught_up(settings: dict[str, Any], db: Database, timeout: float) -> None:
-    """Until the source offset in the log passes the server's current LSN as of now."""
-    target = db.current_lsn()
-
-    def caught_up() -> bool:
-        reader = reader_from(settings)
-        assert reader is not None
-        offset = reader.source_offsets().get(db.source) or {}
-        reader.close()
-        return int(offset.get("lsn", 0)) >= target
-
-    wait_for(caught_up, timeout, "capture into Kafka to catch up")
-
-
-def _latest(settings: dict[str, Any], topic: str) -> dict[str, Any]:
-    from cdc.logview import fold_latest
-
-    reader = reader_from(settings)
-    assert reader is not None
-    try:
-        return fold_latest(reader, topic)[1]
-    finally:
-        reader.close()
-
-
 def test_postgres_captured_into_kafka(kafka_broker: Any, pg_db: Database,
                                       tmp_path: Path) -> None:
     pg_db.execute(LOAD_SCHEMA)
     pg_db.execute("INSERT INTO items (id, v, amount, note) SELECT g, 1, g * 1.25, 'seed' "
                   "FROM generate_series(1, 500) g")
-    options = _kafka_yaml(kafka_broker, uuid.uuid4().hex[:6])
+    options = kafka_yaml(kafka_broker)
     config = write_config(tmp_path, pg_db, ["public.items"], log_options=options)
     result = cdc("bootstrap", "--config", str(config))
     assert result.returncode == 0, output(result)
@@ -186,10 +157,10 @@ def test_postgres_captured_into_kafka(kafka_broker: Any, pg_db: Database,
     wait_for(lambda: load.committed > 50, 60, "load")
     load.finish()
     settings = {**options, "path": str(tmp_path / "log")}
-    _wait_caught_up(settings, pg_db, 120)
+    wait_caught_up(pg_db, settings, 120)
     assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
     topic = f"{pg_db.source}.public.items"
-    logged = _latest(settings, topic)
+    logged = latest(settings, topic)
     table = table_rows(pg_db, "items")
     assert set(logged) == set(table)
     for key, row in logged.items():
@@ -202,26 +173,6 @@ def test_postgres_captured_into_kafka(kafka_broker: Any, pg_db: Database,
     assert dump.returncode == 0 and dump.stdout.count("\n") >= 500
     status = cdc("status", "--config", str(config), "--json")
     assert status.returncode == 0, output(status)
-
-
-def _events(settings: dict[str, Any], topic: str) -> list[Any]:
-    """Every committed record of ``topic`` as pgkit's LoggedEvent (any backend)."""
-    from cdc.avro import EventCodec
-    from cdc.position import Position
-    from tests.pgkit import LoggedEvent
-
-    reader = reader_from(settings)
-    assert reader is not None
-    codec = EventCodec(reader.schemas())
-    out = []
-    info = reader.committed().topics.get(topic)
-    for partition in range(info.partitions if info else 0):
-        for record in reader.iter_partition(topic, partition):
-            envelope = None if record.value is None else codec.decode_value(record.value).envelope
-            out.append(LoggedEvent(Position.from_bytes(record.position), record.key.decode(),
-                                   envelope["op"] if envelope else "tombstone", envelope))
-    reader.close()
-    return out
 
 
 def test_sigkill_of_capture_into_kafka_loses_nothing(kafka_broker: Any, pg_db: Database,
@@ -238,7 +189,7 @@ def test_sigkill_of_capture_into_kafka_loses_nothing(kafka_broker: Any, pg_db: D
     pg_db.execute("INSERT INTO items (id, v, amount, note) SELECT g, 1, g * 1.25, 'seed' "
                   "FROM generate_series(1, 200) g")
     pg_db.execute("INSERT INTO audit (id, v, op) SELECT g, 1, 'c' FROM generate_series(1, 200) g")
-    options = _kafka_yaml(kafka_broker, uuid.uuid4().hex[:6])
+    options = kafka_yaml(kafka_broker)
     config = write_config(tmp_path, pg_db, ["public.items"], log_options=options)
     assert cdc("bootstrap", "--config", str(config)).returncode == 0
     settings = {**options, "path": str(tmp_path / "log")}
@@ -252,8 +203,8 @@ def test_sigkill_of_capture_into_kafka_loses_nothing(kafka_broker: Any, pg_db: D
     finally:
         load.finish()
     capture = Capture(config, tmp_path / "capture.log").start()
-    _wait_caught_up(settings, pg_db, 180)
+    wait_caught_up(pg_db, settings, 180)
     assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
     assert load.committed > 50
-    figures = check_against_audit(pg_db, _events(settings, f"{pg_db.source}.public.items"))
+    figures = check_against_audit(pg_db, read_topic(settings, f"{pg_db.source}.public.items"))
     assert figures

@@ -14,9 +14,6 @@
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +25,7 @@ from cdc.events import TableId
 from cdc.verify import chunk_checksum, row_digest_text
 from sinks.base import canonical_text, row_text
 from tests import test_pg_types as types_test
-from tests.pgkit import PROJECT, Capture, Database, cdc, output, write_config
+from tests.pgkit import ApplyProcess, Capture, Database, cdc, output, write_config
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -119,25 +116,6 @@ def test_sql_canonical_text_equals_the_snapshot_json_form(pg_db: Database) -> No
 
 
 # ---------------------------------------------------------------------------- end to end
-
-class ApplyProcess:
-    """``cdc apply --follower cache`` (continuous) in the background."""
-
-    def __init__(self, config: Path, log_file: Path) -> None:
-        with open(log_file, "ab") as err:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config),
-                 "--follower", "cache"], stdout=err, stderr=err, cwd=PROJECT)
-        self.log_file = log_file
-
-    def terminate(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait(30)
-
 
 SCHEMA = """
 CREATE TABLE items (id int PRIMARY KEY, v int NOT NULL, amount numeric(12,2), note text,

@@ -52,7 +52,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from cdc.config import LogConfig
-from cdc.errors import LogError
+from cdc.errors import LogError, LogUnavailable
 from cdc.log.base import (
     AppendResult,
     ChangeLogReader,
@@ -69,6 +69,35 @@ from cdc.log.partitioner import partition_for
 POSITION_HEADER = "cdc.position"
 #: librdkafka's own log lines go here (not to stderr)
 _CLIENT_LOG = logging.getLogger("cdc.kafka.client")
+
+
+class _QuietClient(logging.Filter):
+    """librdkafka repeats itself while brokers are down (a line per connection attempt per
+    client): one line per kind of message per :attr:`every` seconds, the rest dropped; its
+    notes that a setting belongs to the other kind of client are dropped (``log.client`` goes
+    to every client)."""
+
+    every = 30.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "will be ignored by this" in text:
+            return False
+        kind = re.sub(r"\d+", "#", text)
+        now = time.monotonic()
+        if now - self._seen.get(kind, -self.every) < self.every:
+            return False
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        self._seen[kind] = now
+        return True
+
+
+_CLIENT_LOG.addFilter(_QuietClient())
 _LEGAL = re.compile(r"[^A-Za-z0-9._-]")
 #: how long a metadata request may take before the brokers count as unreachable
 TIMEOUT = 15.0
@@ -100,11 +129,29 @@ def client_settings(config: LogConfig) -> dict[str, Any]:
     return settings
 
 
+#: errors meaning "the brokers went away for a while": a capture waits and retries
+_TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+              KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
+              KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+              KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
+              KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.LEADER_NOT_AVAILABLE,
+              KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.CONCURRENT_TRANSACTIONS,
+              KafkaError._RESOLVE, KafkaError.NETWORK_EXCEPTION, KafkaError._TIMED_OUT_QUEUE,
+              KafkaError.BROKER_NOT_AVAILABLE, KafkaError._WAIT_COORD,
+              KafkaError._DESTROY_BROKER}  # a broker's connection torn down mid-request
+
+
 def kafka_error(action: str, error: Any, where: str) -> LogError:
-    """A :class:`LogError` naming the problem and the fix for a Kafka error."""
+    """A :class:`LogError` naming the problem and the fix for a Kafka error
+    (:class:`~cdc.errors.LogUnavailable` when the brokers went away for a while)."""
     err = error.args[0] if isinstance(error, KafkaException) and error.args else error
     code = err.code() if isinstance(err, KafkaError) else None
     text = err.str() if isinstance(err, KafkaError) else str(err)
+    if code in _TRANSIENT or (isinstance(err, KafkaError) and err.retriable()
+                              and "AUTHORIZATION" not in str(err.name())):
+        return LogUnavailable(f"Kafka log at {where}: {action} failed: {text}",
+                              "check that the brokers are up and reachable "
+                              "(log.bootstrap_servers)")
     fixes = {
         KafkaError._TRANSPORT: "check log.bootstrap_servers and that the brokers are up",
         KafkaError._ALL_BROKERS_DOWN: "check log.bootstrap_servers and that the brokers are up",
@@ -203,8 +250,19 @@ class KafkaChangeLogReader(ChangeLogReader):
             if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
                         KafkaError._UNKNOWN_TOPIC):
                 return None
-            raise kafka_error(f"reading the end of {kafka_name}", exc, self.where) from None
+            raise self._read_failure(f"reading the end of {kafka_name}", exc) from None
         return int(high)
+
+    def _read_failure(self, action: str, error: Any) -> LogError:
+        """The error for a failed read; after an outage the consumer is made anew."""
+        failure = kafka_error(action, error, self.where)
+        if isinstance(failure, LogUnavailable):
+            with self._lock:
+                consumer, self._consumer = self._consumer, None
+            if consumer is not None:
+                with contextlib.suppress(KafkaException, RuntimeError):
+                    consumer.close()
+        return failure
 
     def _consume(self, kafka_name: str, partition: int, start: int, end: int,
                  limit: int | None = None) -> list[Any]:
@@ -222,7 +280,7 @@ class KafkaChangeLogReader(ChangeLogReader):
                     if error.code() == KafkaError._PARTITION_EOF:
                         done = True
                         continue
-                    raise kafka_error(f"reading {kafka_name}", error, self.where)
+                    raise self._read_failure(f"reading {kafka_name}", error)
                 if (message.offset() or 0) >= end:
                     done = True
                     break
@@ -236,7 +294,7 @@ class KafkaChangeLogReader(ChangeLogReader):
             if position >= end:
                 break
             if time.monotonic() > deadline:
-                raise LogError(f"Kafka log at {self.where}: reading {kafka_name} partition "
+                raise LogUnavailable(f"Kafka log at {self.where}: reading {kafka_name} partition "
                                f"{partition} from offset {start} made no progress for 60 s",
                                "check that the brokers are up")
         return out
@@ -356,8 +414,18 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         self._sources: dict[str, KafkaChangeLog] = {}
         self._closed = False
         self._parent = parent
+        #: a commit failed on an outage: its outcome is unknown until the producer is renewed
+        self._unresolved = False
         if parent is None:
             self._create_internal_topics()
+
+    def source_offsets(self) -> dict[str, Any]:
+        """As committed — after this writer's own unfinished transaction, if an outage left
+        one, was resolved (renewing the producer makes the coordinator finish or abort it)."""
+        if self._unresolved:
+            with self._mutex:
+                self._open_producer()
+        return super().source_offsets()
 
     # -- topics ------------------------------------------------------------------------------
     def _topic_config(self, compact_only: bool = False) -> dict[str, str]:
@@ -479,6 +547,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                 raise kafka_error(f"starting the transactional producer {txn_id}", exc,
                                   self.where) from None
             self._producer = producer
+            self._unresolved = False
         return self._producer
 
     def _transaction(self, messages: Sequence[tuple[str, bytes, bytes]]) -> None:
@@ -535,7 +604,13 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                 "was refused",
                 "run one `cdc capture` per source; a `cdc bootstrap` of a source stops its "
                 "capture on purpose")
-        return kafka_error(action, exc, self.where)
+        failure = kafka_error(action, exc, self.where)
+        if isinstance(failure, LogUnavailable) and self._producer is not None:
+            with contextlib.suppress(KafkaException):  # start over with a new epoch
+                self._producer.purge(in_queue=True, in_flight=True)
+            self._producer = None
+            self._unresolved = True
+        return failure
 
     def append(self, records: Sequence[Record], source_offsets: Mapping[str, Any] | None = None,
                finish: Finisher | None = None) -> list[AppendResult]:

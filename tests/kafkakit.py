@@ -1,0 +1,30 @@
+"""Helpers for tests of the Kafka log: config options with names of a test's own, and the
+latest row per key as a Kafka log holds it."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from tests.pgkit import LogAt, log_reader
+
+
+def kafka_yaml(broker: Any, prefix: str | None = None) -> dict[str, Any]:
+    """``log:`` options for ``broker`` with internal topics and transactional ids of a test's own
+    (so tests sharing one broker never see each other's sources)."""
+    prefix = prefix or uuid.uuid4().hex[:6]
+    return {"backend": "kafka", "bootstrap_servers": broker.bootstrap_servers,
+            "offsets_topic": f"_cdc_offsets_{prefix}", "schemas_topic": f"_cdc_schemas_{prefix}",
+            "transactional_id_prefix": f"cdc-{prefix}-"}
+
+
+def latest(log: LogAt, topic: str) -> dict[str, Any]:
+    """The latest row per key (key text -> row) of ``topic``; deleted keys left out."""
+    from cdc.logview import fold_latest
+
+    reader = log_reader(log)
+    assert reader is not None
+    try:
+        return fold_latest(reader, topic)[1]
+    finally:
+        reader.close()
