@@ -117,10 +117,13 @@ def log_stats(config_path: str | None, as_json: bool) -> None:
 @config_option
 @click.option("--retention", default=None,
               help="Tombstone retention, e.g. 24h (default: log.tombstone_retention).")
+@click.option("--wait", "wait_for", is_flag=True,
+              help="Kafka: wait until the brokers dropped every row record superseded now.")
+@click.option("--timeout", default="10m", show_default=True, help="How long --wait waits.")
 @friendly_errors
-def log_compact(config_path: str | None, retention: str | None) -> None:
+def log_compact(config_path: str | None, retention: str | None, wait_for: bool,
+                timeout: str) -> None:
     """Keep the latest record per key; drop tombstones older than the retention."""
-    from cdc.config import parse_duration
     from cdc.log.compaction import compact
 
     config = _load(config_path)
@@ -130,13 +133,13 @@ def log_compact(config_path: str | None, retention: str | None) -> None:
             "cleanup.policy=compact and delete.retention.ms = log.tombstone_retention "
             f"({config.log.tombstone_retention:g} s). The broker's log cleaner rewrites closed "
             "segments (segment.ms / segment.bytes) once their dirty ratio passes "
-            "min.cleanable.dirty.ratio; `cdc log stats` shows how many records remain.",
-            highlight=False)
+            "min.cleanable.dirty.ratio (log.topic_config sets both); `cdc log stats` shows how "
+            "many records remain.", highlight=False)
+        if wait_for:
+            _wait_for_broker_compaction(config, _duration("--timeout", timeout))
         return
-    try:
-        seconds = parse_duration(retention) if retention else config.log.tombstone_retention
-    except ValueError as exc:
-        raise CdcError(f"--retention: {exc}", "e.g. --retention 24h") from None
+    seconds = _duration("--retention", retention) if retention else \
+        config.log.tombstone_retention
     report = compact(config.log_path, seconds)
     table = Table(title="compaction", show_header=False)
     table.add_row("mode", "offline (active segments rolled)" if report.offline
@@ -147,6 +150,60 @@ def log_compact(config_path: str | None, retention: str | None) -> None:
     table.add_row("bytes", f"{report.bytes_before:,} -> {report.bytes_after:,}")
     table.add_row("seconds", f"{report.seconds:.3f}")
     make_console().print(table)
+
+
+def _duration(option: str, text: str) -> float:
+    from cdc.config import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise CdcError(f"{option}: {exc}", f"e.g. {option} 10m") from None
+
+
+def _wait_for_broker_compaction(config: Config, timeout: float) -> None:
+    """Until every record superseded when called is gone from the Kafka topics."""
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from cdc.errors import LogError
+    from cdc.log.open import must_read
+    from cdc.logview import still_present, superseded
+    from cdc.transactions import is_transaction_topic
+
+    reader = must_read(config)
+    try:
+        # transaction topics left out: an END replaces its BEGIN (one key), and the newest
+        # END sits in the active segment until the next transaction rolls it
+        pending = {t.name: superseded(reader, t.name) for t in reader.topics()
+                   if not is_transaction_topic(t.meta)}
+        pending = {name: parts for name, parts in pending.items() if parts}
+        total = sum(len(o) for parts in pending.values() for o in parts.values())
+        deadline = time.monotonic() + timeout
+        with Progress(TextColumn("compaction"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("superseded records dropped"), console=err_console) as bar:
+            task = bar.add_task("compaction", total=total)
+            while pending:
+                pending = {name: left for name, parts in pending.items()
+                           if (left := still_present(reader, name, parts))}
+                left_now = sum(len(o) for parts in pending.values() for o in parts.values())
+                bar.update(task, completed=total - left_now)
+                if not pending:
+                    break
+                if time.monotonic() > deadline:
+                    raise LogError(
+                        f"after {timeout:g} s the brokers still hold {left_now:,} superseded "
+                        f"records in {', '.join(sorted(pending))}",
+                        "the cleaner leaves a partition's active segment alone until "
+                        "segment.ms / segment.bytes roll it, and starts only past "
+                        "min.cleanable.dirty.ratio: lower them in log.topic_config, or wait "
+                        "longer (--timeout)")
+                time.sleep(1.0)
+    finally:
+        reader.close()
+    make_console().print(f"the brokers dropped all {total:,} records superseded at the start",
+                         highlight=False)
 
 
 @log_group.command("dump")

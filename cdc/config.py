@@ -168,6 +168,10 @@ class LogConfig(_Strict):
     client: dict[str, str | int | bool] = Field(default_factory=dict)
     #: kafka: name of an environment variable holding ``sasl.password``
     password_env: str | None = None
+    #: kafka: extra settings of the topics cdc creates (``segment.ms``,
+    #: ``min.cleanable.dirty.ratio``, ``max.message.bytes`` ...); ``cleanup.policy`` is always
+    #: ``compact`` and ``delete.retention.ms`` comes from ``tombstone_retention``
+    topic_config: dict[str, str | int | float] = Field(default_factory=dict)
     partitions: int = Field(8, ge=1, le=4096)
     segment_bytes: Size = Field(64 * 1024**2, ge=4096)
     #: group commit: an append waits at most this long for company before it is made durable
@@ -189,6 +193,11 @@ class LogConfig(_Strict):
             if secret:
                 raise ValueError(f"client: {secret} would put a secret in the config file; "
                                  "use password_env (sasl.password) instead")
+            fixed = sorted({"cleanup.policy", "delete.retention.ms"} & set(self.topic_config))
+            if fixed:
+                raise ValueError(f"topic_config: {fixed} cannot be set: the log's topics are "
+                                 "always compacted, and tombstones are kept for "
+                                 "tombstone_retention (set that instead)")
         return self
 
 

@@ -111,3 +111,32 @@ def fold_latest(reader: ChangeLogReader, topic: str
             if current is None or not position < current[0]:
                 latest[key] = (position, row)
     return counts, {key: row for key, (_, row) in latest.items() if row is not None}
+
+
+def superseded(reader: ChangeLogReader, topic: str) -> dict[int, set[int]]:
+    """Per partition, the offsets of ``topic``'s records that a later record of the same key
+    replaces: what compaction drops (tombstones past their retention aside)."""
+    info = reader.committed().topics.get(topic)
+    out: dict[int, set[int]] = {}
+    for partition in range(info.partitions if info else 0):
+        last: dict[bytes, int] = {}
+        replaced: set[int] = set()
+        for record in reader.iter_partition(topic, partition):
+            before = last.get(record.key)
+            if before is not None:
+                replaced.add(before)
+            last[record.key] = record.offset
+        if replaced:
+            out[partition] = replaced
+    return out
+
+
+def still_present(reader: ChangeLogReader, topic: str, offsets: dict[int, set[int]]
+                  ) -> dict[int, set[int]]:
+    """Which of ``offsets`` (per partition) ``topic`` still holds."""
+    out: dict[int, set[int]] = {}
+    for partition, wanted in offsets.items():
+        held = {r.offset for r in reader.iter_partition(topic, partition)} & wanted
+        if held:
+            out[partition] = held
+    return out

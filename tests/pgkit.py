@@ -438,3 +438,21 @@ def _content(event: LoggedEvent) -> Any:
     for volatile in ("ts_ms", "ts_us", "ts_ns"):
         envelope.pop(volatile, None)
     return envelope
+
+
+def assert_follower_equals_log_and_table(sink: Any, db: Database, log: LogAt, topic: str,
+                                         table: str = "public.items") -> int:
+    """Redis holds exactly the table's keys, each row equal (as text) to the log's newest
+    image of that key, whose v and note equal the table's. Returns the row count."""
+    from sinks.base import row_text
+
+    expected = latest_rows(read_topic(log, topic))
+    rows = table_rows(db, table)
+    held_keys = set(sink.keys(topic))
+    assert held_keys == set(rows), (sorted(held_keys - set(rows))[:5],
+                                     sorted(set(rows) - held_keys)[:5])
+    held = sink.read(topic, sorted(held_keys))
+    for key, row in rows.items():
+        assert held[key] == row_text(expected[key]), key
+        assert (int(held[key]["v"]), held[key].get("note")) == (row["v"], row["note"]), key
+    return len(rows)

@@ -31,11 +31,11 @@ from tests.pgkit import (
     PROJECT,
     Capture,
     Load,
+    assert_follower_equals_log_and_table,
     cdc,
     latest_rows,
     output,
     read_topic,
-    table_rows,
     wait_caught_up,
     wait_for,
     write_config,
@@ -165,22 +165,6 @@ def redis_state(sink: RedisSink) -> dict[str, Any]:
         kind = sink.client.type(name)
         out[name] = sink.client.hgetall(name) if kind == "hash" else sink.client.get(name)
     return out
-
-
-def assert_follower_equals_log_and_table(sink: RedisSink, db: Any, log: Path,
-                                         topic: str) -> int:
-    """Redis holds exactly the table's keys, each row equal (as text) to the log's newest
-    image of that key, whose v and note equal the table's. Returns the row count."""
-    expected = latest_rows(read_topic(log, topic))
-    table = table_rows(db, ITEMS)
-    held_keys = set(sink.keys(topic))
-    assert held_keys == set(table), (sorted(held_keys - set(table))[:5],
-                                     sorted(set(table) - held_keys)[:5])
-    held = sink.read(topic, sorted(held_keys))
-    for key, row in table.items():
-        assert held[key] == row_text(expected[key]), key
-        assert (int(held[key]["v"]), held[key].get("note")) == (row["v"], row["note"]), key
-    return len(table)
 
 
 def test_apply_once_from_postgres_capture(tmp_path: Path, pg_db: Any, redis_url: str,

@@ -162,3 +162,15 @@ def test_a_kafka_log_needs_brokers_and_no_secrets_in_client() -> None:
         parse_config({"log": {"backend": "kafka", "bootstrap_servers": "b:9092",
                               "client": {"sasl.password": "hunter2"}}, "sources": []}, Path("/"))
     assert "hunter2" not in str(raised.value)
+
+
+def test_topic_config_cannot_undo_compaction_or_the_tombstone_retention() -> None:
+    base = {"backend": "kafka", "bootstrap_servers": "b:9092"}
+    for setting in ("cleanup.policy", "delete.retention.ms"):
+        with pytest.raises(ConfigError, match="always compacted") as raised:
+            parse_config({"log": {**base, "topic_config": {setting: "delete"}}, "sources": []},
+                         Path("/"))
+        assert setting in str(raised.value)
+    config = parse_config({"log": {**base, "topic_config": {"segment.ms": 1000}},
+                           "sources": []}, Path("/"))
+    assert config.log.topic_config == {"segment.ms": 1000}

@@ -21,7 +21,9 @@ from tests.pgkit import (
     Capture,
     Database,
     Load,
+    assert_follower_equals_log_and_table,
     cdc,
+    log_reader,
     output,
     read_topic,
     table_rows,
@@ -208,3 +210,61 @@ def test_sigkill_of_capture_into_kafka_loses_nothing(kafka_broker: Any, pg_db: D
     assert load.committed > 50
     figures = check_against_audit(pg_db, read_topic(settings, f"{pg_db.source}.public.items"))
     assert figures
+
+
+def test_brokers_compact_the_log_and_a_new_follower_from_offset_0_equals_the_leader(
+        kafka_broker: Any, pg_db: Database, tmp_path: Path, redis_url: str) -> None:
+    """Topics made with segment.ms 1 s and dirty ratio 0.01 (log.topic_config): after updates
+    and deletes, `cdc log compact --wait` sees the broker's cleaner drop every superseded record
+    (deadline 90 s); then `cdc apply --once` builds a new Redis follower from offset 0 of the
+    compacted topics, and it equals the table — deleted keys absent (their tombstones kept)."""
+    import time
+
+    from cdc.config import load_config
+    from sinks import open_sink
+
+    pg_db.execute(LOAD_SCHEMA)
+    pg_db.execute("INSERT INTO items (id, v, amount, note) SELECT g, 1, g * 1.25, 'seed' "
+                  "FROM generate_series(1, 200) g")
+    options = {**kafka_yaml(kafka_broker), "tombstone_retention": "1h",
+               "topic_config": {"segment.ms": 1000, "min.cleanable.dirty.ratio": 0.01,
+                                "min.compaction.lag.ms": 0}}
+    followers = f"followers:\n  cache:\n    kind: redis\n    url: {redis_url}\n"
+    config = write_config(tmp_path, pg_db, ["public.items"], log_options=options,
+                          extra=followers)
+    assert cdc("bootstrap", "--config", str(config)).returncode == 0
+    settings = {**options, "path": str(tmp_path / "log")}
+    topic = f"{pg_db.source}.public.items"
+    capture = Capture(config, tmp_path / "capture.log").start()
+    try:
+        for round_ in range(3):
+            pg_db.execute(f"UPDATE items SET v = v + 1, note = 'round {round_}'")
+        pg_db.execute("DELETE FROM items WHERE id % 10 = 0")
+        wait_caught_up(pg_db, settings, 120)
+        time.sleep(1.5)  # past segment.ms: the next records roll every partition's segment
+        pg_db.execute("INSERT INTO items (id, v, note) SELECT g, 1, 'new' "
+                      "FROM generate_series(1001, 1060) g")
+        wait_caught_up(pg_db, settings, 120)
+    finally:
+        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
+    reader = log_reader(settings)
+    assert reader is not None
+    appended = sum(reader.end_offsets(topic).values())  # offsets are kept by compaction
+    reader.close()
+    compacted = cdc("log", "compact", "--config", str(config), "--wait", "--timeout", "90s",
+                    timeout=200)
+    assert compacted.returncode == 0, output(compacted)
+    assert "the brokers dropped all" in compacted.stdout
+    events = read_topic(settings, topic)
+    keys = [event.key for event in events]
+    assert appended >= 900 and len(events) < appended - 500  # 3 rounds of updates dropped
+    deleted = {json.dumps({"id": i}, separators=(",", ":")) for i in range(10, 201, 10)}
+    # one record per key: a deleted key keeps only its tombstone (until the retention)
+    assert len(keys) == len(set(keys)) == 240 + len(deleted)
+    assert {e.key for e in events if e.op == "tombstone"} == deleted
+
+    applied = cdc("apply", "--config", str(config), "--follower", "cache", "--once",
+                  timeout=600)
+    assert applied.returncode == 0, output(applied)
+    sink = open_sink(load_config(config), "cache")
+    assert assert_follower_equals_log_and_table(sink, pg_db, settings, topic) == 240

@@ -431,6 +431,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
     def _topic_config(self, compact_only: bool = False) -> dict[str, str]:
         config = {"cleanup.policy": "compact"}
         if not compact_only:
+            config.update({k: str(v) for k, v in self.config.topic_config.items()})
             config["delete.retention.ms"] = str(int(self.config.tombstone_retention * 1000))
         if self.config.min_insync_replicas is not None:
             config["min.insync.replicas"] = str(self.config.min_insync_replicas)
