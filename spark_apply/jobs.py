@@ -37,8 +37,11 @@ from rich.table import Table
 
 from cdc.config import Config
 from cdc.errors import CdcError, LogError
-from cdc.log.open import log_settings
+from cdc.log.base import stale_partitions
+from cdc.log.open import log_settings, must_read
+from cdc.transactions import is_transaction_topic
 from sinks.base import Sink
+from spark_apply.checkpoint import resume_offsets
 from spark_apply.latency import LatencyHistogram, format_seconds
 
 log = logging.getLogger(__name__)
@@ -243,6 +246,7 @@ class ApplyJob:
         topics = list(self.config.follower_topics(name)) if follower.tables else None
         handler = BatchHandler(self.sinks[name], self.progress[name], topics)
         checkpoint = self.checkpoint(name)
+        refuse_if_stale(self.config, name, checkpoint)  # again: a restart may come much later
         try:
             checkpoint.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -372,6 +376,39 @@ def start_spark() -> Any:
                        "installs it) and that the machine has ~1.5 GB of free memory") from None
 
 
+class FollowerStaleError(CdcError):
+    """A follower stopped for longer than the log keeps tombstones: it must be rebuilt."""
+
+
+def refuse_if_stale(config: Config, name: str, checkpoint: Path) -> None:
+    """Raise :class:`FollowerStaleError` if follower ``name`` would resume behind what the log
+    still guarantees (:func:`cdc.log.base.stale_partitions`)."""
+    resume = resume_offsets(checkpoint)
+    if resume is None:
+        return
+    reader = must_read(config)
+    try:
+        topics = reader.committed().topics
+        rows = {topic: parts for topic, parts in resume.get("topics", {}).items()
+                if topic in topics and not is_transaction_topic(topics[topic].meta)}
+        stale = stale_partitions(reader, rows, int(time.time() * 1000))
+    finally:
+        reader.close()
+    if not stale:
+        return
+    first = stale[0]
+    age = (time.time() * 1000 - first.appended_ms) / 1000
+    raise FollowerStaleError(
+        f"follower {name} stopped too long ago: it would resume {first.topic} partition "
+        f"{first.partition} at offset {first.resume}, and the next record there was appended "
+        f"{age / 3600:.1f} h ago, longer than the log keeps tombstones "
+        f"({first.retention / 3600:g} h); deletes it never saw may be compacted away "
+        f"({len(stale)} partition(s) so)",
+        f"rebuild this follower: stop `cdc apply`, empty the follower and delete its checkpoint "
+        f"{checkpoint}, then run `cdc apply` (it reads the log from offset 0); raise "
+        "log.tombstone_retention if followers may stop this long")
+
+
 def run_apply(config: Config, names: Sequence[str], once: bool, console: Console | None,
               stop: threading.Event | None = None) -> ApplyJob:
     """Prepare, start the SparkSession and the queries, wait, stop. ``stop`` (set by a
@@ -383,6 +420,8 @@ def run_apply(config: Config, names: Sequence[str], once: bool, console: Console
     try:
         if job.stop.is_set():
             return job
+        for name in job.names:  # before Spark starts: a stale follower is refused at once
+            refuse_if_stale(config, name, job.checkpoint(name))
         spark = start_spark()
         if job.stop.is_set():
             return job

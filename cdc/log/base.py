@@ -254,3 +254,50 @@ class ChangeLogWriter(ChangeLogReader):
 
 #: see :meth:`ChangeLogWriter.append`: where ``records`` landed -> (more records, offsets)
 Finisher = Callable[[Sequence[AppendResult]], tuple[Sequence[Record], Mapping[str, Any] | None]]
+
+
+@dataclass(frozen=True)
+class StalePartition:
+    """A partition where a reader would resume behind what the log still guarantees (see
+    :func:`stale_partitions`)."""
+
+    topic: str
+    partition: int
+    #: where the reader resumes
+    resume: int
+    #: the first record it would read, and when that was appended (ms since the epoch)
+    first_unread: int
+    appended_ms: int
+    retention: float
+
+
+def stale_partitions(reader: ChangeLogReader, resume: Mapping[str, Mapping[str, int]],
+                     now_ms: int) -> list[StalePartition]:
+    """Partitions where a reader resuming at ``resume`` (topic -> partition (as text) ->
+    offset) may have missed deletes.
+
+    Compaction drops a tombstone once it is older than the topic's tombstone retention (Kafka:
+    no sooner). A reader resuming at offset ``f > 0`` has read nothing from ``f`` on. If the
+    first record the log still holds at or after ``f`` was appended more than the retention
+    ago, so was everything between ``f`` and it (offsets grow with append time): tombstones
+    among those may be gone, and with them deletes this reader never saw. ``f == 0`` is never
+    stale: from offset 0 a compacted log yields exactly the latest state of every key it holds,
+    and nothing of the others.
+
+    What it cannot see: unread records that compaction already removed *entirely* leave no age
+    behind. A reader whose unread old records were all superseded or dropped (while newer ones
+    follow) is not flagged; readers should not stop for longer than the retention.
+    """
+    out: list[StalePartition] = []
+    for topic, parts in resume.items():
+        started = {int(p): int(f) for p, f in parts.items() if int(f) > 0}
+        if not started:
+            continue
+        retention = reader.tombstone_retention(topic)
+        oldest_ok = now_ms - int(retention * 1000)
+        for partition, offset in sorted(started.items()):
+            first = reader.read(topic, partition, offset, 1)
+            if first and first[0].timestamp_ms < oldest_ok:
+                out.append(StalePartition(topic, partition, offset, first[0].offset,
+                                          first[0].timestamp_ms, retention))
+    return out
