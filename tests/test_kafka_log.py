@@ -175,6 +175,59 @@ def test_postgres_captured_into_kafka(kafka_broker: Any, pg_db: Database,
     assert dump.returncode == 0 and dump.stdout.count("\n") >= 500
     status = cdc("status", "--config", str(config), "--json")
     assert status.returncode == 0, output(status)
+    dumped = [json.loads(line) for line in dump.stdout.splitlines()]
+    _check_a_foreign_consumer_decodes(kafka_broker, options, topic, dumped)
+
+
+def _check_a_foreign_consumer_decodes(broker: Any, options: dict[str, Any], topic: str,
+                                      dumped: list[dict[str, Any]]) -> None:
+    """Interop: confluent-kafka's own AvroDeserializer, with schemas read from our schemas topic
+    by a plain consumer, decodes every value of ``topic`` to what `cdc log dump` printed."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+    def consume(name: str) -> list[Any]:
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers,
+                             "group.id": f"foreign-{uuid.uuid4().hex[:6]}",
+                             "isolation.level": "read_committed",
+                             "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+        partitions = consumer.list_topics(name, timeout=10).topics[name].partitions
+        consumer.assign([TopicPartition(name, p, 0) for p in partitions])
+        out, ended = [], set()
+        while len(ended) < len(partitions):
+            for message in consumer.consume(500, timeout=1.0):
+                if message.error():
+                    ended.add(message.partition())
+                else:
+                    out.append(message)
+        consumer.close()
+        return out
+
+    schemas: dict[int, str] = {}
+    for message in consume(options["schemas_topic"]):  # the first message for an id wins
+        entry = json.loads(message.value())
+        schemas.setdefault(int(entry["id"]), json.dumps(entry["schema"]))
+
+    class TopicRegistry:  # what AvroDeserializer asks a Schema Registry client
+        def get_schema(self, schema_id: int, *args: Any, **kwargs: Any) -> Schema:
+            return Schema(schemas[schema_id], "AVRO")
+
+        def config(self) -> dict[str, Any]:
+            return {}
+
+    decode = AvroDeserializer(TopicRegistry())  # type: ignore[arg-type]
+    by_offset = {(d["partition"], d["offset"]): d["value"] for d in dumped if d["topic"] == topic}
+    decoded = {(m.partition(), m.offset()): decode(m.value()) for m in consume(topic)}
+    assert len(decoded) == len(by_offset) > 500
+    for at, value in decoded.items():
+        ours = by_offset[at]
+        if value is None:
+            assert ours is None
+            continue
+        assert value["op"] == ours["op"] and value["source"]["lsn"] == ours["source"]["lsn"]
+        for image in ("before", "after"):
+            assert json.loads(json.dumps(value[image], default=str)) == ours[image], (at, image)
 
 
 def test_sigkill_of_capture_into_kafka_loses_nothing(kafka_broker: Any, pg_db: Database,
@@ -268,3 +321,46 @@ def test_brokers_compact_the_log_and_a_new_follower_from_offset_0_equals_the_lea
     assert applied.returncode == 0, output(applied)
     sink = open_sink(load_config(config), "cache")
     assert assert_follower_equals_log_and_table(sink, pg_db, settings, topic) == 240
+
+
+def test_authentication_and_authorization_errors_name_the_fix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker with a SASL/PLAIN listener and the standard authorizer (no ACLs: only the
+    broker's own PLAINTEXT principal is a super user): a wrong password and a principal without
+    ACLs each give a LogError with the fix, and the password never shows."""
+    from cdc.servers.kafka import ThrowawayKafka
+    from cdc.servers.postgres import free_port
+
+    port, sasl_port, controller = free_port(), free_port(), free_port()
+    jaas = ('org.apache.kafka.common.security.plain.PlainLoginModule required '
+            'username="admin" password="admin-pw" user_admin="admin-pw" '
+            'user_alice="alice-Secret-42";')
+    overrides = {
+        "listeners": (f"PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
+                      f"CONTROLLER://127.0.0.1:{controller}"),
+        "advertised.listeners": (f"PLAINTEXT://127.0.0.1:{port},"
+                                 f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}"),
+        "listener.security.protocol.map": ("CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,"
+                                           "SASL_PLAINTEXT:SASL_PLAINTEXT"),
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:ANONYMOUS",
+        "allow.everyone.if.no.acl.found": "false",
+    }
+    with ThrowawayKafka(overrides=overrides, port=port, controller_port=controller):
+        client = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                  "sasl.username": "alice", "socket.connection.setup.timeout.ms": 3000}
+        monkeypatch.setenv("CDC_TEST_KAFKA_PW", "not-the-password")
+        config = LogConfig(backend="kafka", bootstrap_servers=f"127.0.0.1:{sasl_port}",
+                           client=client, password_env="CDC_TEST_KAFKA_PW")
+        with pytest.raises(LogError) as raised:
+            KafkaChangeLog(config)
+        assert "sasl.username" in raised.value.fix and "password_env" in raised.value.fix
+        assert "not-the-password" not in str(raised.value) + raised.value.fix
+
+        monkeypatch.setenv("CDC_TEST_KAFKA_PW", "alice-Secret-42")
+        with pytest.raises(LogError) as raised:
+            KafkaChangeLog(config)  # creates its internal topics: alice may not
+        assert "grant this principal" in raised.value.fix, raised.value
+        assert "alice-Secret-42" not in str(raised.value) + raised.value.fix

@@ -141,6 +141,11 @@ _TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._T
               KafkaError._DESTROY_BROKER}  # a broker's connection torn down mid-request
 
 
+#: errors of a client that could not authenticate itself
+_AUTHENTICATION = {KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED,
+                   KafkaError._SSL}
+
+
 def kafka_error(action: str, error: Any, where: str) -> LogError:
     """A :class:`LogError` naming the problem and the fix for a Kafka error
     (:class:`~cdc.errors.LogUnavailable` when the brokers went away for a while)."""
@@ -166,6 +171,10 @@ def kafka_error(action: str, error: Any, where: str) -> LogError:
         KafkaError.GROUP_AUTHORIZATION_FAILED: "grant this principal Read on the group",
         KafkaError.SASL_AUTHENTICATION_FAILED:
             "check sasl.username in log.client and the password in log.password_env",
+        KafkaError._AUTHENTICATION:
+            "check sasl.mechanism and sasl.username in log.client and the password in "
+            "log.password_env",
+        KafkaError._SSL: "check the ssl.* settings in log.client (CA, certificate, key)",
         KafkaError.MSG_SIZE_TOO_LARGE:
             "raise the topic's max.message.bytes (and the broker's message.max.bytes) and "
             "log.client's message.max.bytes, or keep rows smaller",
@@ -193,7 +202,10 @@ class KafkaChangeLogReader(ChangeLogReader):
     def __init__(self, config: LogConfig) -> None:
         self.config = config
         self.where = str(config.bootstrap_servers)
-        self.settings = client_settings(config)
+        #: an authentication failure is only reported to error_cb (the call sees a transport
+        #: failure): kept to name the real problem
+        self._auth_error: KafkaError | None = None
+        self.settings = {**client_settings(config), "error_cb": self._on_client_error}
         self._admin = AdminClient(dict(self.settings))
         self._consumer: Consumer | None = None
         self._snapshot = _Snapshot()
@@ -202,11 +214,17 @@ class KafkaChangeLogReader(ChangeLogReader):
         self._check_reachable()
 
     # -- clients -----------------------------------------------------------------------------
+    def _on_client_error(self, error: KafkaError) -> None:
+        if error.code() in _AUTHENTICATION:
+            self._auth_error = error
+        _CLIENT_LOG.debug("client error: %s", error.str())
+
     def _check_reachable(self) -> None:
         try:
             self._admin.list_topics(timeout=TIMEOUT)
         except KafkaException as exc:
-            raise kafka_error("connecting", exc, self.where) from None
+            self._admin.poll(0)  # serves error_cb
+            raise kafka_error("connecting", self._auth_error or exc, self.where) from None
 
     def _reader(self) -> Consumer:
         if self._consumer is None:
