@@ -262,9 +262,14 @@ class Dispatcher:
             self._oldest = time.monotonic()
 
     def due(self) -> bool:
-        """Whether a flush is due (buffer full, or the oldest item waited ``interval``)."""
+        """Whether a flush is due: the buffer is full, or the oldest item waited ``interval``
+        and no commit is running (while one runs, the next keeps filling: a log whose commits
+        take longer than ``interval`` — Kafka's round trips — gets larger commits instead of
+        a capture thread waiting)."""
         if len(self._buffer) >= self.max_records:
             return True
+        if self._inflight is not None and not self._inflight[0].done():
+            return False
         return self._oldest is not None and time.monotonic() - self._oldest >= self.interval
 
     def flush(self, wait: bool = True) -> SourceOffset | None:

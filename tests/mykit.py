@@ -16,12 +16,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pymysql
 from pymysql.constants import CLIENT
 
 from cdc.servers.mysql import ThrowawayMariaDB
+
+if TYPE_CHECKING:
+    from tests.pgkit import LogAt
 
 MY_PASSWORD = "s3cr3t-My5ql-Pa55word-plugh"
 
@@ -229,7 +232,7 @@ class ServerFactory:
         self.servers.clear()
 
 
-def wait_caught_up(db: MyDatabase, log: Path, timeout: float = 60) -> None:
+def wait_caught_up(db: MyDatabase, log: LogAt, timeout: float = 60) -> None:
     """Until the log's stored offset reaches the server's binlog position as of now (idle
     heartbeats carry it there when the captured tables are quiet)."""
     from tests.pgkit import stored_offset, wait_for

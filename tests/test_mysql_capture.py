@@ -9,9 +9,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from cdc.position import Position
+from tests.kafkakit import kafka_yaml
 from tests.mykit import MyDatabase, wait_caught_up, write_config
-from tests.pgkit import Capture, cdc, latest_rows, output, read_topic
+from tests.pgkit import Capture, LogAt, cdc, latest_rows, output, read_topic
 
 
 def _rows(db: MyDatabase, table: str) -> dict[str, dict[str, object]]:
@@ -22,12 +25,16 @@ def _rows(db: MyDatabase, table: str) -> dict[str, dict[str, object]]:
     return out
 
 
-def test_bootstrap_then_stream_from_exactly_the_snapshot(mysql_db: MyDatabase,
-                                                          tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["local", "kafka"])
+def test_bootstrap_then_stream_from_exactly_the_snapshot(mysql_db: MyDatabase, tmp_path: Path,
+                                                          backend: str,
+                                                          request: pytest.FixtureRequest) -> None:
     db = mysql_db
     db.execute("CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40), qty INT)")
     db.execute("INSERT INTO items SELECT seq, CONCAT('item ', seq), seq FROM seq_1_to_3000")
-    config = write_config(tmp_path, db, ["items"])
+    options = kafka_yaml(request.getfixturevalue("kafka_broker")) if backend == "kafka" else {}
+    config = write_config(tmp_path, db, ["items"], log_options=options)
+    log: LogAt = {**options, "path": str(tmp_path / "log")} if options else tmp_path / "log"
     stop = threading.Event()
     written = {"n": 0}
 
@@ -53,9 +60,9 @@ def test_bootstrap_then_stream_from_exactly_the_snapshot(mysql_db: MyDatabase,
     stop.set()
     thread.join()
     db.execute("UPDATE items SET id = 99999 WHERE id = 10001")  # a primary-key change
-    wait_caught_up(db, tmp_path / "log")
+    wait_caught_up(db, log)
     assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
-    events = read_topic(tmp_path / "log", f"{db.source}.{db.name}.items")
+    events = read_topic(log, f"{db.source}.{db.name}.items")
     snapshot = [e for e in events if e.op == "r"]
     streamed = [e for e in events if e.op != "r"]
     assert snapshot and streamed and written["n"] > 10

@@ -233,7 +233,7 @@ class KafkaChangeLogReader(ChangeLogReader):
                                        "isolation.level": "read_committed",
                                        "enable.partition.eof": True,
                                        "auto.offset.reset": "earliest",
-                                       "fetch.wait.max.ms": 50})
+                                       "fetch.wait.max.ms": 10})
         return self._consumer
 
     # -- the offsets topic -------------------------------------------------------------------
@@ -637,7 +637,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
             if self._closed:
                 raise LogError("the change log writer is closed")
             producer = self._open_producer()
-            snap = self._refresh()
+            snap = self._snapshot  # this writer's own view: _send refreshes it for a new topic
             results: list[AppendResult | None] = [None] * len(records)
             failures: list[Any] = []
             self._begin(producer)
@@ -667,7 +667,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         for index, record in enumerate(records):
             found = names.get(record.topic)
             if found is None:
-                data = snap.topics.get(record.topic)
+                data = snap.topics.get(record.topic) or self._refresh().topics.get(record.topic)
                 if data is None:
                     raise LogError(f"append to unknown topic {record.topic!r}",
                                    "call ensure_topic() first (this is a bug in the caller)")

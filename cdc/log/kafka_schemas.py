@@ -57,7 +57,8 @@ class KafkaSchemaRegistry(SchemaRegistry):
                                        "enable.auto.commit": False,
                                        "isolation.level": "read_committed",
                                        "enable.partition.eof": True,
-                                       "auto.offset.reset": "earliest"})
+                                       "auto.offset.reset": "earliest",
+                                       "fetch.wait.max.ms": 10})
         return self._consumer
 
     def _refresh(self) -> None:
