@@ -454,7 +454,7 @@ class KafkaProbe(LogProbe):
                 return {tp.partition: int(future.result(timeout=30).offset)
                         for tp, future in found.items()}
             except KafkaException as exc:  # a new client without metadata yet: no leaders found
-                print("DBG", self.name, exc, file=sys.stderr)
+                md = self.admin.list_topics(self.name, timeout=10).topics[self.name]; print("DBG", self.name, exc, md.error, {p: (m.leader, m.error) for p, m in md.partitions.items()}, file=sys.stderr)
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
