@@ -456,3 +456,21 @@ def assert_follower_equals_log_and_table(sink: Any, db: Database, log: LogAt, to
         assert held[key] == row_text(expected[key]), key
         assert (int(held[key]["v"]), held[key].get("note")) == (row["v"], row["note"]), key
     return len(rows)
+
+
+def append_synthetic(log: LogAt, workload: Any, changes: int) -> None:
+    """``changes`` events of the synthetic ``shop`` workload (:class:`cdc.synthetic.Workload`)
+    appended to ``log`` (either backend) with the source offset ``{"lsn": workload.seq}``."""
+    from cdc.log.open import writer_from
+    from cdc.synthetic import ORDERS
+
+    settings = {"backend": "local", "path": str(log)} if isinstance(log, Path) else log
+    writer = writer_from({"partitions": 4, "fsync": False, **settings}).for_source("shop")
+    try:
+        codec = EventCodec(writer.schemas())
+        writer.ensure_topic(ORDERS.topic, {"source": "shop", "table": str(ORDERS.table),
+                                           "connector": "postgresql"})
+        records = [r for event in workload.events(changes) for r in codec.records(event)]
+        writer.append(records, {"shop": {"lsn": workload.seq}})
+    finally:
+        writer.close()

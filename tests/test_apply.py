@@ -17,11 +17,8 @@ from typing import Any
 
 import pytest
 
-from cdc.avro import EventCodec
 from cdc.config import load_config, parse_config
 from cdc.errors import ConfigError
-from cdc.log.local import LocalChangeLog
-from cdc.log.schemas import SchemaStore
 from cdc.servers.postgres import free_port
 from cdc.synthetic import ORDERS, Workload
 from sinks import open_sink
@@ -31,6 +28,7 @@ from tests.pgkit import (
     PROJECT,
     Capture,
     Load,
+    append_synthetic,
     assert_follower_equals_log_and_table,
     cdc,
     latest_rows,
@@ -120,18 +118,6 @@ def write_synthetic(directory: Path, redis_url: str, changes: int = 0, **followe
     if changes:
         append_synthetic(directory / "log", workload, changes)
     return config, workload
-
-
-def append_synthetic(log: Path, workload: Workload, changes: int) -> None:
-    writer = LocalChangeLog(log, partitions=4, fsync=False)
-    try:
-        codec = EventCodec(SchemaStore(log, writable=True))
-        writer.ensure_topic(ORDERS.topic, {"source": "shop", "table": str(ORDERS.table),
-                                           "connector": "postgresql"})
-        records = [r for event in workload.events(changes) for r in codec.records(event)]
-        writer.append(records, {"shop": {"lsn": workload.seq}})
-    finally:
-        writer.close()
 
 
 def test_apply_bad_input_fails_fast_with_the_fix(tmp_path: Path, redis_url: str) -> None:

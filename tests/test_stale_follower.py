@@ -13,14 +13,13 @@ from typing import Any
 import pytest
 import redis
 
-from cdc.avro import EventCodec
 from cdc.config import load_config
-from cdc.log.open import log_settings, writer_from
+from cdc.log.open import log_settings
 from cdc.synthetic import ORDERS, Workload
 from sinks import open_sink
 from spark_apply.jobs import ApplyJob, FollowerStaleError
 from tests.kafkakit import kafka_yaml
-from tests.pgkit import cdc, latest_rows, output, read_topic
+from tests.pgkit import append_synthetic, cdc, latest_rows, output, read_topic
 
 RETENTION = 2.0
 
@@ -34,18 +33,6 @@ def _config(tmp_path: Path, log: dict[str, Any], redis_url: str) -> Path:
                      "tables": ["public.orders"]}],
         "followers": {"cache": {"kind": "redis", "url": redis_url}}}))
     return path
-
-
-def _append(config: Path, workload: Workload, changes: int) -> None:
-    writer = writer_from(log_settings(load_config(config))).for_source("shop")
-    try:
-        codec = EventCodec(writer.schemas())
-        writer.ensure_topic(ORDERS.topic, {"source": "shop", "table": str(ORDERS.table),
-                                           "connector": "postgresql"})
-        records = [r for event in workload.events(changes) for r in codec.records(event)]
-        writer.append(records, {"shop": {"lsn": workload.seq}})
-    finally:
-        writer.close()
 
 
 def _apply(spark: Any, config: Path) -> None:
@@ -66,12 +53,12 @@ def test_a_follower_stopped_longer_than_the_tombstone_retention_is_refused(
     config = _config(tmp_path, log, redis_url)
     settings = log_settings(load_config(config))
     workload = Workload(keys=200)
-    _append(config, workload, 300)
+    append_synthetic(settings, workload, 300)
     _apply(spark, config)
-    _append(config, workload, 50)
+    append_synthetic(settings, workload, 50)
     _apply(spark, config)  # back within the retention: resumes
 
-    _append(config, workload, 100)  # inserts, updates and deletes it will not see in time
+    append_synthetic(settings, workload, 100)  # changes (deletes too) it will not see in time
     time.sleep(RETENTION + 0.5)
     with pytest.raises(FollowerStaleError, match="stopped too long ago") as raised:
         _apply(spark, config)
