@@ -26,6 +26,16 @@ def expected_value(seq: int, key: int, size: int = 64) -> bytes:
     return (f"{seq}:{key}:".encode() + digest * (size // 64 + 1))[: max(size, 80)]
 
 
+@pytest.fixture(autouse=True)
+def _no_leftover_daemons():  # type: ignore[no-untyped-def]
+    """A test that fails halfway may leave `cdc capture` / `cdc apply` running: killed here,
+    so they never compete with later tests for the CPU or a replication slot."""
+    yield
+    from tests.pgkit import kill_leftover_daemons
+
+    kill_leftover_daemons()
+
+
 @pytest.fixture
 def log_dir(tmp_path: Path) -> Path:
     return tmp_path / "log"

@@ -126,6 +126,21 @@ def output(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout + result.stderr
 
 
+#: daemons the tests started (`cdc capture`, `cdc apply`): a test that fails halfway leaves
+#: them running; the conftest kills what is left after each test
+DAEMONS: list[subprocess.Popen[bytes]] = []
+
+
+def kill_leftover_daemons() -> int:
+    """SIGKILL every daemon a test started that still runs; how many there were."""
+    left = [p for p in DAEMONS if p.poll() is None]
+    for process in left:
+        process.kill()
+        process.wait(30)
+    DAEMONS.clear()
+    return len(left)
+
+
 class Capture:
     """A ``cdc capture`` process, started in the background."""
 
@@ -139,6 +154,7 @@ class Capture:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "cdc.cli", "capture", "--config", str(self.config)],
                 stdout=err, stderr=err, cwd=PROJECT)
+        DAEMONS.append(self.process)
         return self
 
     def kill(self) -> None:
@@ -163,6 +179,7 @@ class ApplyProcess:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config),
                  "--follower", follower], stdout=err, stderr=err, cwd=PROJECT)
+        DAEMONS.append(self.process)
         self.log_file = log_file
 
     def terminate(self) -> int:

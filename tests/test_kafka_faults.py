@@ -194,6 +194,7 @@ def test_a_second_capture_daemon_fences_the_first(kafka_broker: Any, pg_db: Data
     load = Load(pg_db, threads=2).start()
     try:
         wait_for(lambda: load.committed > 30, 60, "load")
+        wait_caught_up(pg_db, settings, 60)  # the first daemon is streaming into Kafka
         second = Capture(config, tmp_path / "second.log").start()
         wait_for(lambda: not first.alive(), 60, "the first daemon to be fenced")
         wait_for(lambda: load.committed > 80, 60, "more load")

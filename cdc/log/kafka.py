@@ -594,17 +594,28 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                                  on_delivery=on_delivery)
                 return
             except BufferError:
-                producer.poll(0.05)
+                self._call(producer, f"writing to {topic}", producer.poll, 0.05)
             except KafkaException as exc:
                 self._abort(producer)
                 raise self._failure(f"writing to {topic}", exc) from None
 
     def _commit(self, producer: Producer) -> None:
+        self._call(producer, "committing a transaction", producer.commit_transaction,
+                   TIMEOUT * 4)
+
+    def _call(self, producer: Producer, action: str, method: Any, *args: Any) -> Any:
+        """``method(*args)`` (one that serves delivery callbacks); a Kafka failure aborts the
+        transaction and becomes a :class:`LogError`."""
         try:
-            producer.commit_transaction(TIMEOUT * 4)
-        except KafkaException as exc:
+            return method(*args)
+        except (KafkaException, SystemError) as exc:
+            # confluent-kafka 2.16: a fatal error (fencing) raised while delivery callbacks
+            # still run surfaces as SystemError caused by the KafkaException
+            cause = exc if isinstance(exc, KafkaException) else exc.__cause__
+            if not isinstance(cause, KafkaException):
+                raise
             self._abort(producer)
-            raise self._failure("committing a transaction", exc) from None
+            raise self._failure(action, cause) from None
 
     def _abort(self, producer: Producer) -> None:
         with contextlib.suppress(KafkaException):
@@ -685,11 +696,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                           record.position, delivered)
 
     def _flush(self, producer: Producer, failures: list[Any]) -> None:
-        try:
-            remaining = producer.flush(TIMEOUT * 8)
-        except KafkaException as exc:
-            self._abort(producer)
-            raise self._failure("writing records", exc) from None
+        remaining = self._call(producer, "writing records", producer.flush, TIMEOUT * 8)
         if remaining or failures:
             self._abort(producer)
             error = failures[0] if failures else KafkaError(KafkaError._MSG_TIMED_OUT)
