@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test lint bench bench-pg bench-mysql bench-apply bench-apply-tables clean
+.PHONY: setup demo test lint bench bench-pg bench-mysql bench-apply bench-apply-tables bench-kafka clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -42,6 +42,11 @@ bench-apply: setup
 bench-apply-tables: setup
 	$(PY) bench/apply.py --follower delta $(BENCH_ARGS)
 	$(PY) bench/apply.py --follower search $(BENCH_ARGS)
+
+# The Kafka log: KafkaChangeLog.append vs Kafka's own ProducerPerformance on one throwaway broker,
+# and cdc capture of PostgreSQL into Kafka vs into the local log (Java 17, the jars `setup` fetches)
+bench-kafka: setup
+	$(PY) bench/kafka_log.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) cdc-data .pytest_cache .mypy_cache .ruff_cache
