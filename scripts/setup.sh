@@ -28,7 +28,7 @@ fi
 if ! command -v java >/dev/null; then
   need_apt+=(openjdk-17-jre-headless)
 fi
-# Maven: fetches the Kafka broker's jars once (scripts/fetch_jars.sh, below)
+# Maven: fetches the Kafka broker's and Spark's connector jars once (scripts/fetch_jars.sh, below)
 if ! command -v mvn >/dev/null; then
   need_apt+=(maven)
 fi
@@ -53,5 +53,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 
 # Apache Kafka's jars (broker, kafka-tools) from Maven into .cache/jars/kafka, once: tests, the
-# demo and the benchmarks run throwaway KRaft brokers from them (cdc/servers/kafka.py)
+# demo and the benchmarks run throwaway KRaft brokers from them (cdc/servers/kafka.py); and Spark's
+# Kafka source, spark-avro and delta-spark into .cache/jars/spark, which spark_apply/session.py
+# passes with `spark.jars` (never fetched at run time)
 bash scripts/fetch_jars.sh

@@ -8,19 +8,115 @@ Python workers on this interpreter (``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON``
 ``sys.executable``; workers started with another Python fail after a 10 s timeout), the project
 root on the workers' ``PYTHONPATH`` (so they import ``spark_apply.source``), no web UI, few
 shuffle partitions, JVM logging at ERROR, and the ``cdc`` data source registered.
+
+JVM jars: every jar in ``.cache/jars/spark`` (Spark's Kafka source, spark-avro, delta-spark and
+their dependencies, fetched by ``scripts/fetch_jars.sh`` at ``make setup``) goes on the classpath
+with ``spark.jars``; nothing is downloaded at run time (no ``spark.jars.packages``). Without that
+folder the session still starts (local log followers need none of them) and
+:func:`require_spark_jars` names the fix where a job needs them. Spark's connector jars work only
+with the exact Spark release they were built for: the session refuses to run when
+``spark.version`` differs from theirs (:func:`check_spark_version`; spark-avro, which Maven
+Central lacks for Spark 4.2.0, has a stand-in release: :data:`SPARK_AVRO_STAND_IN`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cdc.errors import CdcError
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LOG4J = Path(__file__).resolve().parent / "log4j2.properties"
+# filled by scripts/fetch_jars.sh from scripts/jvm/spark/pom.xml
+SPARK_JARS = PROJECT_ROOT / ".cache" / "jars" / "spark"
+FETCH_FIX = "run `make setup` (or `bash scripts/fetch_jars.sh`), which fetches them with Maven"
+
+# Spark's Kafka connector jars carry the exact Spark release: spark-sql-kafka-0-10_2.13-4.2.0.jar
+_VERSION = r"(?P<version>\d+\.\d+\.\d+(?:-\w+)?)"
+_SPARK_CONNECTOR_JAR = re.compile(
+    rf"^spark-(?:sql-kafka-0-10|token-provider-kafka-0-10)_\d+\.\d+-{_VERSION}\.jar$")
+_SPARK_AVRO_JAR = re.compile(rf"^spark-avro_\d+\.\d+-{_VERSION}\.jar$")
+#: Spark releases Maven Central has no spark-avro for -> the spark-avro release that stands in
+#: (scripts/jvm/spark/pom.xml; tests/test_spark_jars.py round-trips Avro through it)
+SPARK_AVRO_STAND_IN = {"4.2.0": "4.1.1"}
+# delta-spark carries the Spark line it was built for: delta-spark_4.2_2.13-4.4.0.jar
+_DELTA_JAR = re.compile(r"^delta-spark_(?P<line>\d+\.\d+)_\d+\.\d+-[^-]+\.jar$")
+# the jars a Spark job may need, by what it uses them for (checked by require_spark_jars)
+REQUIRED_JARS = {
+    "kafka": re.compile(r"^spark-sql-kafka-0-10_"),
+    "avro": re.compile(r"^spark-avro_"),
+    "delta": re.compile(r"^delta-spark_"),
+}
+
+
+def spark_jars(folder: Path = SPARK_JARS) -> list[Path]:
+    """Every jar in ``folder`` (absolute paths, sorted); none when it does not exist."""
+    if not folder.is_dir():
+        return []
+    return sorted(p.resolve() for p in folder.glob("*.jar"))
+
+
+def require_spark_jars(*needs: str, folder: Path = SPARK_JARS) -> list[Path]:
+    """The jars in ``folder``, after checking the ones ``needs`` names (``"kafka"``, ``"avro"``,
+    ``"delta"``; all three when none is named) are there: a job that reads Kafka with Spark's
+    source, decodes Avro in the JVM or writes Delta with delta-spark calls this first."""
+    jars = spark_jars(folder)
+    names = [p.name for p in jars]
+    missing = [need for need in (needs or tuple(REQUIRED_JARS))
+               if not any(REQUIRED_JARS[need].match(name) for name in names)]
+    if missing:
+        where = f"{folder} has no jar for {', '.join(missing)}" if jars else f"{folder} is missing"
+        raise CdcError(f"Spark's connector jars are not set up: {where}", FETCH_FIX)
+    return jars
+
+
+def jars_spark_version(jars: Sequence[Path | str]) -> str | None:
+    """The Spark release Spark's Kafka connector jars among ``jars`` were built for (from their
+    file names), or None when there is none among them. Jars of two releases are an error."""
+    versions = {m.group("version") for m in
+                (_SPARK_CONNECTOR_JAR.match(Path(j).name) for j in jars) if m}
+    if len(versions) > 1:
+        releases = ", ".join(sorted(versions))
+        raise CdcError(f"Spark's connector jars are of different Spark releases ({releases})",
+                       f"delete the folder they are in and {FETCH_FIX}")
+    return versions.pop() if versions else None
+
+
+def check_spark_version(running: str, jars: Sequence[Path | str]) -> None:
+    """Raise :class:`CdcError` when the running Spark (``spark.version``) is not the release the
+    jars were built for: Spark's connector jars must match it exactly (spark-avro: or be its
+    :data:`SPARK_AVRO_STAND_IN`), delta-spark its line (``delta-spark_4.2_...``)."""
+    wanted = jars_spark_version(jars)
+    fix = ("re-run `make setup`: it installs the pyspark pyproject.toml pins and fetches the jars "
+           "for it (scripts/jvm/spark/pom.xml)")
+    if wanted is not None:
+        fix += ("; or run the Spark the jars are for: "
+                f"`.venv/bin/pip install \"pyspark[sql]=={wanted}\"`")
+    folder = Path(jars[0]).parent if jars and Path(jars[0]).is_absolute() else None
+    where = f"the jars in {folder} (spark.jars)" if folder else "the jars (spark.jars)"
+    if wanted is not None and running != wanted:
+        raise CdcError(
+            f"Spark {running} is running, but {where} are for Spark {wanted}: connector jars work "
+            "only with the Spark release they were built for", fix)
+    avro = SPARK_AVRO_STAND_IN.get(running, running)
+    for j in jars:
+        name = Path(j).name
+        delta = _DELTA_JAR.match(name)
+        if delta and running.split(".")[:2] != delta.group("line").split("."):
+            raise CdcError(f"Spark {running} is running, but {name} (spark.jars) is for Spark "
+                           f"{delta.group('line')}.x", fix)
+        m = _SPARK_AVRO_JAR.match(name)
+        if m and m.group("version") != avro:
+            raise CdcError(
+                f"Spark {running} is running, but {name} (spark.jars) is not the spark-avro for "
+                f"it, which is {avro} (SPARK_AVRO_STAND_IN in spark_apply/session.py and "
+                "spark.avro.version in scripts/jvm/spark/pom.xml must agree)", fix)
 
 
 def _worker_environment() -> None:
@@ -40,7 +136,7 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
     ``conf`` adds or overrides Spark settings, e.g. ``{"spark.driver.memory": "2g"}``.
     """
     _worker_environment()
-    # pyspark 4.3 warns about pandas 3 on import; the cdc source does not use pandas
+    # pyspark 4.2 warns about pandas 3 on import; the cdc source does not use pandas
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     from pyspark.sql import SparkSession
 
@@ -58,12 +154,20 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
-        **dict(conf or {}),
     }
+    jars = spark_jars()
+    if jars:
+        settings["spark.jars"] = ",".join(str(p) for p in jars)
+    settings.update(conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    try:
+        check_spark_version(spark.version, jars)
+    except CdcError:
+        spark.stop()
+        raise
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
