@@ -28,7 +28,6 @@ transaction, before the stored offset is read.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -36,8 +35,7 @@ import re
 import threading
 import time
 import zlib
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import (
@@ -663,9 +661,8 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
             results: list[AppendResult | None] = [None] * len(records)
             failures: list[Any] = []
             self._begin(producer)
-            fill = self._send(producer, snap, records, results, failures)
+            self._send(producer, snap, records, results, failures, 0)
             self._flush(producer, failures)
-            fill()
             placed = [r for r in results if r is not None]
             if finish is not None:
                 more, offsets = finish(placed)
@@ -673,9 +670,8 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                     source_offsets = offsets
                 if more:
                     extra: list[AppendResult | None] = [None] * len(more)
-                    fill = self._send(producer, snap, more, extra, failures)
+                    self._send(producer, snap, more, extra, failures, 0)
                     self._flush(producer, failures)
-                    fill()
                     placed.extend(r for r in extra if r is not None)
             for name, offset in (source_offsets or {}).items():
                 self._produce(producer, self.config.offsets_topic, f"source:{name}".encode(),
@@ -686,16 +682,9 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
             return placed
 
     def _send(self, producer: Producer, snap: _Snapshot, records: Sequence[Record],
-              results: list[AppendResult | None], failures: list[Any]) -> Callable[[], None]:
-        """Produce ``records``; returns what fills ``results`` once they are flushed.
-
-        Only the last record of each partition asks for a delivery report: within one
-        transaction this producer is the partition's only writer and idempotence keeps its
-        order, so the partition's records sit at consecutive offsets ending at that one (any
-        other failed delivery fails the transaction's commit)."""
+              results: list[AppendResult | None], failures: list[Any], base: int) -> None:
         names: dict[str, tuple[str, int]] = {}
-        targets: list[tuple[str, int]] = []
-        for record in records:
+        for index, record in enumerate(records):
             found = names.get(record.topic)
             if found is None:
                 data = snap.topics.get(record.topic) or self._refresh().topics.get(record.topic)
@@ -703,30 +692,17 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                     raise LogError(f"append to unknown topic {record.topic!r}",
                                    "call ensure_topic() first (this is a bug in the caller)")
                 found = names[record.topic] = (str(data["kafka"]), int(data["partitions"]))
-            targets.append((found[0], partition_for(record.key, found[1])))
-        last = {target: index for index, target in enumerate(targets)}
-        tails: dict[tuple[str, int], int] = {}
+            partition = partition_for(record.key, found[1])
 
-        def delivered(target: tuple[str, int], error: Any, message: Any) -> None:
-            if error is not None:
-                failures.append(error)
-            else:
-                tails[target] = message.offset()
+            def delivered(error: Any, message: Any, index: int = index,
+                          topic: str = record.topic) -> None:
+                if error is not None:
+                    failures.append(error)
+                else:
+                    results[index] = AppendResult(topic, message.partition(), message.offset())
 
-        for index, (record, target) in enumerate(zip(records, targets, strict=True)):
-            report = functools.partial(delivered, target) if last[target] == index else None
-            self._produce(producer, target[0], record.key, record.value, target[1],
-                          record.position, report)
-
-        def fill() -> None:
-            left = Counter(targets)  # records of each partition not yet given an offset
-            for index, (record, target) in enumerate(zip(records, targets, strict=True)):
-                left[target] -= 1
-                tail = tails.get(target)
-                if tail is not None:
-                    results[index] = AppendResult(record.topic, target[1], tail - left[target])
-
-        return fill
+            self._produce(producer, found[0], record.key, record.value, partition,
+                          record.position, delivered)
 
     def _flush(self, producer: Producer, failures: list[Any]) -> None:
         remaining = self._call(producer, "writing records", producer.flush, TIMEOUT * 8)
