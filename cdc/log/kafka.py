@@ -40,7 +40,6 @@ from typing import Any
 
 from confluent_kafka import (
     Consumer,
-    IsolationLevel,
     KafkaError,
     KafkaException,
     Producer,
@@ -50,7 +49,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
     NewTopic,
-    OffsetSpec,
 )
 
 from cdc.config import LogConfig
@@ -336,14 +334,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         if data is None:
             return {}
         name = str(data["kafka"])
-        wanted = {TopicPartition(name, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
-                  for p in range(int(data["partitions"]))}
-        try:  # one request for every partition (read_committed: the last stable offsets)
-            futures = self._admin.list_offsets(
-                wanted, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT)
-            return {tp.partition: max(0, int(f.result().offset)) for tp, f in futures.items()}
-        except KafkaException as exc:
-            raise self._read_failure(f"reading the ends of {name}", exc) from None
+        return {p: self._high(name, p) or 0 for p in range(int(data["partitions"]))}
 
     def source_offsets(self) -> dict[str, Any]:
         copied: dict[str, Any] = json.loads(json.dumps(self._refresh().sources))
