@@ -64,6 +64,7 @@ from cdc.log.base import (
     StoredRecord,
     TopicInfo,
 )
+from cdc.log.kafka_schemas import committed_reader
 from cdc.log.partitioner import partition_for
 
 POSITION_HEADER = "cdc.position"
@@ -228,12 +229,7 @@ class KafkaChangeLogReader(ChangeLogReader):
 
     def _reader(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = Consumer({**self.settings, "group.id": "cdc-reader",
-                                       "enable.auto.commit": False,
-                                       "isolation.level": "read_committed",
-                                       "enable.partition.eof": True,
-                                       "auto.offset.reset": "earliest",
-                                       "fetch.wait.max.ms": 10})
+            self._consumer = committed_reader(self.settings, "cdc-reader")
         return self._consumer
 
     # -- the offsets topic -------------------------------------------------------------------

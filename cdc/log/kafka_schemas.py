@@ -29,6 +29,14 @@ from cdc.log.schemas import RegisteredSchema, canonical
 TIMEOUT = 15.0
 
 
+def committed_reader(settings: dict[str, Any], group: str) -> Consumer:
+    """A consumer of committed records only, for partitions the caller assigns: it commits
+    nothing, says when it reached a partition's end, and waits at most 10 ms for data."""
+    return Consumer({**settings, "group.id": group, "enable.auto.commit": False,
+                     "isolation.level": "read_committed", "enable.partition.eof": True,
+                     "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
+
+
 def candidate_id(text: str) -> int:
     """The first id tried for a schema: 31 bits of its canonical text's SHA-256 (never 0)."""
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF or 1
@@ -53,12 +61,7 @@ class KafkaSchemaRegistry(SchemaRegistry):
 
     def _reader(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = Consumer({**self.settings, "group.id": "cdc-schemas",
-                                       "enable.auto.commit": False,
-                                       "isolation.level": "read_committed",
-                                       "enable.partition.eof": True,
-                                       "auto.offset.reset": "earliest",
-                                       "fetch.wait.max.ms": 10})
+            self._consumer = committed_reader(self.settings, "cdc-schemas")
         return self._consumer
 
     def _refresh(self) -> None:
