@@ -314,8 +314,12 @@ def capture_cmd(config_path: str | None, sources: tuple[str, ...]) -> None:
                    "all).")
 @click.option("--once", is_flag=True,
               help="Apply everything committed to the log now, then exit 0 (availableNow).")
+@click.option("--master", default=None, metavar="URL",
+              help="Spark master: local[N] or spark://host:port (default: spark.master in the "
+                   "config, else local[2,3]).")
 @friendly_errors
-def apply_cmd(config_path: str | None, followers: tuple[str, ...], once: bool) -> None:
+def apply_cmd(config_path: str | None, followers: tuple[str, ...], once: bool,
+              master: str | None) -> None:
     """Fold the change log into followers with Spark (continuous until SIGTERM, or --once)."""
     import signal
     import threading
@@ -336,7 +340,14 @@ def apply_cmd(config_path: str | None, followers: tuple[str, ...], once: bool) -
     from spark_apply.latency import format_seconds
 
     console = make_console()
-    job = run_apply(config, list(followers), once, console, stop)
+    if master is not None:
+        from cdc.config import SparkConfig
+
+        try:
+            master = SparkConfig(master=master).master
+        except ValueError as exc:
+            raise click.BadParameter(str(exc).splitlines()[-1], param_hint="--master") from None
+    job = run_apply(config, list(followers), once, console, stop, master=master)
     for name in job.names:
         p = job.progress[name]
         console.print(f"follower [bold]{name}[/]: {p.batches:,} batches, {p.records:,} records, "

@@ -421,10 +421,44 @@ FOLLOWER_KINDS: dict[str, type[BaseModel]] = {
     "redis": RedisFollowerConfig, "delta": DeltaFollowerConfig, "search": SearchFollowerConfig}
 
 
+class SparkConfig(_Strict):
+    """``spark:``: where ``cdc apply`` runs its Spark application."""
+
+    #: Spark's master URL: ``local[N]`` (the embedded default, N cores of this machine) or a
+    #: cluster's (``spark://host:7077``); ``cdc apply --master`` overrides it
+    master: str = "local[2,3]"
+    #: extra Spark settings (``spark.executor.memory: 1g``...); cdc's own defaults otherwise
+    conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("master")
+    @classmethod
+    def _master(cls, value: str) -> str:
+        value = value.strip()
+        if not re.match(r"^(local(\[[^\]]+\])?|spark://\S+|yarn|k8s://\S+)$", value):
+            raise ValueError(f"spark.master {value!r} is not a Spark master URL: use local[N] "
+                             "or spark://host:port (also yarn, k8s://...)")
+        return value
+
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _conf(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            bad = [k for k in value if not str(k).startswith("spark.")]
+            if bad:
+                raise ValueError(f"spark.conf: {bad} are not Spark settings (they start "
+                                 "with spark.)")
+            if "spark.master" in value:
+                raise ValueError("spark.conf: set the master with spark.master (or cdc apply "
+                                 "--master), not spark.conf")
+            return {str(k): str(v) for k, v in value.items()}
+        return value
+
+
 class Config(_Strict):
     """The whole file."""
 
     log: LogConfig = LogConfig()
+    spark: SparkConfig = SparkConfig()
     sources: list[AnySourceConfig] = Field(default_factory=list)
     followers: dict[str, FollowerConfig] = Field(default_factory=dict)
     #: where the file was read from (set by :func:`load_config`, not by the user)

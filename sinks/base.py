@@ -18,6 +18,13 @@ Contracts, stated exactly:
   source offset (as stored in the log's state: for PostgreSQL ``{"lsn": int, ...}``) that the
   batch reached: every change the source committed before that offset is applied. It only
   moves forward. ``cdc verify`` waits on :meth:`Sink.watermark`.
+* **Where writes run.** ``cdc apply`` writes from the Spark executors, several tasks at once
+  (``spark_apply/tasks.py``), unless :attr:`Sink.executor_writes` is False (one writer only,
+  on the driver). So :meth:`apply` must be safe to call from several processes at once, on
+  disjoint keys, and the gate must be an atomic per-key compare-and-set: a replayed or
+  speculative task, or one still writing after its worker was declared lost, races a newer
+  one and must lose. Keys that must be written by one task together (one Delta file
+  partition) share an :meth:`Sink.owner`.
 * **Rows as text.** What a follower holds per row, and what :meth:`Sink.read` returns, is
   ``{column: canonical_text(value)}`` for the non-null columns of the row's JSON form
   (``docs/types.md``); null columns are absent. ``cdc verify`` builds the same form from the
@@ -27,6 +34,7 @@ Contracts, stated exactly:
 from __future__ import annotations
 
 import json
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +104,25 @@ class Sink(ABC):
     #: ordered per key by (position, log offset) — a delete and its tombstone share a
     #: position, the tombstone comes second — and the gate is still the sink's.
     folds: bool = True
+    #: True: executors write (several tasks at once, disjoint keys); False: only the driver
+    #: writes, one batch at a time (e.g. a search index with a single writer)
+    executor_writes: bool = True
+    #: True: tasks split a batch by :meth:`owner` (each reads every range, keeps its keys);
+    #: False: by whole log partitions (cheaper: each record is read once)
+    split_by_owner: bool = False
+
+    def check(self) -> None:  # noqa: B027 (optional: sinks without a server have nothing to ask)
+        """Raise a :class:`~cdc.errors.CdcError` with the fix if the follower cannot be
+        written (server down, wrong password, directory not writable, wrong mode...)."""
+
+    def owner(self, topic: str, key: bytes, writers: int) -> int:
+        """Which of ``writers`` tasks writes ``key`` (its JSON bytes) of ``topic``: in
+        ``range(writers)``, the same for every call. Default: ``crc32(key) % writers``."""
+        return zlib.crc32(key) % writers
+
+    def refresh(self) -> None:  # noqa: B027 (optional: sinks that cache nothing)
+        """Forget what this process cached about the follower's storage that another writer
+        may have changed since (called by each task before it writes)."""
 
     @abstractmethod
     def apply(self, changes: Sequence[Change]) -> ApplyStats:

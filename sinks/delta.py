@@ -411,6 +411,7 @@ class DeltaSink(Sink):
         self._reserved_folded = {name.casefold() for name in self.reserved}
         self._store: SchemaRegistry | None = None
         self._state: dict[str, _Table] = {}
+        self._owner_buckets: dict[str, int] = {}
 
     # ------------------------------------------------------------------------- checking
     def check(self) -> None:
@@ -431,6 +432,23 @@ class DeltaSink(Sink):
 
     def close(self) -> None:
         self._state.clear()
+
+    #: tasks own whole buckets (a bucket is a file partition: two writers there would race)
+    split_by_owner = True
+
+    def owner(self, topic: str, key: bytes, writers: int) -> int:
+        """The task of ``key``'s bucket (``bucket % writers``): a bucket has one writer."""
+        buckets = self._owner_buckets.get(topic)
+        if buckets is None:
+            state = self._open(topic)
+            buckets = self._owner_buckets[topic] = (state.buckets if state is not None
+                                                    else self.buckets)
+        return (zlib.crc32(key) % buckets) % writers
+
+    def refresh(self) -> None:
+        """Tables are re-read at the next write: other tasks committed since."""
+        self._state.clear()
+        self._owner_buckets.clear()
 
     # ---------------------------------------------------------------------- table state
     def table_path(self, topic: str) -> Path:
@@ -488,8 +506,13 @@ class DeltaSink(Sink):
                             *((name, _ARROW[kind]) for name, kind in columns.items())])
         with _delta_errors(self.name, "create the Delta table", path):
             path.mkdir(parents=True, exist_ok=True)
-            DeltaTable.create(str(path), schema, mode="ignore", partition_by=[BUCKET],
-                              description=description)
+            try:
+                DeltaTable.create(str(path), schema, mode="ignore", partition_by=[BUCKET],
+                                  description=description)
+            except Exception:
+                # another task created it at the same moment: use theirs
+                if not (path / "_delta_log" / "00000000000000000000.json").exists():
+                    raise
         self._state.pop(topic, None)
         state = self._open(topic)
         if state is None:  # pragma: no cover - create() returned without a log

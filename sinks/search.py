@@ -186,6 +186,9 @@ class SearchSink(Sink):
     change log's directory (kept for messages). Nothing is opened until used.
     """
 
+    #: a Tantivy index has one writer: ``cdc apply`` writes it from the driver
+    executor_writes = False
+
     def __init__(self, name: str, path: Path, tables: Mapping[str, tuple[str, TableId]],
                  text_fields: Mapping[str, list[str]], writer_memory: int,
                  tombstone_retention: float, log_path: Path) -> None:

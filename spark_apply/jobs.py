@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,7 @@ from cdc.transactions import is_transaction_topic
 from sinks.base import Sink
 from spark_apply.checkpoint import resume_offsets
 from spark_apply.latency import LatencyHistogram, format_seconds
+from spark_apply.tasks import FollowerHandle
 
 log = logging.getLogger(__name__)
 
@@ -90,57 +93,123 @@ class FollowerProgress:
 
 
 class BatchHandler:
-    """The ``foreachBatch`` function of one follower (runs in the driver's Python)."""
+    """The ``foreachBatch`` function of one follower (runs in the driver's Python).
 
-    def __init__(self, sink: Sink, progress: FollowerProgress,
-                 topics: Sequence[str] | None) -> None:
+    The micro-batch holds offset ranges and watermark rows (the source's ``emit=ranges``): they
+    are collected (a few rows per log partition), split into tasks
+    (:func:`~spark_apply.tasks.plan_tasks`, one per core of the application) and run on the
+    executors with :func:`~spark_apply.tasks.run_task` — or, for a sink that only the driver
+    may write (``Sink.executor_writes`` False), here, one after the other. Once every task
+    succeeded, the watermarks are written."""
+
+    def __init__(self, sink: Sink, handle: FollowerHandle, progress: FollowerProgress,
+                 topics: Sequence[str] | None, spark: Any) -> None:
         self.sink = sink
+        self.handle = handle
         self.progress = progress
-        self.topics = list(topics) if topics is not None else None
+        self.topics = set(topics) if topics is not None else None
+        self.spark = spark
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        from pyspark.sql import functions as F
-
-        from spark_apply.fold import WATERMARK, fold_arrow
+        from spark_apply.fold import WATERMARK, _keep_watermark
+        from spark_apply.source import Range
+        from spark_apply.tasks import TaskReport, plan_tasks, run_task
 
         started = time.monotonic()
-        if self.topics is not None:
-            batch = batch.where(F.col("op").eqNullSafe(WATERMARK)
-                                | F.col("topic").isin(self.topics))
+        ranges: list[Range] = []
+        marks: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+        for row in batch.collect():
+            if row["op"] == WATERMARK:
+                _keep_watermark(marks, row["source"], row["after"])
+            elif self.topics is None or row["topic"] in self.topics:
+                ranges.append(Range(row["topic"], row["partition"], row["start"], row["end"],
+                                    row["source"], row["table"]))
+        watermarks = {source: offset for source, (_, offset) in marks.items()}
+        context = self.spark.sparkContext
+        tasks = plan_tasks(ranges, max(1, context.defaultParallelism),
+                           self.sink.split_by_owner)
+        total = TaskReport()
         try:
-            folded = fold_arrow(batch.toArrow(), history=not self.sink.folds)
-            collected = time.monotonic()
-            stats = self.sink.apply(folded.changes)
-            for source, offset in sorted(folded.watermarks.items()):
+            if self.sink.executor_writes and tasks:
+                context.setJobDescription(f"cdc apply {self.handle.name}: batch {batch_id}, "
+                                          f"{len(tasks)} tasks")
+                handle = self.handle
+                reports = (context.parallelize(tasks, len(tasks))
+                           .map(lambda task: run_task(handle, task)).collect())
+            else:
+                reports = [run_task(self.handle, task, self.sink) for task in tasks]
+            for report in reports:
+                total.merge(report)
+            for source, offset in sorted(watermarks.items()):
                 self.sink.set_watermark(source, offset)
         except CdcError as exc:
             self.progress.error = exc
             raise
+        except Exception as exc:
+            known = _task_error(exc)
+            if known is not None:
+                self.progress.error = known
+                raise known from None
+            raise
+        self._record(total, watermarks, time.monotonic() - started)
+
+    def _record(self, total: Any, watermarks: dict[str, dict[str, Any]], seconds: float) -> None:
         progress = self.progress
         progress.batches += 1
-        progress.records += folded.records
-        progress.changes += len(folded.changes)
-        progress.written += stats.written
-        progress.deleted += stats.deleted
-        progress.skipped += stats.skipped
-        progress.watermarks.update(folded.watermarks)
-        for topic, count in folded.records_by_topic.items():
+        progress.records += total.records
+        progress.changes += total.changes
+        progress.written += total.written
+        progress.deleted += total.deleted
+        progress.skipped += total.skipped
+        progress.watermarks.update(watermarks)
+        for topic, count in total.records_by_topic.items():
             progress.records_by_topic[topic] = progress.records_by_topic.get(topic, 0) + count
-        finished = time.monotonic()
-        progress.seconds += finished - started
-        progress.fold_seconds += collected - started
-        progress.sink_seconds += finished - collected
-        applied = time.time()
-        for topic, stamps in folded.stamps.items():
-            progress.latency.add_stamps(stamps, applied)
-            by_topic = progress.latency_by_topic.get(topic)
-            if by_topic is None:
-                by_topic = progress.latency_by_topic[topic] = LatencyHistogram()
-            by_topic.add_stamps(stamps, applied)
-        if folded.newest_ts_ms is not None:
-            progress.lag_s = max(0.0, applied - folded.newest_ts_ms / 1000)
-        elif folded.watermarks:
+        progress.seconds += seconds
+        progress.fold_seconds += total.read_seconds
+        progress.sink_seconds += total.sink_seconds
+        for topic, histogram in total.latency_by_topic.items():
+            progress.latency.merge(histogram)
+            progress.latency_by_topic.setdefault(topic, LatencyHistogram()).merge(histogram)
+        if total.newest_ts_ms is not None:
+            progress.lag_s = max(0.0, time.time() - total.newest_ts_ms / 1000)
+        elif watermarks:
             progress.lag_s = 0.0
+
+
+#: how a CdcError raised in a task reaches the driver: ``module.Kind: problem`` and
+#: ``  fix: ...`` (``CdcError.__str__``) inside the Python traceback Spark wraps it in
+_TASK_ERROR = re.compile(r"^(?:[\w]+\.)*(?P<kind>\w+): (?P<problem>.*)\n(?:  fix: (?P<fix>.*))?",
+                         re.M)
+
+
+def _error_classes() -> dict[str, type[CdcError]]:
+    """Every CdcError class loaded in this process, by name."""
+    found: dict[str, type[CdcError]] = {}
+    pending: list[type[CdcError]] = [CdcError]
+    while pending:
+        cls = pending.pop()
+        found.setdefault(cls.__name__, cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+def _task_error(exc: Exception) -> CdcError | None:
+    """The CdcError a task raised, rebuilt from Spark's wrapped failure (the last one in its
+    text), or ``None`` when the failure is not one of ours."""
+    text = str(exc)
+    if "Traceback (most recent call last)" not in text:
+        return None
+    classes = _error_classes()
+    for match in reversed(list(_TASK_ERROR.finditer(text))):
+        cls = classes.get(match.group("kind"))
+        if cls is not None:
+            problem = match.group("problem").strip()
+            fix = (match.group("fix") or "").strip() or "see the message above"
+            try:
+                return cls(problem, fix)
+            except TypeError:  # a subclass with its own constructor
+                return CdcError(problem, fix)
+    return None
 
 
 _PYTHON_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b.*)$", re.M)
@@ -195,6 +264,8 @@ class ApplyJob:
     restarts: dict[str, int] = field(default_factory=dict)
     _spark: Any = None
     _once: bool = False
+    #: unique to this run (executors keep one sink per run and follower)
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @classmethod
     def prepare(cls, config: Config, names: Sequence[str]) -> ApplyJob:
@@ -228,6 +299,16 @@ class ApplyJob:
     def checkpoint(self, name: str) -> Path:
         return self.config.follower_checkpoint(name)
 
+    def handle(self, name: str) -> FollowerHandle:
+        """What the executors need to write follower ``name`` (pickled into its tasks)."""
+        follower = self.config.follower(name)
+        secrets = tuple((variable, os.environ[variable])
+                        for variable in (getattr(follower, "password_env", None),
+                                         self.config.log.password_env)
+                        if variable and variable in os.environ)
+        return FollowerHandle(self.config, name, json.dumps(log_settings(self.config)),
+                              self.token, secrets)
+
     def start(self, spark: Any, once: bool) -> None:
         """Start one streaming query per follower."""
         self._spark, self._once = spark, once
@@ -242,9 +323,11 @@ class ApplyJob:
                   .option("log", json.dumps(log_settings(self.config)))
                   .option("sources", ",".join(self.config.follower_sources(name)))
                   .option("maxRecordsPerTrigger", str(follower.max_records_per_batch))
+                  .option("emit", "ranges")
                   .load())
         topics = list(self.config.follower_topics(name)) if follower.tables else None
-        handler = BatchHandler(self.sinks[name], self.progress[name], topics)
+        handler = BatchHandler(self.sinks[name], self.handle(name), self.progress[name], topics,
+                               spark)
         checkpoint = self.checkpoint(name)
         refuse_if_stale(self.config, name, checkpoint)  # again: a restart may come much later
         try:
@@ -360,12 +443,13 @@ class ApplyJob:
             sink.close()
 
 
-def start_spark() -> Any:
-    """The SparkSession (``spark_apply/session.py``), or a :class:`CdcError` with the fix."""
+def start_spark(master: str | None = None, conf: dict[str, str] | None = None) -> Any:
+    """The SparkSession (``spark_apply/session.py``) on ``master`` (default: the embedded
+    ``local[2,3]``) with the extra settings ``conf``, or a :class:`CdcError` with the fix."""
     try:
         from spark_apply.session import spark_session
 
-        return spark_session(app_name="cdc-apply")
+        return spark_session(master=master or "local[2,3]", app_name="cdc-apply", conf=conf)
     except ImportError as exc:
         raise CdcError(f"PySpark is not installed ({exc})",
                        "run `make setup`, or pip install -e '.[spark]'") from None
@@ -410,10 +494,11 @@ def refuse_if_stale(config: Config, name: str, checkpoint: Path) -> None:
 
 
 def run_apply(config: Config, names: Sequence[str], once: bool, console: Console | None,
-              stop: threading.Event | None = None) -> ApplyJob:
+              stop: threading.Event | None = None, master: str | None = None) -> ApplyJob:
     """Prepare, start the SparkSession and the queries, wait, stop. ``stop`` (set by a
     SIGTERM handler) ends a continuous run; a stop requested before the queries start means
-    none is started. Returns the finished job (its ``progress``)."""
+    none is started. ``master`` overrides the config's ``spark.master``. Returns the finished
+    job (its ``progress``)."""
     job = ApplyJob.prepare(config, names)
     if stop is not None:
         job.stop = stop
@@ -422,7 +507,7 @@ def run_apply(config: Config, names: Sequence[str], once: bool, console: Console
             return job
         for name in job.names:  # before Spark starts: a stale follower is refused at once
             refuse_if_stale(config, name, job.checkpoint(name))
-        spark = start_spark()
+        spark = start_spark(master or config.spark.master, config.spark.conf)
         if job.stop.is_set():
             return job
         job.start(spark, once)

@@ -24,6 +24,14 @@ Options
 ``splits``
     at most this many Spark tasks per micro-batch (default 2); the offset ranges are spread over
     them, balanced by length.
+``emit``
+    ``records`` (default): one row per log record, below. ``ranges``: one row per offset range
+    of a partition the micro-batch covers, :data:`RANGES_SCHEMA` (``topic``, ``partition``,
+    ``start``, ``end`` — offsets ``start <= offset < end`` — ``source``, ``table``), plus the
+    watermark rows (``op = 'w'``, ``source``, ``after`` as below; the rest NULL). ``cdc apply``
+    uses it: its tasks read the records themselves through the log contract
+    (``spark_apply/tasks.py``), so no record crosses into the JVM. Offsets, admission control
+    and watermarks are the same in both.
 
 Output: one row per log record, the fixed schema :data:`SCHEMA` whatever the table
 ------------------------------------------------------------------------------------------
@@ -104,9 +112,21 @@ SCHEMA = StructType([
     StructField("after", StringType()),
     StructField("source_ts_ms", LongType()),
 ])
+#: the rows of ``emit=ranges``: one per offset range of a partition (or a watermark row)
+RANGES_SCHEMA = StructType([
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("start", LongType()),
+    StructField("end", LongType()),
+    StructField("source", StringType()),
+    StructField("table", StringType()),
+    StructField("op", StringType()),
+    StructField("after", StringType()),
+])
 #: ``op`` of a watermark row
 WATERMARK_OP = "w"
-OPTIONS = ("path", "log", "topics", "sources", "maxrecordspertrigger", "splits")
+OPTIONS = ("path", "log", "topics", "sources", "maxrecordspertrigger", "splits", "emit")
+EMITS = ("records", "ranges")
 #: records per log read and per Arrow batch handed to Spark
 CHUNK = 8192
 
@@ -127,6 +147,8 @@ class SourceOptions:
     sources: tuple[str, ...] | None = None
     max_records: int | None = None
     splits: int = 2
+    #: ``records`` or ``ranges`` (see the module docstring)
+    emit: str = "records"
 
 
 def _names(value: str | None, option: str) -> tuple[str, ...] | None:
@@ -164,7 +186,12 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     if unknown:
         raise SourceOptionError(f"the cdc source has no option {', '.join(unknown)}",
                                 "its options are path, topics, sources, maxRecordsPerTrigger, "
-                                "splits")
+                                "splits, emit")
+    emit = (given.get("emit") or "records").strip().lower()
+    if emit not in EMITS:
+        raise SourceOptionError(f"the cdc source option emit must be records or ranges, got "
+                                f"{given.get('emit')!r}", "set emit to records (the default) "
+                                "or ranges")
     path = (given.get("path") or "").strip()
     log = (given.get("log") or "").strip()
     if not path and not log:
@@ -188,7 +215,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     parsed = SourceOptions(log, topics, sources,
                            _positive(given.get("maxrecordspertrigger"), "maxRecordsPerTrigger",
                                      None),
-                           _positive(given.get("splits"), "splits", 2) or 2)
+                           _positive(given.get("splits"), "splits", 2) or 2, emit)
     state = reader.committed()
     missing = [topic for topic in topics or () if topic not in state.topics]
     if missing:
@@ -471,19 +498,24 @@ class Decoder:
             plan = self._plans[schema_id] = (projection, _row_builder(columns))
         return plan
 
-    def decode(self, value: bytes) -> tuple[str, str | None, int | None]:
+    def decode_image(self, value: bytes) -> tuple[str, dict[str, Any] | None, int | None]:
+        """``(op, after image in its JSON form or None, source ts_ms)`` of a log value."""
         if len(value) < 5 or value[0] != 0:
             self.codec.decode_raw(value)  # raises the SchemaError that explains it
         projection, columns = self._plan(int.from_bytes(value[1:5], "big"))
         if projection is None:
             envelope = self.codec.decode_value(value).envelope
             op, ts = envelope["op"], envelope["source"]["ts_ms"]
-            after = envelope["after"] if op in ("c", "u", "r") else None
-            return op, None if after is None else _dumps(after), ts
+            return op, envelope["after"] if op in ("c", "u", "r") else None, ts
         op, image, ts = projection(value, 5)
         if image is None or op not in ("c", "u", "r"):
             return op, None, ts
-        return op, _dumps(columns(image)), ts
+        return op, columns(image), ts
+
+    def decode(self, value: bytes) -> tuple[str, str | None, int | None]:
+        """As :meth:`decode_image`, the image as compact JSON."""
+        op, image, ts = self.decode_image(value)
+        return op, None if image is None else _dumps(image), ts
 
 
 def _row_builder(columns: Sequence[tuple[str, str, Any]]) -> Any:
@@ -535,32 +567,66 @@ def _arrow_batch(rows: list[tuple[Any, ...]]) -> Any:
     return pa.RecordBatch.from_arrays(arrays, names=SCHEMA.fieldNames())
 
 
-def read_partition(settings: str, partition: CdcPartition) -> Iterator[Any]:
+def read_range(log: ChangeLogReader, item: Range) -> Iterator[list[Any]]:
+    """The records of ``item`` (offsets ``start <= offset < end``), in chunks of at most
+    :data:`CHUNK`; offsets compaction removed are simply absent."""
+    at = item.start
+    while at < item.end:
+        records = log.read(item.topic, item.partition, at, min(CHUNK, item.end - at))
+        if not records:
+            return  # compaction removed everything left in the range
+        if records[-1].offset >= item.end:
+            records = [record for record in records if record.offset < item.end]
+        yield records
+        at = records[-1].offset + 1 if records else item.end
+
+
+def watermark_after(offset: Mapping[str, Any]) -> str:
+    """A watermark row's ``after``: compact JSON of the source offset, keys sorted."""
+    return json.dumps(offset, sort_keys=True, separators=(",", ":"))
+
+
+def read_ranges(partition: CdcPartition) -> Iterator[Any]:
+    """``emit=ranges``: one Arrow batch of :data:`RANGES_SCHEMA` rows for ``partition``."""
+    import pyarrow as pa
+
+    rows: list[tuple[Any, ...]] = [(r.topic, r.partition, r.start, r.end, r.source, r.table,
+                                    None, None)
+            for r in partition.ranges]
+    rows += [(None, None, None, None, source, None, WATERMARK_OP, watermark_after(offset))
+             for source, offset in (partition.watermarks or {}).items()]
+    if rows:
+        kinds = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64()}
+        columns = list(zip(*rows, strict=True))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(column, type=kinds[field.dataType.simpleString()])
+             for column, field in zip(columns, RANGES_SCHEMA.fields, strict=True)],
+            names=RANGES_SCHEMA.fieldNames())
+
+
+def read_partition(settings: str, partition: CdcPartition, emit: str = "records"
+                   ) -> Iterator[Any]:
     """The rows of one task, as Arrow record batches of at most :data:`CHUNK` rows."""
+    if emit == "ranges":
+        yield from read_ranges(partition)
+        return
     log, decoder = _open(settings)
     rows: list[tuple[Any, ...]] = []
     for item in partition.ranges:
-        at = item.start
-        while at < item.end:
-            records = log.read(item.topic, item.partition, at, min(CHUNK, item.end - at))
-            if not records:
-                break  # compaction removed everything left in the range
+        for records in read_range(log, item):
             for record in records:
-                if record.offset >= item.end:
-                    break
                 op = after = source_ts = None
                 if record.value is not None:
                     op, after, source_ts = decoder.decode(record.value)
                 rows.append((item.topic, item.partition, record.offset, record.timestamp_ms,
                              item.source, item.table, record.key.decode(), record.position, op,
                              after, source_ts))
-            at = records[-1].offset + 1
             if len(rows) >= CHUNK:
                 yield _arrow_batch(rows)
                 rows = []
     for source, offset in (partition.watermarks or {}).items():
         rows.append((None, None, None, None, source, None, None, None, WATERMARK_OP,
-                     json.dumps(offset, sort_keys=True, separators=(",", ":")), None))
+                     watermark_after(offset), None))
     if rows:
         yield _arrow_batch(rows)
 
@@ -618,7 +684,7 @@ class CdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, CdcPartition)
-        return read_partition(self.options.log, partition)
+        return read_partition(self.options.log, partition, self.options.emit)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: the log keeps records for other readers; Spark's checkpoint is the
@@ -638,7 +704,7 @@ class CdcBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, CdcPartition)
-        return read_partition(self.options.log, partition)
+        return read_partition(self.options.log, partition, self.options.emit)
 
 
 class CdcDataSource(DataSource):
@@ -653,7 +719,7 @@ class CdcDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return RANGES_SCHEMA if self.parsed.emit == "ranges" else SCHEMA
 
     def streamReader(self, schema: StructType) -> CdcStreamReader:
         return CdcStreamReader(self.parsed)

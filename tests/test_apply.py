@@ -273,18 +273,18 @@ def test_redis_lost_during_apply_is_reported_and_nothing_is_committed(
 def test_a_query_failing_in_sparks_plumbing_is_restarted(tmp_path: Path, redis_url: str,
                                                          spark: Any) -> None:
     """A query that fails with Spark's "Python worker failed to connect back" is restarted from
-    its checkpoint (here the sink raises that text twice, then works); any other failure is
-    raised at once with the fix."""
+    its checkpoint (here the driver's watermark write raises that text twice, then works); any
+    other failure is raised at once with the fix."""
     from spark_apply.jobs import TRANSIENT_FAILURES, ApplyError, ApplyJob
 
     class Flaky(RedisSink):
         failures = 2
 
-        def apply(self, changes: Any) -> Any:
+        def set_watermark(self, source: str, offset: Any) -> None:
             if Flaky.failures:
                 Flaky.failures -= 1
                 raise RuntimeError(TRANSIENT_FAILURES[0] + " (simulated)")
-            return super().apply(changes)
+            super().set_watermark(source, offset)
 
     config_path, workload = write_synthetic(tmp_path, redis_url, changes=800,
                                             max_records_per_batch=300)
@@ -310,7 +310,7 @@ def test_a_query_failing_in_sparks_plumbing_is_restarted(tmp_path: Path, redis_u
     job.sinks["cache"].close()
 
     class Broken(RedisSink):
-        def apply(self, changes: Any) -> Any:
+        def set_watermark(self, source: str, offset: Any) -> None:
             raise RuntimeError("a real bug")
 
     job.sinks["cache"] = Broken("cache", follower.url)  # type: ignore[attr-defined]

@@ -1,0 +1,261 @@
+"""Apply tasks: what one Spark task does with its share of a micro-batch, on an executor.
+
+``cdc apply`` reads the change log with the ``cdc`` source in ``emit=ranges`` mode: a micro-batch
+is a list of offset ranges (``topic``, ``partition``, ``start <= offset < end``) plus watermark
+rows, planned by the source and stored in the query's checkpoint. :func:`plan_tasks` splits the
+ranges into :class:`ApplyTask` s and Spark runs :func:`run_task` for each, on the executors; a
+task reads its records *itself*, through the log contract (``cdc/log/base.py``: a local log on
+the same machine or a shared filesystem, or Kafka), folds them and writes them into the
+follower. No record crosses into the JVM or reaches the driver: the driver sees the ranges and
+one small :class:`TaskReport` per task.
+
+Contracts, stated exactly:
+
+* **Every key in one task.** A task owns either whole partitions of the log (the log puts each
+  key in one partition: ``cdc/log/partitioner.py``), or — ``count > 1`` — every range of the
+  batch but only the keys whose :meth:`Sink.owner` is its ``index``: sinks that must not be
+  written by two tasks in the same place (Delta: one file partition, its bucket) say which
+  keys belong together. Either way a key's records of the batch are all folded in one task, so
+  the fold is the same as over the whole batch.
+* **The fold** is ``spark_apply/fold.py``'s: per (topic, key) the record with the highest
+  (position, offset) wins; truncates never compete; ``Sink.folds`` False keeps every record
+  (truncates dropped) in (position, offset) order per key. Only winners are decoded (a
+  truncate's key, ``{}``, is decoded as it comes, so a truncate never hides a record).
+* **The gate.** Each write is the sink's per-key compare-and-set (``sinks/base.py``): a task
+  replayed after a failure, a speculative duplicate, or a task still writing after its worker
+  was declared lost cannot overwrite newer data.
+* **Watermarks** are *not* written by tasks: the driver writes them after every task of the
+  batch succeeded (``spark_apply/jobs.py``), with the newest watermark row of the batch.
+* **Latency** (``spark_apply/latency.py``) is measured for the changes a task applies (the
+  winners whose op is ``c``/``u``/``d``), from their commit at the source to the end of the
+  task's writes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sinks.base import ApplyStats, Change, Sink
+from spark_apply.latency import LatencyHistogram
+from spark_apply.source import Range, read_range
+
+#: ops whose ``source_ts_ms`` is a commit at the source (latency is measured for them)
+COMMITS = frozenset({"c", "u", "d"})
+#: the key of a truncate record (table-level)
+TABLE_KEY = b"{}"
+
+
+@dataclass(frozen=True)
+class ApplyTask:
+    """One task's share of a micro-batch: ``ranges`` (whole, or only the keys ``index`` of
+    ``count`` owns when ``count > 1``)."""
+
+    ranges: tuple[Range, ...]
+    index: int = 0
+    count: int = 1
+
+
+@dataclass
+class TaskReport:
+    """What one task did (small: it travels to the driver)."""
+
+    records: int = 0
+    changes: int = 0
+    written: int = 0
+    deleted: int = 0
+    skipped: int = 0
+    newest_ts_ms: int | None = None
+    records_by_topic: dict[str, int] = field(default_factory=dict)
+    latency_by_topic: dict[str, LatencyHistogram] = field(default_factory=dict)
+    read_seconds: float = 0.0
+    sink_seconds: float = 0.0
+
+    def merge(self, other: TaskReport) -> None:
+        for name in ("records", "changes", "written", "deleted", "skipped"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        if other.newest_ts_ms is not None and (self.newest_ts_ms is None
+                                               or other.newest_ts_ms > self.newest_ts_ms):
+            self.newest_ts_ms = other.newest_ts_ms
+        for topic, count in other.records_by_topic.items():
+            self.records_by_topic[topic] = self.records_by_topic.get(topic, 0) + count
+        for topic, histogram in other.latency_by_topic.items():
+            mine = self.latency_by_topic.setdefault(topic, LatencyHistogram())
+            mine.merge(histogram)
+        self.read_seconds += other.read_seconds
+        self.sink_seconds += other.sink_seconds
+
+
+def plan_tasks(ranges: Sequence[Range], tasks: int, split_keys: bool) -> list[ApplyTask]:
+    """At most ``tasks`` tasks over ``ranges``. ``split_keys`` (the sink's
+    ``Sink.split_by_owner``): every task reads every range and keeps the keys it owns;
+    otherwise whole ranges are spread over the tasks, balanced by length (largest first)."""
+    if not ranges:
+        return []
+    if split_keys and tasks > 1:
+        whole = tuple(ranges)
+        return [ApplyTask(whole, index, tasks) for index in range(tasks)]
+    groups: list[list[Range]] = [[] for _ in range(max(1, min(tasks, len(ranges))))]
+    sizes = [0] * len(groups)
+    for item in sorted(ranges, key=lambda r: (r.start - r.end, r.topic, r.partition)):
+        smallest = sizes.index(min(sizes))
+        groups[smallest].append(item)
+        sizes[smallest] += item.end - item.start
+    return [ApplyTask(tuple(group)) for group in groups if group]
+
+
+# ------------------------------------------------------------------------- the follower handle
+
+@dataclass(frozen=True)
+class FollowerHandle:
+    """What an executor needs to open a follower's sink and read the log: pickled into every
+    task. ``secrets`` holds the values of the environment variables the config names for
+    passwords (read on the driver: executors of a cluster do not share its environment)."""
+
+    config: Any
+    name: str
+    log: str
+    #: a token unique to the ``cdc apply`` run: a worker keeps one sink per token and name
+    token: str
+    secrets: tuple[tuple[str, str], ...] = ()
+
+    def sink(self) -> Sink:
+        """This process's sink of the follower (opened on first use, then kept)."""
+        key = (self.token, self.name)
+        sink = _SINKS.get(key)
+        if sink is None:
+            from sinks import open_sink
+
+            for variable, value in self.secrets:
+                os.environ.setdefault(variable, value)
+            for old in [k for k in _SINKS if k[1] == self.name]:
+                _SINKS.pop(old).close()
+            sink = _SINKS[key] = open_sink(self.config, self.name)
+        return sink
+
+
+_SINKS: dict[tuple[str, str], Sink] = {}
+
+
+# ----------------------------------------------------------------------------------- the task
+
+def run_task(handle: FollowerHandle, task: ApplyTask, sink: Sink | None = None) -> TaskReport:
+    """Read, fold and write ``task``'s records into the follower (see the module docstring);
+    ``sink``: the one to write with (default: this process's, :meth:`FollowerHandle.sink`)."""
+    from spark_apply.source import _open
+
+    started = time.monotonic()
+    reader, decoder = _open(handle.log)
+    if sink is None:
+        sink = handle.sink()
+        sink.refresh()
+    report = TaskReport()
+    changes = fold_task(task, reader, decoder, sink, report)
+    folded = time.monotonic()
+    stats = sink.apply(changes) if changes else ApplyStats()
+    applied = time.time()
+    report.sink_seconds = time.monotonic() - folded
+    report.read_seconds = folded - started
+    report.changes = len(changes)
+    report.written, report.deleted, report.skipped = stats.written, stats.deleted, stats.skipped
+    stamps: dict[str, list[int]] = {}
+    for change in changes:
+        if change.ts_ms is not None and change.op in COMMITS:
+            stamps.setdefault(change.topic, []).append(change.ts_ms)
+    for topic, values in stamps.items():
+        histogram = report.latency_by_topic.setdefault(topic, LatencyHistogram())
+        histogram.add_stamps(values, applied)
+    return report
+
+
+def fold_task(task: ApplyTask, reader: Any, decoder: Any, sink: Sink,
+              report: TaskReport) -> list[Change]:
+    """The task's changes, folded (``sink.folds``) or in history order; counts records into
+    ``report``."""
+    history = not sink.folds
+    # (topic, key) -> (position, offset, value, range); or, for history, every record
+    best: dict[tuple[str, bytes], tuple[bytes, int, bytes | None, Range]] = {}
+    everything: list[tuple[str, bytes, bytes, int, bytes | None, Range]] = []
+    direct: list[Change] = []
+    owned = _owner_filter(task, sink)
+    for item in task.ranges:
+        count = 0
+        for records in read_range(reader, item):
+            for record in records:
+                key = record.key
+                if owned is not None and not owned(item.topic, key):
+                    continue
+                count += 1
+                if key == TABLE_KEY:  # maybe a truncate: table-level, never competes
+                    change = _decode(decoder, item, key, record.position, record.value)
+                    if change is None:
+                        continue
+                    if not history:
+                        direct.append(change)
+                        continue
+                if history:
+                    everything.append((item.topic, key, record.position, record.offset,
+                                       record.value, item))
+                    continue
+                group = (item.topic, key)
+                current = best.get(group)
+                rank = (record.position, record.offset)
+                if current is None or rank > current[:2]:
+                    best[group] = (record.position, record.offset, record.value, item)
+        if count:
+            report.records += count
+            report.records_by_topic[item.topic] = report.records_by_topic.get(item.topic,
+                                                                              0) + count
+    if history:
+        everything.sort(key=lambda r: (r[0], r[1], r[2], r[3]))
+        out = [_decode(decoder, item, key, position, value)
+               for _, key, position, _, value, item in everything]
+        changes = [change for change in out if change is not None]
+    else:
+        changes = _merge_direct(direct, best, decoder)
+    for change in changes:
+        if change.ts_ms is not None and (report.newest_ts_ms is None
+                                         or change.ts_ms > report.newest_ts_ms):
+            report.newest_ts_ms = change.ts_ms
+    return changes
+
+
+def _merge_direct(direct: list[Change], best: Mapping[tuple[str, bytes], tuple[
+        bytes, int, bytes | None, Range]], decoder: Any) -> list[Change]:
+    """The winners of ``best`` decoded, plus the records decoded as they came (key ``{}``,
+    not truncates), newest per key among those."""
+    changes = [change for (_, key), (position, _, value, item) in best.items()
+               if (change := _decode(decoder, item, key, position, value)) is not None]
+    if direct:
+        newest: dict[tuple[str, str], Change] = {}
+        for change in direct:
+            seen = newest.get((change.topic, change.key))
+            if seen is None or change.position >= seen.position:
+                newest[(change.topic, change.key)] = change
+        changes.extend(newest.values())
+    return changes
+
+
+def _owner_filter(task: ApplyTask, sink: Sink) -> Any:
+    """``(topic, key bytes) -> bool``: the keys ``task`` owns (None: all of them)."""
+    if task.count <= 1:
+        return None
+    owner, index, count = sink.owner, task.index, task.count
+    return lambda topic, key: owner(topic, key, count) == index
+
+
+def _decode(decoder: Any, item: Range, key: bytes, position: bytes,
+            value: bytes | None) -> Change | None:
+    """One record as a :class:`Change` (``None`` for a truncate)."""
+    if value is None:  # a tombstone
+        return Change(topic=item.topic, source=item.source or "", table=item.table or "",
+                      key=key.decode(), position=bytes(position), row=None, op="")
+    op, image, ts = decoder.decode_image(value)
+    if op == "t":
+        return None
+    return Change(topic=item.topic, source=item.source or "", table=item.table or "",
+                  key=key.decode(), position=bytes(position), row=image, op=op or "",
+                  ts_ms=None if ts is None else int(ts))
