@@ -592,7 +592,7 @@ def read_ranges(partition: CdcPartition) -> Iterator[Any]:
 
     rows: list[tuple[Any, ...]] = [(r.topic, r.partition, r.start, r.end, r.source, r.table,
                                     None, None)
-            for r in partition.ranges]
+                                   for r in partition.ranges]
     rows += [(None, None, None, None, source, None, WATERMARK_OP, watermark_after(offset))
              for source, offset in (partition.watermarks or {}).items()]
     if rows:
