@@ -52,7 +52,8 @@ def cluster() -> Any:
 def spark_section(cluster: ThrowawaySparkCluster) -> str:
     conf = {"spark.executor.memory": EXECUTOR_MEMORY, "spark.driver.maxResultSize": "1m",
             "spark.task.maxFailures": "8", "spark.cores.max": "2",
-            "spark.driver.memory": "512m"}
+            "spark.driver.memory": "512m", "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1"}
     lines = [f"    {key}: {json.dumps(value)}" for key, value in conf.items()]
     return f"spark:\n  master: {cluster.master_url}\n  conf:\n" + "\n".join(lines) + "\n"
 
@@ -185,6 +186,7 @@ def test_cluster_and_local_mode_give_identical_followers(
         config = {**base, "followers": followers,
                   "spark": {"master": master,
                             "conf": {"spark.driver.maxResultSize": "1m",
+                                     "spark.driver.host": "127.0.0.1",
                                      "spark.executor.memory": EXECUTOR_MEMORY}}}
         path = tmp_path / f"{mode}.yaml"
         path.write_text(json.dumps(config))

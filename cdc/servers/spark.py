@@ -142,9 +142,16 @@ class ThrowawaySparkCluster:
     def executor_pids(self) -> list[int]:
         """The process ids of the executors the workers run now (``CoarseGrainedExecutorBackend``
         JVMs)."""
-        found = subprocess.run(["pgrep", "-f", "CoarseGrainedExecutorBackend.*" + str(self.port)],
-                               capture_output=True, text=True, check=False)
-        return [int(pid) for pid in found.stdout.split()]
+        pids = []
+        for worker in self.worker_processes:
+            for pid in _children(worker.pid) if worker is not None else []:
+                try:
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"CoarseGrainedExecutorBackend" in command:
+                    pids.append(pid)
+        return pids
 
     def kill_worker(self, index: int) -> None:
         """SIGKILL worker ``index`` and its executors (a lost machine)."""
