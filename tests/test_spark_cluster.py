@@ -66,7 +66,8 @@ def followers_section(root: Path, redis_url: str, suffix: str = "") -> str:
             f"  warehouse:\n    kind: delta\n    path: {root / ('warehouse' + suffix)}\n"
             f"    buckets: 4\n    max_records_per_batch: 20000\n    trigger_interval: 500ms\n"
             f"    checkpoint: {root / ('checkpoint-warehouse' + suffix)}\n"
-            f"  history:\n    kind: delta\n    mode: scd2\n    path: {root / ('history' + suffix)}\n"
+            f"  history:\n    kind: delta\n    mode: scd2\n"
+            f"    path: {root / ('history' + suffix)}\n"
             f"    buckets: 4\n    max_records_per_batch: 20000\n    trigger_interval: 500ms\n"
             f"    checkpoint: {root / ('checkpoint-history' + suffix)}\n")
 

@@ -15,6 +15,7 @@ machine) and :meth:`start_worker` adds one back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -194,7 +195,5 @@ def _children(pid: int) -> list[int]:
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
