@@ -341,12 +341,15 @@ def apply_cmd(config_path: str | None, followers: tuple[str, ...], once: bool,
 
     console = make_console()
     if master is not None:
+        from pydantic import ValidationError
+
         from cdc.config import SparkConfig
 
         try:
             master = SparkConfig(master=master).master
-        except ValueError as exc:
-            raise click.BadParameter(str(exc).splitlines()[-1], param_hint="--master") from None
+        except ValidationError as exc:
+            message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+            raise click.BadParameter(message, param_hint="--master") from None
     job = run_apply(config, list(followers), once, console, stop, master=master)
     for name in job.names:
         p = job.progress[name]

@@ -287,9 +287,7 @@ class ApplyJob:
             for name in chosen:
                 sink = open_sink(config, name)
                 sinks[name] = sink
-                check = getattr(sink, "check", None)
-                if check is not None:
-                    check()
+                sink.check()
         except BaseException:
             for sink in sinks.values():
                 sink.close()

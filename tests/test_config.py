@@ -174,3 +174,35 @@ def test_topic_config_cannot_undo_compaction_or_the_tombstone_retention() -> Non
     config = parse_config({"log": {**base, "topic_config": {"segment.ms": 1000}},
                            "sources": []}, Path("/"))
     assert config.log.topic_config == {"segment.ms": 1000}
+
+
+def test_spark_section_and_master_validation(tmp_path: Path) -> None:
+    config = parse_config({"spark": {"master": "spark://127.0.0.1:7077",
+                                     "conf": {"spark.executor.memory": "1g"}}}, tmp_path)
+    assert config.spark.master == "spark://127.0.0.1:7077"
+    assert config.spark.conf == {"spark.executor.memory": "1g"}
+    assert parse_config({}, tmp_path).spark.master == "local[2,3]"
+    for bad, words in (({"master": "http://x"}, "not a Spark master URL"),
+                       ({"conf": {"executor.memory": "1g"}}, "are not Spark settings"),
+                       ({"conf": {"spark.master": "local"}}, "set the master with")):
+        with pytest.raises(ConfigError, match=words):
+            parse_config({"spark": bad}, tmp_path)
+    (tmp_path / "cdc.yaml").write_text("{}\n")
+    result = subprocess.run([sys.executable, "-m", "cdc.cli", "apply", "--config",
+                             str(tmp_path / "cdc.yaml"), "--follower", "x", "--master", "nope"],
+                            capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 2, result.stderr
+    assert "--master" in result.stderr and "not a Spark master URL" in result.stderr
+
+
+def test_a_follower_kind_without_a_sink_is_a_config_error(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import sinks
+    from sinks import open_sink
+
+    config = parse_config({"followers": {"idx": {"kind": "search", "path": str(tmp_path)}}},
+                          tmp_path)
+    monkeypatch.delitem(sinks.REGISTRY, "search")
+    with pytest.raises(ConfigError, match="no follower kind 'search'.*") as raised:
+        open_sink(config, "idx")
+    assert "redis" in str(raised.value) and "delta" in str(raised.value)
