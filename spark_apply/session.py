@@ -11,8 +11,10 @@ shuffle partitions, JVM logging at ERROR, and the ``cdc`` data source registered
 
 JVM jars: every jar in ``.cache/jars/spark`` (Spark's Kafka source, spark-avro, delta-spark and
 their dependencies, fetched by ``scripts/fetch_jars.sh`` at ``make setup``) goes on the classpath
-with ``spark.jars``; nothing is downloaded at run time (no ``spark.jars.packages``). Without that
-folder the session still starts (local log followers need none of them) and
+with ``spark.jars``; nothing is downloaded at run time (no ``spark.jars.packages``). With
+delta-spark among them, Delta's SQL extension and catalog are set, so Spark reads and writes the
+Delta followers' tables (``format("delta")``, ``MERGE INTO delta.`path```). Without that folder
+the session still starts (local log followers need none of them) and
 :func:`require_spark_jars` names the fix where a job needs them. Spark's connector jars work only
 with the exact Spark release they were built for: the session refuses to run when
 ``spark.version`` differs from theirs (:func:`check_spark_version`; spark-avro, which Maven
@@ -158,6 +160,11 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
     jars = spark_jars()
     if jars:
         settings["spark.jars"] = ",".join(str(p) for p in jars)
+    if any(_DELTA_JAR.match(p.name) for p in jars):
+        # Delta tables in Spark SQL: format("delta"), MERGE INTO delta.`path`, DESCRIBE HISTORY
+        settings["spark.sql.extensions"] = "io.delta.sql.DeltaSparkSessionExtension"
+        settings["spark.sql.catalog.spark_catalog"] = \
+            "org.apache.spark.sql.delta.catalog.DeltaCatalog"
     settings.update(conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
