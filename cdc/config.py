@@ -353,6 +353,10 @@ class _FollowerBase(_Strict):
     trigger_interval: Duration = Field(1.0, ge=0)
     #: Spark's checkpoint directory (default: <log dir's parent>/state/apply/<follower>)
     checkpoint: Path | None = None
+    #: how tasks read a micro-batch's records: ``log`` (the log contract, in Python),
+    #: ``spark-kafka`` (Spark's Kafka source, Avro decoded in the JVM; Kafka logs only),
+    #: ``auto`` (spark-kafka for a Kafka log, else log)
+    reader: Literal["auto", "log", "spark-kafka"] = "auto"
 
     @field_validator("tables")
     @classmethod
@@ -490,6 +494,9 @@ class Config(_Strict):
             raise ValueError(f"followers.{name}.tables: {missing} are not captured by the "
                              "follower's sources (add them to a source's tables, or remove "
                              "them here)")
+        if follower.reader == "spark-kafka" and self.log.backend != "kafka":
+            raise ValueError(f"followers.{name}.reader: spark-kafka reads only a Kafka log "
+                             "(log.backend: kafka); use reader: log or auto")
         if isinstance(follower, SearchFollowerConfig):
             wanted = {TableId.parse(t) for t in follower.tables} if follower.tables else offered
             stray = [t for t in follower.text_fields if TableId.parse(t) not in wanted]

@@ -92,7 +92,9 @@ def canonical_text(value: Any) -> str:
 
 def row_text(row: Mapping[str, Any]) -> dict[str, str]:
     """A row's JSON form as follower text: ``canonical_text`` of every non-null column."""
-    return {column: canonical_text(value) for column, value in row.items() if value is not None}
+    text = canonical_text
+    return {column: value if value.__class__ is str else text(value)
+            for column, value in row.items() if value is not None}
 
 
 class Sink(ABC):
@@ -115,10 +117,19 @@ class Sink(ABC):
         """Raise a :class:`~cdc.errors.CdcError` with the fix if the follower cannot be
         written (server down, wrong password, directory not writable, wrong mode...)."""
 
+    def owner_groups(self, topic: str) -> int | None:
+        """Keys of ``topic`` whose ``crc32(key) % groups`` is equal must be written by one task
+        (e.g. one Delta bucket); ``None``: no such constraint."""
+        return None
+
     def owner(self, topic: str, key: bytes, writers: int) -> int:
         """Which of ``writers`` tasks writes ``key`` (its JSON bytes) of ``topic``: in
-        ``range(writers)``, the same for every call. Default: ``crc32(key) % writers``."""
-        return zlib.crc32(key) % writers
+        ``range(writers)``, the same for every call: ``crc32(key) % groups % writers`` with
+        :meth:`owner_groups`, else ``crc32(key) % writers``. (Spark computes the same in the
+        JVM: ``pmod(pmod(crc32(key), groups), writers)``.)"""
+        groups = self.owner_groups(topic)
+        crc = zlib.crc32(key)
+        return (crc % groups if groups else crc) % writers
 
     def refresh(self) -> None:  # noqa: B027 (optional: sinks that cache nothing)
         """Forget what this process cached about the follower's storage that another writer

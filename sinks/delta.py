@@ -83,7 +83,7 @@ import pyarrow.compute as pc
 from cdc.errors import CdcError
 from cdc.events import TableId
 from sinks.base import ApplyStats, Change, Sink, canonical_text
-from sinks.watermarks import WatermarkFile
+from sinks.watermarks import WatermarkFile, replace_file
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -124,6 +124,11 @@ _INT64 = (-(2**63), 2**63 - 1)
 _PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 #: how often a MERGE that lost a commit race (e.g. to `cdc warehouse vacuum`) is retried
 _COMMIT_RETRIES = 5
+
+
+#: the table's cdc settings beside its ``_delta_log`` (written before the table is created; a
+#: name starting with ``_`` is never touched by Delta's vacuum)
+SETTINGS_FILE = "_cdc_table.json"
 
 
 class DeltaSinkError(CdcError):
@@ -315,6 +320,8 @@ class _Table:
     columns: dict[str, Kind] = field(default_factory=dict)
     #: (version, live rows) cached for read()/keys()
     live: tuple[int, pa.Table] | None = None
+    #: the table's description (the cdc settings, JSON), restored when a commit drops it
+    description: str = ""
 
 
 @dataclass
@@ -436,14 +443,18 @@ class DeltaSink(Sink):
     #: tasks own whole buckets (a bucket is a file partition: two writers there would race)
     split_by_owner = True
 
-    def owner(self, topic: str, key: bytes, writers: int) -> int:
-        """The task of ``key``'s bucket (``bucket % writers``): a bucket has one writer."""
+    def owner_groups(self, topic: str) -> int:
+        """The table's bucket count: a bucket (a file partition) has one writer."""
         buckets = self._owner_buckets.get(topic)
         if buckets is None:
             state = self._open(topic)
             buckets = self._owner_buckets[topic] = (state.buckets if state is not None
                                                     else self.buckets)
-        return (zlib.crc32(key) % buckets) % writers
+        return buckets
+
+    def owner(self, topic: str, key: bytes, writers: int) -> int:
+        """The task of ``key``'s bucket (``bucket % writers``)."""
+        return (zlib.crc32(key) % self.owner_groups(topic)) % writers
 
     def refresh(self) -> None:
         """Tables are re-read at the next write: other tasks committed since."""
@@ -466,28 +477,45 @@ class DeltaSink(Sink):
 
         with _delta_errors(self.name, "open the Delta table", path):
             table = DeltaTable(str(path))
-            info = self._description(table, path)
+            info, description = self._description(table, path)
         if info.get("mode") != self.mode:
             raise DeltaSinkError(
                 f"follower {self.name}: the table at {path} was written in mode "
                 f"{info.get('mode')}, but the follower is configured with mode {self.mode}",
                 f"set followers.{self.name}.mode back to {info.get('mode')}, or give the "
                 f"follower a new path (scd1 and scd2 tables hold different columns)")
-        state = _Table(topic, path, self.mode, int(info["buckets"]), table)
+        state = _Table(topic, path, self.mode, int(info["buckets"]), table,
+                       description=description)
         self._load_columns(state)
         self._state[topic] = state
         return state
 
-    def _description(self, table: DeltaTable, path: Path) -> dict[str, Any]:
-        try:
-            info = json.loads(table.metadata().description or "")["cdc"]
-            int(info["buckets"])
-            return dict(info)
-        except (ValueError, KeyError, TypeError):
-            raise DeltaSinkError(f"follower {self.name}: {path} is a Delta table this "
-                                 "follower did not create (its description lacks the cdc "
-                                 "settings)", "move it away, or give the follower another "
-                                 "path") from None
+    def _description(self, table: DeltaTable, path: Path) -> tuple[dict[str, Any], str]:
+        """The cdc settings of the table and their text: from the table's description, else
+        from :data:`SETTINGS_FILE` beside its log (a schema-merging MERGE of deltalake drops
+        the description; :meth:`_keep_description` puts it back, a crash in between leaves
+        only the file)."""
+        texts = [table.metadata().description or ""]
+        with contextlib.suppress(OSError):
+            texts.append((path / SETTINGS_FILE).read_text())
+        for text in texts:
+            try:
+                info = json.loads(text)["cdc"]
+                int(info["buckets"])
+                return dict(info), text
+            except (ValueError, KeyError, TypeError):
+                continue
+        raise DeltaSinkError(f"follower {self.name}: {path} is a Delta table this "
+                             "follower did not create (its description lacks the cdc "
+                             "settings)", "move it away, or give the follower another path")
+
+    @staticmethod
+    def _keep_description(state: _Table) -> None:
+        """Put the cdc settings back into the table's description if the last commit dropped
+        them (deltalake's MERGE with a schema merge does)."""
+        assert state.table is not None
+        if state.description and state.table.metadata().description != state.description:
+            state.table.alter.set_table_description(state.description)
 
     def _load_columns(self, state: _Table) -> None:
         assert state.table is not None
@@ -506,6 +534,8 @@ class DeltaSink(Sink):
                             *((name, _ARROW[kind]) for name, kind in columns.items())])
         with _delta_errors(self.name, "create the Delta table", path):
             path.mkdir(parents=True, exist_ok=True)
+            if not (path / SETTINGS_FILE).exists():
+                replace_file(path / SETTINGS_FILE, description)
             try:
                 DeltaTable.create(str(path), schema, mode="ignore", partition_by=[BUCKET],
                                   description=description)
@@ -662,7 +692,8 @@ class DeltaSink(Sink):
                 data = data.set_column(index, pa.field(name, pa.string()),
                                        pa.array(texts, pa.string()))
             write_deltalake(state.table, data, mode="overwrite", schema_mode="overwrite",
-                            partition_by=[BUCKET], description=state.table.metadata().description)
+                            partition_by=[BUCKET],
+                            description=state.description or state.table.metadata().description)
             state.table.update_incremental()
         self._load_columns(state)
 
@@ -720,6 +751,7 @@ class DeltaSink(Sink):
             .when_matched_update_all(predicate=f"s.{POSITION} > t.{POSITION}")
             .when_not_matched_insert_all()
             .execute())
+        self._keep_description(state)
         changed = int(metrics["num_target_rows_inserted"]) + int(
             metrics["num_target_rows_updated"])
         state.live = None
@@ -754,6 +786,7 @@ class DeltaSink(Sink):
                                  predicate=f"s.{_CLOSE} AND t.{IS_CURRENT}") \
             .when_not_matched_insert_all(predicate=f"NOT s.{_CLOSE}", except_cols=[_CLOSE]) \
             .execute()
+        self._keep_description(state)
         state.live = None
         return plan.stats
 

@@ -92,6 +92,16 @@ class FollowerProgress:
     error: CdcError | None = None
 
 
+def reads_with_spark_kafka(config: Config, name: str) -> bool:
+    """Whether follower ``name``'s tasks read with Spark's Kafka source (its ``reader``; the
+    search follower, written by the driver, always reads through the log contract)."""
+    follower = config.follower(name)
+    if getattr(follower, "kind", "") == "search":
+        return False
+    return follower.reader == "spark-kafka" or (follower.reader == "auto"
+                                                and config.log.backend == "kafka")
+
+
 class BatchHandler:
     """The ``foreachBatch`` function of one follower (runs in the driver's Python).
 
@@ -109,6 +119,7 @@ class BatchHandler:
         self.progress = progress
         self.topics = set(topics) if topics is not None else None
         self.spark = spark
+        self._store: Any = None
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         from spark_apply.fold import WATERMARK, _keep_watermark
@@ -130,7 +141,9 @@ class BatchHandler:
                            self.sink.split_by_owner)
         total = TaskReport()
         try:
-            if self.sink.executor_writes and tasks:
+            if self.kafka_reader and ranges and self.sink.executor_writes:
+                reports = self._run_on_kafka(ranges, batch_id)
+            elif self.sink.executor_writes and tasks:
                 context.setJobDescription(f"cdc apply {self.handle.name}: batch {batch_id}, "
                                           f"{len(tasks)} tasks")
                 handle = self.handle
@@ -152,6 +165,57 @@ class BatchHandler:
                 raise known from None
             raise
         self._record(total, watermarks, time.monotonic() - started)
+
+    @property
+    def kafka_reader(self) -> bool:
+        return reads_with_spark_kafka(self.handle.config, self.handle.name)
+
+    def _run_on_kafka(self, ranges: list[Any], batch_id: int) -> list[Any]:
+        """The batch read by Spark's Kafka source, decoded in the JVM, folded and written by
+        ``mapInArrow`` tasks (``spark_apply/kafka_read.py``); their reports."""
+        import pickle
+
+        from cdc.log.open import kafka_topic_name
+        from spark_apply.kafka_read import (
+            REPORT_SCHEMA,
+            kafka_frame,
+            kafka_task,
+            topic_schema_ids,
+        )
+
+        settings = json.loads(self.handle.log)
+        store = self._schemas()
+        topics = sorted({item.topic for item in ranges})
+        frame, _ = kafka_frame(self.spark, settings, ranges, topic_schema_ids(store, topics),
+                               store)
+        names = {kafka_topic_name(settings, item.topic): item for item in ranges}
+        if self.sink.split_by_owner:
+            frame = frame.repartition(max(1, self.spark.sparkContext.defaultParallelism),
+                                      self._owner_column(names))
+        self.spark.sparkContext.setJobDescription(
+            f"cdc apply {self.handle.name}: batch {batch_id} from Kafka")
+        rows = frame.mapInArrow(kafka_task(self.handle, names), REPORT_SCHEMA).collect()
+        return [pickle.loads(row["report"]) for row in rows]  # noqa: S301 - our own tasks'
+
+    def _owner_column(self, names: dict[str, Any]) -> Any:
+        """``Sink.owner``'s grouping in the JVM: ``crc32(key) % owner_groups(topic)``."""
+        from pyspark.sql import functions as F
+
+        crc = F.crc32(F.col("key").cast("binary"))
+        owner = crc
+        for name, item in names.items():
+            groups = self.sink.owner_groups(item.topic)
+            if groups:
+                owner = F.when(F.col("topic") == name, F.pmod(crc, F.lit(groups))).otherwise(owner)
+        return owner
+
+    def _schemas(self) -> Any:
+        """The log's schema store (kept: it re-reads itself when asked for a new id)."""
+        if self._store is None:
+            from spark_apply.source import _open
+
+            self._store = _open(self.handle.log)[0].schemas()
+        return self._store
 
     def _record(self, total: Any, watermarks: dict[str, dict[str, Any]], seconds: float) -> None:
         progress = self.progress
@@ -282,6 +346,10 @@ class ApplyJob:
                 raise CdcError(f"follower {name} follows no source: the config has no "
                                "`sources:`", "add the databases to capture under `sources:`")
         check_log(config)
+        if any(reads_with_spark_kafka(config, name) for name in chosen):
+            from spark_apply.session import require_spark_jars
+
+            require_spark_jars("kafka", "avro")
         sinks: dict[str, Sink] = {}
         try:
             for name in chosen:

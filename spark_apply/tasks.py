@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,13 +147,41 @@ def run_task(handle: FollowerHandle, task: ApplyTask, sink: Sink | None = None) 
     ``sink``: the one to write with (default: this process's, :meth:`FollowerHandle.sink`)."""
     from spark_apply.source import _open
 
-    started = time.monotonic()
     reader, decoder = _open(handle.log)
     if sink is None:
         sink = handle.sink()
         sink.refresh()
+    owned = _owner_filter(task, sink)
+
+    def records() -> Iterator[RawRecord]:
+        for item in task.ranges:
+            for chunk in read_range(reader, item):
+                for record in chunk:
+                    if owned is None or owned(item.topic, record.key):
+                        yield item, record.key, record.position, record.offset, record.value
+
+    def decode(item: Range, key: bytes, position: bytes, value: Any) -> Change | None:
+        return _decode(decoder, item, key, position, value)
+
+    return apply_records(handle, records(), decode, sink)
+
+
+#: one record as the fold sees it: (its range: topic, source, table), key bytes, position
+#: bytes, offset, and a payload only ``decode`` looks at (the value bytes, or a decoded row)
+RawRecord = tuple[Range, bytes, bytes, int, Any]
+Decode = Callable[[Range, bytes, bytes, Any], "Change | None"]
+
+
+def apply_records(handle: FollowerHandle, records: Iterable[RawRecord], decode: Decode,
+                  sink: Sink | None = None) -> TaskReport:
+    """Fold ``records`` (every record of the keys they hold), decode the winners with
+    ``decode`` (``None``: a truncate, dropped), write them into the follower; the report."""
+    started = time.monotonic()
+    if sink is None:
+        sink = handle.sink()
+        sink.refresh()
     report = TaskReport()
-    changes = fold_task(task, reader, decoder, sink, report)
+    changes = fold_raw(records, decode, not sink.folds, report)
     folded = time.monotonic()
     stats = sink.apply(changes) if changes else ApplyStats()
     applied = time.time()
@@ -171,51 +199,43 @@ def run_task(handle: FollowerHandle, task: ApplyTask, sink: Sink | None = None) 
     return report
 
 
-def fold_task(task: ApplyTask, reader: Any, decoder: Any, sink: Sink,
-              report: TaskReport) -> list[Change]:
-    """The task's changes, folded (``sink.folds``) or in history order; counts records into
-    ``report``."""
-    history = not sink.folds
-    # (topic, key) -> (position, offset, value, range); or, for history, every record
-    best: dict[tuple[str, bytes], tuple[bytes, int, bytes | None, Range]] = {}
-    everything: list[tuple[str, bytes, bytes, int, bytes | None, Range]] = []
+def fold_raw(records: Iterable[RawRecord], decode: Decode, history: bool,
+             report: TaskReport) -> list[Change]:
+    """The changes of ``records``: per (topic, key) the winner, decoded; or (``history``) every
+    record in (key, position, offset) order. Counts records per topic into ``report``."""
+    best: dict[tuple[str, bytes], tuple[bytes, int, Any, Range]] = {}
+    everything: list[tuple[str, bytes, bytes, int, Any, Range]] = []
     direct: list[Change] = []
-    owned = _owner_filter(task, sink)
-    for item in task.ranges:
-        count = 0
-        for records in read_range(reader, item):
-            for record in records:
-                key = record.key
-                if owned is not None and not owned(item.topic, key):
-                    continue
-                count += 1
-                if key == TABLE_KEY:  # maybe a truncate: table-level, never competes
-                    change = _decode(decoder, item, key, record.position, record.value)
-                    if change is None:
-                        continue
-                    if not history:
-                        direct.append(change)
-                        continue
-                if history:
-                    everything.append((item.topic, key, record.position, record.offset,
-                                       record.value, item))
-                    continue
-                group = (item.topic, key)
-                current = best.get(group)
-                rank = (record.position, record.offset)
-                if current is None or rank > current[:2]:
-                    best[group] = (record.position, record.offset, record.value, item)
-        if count:
-            report.records += count
-            report.records_by_topic[item.topic] = report.records_by_topic.get(item.topic,
-                                                                              0) + count
+    counts: dict[str, int] = {}
+    for item, key, position, offset, payload in records:
+        topic = item.topic
+        counts[topic] = counts.get(topic, 0) + 1
+        if key == TABLE_KEY:  # maybe a truncate: table-level, never competes
+            change = decode(item, key, position, payload)
+            if change is None:
+                continue
+            if not history:
+                direct.append(change)
+                continue
+        if history:
+            everything.append((topic, key, position, offset, payload, item))
+            continue
+        group = (topic, key)
+        current = best.get(group)
+        if current is None or (position, offset) > current[:2]:
+            best[group] = (position, offset, payload, item)
+    for topic, count in counts.items():
+        report.records += count
+        report.records_by_topic[topic] = report.records_by_topic.get(topic, 0) + count
     if history:
         everything.sort(key=lambda r: (r[0], r[1], r[2], r[3]))
-        out = [_decode(decoder, item, key, position, value)
-               for _, key, position, _, value, item in everything]
-        changes = [change for change in out if change is not None]
+        decoded = [decode(item, key, position, payload)
+                   for _, key, position, _, payload, item in everything]
+        changes = [change for change in decoded if change is not None]
     else:
-        changes = _merge_direct(direct, best, decoder)
+        changes = [change for (_, key), (position, _, payload, item) in best.items()
+                   if (change := decode(item, key, position, payload)) is not None]
+        changes.extend(_newest(direct))
     for change in changes:
         if change.ts_ms is not None and (report.newest_ts_ms is None
                                          or change.ts_ms > report.newest_ts_ms):
@@ -223,20 +243,14 @@ def fold_task(task: ApplyTask, reader: Any, decoder: Any, sink: Sink,
     return changes
 
 
-def _merge_direct(direct: list[Change], best: Mapping[tuple[str, bytes], tuple[
-        bytes, int, bytes | None, Range]], decoder: Any) -> list[Change]:
-    """The winners of ``best`` decoded, plus the records decoded as they came (key ``{}``,
-    not truncates), newest per key among those."""
-    changes = [change for (_, key), (position, _, value, item) in best.items()
-               if (change := _decode(decoder, item, key, position, value)) is not None]
-    if direct:
-        newest: dict[tuple[str, str], Change] = {}
-        for change in direct:
-            seen = newest.get((change.topic, change.key))
-            if seen is None or change.position >= seen.position:
-                newest[(change.topic, change.key)] = change
-        changes.extend(newest.values())
-    return changes
+def _newest(direct: list[Change]) -> list[Change]:
+    """Per (topic, key), the newest of the changes decoded as they came (key ``{}``)."""
+    newest: dict[tuple[str, str], Change] = {}
+    for change in direct:
+        seen = newest.get((change.topic, change.key))
+        if seen is None or change.position >= seen.position:
+            newest[(change.topic, change.key)] = change
+    return list(newest.values())
 
 
 def _owner_filter(task: ApplyTask, sink: Sink) -> Any:

@@ -1,9 +1,11 @@
-"""DeltaSink (sinks/delta.py) on real Delta tables in tmp_path: the fold cases for scd1 and scd2,
-scd2 history exactness, schema changes mid-stream, types, odd names, readers (Spark parquet,
-DuckDB, Polars) and `cdc warehouse vacuum/optimize`.
+"""DeltaSink (sinks/delta.py) on real Delta tables in tmp_path: what the tables hold (scd1
+markers, scd2 history exactness), schema changes mid-stream, types, odd names, readers (Spark
+parquet, DuckDB, Polars) and `cdc warehouse vacuum/optimize`. The contract every sink keeps
+(the gate through read/keys, replays, deletes, watermarks, racing writers) is
+tests/test_sink_contract.py's, for scd1 and scd2.
 
-Batches are built as rows of the Spark source's schema and folded the way the batch handler
-does (``fold_records`` for scd1; ``fold_arrow(history=True)`` for scd2, which does not fold).
+Batches are built as rows of the Spark source's schema (``tests/sinkkit.py``) and handed over
+the way the batch handler does (folded for scd1; every record in position order for scd2).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import pytest
 
 from cdc.events import Column, TableId, TableSchema
 from cdc.log.schemas import SchemaStore
-from cdc.position import Position
 from cdc.types import ColumnType, Interval
 from sinks.base import Change, row_text
 from sinks.delta import (
@@ -32,120 +33,30 @@ from sinks.delta import (
     current_files,
     table_dir,
 )
-from spark_apply.fold import fold_arrow, fold_records
+from tests.sinkkit import (
+    TABLE,
+    TOPIC,
+    MiniLog,
+    apply_in_batches,
+    changes_of,
+    expected_rows,
+    held_rows,
+    key_json,
+    pos,
+    v_of,
+)
+from tests.sinkkit import random_log as _random_log
 
-TOPIC = "src.public.items"
-TABLE = TableId("public", "items")
-SOURCE_ARROW = pa.schema([
-    ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-    ("timestamp_ms", pa.int64()), ("source", pa.string()), ("table", pa.string()),
-    ("key", pa.string()), ("position", pa.binary()), ("op", pa.string()),
-    ("after", pa.string()), ("source_ts_ms", pa.int64())])
 MODES = ("scd1", "scd2")
 
 
-def pos(seq: int, ordinal: int = 1) -> bytes:
-    return Position.postgres(seq, ordinal).to_bytes()
-
-
-def key_json(key: int) -> str:
-    return json.dumps({"id": key}, separators=(",", ":"))
-
-
-class MiniLog:
-    """One partition of one topic: records with increasing offsets, as source-schema rows."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    def add(self, key: int, position: bytes, op: str | None, after: dict[str, Any] | None = None,
-            topic: str = TOPIC) -> None:
-        self.rows.append({
-            "topic": topic, "partition": 0, "offset": len(self.rows), "timestamp_ms": 0,
-            "source": "src", "table": "public.items",
-            "key": "{}" if op == "t" else key_json(key), "position": position, "op": op,
-            "after": None if after is None else json.dumps(after, separators=(",", ":")),
-            # commit times follow the positions (a replayed record keeps its own)
-            "source_ts_ms": None if op is None else 1_000_000 + Position.from_bytes(
-                position).parts[0] * 10})
-
-    def upsert(self, key: int, position: bytes, v: int, op: str = "u") -> None:
-        self.add(key, position, op, {"id": key, "v": v})
-
-    def delete(self, key: int, position: bytes) -> None:
-        self.add(key, position, "d")
-        self.add(key, position, None)  # the tombstone shares the delete's position
-
-    def watermark(self, lsn: int, source: str = "src") -> None:
-        self.rows.append({"topic": None, "partition": None, "offset": None,
-                          "timestamp_ms": None, "source": source, "table": None, "key": None,
-                          "position": None, "op": "w", "after": json.dumps({"lsn": lsn}),
-                          "source_ts_ms": None})
-
-
-def changes_of(sink: DeltaSink, rows: list[dict[str, Any]]) -> tuple[list[Change], dict[str, Any]]:
-    """What the batch handler gives the sink for ``rows``: (changes, watermarks)."""
-    if sink.folds:
-        folded = fold_records(rows)
-    else:
-        folded = fold_arrow(pa.Table.from_pylist(rows, schema=SOURCE_ARROW), history=True)
-    return folded.changes, folded.watermarks
-
-
-def apply_in_batches(sink: DeltaSink, rows: list[dict[str, Any]], size: int) -> tuple[int, int]:
-    """Apply ``rows`` in batches of ``size``; (applied, skipped)."""
-    applied = skipped = 0
-    for begin in range(0, len(rows), size):
-        changes, marks = changes_of(sink, rows[begin:begin + size])
-        stats = sink.apply(changes)
-        for source, offset in marks.items():
-            sink.set_watermark(source, offset)
-        applied += stats.written + stats.deleted
-        skipped += stats.skipped
-    return applied, skipped
-
-
 def random_log(seed: int, keys: int = 40, changes: int = 400) -> MiniLog:
-    rng = random.Random(seed)
-    log = MiniLog()
-    live: set[int] = set()
-    for seq in range(1, changes + 1):
-        key = rng.randint(1, keys)
-        if key in live and rng.random() < 0.25:
-            log.delete(key, pos(seq))
-            live.discard(key)
-        else:
-            log.upsert(key, pos(seq), seq, "u" if key in live else "c")
-            live.add(key)
-        if seq % 97 == 0:
-            log.watermark(seq)
-    return log
-
-
-def expected_rows(log: MiniLog) -> dict[str, dict[str, str]]:
-    latest: dict[str, tuple[bytes, int, str | None]] = {}
-    for row in log.rows:
-        if row["op"] in ("w", "t"):
-            continue
-        rank = (row["position"], row["offset"])
-        if row["key"] not in latest or rank > latest[row["key"]][:2]:
-            latest[row["key"]] = (*rank, row["after"])
-    return {key: row_text(json.loads(after)) for key, (_, _, after) in latest.items()
-            if after is not None}
-
-
-def held_rows(sink: DeltaSink, topic: str = TOPIC) -> dict[str, dict[str, str]]:
-    return sink.read(topic, sorted(sink.keys(topic)))
+    return _random_log(seed, keys, changes, ts="position")
 
 
 def contents(sink: DeltaSink, topic: str = TOPIC) -> list[dict[str, Any]]:
     """Every row of the table (markers and closed versions included), in key/position order."""
     return sink.history(topic).to_pylist()
-
-
-def v_of(sink: DeltaSink, key: int) -> int | None:
-    row = sink.read(TOPIC, [key_json(key)]).get(key_json(key))
-    return None if row is None else int(row["v"])
 
 
 @pytest.fixture(params=MODES)
@@ -156,122 +67,70 @@ def sink(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DeltaSink]:
     made.close()
 
 
-# ---------------------------------------------------------------------- the fold cases
+# ------------------------------------------------------------------ what the tables hold
 
-def test_out_of_order_within_a_batch(sink: DeltaSink) -> None:
-    log = MiniLog()
+def test_rows_of_out_of_order_and_gated_records(sink: DeltaSink) -> None:
+    log = MiniLog(ts="position")
     log.upsert(1, pos(5), 5)
     log.upsert(1, pos(9), 9)
     log.upsert(1, pos(7), 7)
     apply_in_batches(sink, log.rows, 10)
-    assert v_of(sink, 1) == 9
     rows = contents(sink)
     if sink.mode == "scd1":
         assert [r["_cdc_position"] for r in rows] == [pos(9).hex()]
     else:  # history in position order, whatever the offsets
         assert [(r["v"], r["is_current"]) for r in rows] == [(5, False), (7, False), (9, True)]
+    # a record the gate refuses adds no row (scd2: no history either)
+    late = MiniLog(ts="position")
+    late.upsert(1, pos(8), 8)
+    assert apply_in_batches(sink, late.rows, 1) == (0, 1)
+    assert contents(sink) == rows
 
 
-def test_out_of_order_across_batches_is_gated(sink: DeltaSink) -> None:
-    log = MiniLog()
-    log.upsert(1, pos(9), 9)
-    log.upsert(1, pos(5), 5)
-    assert apply_in_batches(sink, log.rows, 1) == (1, 1)
-    assert v_of(sink, 1) == 9
-    assert len(contents(sink)) == 1
-
-
-def test_replay_from_offset_zero_changes_nothing(sink: DeltaSink) -> None:
-    log = random_log(1)
-    apply_in_batches(sink, log.rows, 37)
-    assert held_rows(sink) == expected_rows(log)
-    before = contents(sink)
-    applied, skipped = apply_in_batches(sink, log.rows, 53)  # from 0, other batch bounds
-    assert applied == 0 and skipped > 0
-    assert contents(sink) == before
-    assert sink.watermark("src") == {"lsn": 388}
-
-
-def test_duplicate_batches_change_nothing(sink: DeltaSink) -> None:
+def test_replay_and_duplicate_batches_leave_the_tables_untouched(sink: DeltaSink) -> None:
+    """Not one row changes, bookkeeping columns included (the contract suite checks the live
+    rows)."""
     log = random_log(2, changes=250)
     for begin in range(0, len(log.rows), 60):
         changes, _ = changes_of(sink, log.rows[begin:begin + 60])
-        first = sink.apply(changes)
+        sink.apply(changes)
         after_first = contents(sink)
-        second = sink.apply(changes)
-        assert second.written == second.deleted == 0
-        assert second.skipped == first.written + first.deleted + first.skipped == len(changes)
+        sink.apply(changes)  # a crashed batch, replayed
         assert contents(sink) == after_first
-    assert held_rows(sink) == expected_rows(log)
+    before = contents(sink)
+    assert apply_in_batches(sink, log.rows, 53)[0] == 0  # the log from offset 0
+    assert contents(sink) == before
 
 
-def test_delete_then_reinsert(sink: DeltaSink) -> None:
-    log = MiniLog()
-    log.upsert(1, pos(1), 1, "c")
-    log.delete(1, pos(2))
-    log.upsert(1, pos(3), 3, "c")
-    apply_in_batches(sink, log.rows, 100)  # one batch
-    assert v_of(sink, 1) == 3
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_delete_marker_stops_a_late_older_record(tmp_path: Path, mode: str) -> None:
-    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode=mode, buckets=4)  # type: ignore[arg-type]
-    log = MiniLog()
+def test_delete_markers_in_the_table(sink: DeltaSink) -> None:
+    log = MiniLog(ts="position")
     log.upsert(1, pos(1), 1, "c")
     log.delete(1, pos(2))
     log.upsert(1, pos(3), 3, "c")
     apply_in_batches(sink, log.rows[:3], 1)  # insert, delete, tombstone: one per batch
-    assert v_of(sink, 1) is None and list(sink.keys(TOPIC)) == []
     rows = contents(sink)
-    if mode == "scd1":  # the marker: deleted, data NULL, the delete's position
+    if sink.mode == "scd1":  # the marker: deleted, data NULL, the delete's position
         assert [(r["_cdc_deleted"], r["v"], r["_cdc_position"]) for r in rows] == [
             (True, None, pos(2).hex())]
     else:  # the version closed by the delete, no row added
         assert [(r["v"], r["is_current"], r["_cdc_end_position"]) for r in rows] == [
             (1, False, pos(2).hex())]
-    # a late older record cannot resurrect the row
-    assert apply_in_batches(sink, log.rows[:1], 1) == (0, 1)
-    assert v_of(sink, 1) is None
-    # the re-insert applies
-    assert apply_in_batches(sink, log.rows[3:], 1) == (1, 0)
+    assert apply_in_batches(sink, log.rows[:1], 1) == (0, 1)  # late: no row either
+    assert contents(sink) == rows
+    apply_in_batches(sink, log.rows[3:], 1)
     assert v_of(sink, 1) == 3
+    # a delete of a key never seen (a compacted log): a marker row, scd2 too (nothing to close)
+    unknown = MiniLog(ts="position")
+    unknown.delete(7, pos(5))
+    apply_in_batches(sink, unknown.rows, 2)
+    assert [r["_cdc_deleted"] for r in contents(sink) if r["_cdc_key"] == key_json(7)] == [True]
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_delete_of_an_unknown_key_is_remembered(tmp_path: Path, mode: str) -> None:
-    """A follower built from a compacted log may see a key's delete first: the marker keeps
-    a later-arriving older record out (scd2 too, where nothing was open to close)."""
-    sink = DeltaSink("wh", tmp_path / "wh", tables={}, mode=mode, buckets=4)  # type: ignore[arg-type]
-    log = MiniLog()
-    log.delete(7, pos(5))
-    log.upsert(7, pos(3), 3, "c")
-    assert apply_in_batches(sink, log.rows[:2], 2)[0] == 1  # delete + tombstone: one marker
-    assert apply_in_batches(sink, log.rows[2:], 1) == (0, 1)
-    assert list(sink.keys(TOPIC)) == []
-    assert [r["_cdc_deleted"] for r in contents(sink)] == [True]
-
-
-def test_one_batch_per_key_mix_counts(sink: DeltaSink) -> None:
-    """written/deleted/skipped of one batch: new keys, newer and older versions, deletes that
-    pass and deletes the gate refuses."""
-    first = MiniLog()
-    for key in range(1, 7):
-        first.upsert(key, pos(10), 10, "c")
-    apply_in_batches(sink, first.rows, 100)
-    second = MiniLog()
-    second.upsert(1, pos(11), 11)       # newer: written
-    second.upsert(2, pos(9), 9)         # older: skipped
-    second.add(3, pos(12), "d")         # delete: deleted
-    second.add(4, pos(8), "d")          # older delete: skipped
-    second.upsert(8, pos(1), 1, "c")    # new key: written
-    second.add(9, pos(13), "d")         # delete of an unknown key: deleted (a marker)
-    changes, _ = changes_of(sink, second.rows)
-    stats = sink.apply(changes)
-    assert (stats.written, stats.deleted, stats.skipped) == (2, 2, 2)
-    assert {k: r["v"] for k, r in held_rows(sink).items()} == {
-        key_json(1): "11", key_json(2): "10", key_json(4): "10", key_json(5): "10",
-        key_json(6): "10", key_json(8): "1"}
+def test_watermarks_live_in_one_file(tmp_path: Path) -> None:
+    sink = DeltaSink("wh", tmp_path / "wh", tables={})
+    sink.set_watermark("src", {"lsn": 5})
+    assert DeltaSink("wh", tmp_path / "wh", tables={}).watermark("src") == {"lsn": 5}
+    assert sorted(p.name for p in (tmp_path / "wh").iterdir()) == ["_cdc_watermarks.json"]
 
 
 # ----------------------------------------------------------------------------- scd2 history
@@ -561,19 +420,6 @@ def test_existing_tables_keep_their_bucket_count(tmp_path: Path) -> None:
         f"_cdc_bucket={b}" for b in range(3)}
 
 
-def test_watermarks_only_move_forward(tmp_path: Path) -> None:
-    sink = DeltaSink("wh", tmp_path / "wh", tables={})
-    assert sink.watermark("src") is None
-    sink.set_watermark("src", {"lsn": 2**40, "lsn_text": "100/0"})
-    sink.set_watermark("src", {"lsn": 5})
-    sink.set_watermark("other", {"lsn": 1})
-    assert sink.watermark("src") == {"lsn": 2**40, "lsn_text": "100/0"}
-    assert sink.watermark("other") == {"lsn": 1}
-    sink.set_watermark("src", {"lsn": 2**40 + 1})
-    assert DeltaSink("wh", tmp_path / "wh", tables={}).watermark("src") == {"lsn": 2**40 + 1}
-    assert sorted(p.name for p in (tmp_path / "wh").iterdir()) == ["_cdc_watermarks.json"]
-
-
 # ------------------------------------------------------------------------------ readers
 
 def _reader_rows(rows: list[dict[str, Any]], columns: list[str]) -> dict[str, dict[str, str]]:
@@ -747,3 +593,22 @@ def test_fits_and_infer_kind() -> None:
     assert [infer_kind(v) for v in ([True, None], [1, 2], [0.5], ["NaN"], [1, 0.5], [True, 1],
                                     [None], [[1]])] == [
         "bool", "int64", "float64", "string", "string", "string", "string", "string"]
+
+
+def test_a_schema_merging_merge_keeps_the_tables_cdc_settings(tmp_path: Path) -> None:
+    """deltalake's MERGE with a schema merge drops the table's description: the sink puts it
+    back, and a table whose description is gone still opens from the settings file."""
+    from deltalake import DeltaTable
+
+    from sinks.delta import SETTINGS_FILE
+
+    sink = DeltaSink("wh", tmp_path, tables={}, buckets=4)
+    sink.apply([Change(TOPIC, "shop", "public.t", key_json(1), pos(1), {"id": 1}, "c")])
+    sink.apply([Change(TOPIC, "shop", "public.t", key_json(2), pos(2), {"id": 2, "new": 5},
+                       "c")])
+    path = sink.table_path(TOPIC)
+    assert "buckets" in (DeltaTable(str(path)).metadata().description or "")
+    DeltaTable(str(path)).alter.set_table_description("")  # as a crash in between leaves it
+    fresh = DeltaSink("wh", tmp_path, tables={}, buckets=8)
+    assert fresh.owner_groups(TOPIC) == 4 and (path / SETTINGS_FILE).exists()
+    assert fresh.read(TOPIC, [key_json(2)])[key_json(2)] == {"id": "2", "new": "5"}

@@ -1,8 +1,11 @@
-"""RedisSink's layout, read/keys, watermarks and errors, against a real redis-server."""
+"""RedisSink's layout, delete markers and their retention, read/keys, watermarks and errors,
+against a real redis-server. The contract every sink keeps (the gate, replays, deletes,
+watermarks, racing writers) is tests/test_sink_contract.py's."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -20,6 +23,7 @@ from sinks.redis import (
     check_key_template,
     glob_escape,
 )
+from tests.sinkkit import MiniLog, apply_in_batches, changes_of, pos, random_log, v_of
 
 
 def change(key: dict[str, Any], seq: int, row: dict[str, Any] | None,
@@ -104,17 +108,11 @@ def test_keys_scans_many_rows_once_each(redis_url: str) -> None:
     assert sink.client.exists(DELETED_PREFIX + "public.items:5")
 
 
-def test_watermarks_only_move_forward(redis_url: str) -> None:
+def test_watermarks_are_per_follower(redis_url: str) -> None:
     sink = RedisSink("cache", redis_url)
-    assert sink.watermark("src") is None
-    sink.set_watermark("src", {"lsn": 2**40, "lsn_text": "100/0"})
-    sink.set_watermark("src", {"lsn": 5})
-    sink.set_watermark("other", {"lsn": 1})
-    assert sink.watermark("src") == {"lsn": 2**40, "lsn_text": "100/0"}
-    assert sink.watermark("other") == {"lsn": 1}
     sink.set_watermark("src", {"lsn": 2**40 + 1})
     assert sink.watermark("src") == {"lsn": 2**40 + 1}
-    assert RedisSink("elsewhere", redis_url).watermark("src") is None  # per follower
+    assert RedisSink("elsewhere", redis_url).watermark("src") is None
 
 
 def test_reserved_column_is_refused(redis_url: str) -> None:
@@ -155,3 +153,78 @@ def test_wrong_password_is_reported(redis_server: Any) -> None:
     finally:
         authed = redis.Redis.from_url(redis_server.url, password="right-pass")
         authed.config_set("requirepass", "")
+
+
+# ------------------------------------------------------------- storage under the version gate
+
+def state(sink: RedisSink) -> dict[str, Any]:
+    """Everything the follower holds: hashes with all fields, markers, watermarks."""
+    out: dict[str, Any] = {}
+    for name in sink.client.scan_iter(count=1000):
+        kind = sink.client.type(name)
+        out[name] = sink.client.hgetall(name) if kind == "hash" else sink.client.get(name)
+    return out
+
+
+def test_replay_and_duplicate_batches_leave_the_storage_untouched(redis_url: str) -> None:
+    """Not one hash field, marker or watermark changes (the contract suite checks the rows)."""
+    sink = RedisSink("cache", redis_url)
+    log = random_log(2)
+    for begin in range(0, len(log.rows), 50):
+        changes, _ = changes_of(sink, log.rows[begin:begin + 50])
+        sink.apply(changes)
+        after_first = state(sink)
+        sink.apply(changes)  # a crashed batch, replayed
+        assert state(sink) == after_first
+    apply_in_batches(sink, log.rows, 37)  # with watermarks
+    before = state(sink)
+    assert apply_in_batches(sink, log.rows, 53)[0] == 0  # the log from offset 0
+    assert state(sink) == before
+
+
+def test_delete_markers_hold_the_delete_position(redis_url: str) -> None:
+    sink = RedisSink("cache", redis_url)
+    marker = DELETED_PREFIX + "public.items:1"
+    log = MiniLog()
+    log.upsert(1, pos(1), 1, "c")
+    log.delete(1, pos(2))
+    log.upsert(1, pos(3), 3, "c")
+    apply_in_batches(sink, log.rows, 100)  # one batch: only the re-insert reaches Redis
+    assert v_of(sink, 1) == 3 and not sink.client.exists(marker)
+    sink.client.flushall()
+    apply_in_batches(sink, log.rows[:3], 1)  # the delete leaves a marker...
+    assert sink.client.get(marker) == pos(2).hex()
+    assert sink.client.hget("public.items:1", POSITION_FIELD) is None
+    apply_in_batches(sink, log.rows[3:], 1)  # ...the re-insert removes it
+    assert v_of(sink, 1) == 3 and not sink.client.exists(marker)
+    assert sink.client.hget("public.items:1", POSITION_FIELD) == pos(3).hex()
+
+
+def test_tombstone_after_retention(redis_url: str) -> None:
+    sink = RedisSink("cache", redis_url, tombstone_retention=0.3)
+    log = MiniLog()
+    log.upsert(1, pos(1), 1, "c")
+    log.delete(1, pos(2))
+    apply_in_batches(sink, log.rows, 1)
+    marker = DELETED_PREFIX + "public.items:1"
+    assert 0 < sink.client.pttl(marker) <= 300
+    assert apply_in_batches(sink, log.rows[:1], 1) == (0, 1)  # gated by the marker
+    deadline = time.monotonic() + 5
+    while sink.client.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not sink.client.exists(marker), "the marker outlived its retention"
+    # past the retention the marker is gone: the log's compaction has dropped older records by
+    # then, so only a newer record can arrive — and it applies
+    later = MiniLog()
+    later.upsert(1, pos(4), 4, "c")
+    assert apply_in_batches(sink, later.rows, 1) == (1, 0)
+    assert v_of(sink, 1) == 4
+
+
+def test_zero_retention_leaves_no_marker(redis_url: str) -> None:
+    sink = RedisSink("cache", redis_url, tombstone_retention=0)
+    log = MiniLog()
+    log.upsert(1, pos(1), 1, "c")
+    log.delete(1, pos(2))
+    apply_in_batches(sink, log.rows, 1)
+    assert state(sink) == {}

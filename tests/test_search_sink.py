@@ -1,5 +1,7 @@
-"""SearchSink against real Tantivy indexes: the version gate (the fold cases), rows as text,
-search, odd table names, watermarks, errors, and ``cdc search``."""
+"""SearchSink against real Tantivy indexes: delete markers, the gate's lookups and position
+words, rows as text, search, odd table names, the watermark file, the single writer, errors,
+and ``cdc search``. The contract every sink keeps (the gate through read/keys, replays,
+deletes, watermarks) is tests/test_sink_contract.py's."""
 
 from __future__ import annotations
 
@@ -73,53 +75,26 @@ def markers(sink: SearchSink) -> int:
 
 # ------------------------------------------------------------------------------ the gate
 
-def test_out_of_order_batches_keep_the_newest(sink: SearchSink) -> None:
+def test_an_unfolded_batch_keeps_the_newest_per_key(sink: SearchSink) -> None:
+    """Two changes of one key in a batch (a caller that did not fold): the newest is kept;
+    an equal position is not newer."""
     assert sink.apply([change(1, 20, item(1, 20)), change(2, 5, item(2, 5))]).written == 2
     stats = sink.apply([change(1, 10, item(1, 10)), change(2, 6, item(2, 6)),
-                        change(1, 20, item(1, 99))])  # equal position: not newer
+                        change(1, 20, item(1, 99))])
     assert (stats.written, stats.skipped) == (1, 1)
     assert held(sink) == {'{"id":1}': row_text(item(1, 20)), '{"id":2}': row_text(item(2, 6))}
 
 
-def test_duplicate_batch_and_replay_from_zero_change_nothing(sink: SearchSink) -> None:
-    rng = random.Random(7)
-    batches: list[list[Change]] = []
-    for batch_no in range(6):
-        batches.append([change(key, batch_no * 100 + key, None if rng.random() < 0.3
-                               else item(key, batch_no * 100 + key))
-                        for key in rng.sample(range(40), 15)])
-    for batch in batches:
-        sink.apply(batch)
-        again = sink.apply(batch)  # a crashed batch replayed
-        assert (again.written, again.deleted, again.skipped) == (0, 0, len(batch))
-    state = held(sink)
-    expected: dict[str, dict[str, str]] = {}
-    for batch in batches:
-        for c in batch:
-            if c.row is None:
-                expected.pop(c.key, None)
-            else:
-                expected[c.key] = row_text(c.row)
-    assert state == expected and state
-    for batch in batches:  # the log replayed from offset 0
-        stats = sink.apply(batch)
-        assert (stats.written, stats.deleted) == (0, 0)
-    assert held(sink) == expected
-
-
-def test_delete_then_reinsert_and_late_records_do_not_resurrect(sink: SearchSink) -> None:
+def test_markers_are_documents_that_never_match(sink: SearchSink) -> None:
     sink.apply([change(1, 1, item(1, 1)), change(2, 1, item(2, 1))])
-    assert sink.apply([change(1, 3, None)]).deleted == 1
-    assert held(sink) == {'{"id":2}': row_text(item(2, 1))}
-    late = sink.apply([change(1, 2, item(1, 2))])
-    assert (late.written, late.skipped) == (0, 1)
-    assert sink.read(TOPIC, ['{"id":1}']) == {}
+    sink.apply([change(1, 3, None)])
+    assert markers(sink) == 1
     assert sink.apply([change(1, 3, None)]).skipped == 1  # the tombstone after the delete
     assert markers(sink) == 1
-    assert sink.apply([change(1, 4, item(1, 4))]).written == 1  # re-insert
-    assert sink.read(TOPIC, ['{"id":1}']) == {'{"id":1}': row_text(item(1, 4))}
+    assert sink.search("version").total == 1  # the marker never matches
+    assert sink.apply([change(1, 4, item(1, 4))]).written == 1  # re-insert: marker replaced
     assert markers(sink) == 0
-    assert sink.search("version").total == 2  # markers never match
+    assert sink.search("version").total == 2
 
 
 def test_markers_expire_after_the_retention(tmp_path: Path) -> None:
@@ -308,18 +283,10 @@ def test_odd_table_and_column_names(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------ storage
 
-def test_watermarks_persist_and_only_move_forward(tmp_path: Path) -> None:
+def test_watermarks_live_in_one_file(tmp_path: Path) -> None:
     sink = open_sink(tmp_path / "s")
-    assert sink.watermark("src") is None
-    sink.set_watermark("src", {"lsn": 2**40, "lsn_text": "100/0"})
     sink.set_watermark("src", {"lsn": 5})
-    sink.set_watermark("my", {"file_seq": 2, "pos": 4})
-    sink.set_watermark("my", {"file_seq": 1, "pos": 900})
-    again = open_sink(tmp_path / "s")
-    assert again.watermark("src") == {"lsn": 2**40, "lsn_text": "100/0"}
-    assert again.watermark("my") == {"file_seq": 2, "pos": 4}
-    again.set_watermark("src", {"lsn": 2**40 + 1})
-    assert sink.watermark("src") == {"lsn": 2**40 + 1}
+    assert open_sink(tmp_path / "s").watermark("src") == {"lsn": 5}
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["watermarks.json"]
 
 

@@ -130,6 +130,35 @@ def client_settings(config: LogConfig) -> dict[str, Any]:
     return settings
 
 
+#: librdkafka settings whose Java client name differs
+_JAVA_NAMES = {"sasl.mechanisms": "sasl.mechanism", "ssl.ca.location": "ssl.truststore.location"}
+#: librdkafka-only settings with no Java client equivalent (left out for Spark)
+_NOT_JAVA = {"logger", "sasl.username", "sasl.password", "enable.ssl.certificate.verification",
+             "socket.keepalive.enable", "topic.metadata.refresh.interval.ms"}
+
+
+def java_client_settings(config: LogConfig) -> dict[str, str]:
+    """The log's client settings for a Java Kafka client (Spark's Kafka source: each prefixed
+    with ``kafka.`` there): ``sasl.username``/``sasl.password`` become ``sasl.jaas.config``
+    (PLAIN or SCRAM), a PEM ``ssl.ca.location`` a PEM truststore. The password is read from its
+    variable; the result holds it, so it is never logged."""
+    rd = client_settings(config)
+    out = {_JAVA_NAMES.get(key, key): str(value) for key, value in rd.items()
+           if key not in _NOT_JAVA}
+    if "ssl.truststore.location" in out:
+        out.setdefault("ssl.truststore.type", "PEM")
+    username = rd.get("sasl.username") or config.client.get("sasl.username")
+    if username is not None:
+        mechanism = str(out.get("sasl.mechanism", "PLAIN")).upper()
+        module = ("org.apache.kafka.common.security.scram.ScramLoginModule"
+                  if mechanism.startswith("SCRAM") else
+                  "org.apache.kafka.common.security.plain.PlainLoginModule")
+        password = str(rd.get("sasl.password", "")).replace("\\", "\\\\").replace('"', '\\"')
+        user = str(username).replace("\\", "\\\\").replace('"', '\\"')
+        out["sasl.jaas.config"] = f'{module} required username="{user}" password="{password}";'
+    return out
+
+
 #: errors meaning "the brokers went away for a while": a capture waits and retries
 _TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
               KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,

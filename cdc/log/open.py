@@ -86,3 +86,24 @@ def must_read(config: Config) -> ChangeLogReader:
     reader = open_reader(config)
     assert reader is not None
     return reader
+
+
+def spark_kafka_options(settings: dict[str, Any]) -> dict[str, str]:
+    """For a Kafka log (``settings`` as :func:`log_settings` gives them): the options of Spark's
+    Kafka source that reach its brokers (``kafka.bootstrap.servers``, security...). A local
+    log: :class:`~cdc.errors.LogError`."""
+    log = _config_of(settings)
+    if log.backend != "kafka":
+        from cdc.errors import LogError
+
+        raise LogError("Spark's Kafka source reads only a Kafka log", "set log.backend: kafka")
+    from cdc.log.kafka import java_client_settings
+
+    return {f"kafka.{key}": value for key, value in java_client_settings(log).items()}
+
+
+def kafka_topic_name(settings: dict[str, Any], topic: str) -> str:
+    """The Kafka topic holding log topic ``topic`` (Kafka logs only)."""
+    from cdc.log.kafka import kafka_topic
+
+    return kafka_topic(topic)
