@@ -62,3 +62,226 @@ def envelope_tail(bytearray out, tuple pieces, sequence, lsn, bytes txn_prefix, 
         _long(out, dco)
     _bytes(out, op)
     _bytes(out, times)
+
+
+# ------------------------------------------------------------------ envelope projection
+# Compiled twin of the generated readers of spark_apply/avroread.py: runs the tree of nodes
+# built by ``spark_apply.avroread.compile_program`` (tuples ``(code, a, b, c)``) over a value.
+# The node codes below are mirrored there (``_N``); spark_apply/avroread.py documents them.
+
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
+cdef enum:
+    N_NULL = 0
+    N_BOOL = 1
+    N_LONG = 2
+    N_FLOAT = 3
+    N_DOUBLE = 4
+    N_BYTES = 5
+    N_STRING = 6
+    S_LONG = 7
+    S_BYTES = 8
+    S_FIXED = 9
+    N_UNION = 10
+    S_RECORD = 11
+    N_PY = 12
+    S_PY = 13
+    N_DECTEXT = 14
+    N_CONVERT = 15
+    N_ROW = 16
+
+
+cdef inline int _need(Py_ssize_t at, Py_ssize_t n, Py_ssize_t size) except -1:
+    if n < 0 or at + n > size:
+        raise IndexError("the Avro value ends early")
+    return 0
+
+
+cdef inline long long _zigzag(const unsigned char* buf, Py_ssize_t size, Py_ssize_t* pos) except? -1:
+    cdef unsigned long long n = 0
+    cdef int shift = 0
+    cdef unsigned char b
+    cdef Py_ssize_t at = pos[0]
+    while True:
+        _need(at, 1, size)
+        b = buf[at]
+        at += 1
+        if shift > 63:
+            raise ValueError("an Avro long longer than 10 bytes")
+        n |= (<unsigned long long>(b & 0x7F)) << shift
+        shift += 7
+        if not (b & 0x80):
+            break
+    pos[0] = at
+    return <long long>(n >> 1) ^ -(<long long>(n & 1))
+
+
+cdef object _dectext(const unsigned char* buf, Py_ssize_t size, Py_ssize_t* pos, tuple node):
+    """A decimal's bytes as its JSON form: ``format(Decimal, "f")`` of the scaled value."""
+    cdef long long length = _zigzag(buf, size, pos)
+    cdef Py_ssize_t at = pos[0]
+    cdef int scale = node[1]
+    cdef int precision = node[2]
+    cdef unsigned long long u = 0
+    cdef long long n
+    cdef bint negative
+    cdef char digits[24]
+    cdef char out[64]
+    cdef int count = 0, i, k = 0
+    _need(at, <Py_ssize_t>length, size)
+    pos[0] = at + <Py_ssize_t>length
+    if length > 8:
+        return node[3](int.from_bytes(buf[at:at + length], "big", signed=True))
+    if length > 0:
+        u = 0xFFFFFFFFFFFFFFFF if buf[at] & 0x80 else 0
+        for i in range(<int>length):
+            u = (u << 8) | buf[at + i]
+    n = <long long>u
+    negative = n < 0
+    u = <unsigned long long>(-n) if negative else <unsigned long long>n
+    while True:
+        digits[count] = <char>(48 + u % 10)
+        count += 1
+        u //= 10
+        if u == 0:
+            break
+    if (count > precision and n != 0) or scale > 40:
+        return node[3](n)
+    if negative:
+        out[k] = 45
+        k += 1
+    if count <= scale:  # 0.00ddd
+        out[k] = 48
+        k += 1
+        out[k] = 46
+        k += 1
+        for i in range(scale - count):
+            out[k] = 48
+            k += 1
+        for i in range(count - 1, -1, -1):
+            out[k] = digits[i]
+            k += 1
+    else:
+        for i in range(count - 1, -1, -1):
+            out[k] = digits[i]
+            k += 1
+            if i == scale and scale > 0:
+                out[k] = 46
+                k += 1
+    return PyUnicode_DecodeUTF8(out, k, NULL)
+
+
+cdef object _run(tuple node, object data, const unsigned char* buf, Py_ssize_t size,
+                 Py_ssize_t* pos):
+    cdef int code = node[0]
+    cdef long long n
+    cdef Py_ssize_t at
+    cdef unsigned int i
+    cdef unsigned int u32
+    cdef unsigned long long u64
+    cdef float f
+    cdef double d
+    cdef tuple items
+    cdef dict out
+    if code == N_STRING or code == N_BYTES:
+        n = _zigzag(buf, size, pos)
+        at = pos[0]
+        _need(at, <Py_ssize_t>n, size)
+        pos[0] = at + <Py_ssize_t>n
+        if code == N_STRING:
+            return PyUnicode_DecodeUTF8(<const char*>buf + at, <Py_ssize_t>n, NULL)
+        return PyBytes_FromStringAndSize(<const char*>buf + at, <Py_ssize_t>n)
+    if code == N_UNION:
+        _need(pos[0], 1, size)
+        i = buf[pos[0]] >> 1
+        pos[0] += 1
+        items = node[1]
+        if i >= <unsigned int>len(items):
+            raise ValueError("union branch out of range")
+        return _run(<tuple>items[i], data, buf, size, pos)
+    if code == N_LONG:
+        return _zigzag(buf, size, pos)
+    if code == S_LONG:
+        at = pos[0]
+        while True:
+            _need(at, 1, size)
+            if buf[at] < 128:
+                break
+            at += 1
+        pos[0] = at + 1
+        return None
+    if code == S_BYTES:
+        n = _zigzag(buf, size, pos)
+        pos[0] += <Py_ssize_t>n
+        return None
+    if code == N_NULL:
+        return None
+    if code == S_RECORD:
+        for item in <tuple>node[1]:
+            _run(<tuple>item, data, buf, size, pos)
+        return None
+    if code == N_ROW:
+        out = {}
+        items = node[2]
+        for i, name in enumerate(<tuple>node[1]):
+            out[name] = _run(<tuple>items[i], data, buf, size, pos)
+        return out
+    if code == N_DECTEXT:
+        return _dectext(buf, size, pos, node)
+    if code == N_CONVERT:
+        value = _run(<tuple>node[1], data, buf, size, pos)
+        return None if value is None else node[2](value)
+    if code == N_BOOL:
+        _need(pos[0], 1, size)
+        pos[0] += 1
+        return buf[pos[0] - 1] == 1
+    if code == N_FLOAT:
+        at = pos[0]
+        _need(at, 4, size)
+        u32 = buf[at] | (<unsigned int>buf[at + 1] << 8) | (<unsigned int>buf[at + 2] << 16) \
+            | (<unsigned int>buf[at + 3] << 24)
+        memcpy(&f, &u32, 4)
+        pos[0] = at + 4
+        return <double>f
+    if code == N_DOUBLE:
+        at = pos[0]
+        _need(at, 8, size)
+        u64 = 0
+        for i in range(8):
+            u64 |= (<unsigned long long>buf[at + i]) << (8 * i)
+        memcpy(&d, &u64, 8)
+        pos[0] = at + 8
+        return d
+    if code == S_FIXED:
+        pos[0] += <Py_ssize_t>node[1]
+        return None
+    if code == N_PY:
+        value, pos[0] = node[1](data, pos[0])
+        return value
+    if code == S_PY:
+        pos[0] = node[1](data, pos[0])
+        return None
+    raise ValueError(f"unknown projection node {code}")
+
+
+def run_program(tuple program, bytes data, Py_ssize_t start):
+    """``(op, after image, ts)`` of ``data`` read from ``start`` by ``program``: a tuple of
+    ``(slot, node)`` steps, slot 0 = op, 1 = after, 2 = ts, -1 = skipped."""
+    cdef const unsigned char* buf = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t pos = start
+    cdef int slot
+    op = after = ts = None
+    for step in program:
+        slot = (<tuple>step)[0]
+        value = _run(<tuple>(<tuple>step)[1], data, buf, size, &pos)
+        if slot == 0:
+            op = value
+        elif slot == 1:
+            after = value
+        elif slot == 2:
+            ts = value
+    if pos > size:
+        raise IndexError("the Avro value ends early")
+    return op, after, ts

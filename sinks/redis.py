@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import string
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -59,9 +59,10 @@ _ROW_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),
 _KEY = object()
 _KEY_JSON = object()
 
-# KEYS: per change, the row key then the marker key. ARGV: retention ms, then per change:
-# position hex, key JSON, and the row: '' = delete, else a JSON object {column: text} (three
-# arguments per change whatever the width: packing arguments was most of the client's time).
+# KEYS: per change, the row key then the marker key. ARGV[1]: retention ms; ARGV[2]: the
+# chunk's changes as one JSON array, per change ``[position hex, key JSON, row]`` where row is
+# "" for a delete, else an object {column: text}. One packed argument per call: redis-py's
+# per-argument packing was most of the client's time, and cjson decodes the chunk in C.
 # Returns {written, deleted, skipped}.
 _APPLY_LUA = """
 local function newer(a, b)
@@ -81,17 +82,17 @@ local function newer(a, b)
   return #a > #b
 end
 local retention = tonumber(ARGV[1])
+local changes = cjson.decode(ARGV[2])
 local written, deleted, skipped = 0, 0, 0
-local a = 2
-for k = 1, #KEYS, 2 do
-  local row, marker = KEYS[k], KEYS[k + 1]
-  local pos, key, image = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  a = a + 3
+for c = 1, #changes do
+  local change = changes[c]
+  local row, marker = KEYS[2 * c - 1], KEYS[2 * c]
+  local pos, key, image = change[1], change[2], change[3]
   local held = redis.call('HGET', row, '_cdc_position')
   if not held then held = redis.call('GET', marker) end
   if held and not newer(pos, held) then
     skipped = skipped + 1
-  elseif image == '' then
+  elseif type(image) ~= 'table' then
     redis.call('DEL', row)
     if retention > 0 then
       redis.call('SET', marker, pos, 'PX', retention)
@@ -102,12 +103,12 @@ for k = 1, #KEYS, 2 do
   else
     local fields = {'_cdc_position', pos, '_cdc_key', key}
     local n = 4
-    for column, text in pairs(cjson.decode(image)) do
+    for column, text in pairs(image) do
       fields[n + 1] = column
       fields[n + 2] = text
       n = n + 2
     end
-    redis.call('DEL', row, marker)
+    redis.call('DEL', row, marker)  -- a whole new row, whatever the key held before
     redis.call('HSET', row, unpack(fields))
     written = written + 1
   end
@@ -146,6 +147,25 @@ def key_text(key_json: str) -> str:
     return ":".join(canonical_text(value) for value in values.values())
 
 
+def fast_key_text(key_json: str) -> str:
+    """:func:`key_text`, without parsing the JSON for the common one-column keys as the log
+    writes them (compact): an integer (``{"id":42}`` -> ``42``) or a string free of escapes
+    (``{"code":"ab"}`` -> ``ab``). Anything else goes through :func:`key_text`."""
+    quotes = key_json.count('"')
+    if (quotes == 2 or quotes == 4) and key_json[:2] == '{"' and key_json[-1:] == "}":
+        at = key_json.find('":') + 2
+        value = key_json[at:-1]
+        if quotes == 2:
+            digits = value[1:] if value[:1] == "-" else value
+            if (digits.isdigit() and digits.isascii()
+                    and (digits[0] != "0" or value == "0")):
+                return value  # str(int(value)): the JSON integer's text is already canonical
+        elif (len(value) >= 2 and value[0] == '"' and value[-1] == '"'
+              and "\\" not in value and key_json[at - 3] != "\\"):
+            return value[1:-1]  # a string without escapes: its JSON text is its characters
+    return key_text(key_json)
+
+
 def glob_escape(text: str) -> str:
     """``text`` as a literal inside a Redis MATCH pattern (``*?[]\\`` escaped)."""
     return "".join("\\" + char if char in _GLOB_SPECIAL else char for char in text)
@@ -182,7 +202,7 @@ class RedisSink(Sink):
         self.key_template = check_key_template(key_template)
         self.retention_ms = int(round(tombstone_retention * 1000))
         self.tables = dict(tables or {})
-        self._parts: dict[str, list[object]] = {}
+        self._renderers: dict[str, Callable[[str], str]] = {}
         self.chunk_rows = chunk_rows
         self.pipeline_calls = pipeline_calls
         try:
@@ -228,18 +248,37 @@ class RedisSink(Sink):
 
     def row_key(self, topic: str, key_json: str) -> str:
         """The Redis key of ``key_json``'s row in ``topic``."""
-        parts = self._parts.get(topic)
-        if parts is None:
-            parts = self._parts[topic] = self._template_parts(topic)
-        out: list[str] = []
-        for part in parts:
-            if part is _KEY:
-                out.append(key_text(key_json))
-            elif part is _KEY_JSON:
-                out.append(key_json)
-            else:
-                out.append(part)  # type: ignore[arg-type]
-        return "".join(out)
+        render: Callable[[str], str] | None = self._renderers.get(topic)
+        if render is None:
+            render = self._renderers[topic] = self._renderer(topic)
+        return render(key_json)
+
+    def _renderer(self, topic: str) -> Callable[[str], str]:
+        """``key JSON -> row key`` for ``topic``: the template's parts joined (the literal
+        texts around one ``{key}`` precomputed, the common case)."""
+        parts = self._template_parts(topic)
+        texts = [part for part in parts if part is not _KEY and part is not _KEY_JSON]
+        if [part for part in parts if part is _KEY or part is _KEY_JSON] == [_KEY]:
+            at = parts.index(_KEY)
+            prefix = "".join(parts[:at])  # type: ignore[arg-type]
+            suffix = "".join(parts[at + 1:])  # type: ignore[arg-type]
+            return lambda key_json: prefix + fast_key_text(key_json) + suffix
+        if len(texts) == len(parts):
+            constant = "".join(texts)  # type: ignore[arg-type]
+            return lambda key_json: constant
+
+        def render(key_json: str) -> str:
+            out: list[str] = []
+            for part in parts:
+                if part is _KEY:
+                    out.append(fast_key_text(key_json))
+                elif part is _KEY_JSON:
+                    out.append(key_json)
+                else:
+                    out.append(part)  # type: ignore[arg-type]
+            return "".join(out)
+
+        return render
 
     def _template_parts(self, topic: str) -> list[object]:
         """The template for ``topic``: literal texts, with :data:`_KEY` and :data:`_KEY_JSON`
@@ -283,15 +322,16 @@ class RedisSink(Sink):
         return stats
 
     def _script_args(self, chunk: Sequence[Change]) -> tuple[list[str], list[Any]]:
+        """The script's KEYS and ARGV for ``chunk`` (see :data:`_APPLY_LUA`)."""
         keys: list[str] = []
-        args: list[Any] = [self.retention_ms]
+        packed: list[tuple[str, str, Any]] = []
         row_key = self.row_key
         for change in chunk:
             name = row_key(change.topic, change.key)
             keys += (name, DELETED_PREFIX + name)
             row = change.row
             if row is None:
-                args += (change.position.hex(), change.key, "")
+                packed.append((change.position.hex(), change.key, ""))
                 continue
             if POSITION_FIELD in row or KEY_FIELD in row:
                 raise RedisSinkError(
@@ -299,8 +339,8 @@ class RedisSink(Sink):
                     f"{sorted(RESERVED_FIELDS.intersection(row))[0]}, which the Redis "
                     "follower reserves for its own bookkeeping",
                     "rename the column, or leave the table out of the follower's tables")
-            args += (change.position.hex(), change.key, _ROW_JSON(row_text(row)))
-        return keys, args
+            packed.append((change.position.hex(), change.key, row_text(row)))
+        return keys, [self.retention_ms, _ROW_JSON(packed)]
 
     # ----------------------------------------------------------------------------- watermarks
     def _watermark_key(self) -> str:

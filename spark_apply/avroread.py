@@ -13,6 +13,8 @@ Anything else raises :class:`cdc.avrowriter.Unsupported`, and the caller decodes
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
 from collections.abc import Callable
 from decimal import Context
@@ -61,6 +63,15 @@ _SKIP = {
     "string": _SKIP_BYTES,
 }
 _SCOPE: dict[str, Any] = {"rl": read_long, "pf": _FLOAT, "pd": _DOUBLE}
+
+#: ``cdc._fast.run_program`` (runs a :func:`compile_program` program), when built; None:
+#: the generated Python of :func:`compile_projection` is used
+RUN_PROGRAM: Callable[[Any, bytes, int], tuple[Any, Any, Any]] | None = None
+if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+    with contextlib.suppress(ImportError):
+        from cdc._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore]
+            run_program as RUN_PROGRAM,  # noqa: F401
+        )
 
 
 def _function(name: str, args: str, body: list[str], scope: dict[str, Any]) -> Any:
@@ -277,3 +288,124 @@ def _source_lines(compiler: _Compiler, schema: dict[str, Any], namespace: str | 
         if keep:
             out.append("ts = v")
     return out
+
+
+# ------------------------------------------------------------------------ the compiled program
+# ``cdc/_fast.pyx``'s ``run_program`` reads a value with a tree of nodes ``(code, a, b, c)``
+# instead of generated Python: the same walk (inline skips of ``before``'s nulls, the source
+# block, the tail), the after image built straight into its JSON form by column name (what
+# ``spark_apply.source._row_builder`` makes of the projection's image). Codes (mirrored there):
+N_NULL, N_BOOL, N_LONG, N_FLOAT, N_DOUBLE, N_BYTES, N_STRING = range(7)
+S_LONG, S_BYTES, S_FIXED = 7, 8, 9  # skips
+N_UNION = 10  # (code, branch nodes)
+S_RECORD = 11  # (code, field skip nodes)
+N_PY, S_PY = 12, 13  # (code, generated Python reader / skipper): everything else
+N_DECTEXT = 14  # (code, scale, precision, fallback: unscaled int -> text): decimal bytes as text
+N_CONVERT = 15  # (code, node, to_json): to_json of the node's value unless None
+N_ROW = 16  # (code, column names, field nodes): a record as {column: value}
+
+_PRIMITIVE_READ = {"null": N_NULL, "boolean": N_BOOL, "int": N_LONG, "long": N_LONG,
+                   "float": N_FLOAT, "double": N_DOUBLE, "bytes": N_BYTES, "string": N_STRING}
+_PRIMITIVE_SKIP: dict[str, tuple[int, ...]] = {
+    "null": (N_NULL,), "boolean": (S_FIXED, 1), "int": (S_LONG,), "long": (S_LONG,),
+    "float": (S_FIXED, 4), "double": (S_FIXED, 8), "bytes": (S_BYTES,), "string": (S_BYTES,)}
+
+#: a program: ``(slot, node)`` steps; slot 0 = op, 1 = after, 2 = source ts_ms, -1 = skipped
+Program = tuple[tuple[int, tuple[Any, ...]], ...]
+
+
+def _decimal_text(precision: int, scale: int) -> Callable[[int], str]:
+    """What ``format(Decimal, "f")`` of the decimal reader's value gives, from the unscaled
+    integer (the compiled path's fallback for wide or over-precise values)."""
+    ctx = Context(prec=precision)
+    return lambda n: format(ctx.create_decimal(n).scaleb(-scale, ctx), "f")
+
+
+def _node(compiler: _Compiler, schema: Any, namespace: str | None, skip: bool,
+          text: bool = False) -> tuple[Any, ...]:
+    """The node reading (or skipping) ``schema``; ``text``: decimals as their JSON text."""
+    while isinstance(schema, dict) and isinstance(schema.get("type"), dict | list):
+        schema = schema["type"]
+    kind = compiler._kind(schema)
+    if kind in _PRIMITIVES:
+        return _PRIMITIVE_SKIP[kind] if skip else (_PRIMITIVE_READ[kind],)
+    if kind == "union":
+        if len(schema) > 63:
+            raise Unsupported("a union of more than 63 branches")
+        return (N_UNION, tuple(_node(compiler, branch, namespace, skip, text)
+                               for branch in schema))
+    if kind == "record" and skip:
+        _, space = compiler._full(schema, namespace)
+        compiler._record(schema, namespace, set())  # registers it for later references
+        return (S_RECORD, tuple(_node(compiler, field["type"], space, True)
+                                for field in schema["fields"]))
+    if kind == "decimal":
+        scale = int(schema.get("scale", 0))
+        if skip:
+            return (S_BYTES,)
+        if text and scale >= 0:
+            return (N_DECTEXT, scale, int(schema["precision"]),
+                    _decimal_text(int(schema["precision"]), scale))
+    if skip:
+        return (S_PY, compiler.skipper(schema, namespace))
+    return (N_PY, compiler.reader(schema, namespace))
+
+
+def _leaves(node: tuple[Any, ...]) -> set[int]:
+    return set().union(*map(_leaves, node[1])) if node[0] == N_UNION else {node[0]}
+
+
+def _row_node(compiler: _Compiler, schema: Any, namespace: str | None,
+              columns: list[tuple[str, str, Any]]) -> tuple[Any, ...]:
+    """The after image's node: ``{column: JSON form}`` as ``_row_builder`` makes it."""
+    if isinstance(schema, str) and compiler._kind(schema) == "named":
+        schema = compiler.named[compiler._lookup(schema, namespace)]
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        raise Unsupported("the after image is not a record")
+    _, space = compiler._full(schema, namespace)
+    if [field["name"] for field in schema["fields"]] != [name for _, name, _ in columns]:
+        raise Unsupported("the after record's fields are not the columns")
+    nodes = []
+    for field, (_, _, ctype) in zip(schema["fields"], columns, strict=True):
+        convert = ctype.json_converter()
+        if convert is not None and ctype.name == "decimal":  # to_json: text as is, else "f"
+            node = _node(compiler, field["type"], space, False, text=True)
+            if _leaves(node) <= {N_NULL, N_STRING, N_DECTEXT}:
+                nodes.append(node)
+                continue
+        node = _node(compiler, field["type"], space, False)
+        nodes.append(node if convert is None else (N_CONVERT, node, convert))
+    return (N_ROW, tuple(column for column, _, _ in columns), tuple(nodes))
+
+
+def compile_program(envelope: dict[str, Any], columns: list[tuple[str, str, Any]]) -> Program:
+    """The program of an envelope schema for ``cdc._fast.run_program``: ``(op, after image in
+    its JSON form by column, source ts_ms)``, as :func:`compile_projection` and
+    ``spark_apply.source._row_builder`` together. Raises :class:`Unsupported` like it."""
+    compiler = _Compiler()
+    namespace = envelope.get("namespace")
+    if not {"op", "after", "source"} <= {field["name"] for field in envelope["fields"]}:
+        raise Unsupported("not a change-event envelope")
+    steps: list[tuple[int, tuple[Any, ...]]] = []
+    for field in envelope["fields"]:
+        name, schema = field["name"], field["type"]
+        if name == "source" and compiler._kind(schema) == "record":
+            _, space = compiler._full(schema, namespace)
+            compiler._record(schema, namespace, None)  # so later references to it resolve
+            steps += [(2 if inner["name"] == "ts_ms" else -1,
+                       _node(compiler, inner["type"], space, inner["name"] != "ts_ms"))
+                      for inner in schema["fields"]]
+        elif name == "after":
+            while isinstance(schema, dict) and isinstance(schema.get("type"), dict | list):
+                schema = schema["type"]
+            branches = schema if isinstance(schema, list) else [schema]
+            if len(branches) > 63:
+                raise Unsupported("a union of more than 63 branches")
+            nodes = tuple((N_NULL,) if branch == "null"
+                          else _row_node(compiler, branch, namespace, columns)
+                          for branch in branches)
+            steps.append((1, (N_UNION, nodes) if isinstance(schema, list) else nodes[0]))
+        else:
+            steps.append((0 if name == "op" else -1,
+                          _node(compiler, schema, namespace, name != "op")))
+    return tuple(steps)

@@ -95,7 +95,8 @@ from cdc.errors import ConfigError, LogError
 from cdc.log.base import CUT_KEY, ChangeLogReader, Committed
 from cdc.log.open import reader_from
 from cdc.transactions import END, decode_event, is_transaction_topic
-from spark_apply.avroread import Projection, compile_projection
+from spark_apply.avroread import RUN_PROGRAM as _RUN_PROGRAM
+from spark_apply.avroread import Projection, compile_program, compile_projection
 
 NAME = "cdc"
 #: the rows' schema, fixed whatever the table (the fold and the sinks rely on it exactly)
@@ -483,6 +484,8 @@ class Decoder:
     def __init__(self, codec: EventCodec) -> None:
         self.codec = codec
         self._plans: dict[int, tuple[Projection | None, Any]] = {}
+        #: schema id -> the compiled program (``cdc/_fast.pyx``; None: not compiled)
+        self._programs: dict[int, Any] = {}
 
     def _plan(self, schema_id: int) -> tuple[Projection | None, Any]:
         """The projection of a value schema (``None``: fastavro) and its row builder (after
@@ -498,11 +501,34 @@ class Decoder:
             plan = self._plans[schema_id] = (projection, _row_builder(columns))
         return plan
 
+    def _program(self, schema_id: int) -> Any:
+        """The compiled program of a value schema, or None (no compiled twin, or a schema it
+        cannot read: :meth:`_plan`'s path)."""
+        program = None
+        if _RUN_PROGRAM is not None and self._plan(schema_id)[0] is not None:
+            try:
+                program = compile_program(self.codec.store.get(schema_id).schema,
+                                          self.codec.columns_of(schema_id))
+            except (Unsupported, KeyError, TypeError, ValueError):
+                program = None
+        self._programs[schema_id] = program
+        return program
+
     def decode_image(self, value: bytes) -> tuple[str, dict[str, Any] | None, int | None]:
         """``(op, after image in its JSON form or None, source ts_ms)`` of a log value."""
         if len(value) < 5 or value[0] != 0:
             self.codec.decode_raw(value)  # raises the SchemaError that explains it
-        projection, columns = self._plan(int.from_bytes(value[1:5], "big"))
+        schema_id = int.from_bytes(value[1:5], "big")
+        try:
+            program = self._programs[schema_id]
+        except KeyError:
+            program = self._program(schema_id)
+        if program is not None and _RUN_PROGRAM is not None and type(value) is bytes:
+            op, image, ts = _RUN_PROGRAM(program, value, 5)
+            if image is None or op not in ("c", "u", "r"):
+                return op, None, ts
+            return op, image, ts
+        projection, columns = self._plan(schema_id)
         if projection is None:
             envelope = self.codec.decode_value(value).envelope
             op, ts = envelope["op"], envelope["source"]["ts_ms"]

@@ -336,3 +336,45 @@ def test_decoder_falls_back_to_fastavro_and_agrees(log: Log) -> None:
         slow._plans[int.from_bytes(value[1:5], "big")] = (None, [])  # force the fallback
     assert [fast.decode(v) for v in values] == [slow.decode(v) for v in values]
     assert {fast.decode(v)[0] for v in values} == {"c", "u", "d"}
+
+
+@pytest.mark.parametrize(("arrays", "count"), [(False, 600), (True, 30)])
+def test_compiled_decoding_equals_the_python_projection(arrays: bool, count: int) -> None:
+    """The compiled program (``cdc/_fast.pyx``, what ``Decoder.decode_image`` runs) gives the
+    same op, image (values, column order and Python types) and ts_ms as the generated Python
+    projection plus row builder (the ``CDC_PURE_PYTHON=1`` path), on random envelopes of every
+    column type."""
+    import io
+
+    import fastavro
+    from fastavro.utils import generate_many
+
+    from cdc.avro import value_schema
+    from cdc.types import ColumnType
+    from spark_apply.avroread import RUN_PROGRAM, compile_program, compile_projection
+    from spark_apply.source import _row_builder
+    from tests.test_avrowriter import all_types_schema
+
+    if RUN_PROGRAM is None:
+        pytest.skip("the compiled extension is not built (CDC_PURE_PYTHON=1?)")
+    envelope = value_schema(all_types_schema(arrays))
+    value = envelope["fields"][0]["type"][1]
+    columns = [(f.get("cdc.column", f["name"]), f["name"],
+                ColumnType.from_description(f["cdc.type"])) for f in value["fields"]]
+    project, build = compile_projection(envelope), _row_builder(columns)
+    program = compile_program(envelope, columns)
+    parsed = fastavro.parse_schema(envelope)
+    images = 0
+    for datum in generate_many(parsed, count):
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, parsed, datum)
+        data = b"\0\0\0\0\1" + out.getvalue()
+        op, image, ts = project(data, 5)
+        want = (op, None if image is None else build(image), ts)
+        got = RUN_PROGRAM(program, data, 5)
+        assert got == want
+        if image is not None:
+            images += 1
+            assert list(got[1]) == list(want[1])
+            assert [type(v) for v in got[1].values()] == [type(v) for v in want[1].values()]
+    assert images > count // 4
