@@ -65,9 +65,9 @@ def envelope_tail(bytearray out, tuple pieces, sequence, lsn, bytes txn_prefix, 
 
 
 # ------------------------------------------------------------------ envelope projection
-# Compiled twin of the generated readers of spark_apply/avroread.py: runs the tree of nodes
-# built by ``spark_apply.avroread.compile_program`` (tuples ``(code, a, b, c)``) over a value.
-# The node codes below are mirrored there (``_N``); spark_apply/avroread.py documents them.
+# Compiled twin of the generated readers of cdc/avroreader.py: runs the tree of nodes
+# built by ``cdc.avroreader.compile_program`` (tuples ``(code, a, b, c)``) over a value.
+# The node codes below are mirrored there (``_N``); cdc/avroreader.py documents them.
 
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.bytes cimport PyBytes_FromStringAndSize

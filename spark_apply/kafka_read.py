@@ -21,7 +21,7 @@ Avro body). For every value schema id the log's schema store holds for the batch
 ...)``), one struct column per id (``e<id>``: the envelope without ``before``). The schema handed
 to ``from_avro`` is the writer's with its ``decimal`` logical types removed, so Spark hands the
 raw Avro datum to Python (bytes, not a rounded Spark decimal); :func:`avro_datum` then gives
-exactly what ``spark_apply/avroread.py`` would have produced, and the column types' ``to_json``
+exactly what ``cdc/avroreader.py`` would have produced, and the column types' ``to_json``
 make the row's JSON form. The schema set is read again for every micro-batch, so a schema id
 registered mid-stream (``ALTER TABLE ... ADD COLUMN``) is decoded from the next batch on. A value
 whose schema id was not in the set (registered after this batch was planned: impossible for a

@@ -90,13 +90,13 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from cdc.avro import EventCodec
+from cdc.avroreader import RUN_PROGRAM as _RUN_PROGRAM
+from cdc.avroreader import Projection, compile_program, compile_projection
 from cdc.avrowriter import Unsupported
 from cdc.errors import ConfigError, LogError
 from cdc.log.base import CUT_KEY, ChangeLogReader, Committed
 from cdc.log.open import reader_from
 from cdc.transactions import END, decode_event, is_transaction_topic
-from spark_apply.avroread import RUN_PROGRAM as _RUN_PROGRAM
-from spark_apply.avroread import Projection, compile_program, compile_projection
 
 NAME = "cdc"
 #: the rows' schema, fixed whatever the table (the fold and the sinks rely on it exactly)
@@ -475,7 +475,7 @@ def plan(state: Committed, start: Mapping[str, Any], end: Mapping[str, Any],
 class Decoder:
     """What a row needs of a log value: ``(op, after as compact JSON or None, source ts_ms)``.
 
-    Reads with the compiled projection of the value's schema (``spark_apply/avroread.py``: skips
+    Reads with the compiled projection of the value's schema (``cdc/avroreader.py``: skips
     the before image and most of the envelope); a schema it cannot compile is decoded by
     :meth:`EventCodec.decode_value`. Either way the after image is turned into its JSON form by
     the column types' ``to_json``, exactly as :meth:`EventCodec.decode_value` does.

@@ -305,7 +305,7 @@ def test_projection_reads_what_fastavro_reads(arrays: bool, count: int) -> None:
     from fastavro.utils import generate_many
 
     from cdc.avro import value_schema
-    from spark_apply.avroread import compile_projection
+    from cdc.avroreader import compile_projection
     from tests.test_avrowriter import all_types_schema
 
     envelope = value_schema(all_types_schema(arrays))
@@ -350,8 +350,8 @@ def test_compiled_decoding_equals_the_python_projection(arrays: bool, count: int
     from fastavro.utils import generate_many
 
     from cdc.avro import value_schema
+    from cdc.avroreader import RUN_PROGRAM, compile_program, compile_projection
     from cdc.types import ColumnType
-    from spark_apply.avroread import RUN_PROGRAM, compile_program, compile_projection
     from spark_apply.source import _row_builder
     from tests.test_avrowriter import all_types_schema
 
