@@ -165,12 +165,13 @@ def test_a_broker_of_three_killed_and_restarted_under_load(pg_db: Database,
             for index in (0, 2):
                 before = _committed(pg_db)
                 cluster.node(index).kill()
-                wait_for(lambda b=before: _committed(pg_db) > b + 20, 60, "load, one node down")
+                wait_for(lambda b=before: _committed(pg_db) > b + 20, 120, "load, one node down")
                 time.sleep(3)
                 cluster.node(index).start()
-                wait_for(lambda b=before: capture.alive() and _committed(pg_db) > b + 40, 60,
+                # generous: on a loaded machine a restarted broker takes a while to rejoin ISR
+                wait_for(lambda b=before: not capture.alive() or _committed(pg_db) > b + 40, 180,
                          "load after the restart")
-            assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
+                assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
         finally:
             load.finish()
         wait_caught_up(pg_db, settings, 180)
