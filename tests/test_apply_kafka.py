@@ -60,12 +60,15 @@ def held(config: Path, name: str, topic: str) -> dict[str, dict[str, str]]:
         sink.close()
 
 
-def apply_and_verify(config: Path, topic: str) -> dict[str, dict[str, str]]:
+def apply_and_verify(config: Path, topic: str, verify: bool = True
+                     ) -> dict[str, dict[str, str]]:
     args = [arg for name in FOLLOWERS for arg in ("--follower", name)]
     applied = cdc("apply", "--config", str(config), "--once", *args, timeout=600)
     assert applied.returncode == 0, output(applied)
     rows = {name: held(config, name, topic) for name in FOLLOWERS}
     assert rows["jvm"] == rows["python"] == rows["jvm_delta"]
+    if not verify:
+        return rows["jvm"]
     # verify waits for the followers to reach the leader's position: apply continuously
     running = subprocess.Popen([sys.executable, "-m", "cdc.cli", "apply", "--config",
                                 str(config), *args], cwd=PROJECT, stdout=subprocess.DEVNULL,
@@ -97,7 +100,7 @@ def test_spark_kafka_reader_equals_the_log_reader_and_follows_add_column(
         pg_db.execute("UPDATE kinds SET note = NULL, amount = -amount WHERE id % 5 = 0")
         pg_db.execute("DELETE FROM kinds WHERE id % 7 = 0")
         wait_caught_up(pg_db, settings, 120)
-        first = apply_and_verify(config, topic)
+        first = apply_and_verify(config, topic, verify=False)  # the second round verifies
         assert len(first) == 400 - 400 // 7
         assert first['{"id":13}']["ratio"] == "NaN"
         assert first['{"id":10}']["amount"] == "-1.42857"
