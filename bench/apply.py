@@ -1,55 +1,75 @@
-"""Benchmark: ``cdc apply`` into a Redis follower — throughput and end-to-end latency.
+"""Benchmark: ``cdc apply`` against issue 13's goals — throughput into Redis, Delta and search,
+and commit -> Redis latency while the Delta and search followers run beside it.
 
-(``--follower delta|search``: the Delta and search followers at several table sizes, see
-``bench/apply_tables.py``.)
+Run with ``make bench-apply`` / ``make bench-apply-tables`` or ``.venv/bin/python bench/apply.py
+--follower redis|delta|search [--master local|cluster|URL] [--log local|kafka] [--changes N]
+[--batch B] [--rate R] [--seconds S] [--trigger T] [--profile] [--py-spy FILE]
+[--skip-latency] [--skip-throughput] [--skip-references]``.
 
-Run with ``make bench-apply`` or ``.venv/bin/python bench/apply.py --follower redis
-[--changes N] [--batch B] [--rate R] [--seconds S] [--trigger T] [--profile]
-[--skip-latency] [--skip-throughput]``. ``--profile`` adds a cProfile of the sink alone; the
-Spark side is best seen with ``py-spy record --subprocesses -p <pid>`` (the batch handler runs
-in a py4j callback thread, which cProfile does not follow).
+The goals (one run, 2 cores, the *default path*: Spark local mode ``local[2,3]`` and a local
+log; the JSON's ``goals`` says which are met):
 
-One run, throwaway servers (``cdc.servers``), one SparkSession:
+* ``redis_changes_per_s`` >= 50,000 (``--follower redis``);
+* Delta SCD1 at 2M rows ``sizes[-1].changes_per_s`` >= 50,000 (``--follower delta``);
+* search ``sizes[-1].changes_per_s`` >= 25,000 (``--follower search``);
+* commit -> Redis ``latency_p50_s`` < 0.5 s and ``latency_p99_s`` < 2 s at 5,000 changes/s,
+  with the Delta and search followers in the same ``cdc apply`` (``--follower redis``).
 
-**Throughput** (``--changes`` over distinct keys, so folding cannot collapse the work)
+``--master cluster`` starts a throwaway Spark standalone cluster (2 workers x 1 core,
+``cdc.servers.spark``) and runs the throughput phase on it; ``--log kafka`` puts the log in a
+throwaway Kafka broker (written with ``KafkaChangeLog``, read by Spark's Kafka source). These
+variants skip the latency phase and the references and report no goals.
+
+One run, throwaway servers (``cdc.servers``), one SparkSession (``bench/common.py``):
+
+**Throughput into Redis** (``--changes`` inserts over distinct keys, so folding cannot collapse
+the work)
 
 1. the log: ``--changes`` inserts of the synthetic ``shop.public.orders`` table (6 columns, a
-   100-byte note), one key each, written *directly* with the project's codec and
-   ``LocalChangeLog`` (8 partitions, no fsync) — not through PostgreSQL capture, whose own rate
-   is ``bench/pg_capture.py``'s business;
-2. the SparkSession is started (timed apart) and warmed up on a 1,000-record log;
+   ~100-byte note), one key each, written *directly* with the project's codec and log writer (8
+   partitions, no fsync) — not through PostgreSQL capture (``bench/pg_capture.py``'s business);
+2. the SparkSession is started (timed apart) and warmed up by ``cdc apply --once`` of a
+   1,000-record log (Python workers up);
 3. ``cdc apply --once`` in-process (:func:`spark_apply.jobs.run_apply`, follower ``cache``,
    ``max_records_per_batch`` = ``--batch``) into a fresh ``redis-server``: changes/s = changes /
-   the wall time of ``run_apply`` (query start, every micro-batch, stop; Spark start-up excluded).
-   Every key is then checked to be in Redis;
-4. beside it, to show where the time goes: the Spark source alone (the same stream into Spark's
-   ``noop`` sink, same batch size), the source's decode alone in this process (no Spark), the
-   fold + :meth:`RedisSink.apply` alone (no Spark: the changes decoded up front, applied into a
-   flushed server in ``--batch`` slices) and ``redis-benchmark -t hset -P 64 -n 1000000`` against
-   the same server (pipelined HSETs, no script, no version gate).
+   the wall time of ``run_apply`` (query start, every micro-batch, stop; Spark start-up
+   excluded). The micro-batches are offset ranges; the executors' tasks read, fold and write
+   (``spark_apply/tasks.py``). Every key is then checked to be in Redis. The tasks' own split
+   (read + decode + fold vs. the sink's writes) is *task CPU-ish seconds, summed over tasks*
+   (tasks run in parallel: the sums exceed the wall time);
+4. references beside it (default path only, ``--skip-references`` drops them): the executor
+   task path alone in this process (:func:`spark_apply.tasks.run_task` over the whole log, one
+   task, no Spark), its read + decode + fold alone (CPU time), :meth:`RedisSink.apply` alone (the
+   folded changes in ``--batch`` slices into the flushed server) and ``redis-benchmark -t hset
+   -P 64 -n 1000000`` against the same server (pipelined HSETs, no script, no version gate).
 
-**Latency** (skipped with ``--skip-latency``)
+**Latency** (default path; ``--skip-latency`` skips it)
 
 5. a throwaway PostgreSQL, table ``public.items``; ``cdc bootstrap --follow`` (capture) as a
-   subprocess; ``cdc apply`` continuous in-process (trigger interval ``--trigger``); a paced writer
-   commits ``--rate`` changes/s (100 transactions/s, each 80 % inserts of new keys and 20 %
-   updates of recent ones) for ``--seconds``. Latency is the apply job's own per-change
-   measurement (``spark_apply/latency.py``: batch applied minus the commit's ``source_ts_ms``, for
-   every c/u/d record), counted only for changes committed after a warm-up of ``--warmup``
-   seconds, until the writer stops and the follower has applied everything.
+   subprocess; ``cdc apply`` continuous in-process with **the demo's three followers**: ``cache``
+   (Redis, trigger ``--trigger``), ``warehouse`` (Delta SCD1, 4 buckets, trigger 1 s) and
+   ``search`` (trigger 500 ms); a paced writer commits ``--rate`` changes/s (100 transactions/s,
+   each 80 % inserts of new keys and 20 % updates of recent ones) for ``--seconds``. Latency is
+   the apply job's own per-change measurement (``spark_apply/latency.py``: the task's writes done
+   minus the commit's ``source_ts_ms``, for every c/u/d change), counted only for changes
+   committed after a warm-up of ``--warmup`` seconds, until the writer stopped and the cache
+   follower applied everything. The Delta and search followers' latencies are reported too.
 
-``uptime``'s 1-minute load average is printed beside each figure (other work shares the cores).
-The last line of stdout is one JSON object with the numbers.
+**Delta and search** (``--follower delta|search``): ``bench/apply_tables.py`` (table sizes,
+the limits beside them, and delta-spark's ``MERGE INTO`` of the same changes).
+
+``--profile`` adds a cProfile of the executor task path alone (no Spark); ``--py-spy FILE``
+records ``py-spy record --subprocesses`` (driver, Spark's Python workers) over the measured
+``cdc apply --once`` and prints its top functions. ``uptime`` is recorded at the start and end
+and the 1-minute load beside each figure. The last line of stdout is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime as dt
 import io
 import json
-import os
 import pstats
 import random
 import re
@@ -57,11 +77,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -73,127 +90,120 @@ import redis  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from cdc.avro import EventCodec  # noqa: E402
+from bench.common import (  # noqa: E402
+    BenchEnv,
+    Log,
+    PySpy,
+    append_log,
+    console,
+    delta_follower,
+    goal,
+    load,
+    print_json,
+    redis_follower,
+    search_follower,
+    whole_log,
+)
 from cdc.config import load_config  # noqa: E402
-from cdc.events import ChangeEvent, Op, TransactionInfo  # noqa: E402
-from cdc.log.local import LocalChangeLog, LocalChangeLogReader  # noqa: E402
-from cdc.log.schemas import SchemaStore  # noqa: E402
-from cdc.position import Position  # noqa: E402
+from cdc.events import Op  # noqa: E402
 from cdc.servers.postgres import ThrowawayPostgres  # noqa: E402
 from cdc.servers.redis import ThrowawayRedis  # noqa: E402
-from cdc.synthetic import ORDERS  # noqa: E402
-
-console = Console(stderr=True)
-
-
-def load() -> float:
-    return os.getloadavg()[0]
-
 
 # ------------------------------------------------------------------------------ throughput
 
-def distinct_events(count: int, first: int = 0) -> Iterator[ChangeEvent]:
-    """``count`` inserts of keys ``first..first+count-1`` (deterministic rows)."""
-    rnd = random.Random(first)
-    base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    now = int(time.time() * 1000)
-    for key in range(first, first + count):
-        row = {"id": key, "customer": f"customer-{rnd.randrange(10_000)}",
-               "amount": Decimal(rnd.randrange(1, 10_000_000)).scaleb(-2),
-               "status": rnd.choice(("new", "paid", "shipped")),
-               "placed_at": base + dt.timedelta(seconds=rnd.randrange(30_000_000)),
-               "note": "x" * 100}
-        yield ChangeEvent(ORDERS, Op.CREATE, Position.test(key + 1), ts_ms=now, before=None,
-                          after=row, source_info={"txId": key, "lsn": key * 64},
-                          transaction=TransactionInfo(str(key), 1, 1))
+
+def throughput(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
+               results: dict[str, Any]) -> None:
+    log = env.log("log")
+    console.print(f"writing {args.changes:,} changes over distinct keys into a fresh "
+                  f"{env.log_backend} log ...")
+    seconds = append_log(log, range(args.changes), Op.CREATE, 1)
+    results["log_write_s"] = round(seconds, 1)
+    console.print(f"  log written in {seconds:.1f} s (direct codec, not capture)")
+    env.warm_up({"cache": redis_follower(server.url, 1000)})
+    redis.Redis.from_url(server.url).flushall()
+
+    config = env.config("throughput", log, {"cache": redis_follower(server.url, args.batch)})
+    before = load()
+    with PySpy(args.py_spy) as spy:
+        seconds, job = env.apply_once(config, ["cache"])
+    p = job.progress["cache"]
+    held = redis.Redis.from_url(server.url).dbsize() - 1  # minus the watermark hash
+    if p.written != args.changes or held != args.changes:
+        raise SystemExit(f"apply wrote {p.written:,} and Redis holds {held:,} of "
+                         f"{args.changes:,} changes")
+    in_batches = env.batch_seconds(job, "cache")
+    results.update(redis_changes_per_s=round(args.changes / seconds), apply_s=round(seconds, 2),
+                   batches_s=None if in_batches is None else round(in_batches, 2),
+                   apply_batches=p.batches, apply_load=round(max(before, load()), 2),
+                   task_read_fold_cpu_s=round(p.fold_seconds, 2),
+                   task_sink_cpu_s=round(p.sink_seconds, 2))
+    if args.py_spy:
+        results["py_spy"] = spy.summary()
+    console.print(f"  cdc apply --once: {args.changes:,} changes in {seconds:.2f} s "
+                  f"({p.batches} batches; task CPU-ish seconds, summed over tasks: "
+                  f"{p.fold_seconds:.1f} s read+fold, {p.sink_seconds:.1f} s Redis) = "
+                  f"{args.changes / seconds:,.0f}/s")
+    if env.default_path and not args.skip_references:
+        references(args, env, server, log, config, results)
 
 
-def write_log(path: Path, count: int) -> float:
-    """Write the log; seconds taken."""
-    started = time.perf_counter()
-    log = LocalChangeLog(path, partitions=8, fsync=False)
-    codec = EventCodec(SchemaStore(path, writable=True))
-    log.ensure_topic(ORDERS.topic, {"source": "shop", "table": str(ORDERS.table)})
-    batch: list[Any] = []
-    for index, event in enumerate(distinct_events(count), 1):
-        batch.extend(codec.records(event))
-        if len(batch) >= 5000 or index == count:
-            log.append(batch, {"shop": {"lsn": index * 64, "lsn_text": f"0/{index * 64:X}"}})
-            batch = []
-    log.close()
-    return time.perf_counter() - started
+def task_alone(config_path: Path, log: Log, url: str, profile: bool
+               ) -> tuple[float, float, str]:
+    """:func:`run_task` over the whole log in this process (one task, no Spark) into the
+    flushed server: (changes/s, seconds, profile text)."""
+    from sinks import open_sink
+    from spark_apply.tasks import ApplyTask, FollowerHandle, run_task
 
-
-def write_config(root: Path, log_dir: Path, redis_url: str, dsn: str, batch: int,
-                 trigger: float, table: str = "public.orders") -> Path:
-    path = root / f"cdc-{log_dir.name}.yaml"
-    path.write_text(f"""\
-log:
-  path: {log_dir}
-  partitions: 8
-sources:
-  - name: shop
-    kind: postgres
-    dsn: {dsn}
-    tables: [{table}]
-    heartbeat_interval: 1s
-followers:
-  cache:
-    kind: redis
-    url: {redis_url}
-    max_records_per_batch: {batch}
-    trigger_interval: {trigger}s
-    checkpoint: {root / ('ck-' + log_dir.name)}
-""")
-    return path
-
-
-def source_stream(spark: Any, path: Path, checkpoint: Path, batch: int) -> tuple[int, float]:
-    """The cdc source into Spark's noop sink (availableNow): rows, seconds."""
-    started = time.perf_counter()
-    query = (spark.readStream.format("cdc").option("path", str(path))
-             .option("maxRecordsPerTrigger", str(batch)).load()
-             .writeStream.format("noop").option("checkpointLocation", str(checkpoint))
-             .trigger(availableNow=True).start())
-    query.awaitTermination()
-    seconds = time.perf_counter() - started
-    return sum(p["numInputRows"] for p in query.recentProgress), seconds
-
-
-def decoded_changes(path: Path) -> tuple[list[Any], float]:
-    """Every record decoded by the source's reader (no Spark), then folded by the pure fold:
-    (changes, CPU seconds of the decode alone)."""
-    from spark_apply.fold import fold_records
-    from spark_apply.source import SourceOptions, complete_end, plan, read_partition
-
-    state = LocalChangeLogReader(path).state()
-    cpu = time.process_time()
-    rows: list[dict[str, Any]] = []
-    for task in plan(state, {"topics": {}}, complete_end(state, SourceOptions(str(path))), 1):
-        for batch in read_partition(str(path), task):
-            rows.extend(batch.to_pylist())
-    decode_cpu = time.process_time() - cpu
-    return fold_records(rows).changes, decode_cpu
-
-
-def sink_only(url: str, changes: list[Any], batch: int, profile: bool) -> tuple[float, str]:
-    """RedisSink.apply of ``changes`` in ``batch`` slices into the flushed server: (changes/s,
-    profile text)."""
-    from sinks.redis import RedisSink
-
+    config = load_config(config_path)
+    _, _, ranges = whole_log(log.settings)
+    handle = FollowerHandle(config, "cache", json.dumps(log.settings), "bench-task-alone")
+    sink = open_sink(config, "cache")
     redis.Redis.from_url(url).flushall()
-    sink = RedisSink("cache", url)
     profiler = cProfile.Profile() if profile else None
     started = time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    for start in range(0, len(changes), batch):
-        sink.apply(changes[start:start + batch])
+    report = run_task(handle, ApplyTask(tuple(ranges)), sink)
     if profiler is not None:
         profiler.disable()
     seconds = time.perf_counter() - started
     sink.close()
-    return len(changes) / seconds, _profile_text(profiler)
+    return report.changes / seconds, seconds, _profile_text(profiler, 25)
+
+
+def read_fold_alone(log: Log) -> tuple[list[Any], float]:
+    """The task path's read + decode + fold over the whole log (``tasks.fold_raw``), no sink:
+    (the changes, CPU seconds)."""
+    from spark_apply.source import read_range
+    from spark_apply.tasks import TaskReport, _decode, fold_raw
+
+    reader, decoder, ranges = whole_log(log.settings)
+
+    def records() -> Any:
+        for item in ranges:
+            for chunk in read_range(reader, item):
+                for record in chunk:
+                    yield item, record.key, record.position, record.offset, record.value
+
+    cpu = time.process_time()
+    changes = fold_raw(records(), lambda item, key, position, value: _decode(
+        decoder, item, key, position, value), False, TaskReport())
+    return changes, time.process_time() - cpu
+
+
+def sink_only(url: str, changes: list[Any], batch: int) -> float:
+    """RedisSink.apply of ``changes`` in ``batch`` slices into the flushed server: changes/s."""
+    from sinks.redis import RedisSink
+
+    redis.Redis.from_url(url).flushall()
+    sink = RedisSink("cache", url)
+    started = time.perf_counter()
+    for start in range(0, len(changes), batch):
+        sink.apply(changes[start:start + batch])
+    seconds = time.perf_counter() - started
+    sink.close()
+    return len(changes) / seconds
 
 
 def _profile_text(profiler: cProfile.Profile | None, lines: int = 14) -> str:
@@ -215,61 +225,22 @@ def redis_benchmark(port: int) -> float | None:
     return float(found.group(1)) if found else None
 
 
-def throughput(args: argparse.Namespace, root: Path, server: ThrowawayRedis, spark: Any,
-               results: dict[str, Any]) -> None:
-    from spark_apply.jobs import run_apply
-
-    log_dir = root / "log"
-    console.print(f"writing {args.changes:,} changes over distinct keys into a fresh log ...")
-    seconds = write_log(log_dir, args.changes)
-    results["log_write_s"] = round(seconds, 1)
-    console.print(f"  log written in {seconds:.1f} s (direct codec, not capture)")
-    warm = root / "warm"
-    write_log(warm, 1000)
-    for attempt in range(3):  # Python workers up; under heavy load their start can time out
-        try:
-            source_stream(spark, warm, root / f"ck-warm-{attempt}", 1000)
-            break
-        except Exception as exc:  # noqa: BLE001 - retried, then raised
-            console.print(f"  warm-up query failed ({str(exc).splitlines()[0][:120]}); retrying")
-            if attempt == 2:
-                raise
-
-    config = load_config(write_config(root, log_dir, server.url,
-                                      "postgresql://postgres@127.0.0.1:1/shop", args.batch, 1.0))
+def references(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis, log: Log,
+               config: Path, results: dict[str, Any]) -> None:
     before = load()
-    started = time.perf_counter()
-    job = run_apply(config, ["cache"], once=True, console=None)
-    seconds = time.perf_counter() - started
-    p = job.progress["cache"]
-    held = redis.Redis.from_url(server.url).dbsize() - 1  # minus the watermark hash
-    if p.written != args.changes or held != args.changes:
-        raise SystemExit(f"apply wrote {p.written:,} and Redis holds {held:,} of "
-                         f"{args.changes:,} changes")
-    results.update(redis_changes_per_s=round(args.changes / seconds), apply_s=round(seconds, 2),
-                   apply_batches=p.batches, apply_load=round(max(before, load()), 2),
-                   handler_fold_s=round(p.fold_seconds, 2),
-                   handler_sink_s=round(p.sink_seconds, 2))
-    console.print(f"  cdc apply --once: {args.changes:,} changes in {seconds:.2f} s "
-                  f"({p.batches} batches; in the handler {p.fold_seconds:.1f} s read+fold, "
-                  f"{p.sink_seconds:.1f} s Redis) = {args.changes / seconds:,.0f}/s")
-
+    rate, seconds, profile = task_alone(config, log, server.url, args.profile)
+    results.update(task_alone_per_s=round(rate), task_alone_load=round(max(before, load()), 2),
+                   task_profile=profile)
+    console.print(f"  executor task path alone (one task, no Spark): {rate:,.0f}/s")
     before = load()
-    rows, seconds = source_stream(spark, log_dir, root / "ck-source", args.batch)
-    results.update(source_only_per_s=round(rows / seconds), source_only_load=round(
-        max(before, load()), 2))
-    console.print(f"  Spark source -> noop: {rows:,} rows in {seconds:.2f} s")
-
+    changes, cpu = read_fold_alone(log)
+    results.update(read_fold_per_core_s=round(len(changes) / cpu),
+                   read_fold_load=round(max(before, load()), 2))
     before = load()
-    changes, decode_cpu = decoded_changes(log_dir)
-    results.update(decode_per_core_s=round(len(changes) / decode_cpu),
-                   decode_load=round(max(before, load()), 2))
-    before = load()
-    rate, profile = sink_only(server.url, changes, args.batch, args.profile)
-    results.update(sink_only_per_s=round(rate), sink_only_load=round(max(before, load()), 2),
-                   sink_profile=profile)
-    console.print(f"  decode alone {results['decode_per_core_s']:,}/s per core; "
-                  f"RedisSink.apply alone {rate:,.0f}/s")
+    rate = sink_only(server.url, changes, args.batch)
+    results.update(sink_only_per_s=round(rate), sink_only_load=round(max(before, load()), 2))
+    console.print(f"  read + decode + fold alone {results['read_fold_per_core_s']:,}/s per "
+                  f"core; RedisSink.apply alone {rate:,.0f}/s")
     before = load()
     bench_rate = redis_benchmark(server.port)
     results.update(redis_benchmark_per_s=None if bench_rate is None else round(bench_rate),
@@ -323,28 +294,30 @@ class PacedWriter:
             self.error = exc
 
 
-def capture_latency(log_dir: Path, since: float) -> dict[str, Any]:
+def capture_latency(log: Log, since: float) -> dict[str, Any]:
     """Commit -> appended to the log (the log record's ``timestamp_ms`` minus its
     ``source_ts_ms``) p50/p99 for the c/u/d records committed after ``since`` (epoch s)."""
     from spark_apply.latency import LatencyHistogram
-    from spark_apply.source import SourceOptions, complete_end, plan, read_partition
+    from spark_apply.source import read_range
 
-    state = LocalChangeLogReader(log_dir).state()
+    reader, decoder, ranges = whole_log(log.settings)
     hist = LatencyHistogram()
-    for task in plan(state, {"topics": {}}, complete_end(state, SourceOptions(str(log_dir))),
-                     1):
-        for batch in read_partition(str(log_dir), task):
-            for row in batch.select(["op", "timestamp_ms", "source_ts_ms"]).to_pylist():
-                ts = row["source_ts_ms"]
-                if row["op"] in ("c", "u", "d") and ts is not None and ts >= since * 1000:
-                    hist.add([(row["timestamp_ms"] - ts) / 1000])
+    for item in ranges:
+        for chunk in read_range(reader, item):
+            for record in chunk:
+                if record.value is None:
+                    continue
+                op, _, ts = decoder.decode_image(record.value)
+                if op in ("c", "u", "d") and ts is not None and ts >= since * 1000:
+                    hist.add([(record.timestamp_ms - ts) / 1000])
     return {"capture_p50_s": _rounded(hist.quantile(0.5)),
             "capture_p99_s": _rounded(hist.quantile(0.99))}
 
 
 def batch_durations(query: Any) -> dict[str, Any]:
     """Median and max of the micro-batches' durations (Spark's ``triggerExecution``) and of
-    their ``addBatch`` part (the batch handler), and the median rows per batch."""
+    their ``addBatch`` part (the batch handler), and the median number of offset ranges per
+    batch (``emit=ranges``: a micro-batch's rows are ranges, not records)."""
     progress = [p for p in query.recentProgress if p.get("numInputRows")]
     if not progress:
         return {}
@@ -356,15 +329,20 @@ def batch_durations(query: Any) -> dict[str, Any]:
     handler = [p["durationMs"].get("addBatch", 0) / 1000 for p in progress]
     return {"batch_p50_s": round(median(total), 2), "batch_max_s": round(max(total), 2),
             "handler_p50_s": round(median(handler), 2),
-            "rows_per_batch_p50": median([p["numInputRows"] for p in progress])}
+            "ranges_per_batch_p50": median([p["numInputRows"] for p in progress])}
 
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def latency(args: argparse.Namespace, root: Path, server: ThrowawayRedis, spark: Any,
+#: the demo's three followers (``cdc/demo_pg.py``: Redis, Delta SCD1 with 4 buckets, search)
+LIVE_FOLLOWERS = ("cache", "warehouse", "search")
+
+
+def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
             results: dict[str, Any]) -> None:
+    from cdc.log.local import LocalChangeLogReader
     from spark_apply.jobs import ApplyJob
 
     redis.Redis.from_url(server.url).flushall()
@@ -375,10 +353,16 @@ def latency(args: argparse.Namespace, root: Path, server: ThrowawayRedis, spark:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL, "
                          "note text, at timestamptz NOT NULL)")
-        log_dir = root / "live"
-        config_path = write_config(root, log_dir, server.url, dsn, args.batch, args.trigger,
-                                   "public.items")
-        capture_log = (root / "capture.log").open("w")  # closed with the process below
+        log = env.log("live")
+        log.settings.pop("fsync")  # capture as configured by default (fsynced)
+        log_dir = Path(log.settings["path"])
+        followers = {
+            "cache": redis_follower(server.url, 100_000, args.trigger),
+            "warehouse": delta_follower(env.root / "warehouse", 500_000, "scd1", 4, 1.0),
+            "search": search_follower(env.root / "search", 100_000,
+                                      {"public.items": ["note"]}, 0.5)}
+        config_path = env.config("live", log, followers, dsn=dsn, table="public.items")
+        capture_log = (env.root / "capture.log").open("w")  # closed with the process below
         capture = subprocess.Popen([str(Path(sys.executable).parent / "cdc"), "bootstrap",
                                     "--config", str(config_path), "--follow"],
                                    stdout=subprocess.DEVNULL, stderr=capture_log)
@@ -387,23 +371,24 @@ def latency(args: argparse.Namespace, root: Path, server: ThrowawayRedis, spark:
         try:
             deadline = time.monotonic() + 120
             while not (log_dir / "state.json").exists() or not LocalChangeLogReader(
-                    log_dir).state().source_offsets.get("shop"):
+                    log_dir).source_offsets().get(log.source):
                 if capture.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("capture did not start: "
-                                     + (root / "capture.log").read_text()[-2000:])
+                                     + (env.root / "capture.log").read_text()[-2000:])
                 time.sleep(0.2)
-            job = ApplyJob.prepare(load_config(config_path), ["cache"])
-            job.start(spark, once=False)
+            job = ApplyJob.prepare(load_config(config_path), list(LIVE_FOLLOWERS))
+            job.start(env.spark, once=False)
             waiter = threading.Thread(target=job.wait, daemon=True)
             waiter.start()
-            progress = job.progress["cache"]
-            while progress.batches == 0:
+            progress = job.progress
+            while any(progress[name].batches == 0 for name in LIVE_FOLLOWERS):
                 time.sleep(0.1)
-            console.print(f"capture and continuous apply running; writing {args.rate:,} "
-                          f"changes/s for {args.seconds:.0f} s ...")
+            console.print(f"capture and continuous apply of {', '.join(LIVE_FOLLOWERS)} "
+                          f"running; writing {args.rate:,} changes/s for {args.seconds:.0f} s "
+                          "...")
             writer.thread.start()
             time.sleep(args.warmup)
-            baseline = progress.latency.copy()
+            baselines = {name: progress[name].latency.copy() for name in LIVE_FOLLOWERS}
             loads = []
             began, began_wall = time.monotonic(), time.time()
             written_at_start = writer.changes
@@ -421,19 +406,28 @@ def latency(args: argparse.Namespace, root: Path, server: ThrowawayRedis, spark:
             client = redis.Redis.from_url(server.url)
             while client.dbsize() - 1 < total and time.monotonic() < deadline:
                 time.sleep(0.2)
-            time.sleep(2 * args.trigger + 1)  # the batch holding the last updates
-            window = progress.latency.since(baseline)
-            results.update(capture_latency(log_dir, began_wall))
+            time.sleep(2 * 1.0 + 1)  # the slowest trigger's batch holding the last updates
+            windows = {name: progress[name].latency.since(baselines[name])
+                       for name in LIVE_FOLLOWERS}
+            window = windows["cache"]
+            results.update(capture_latency(log, began_wall))
             results.update(batch_durations(job.queries["cache"]))
             results.update(
                 latency_p50_s=window.quantile(0.5), latency_p99_s=window.quantile(0.99),
                 latency_max_s=window.quantile(1.0), latency_changes=window.total,
                 latency_rate_per_s=round(achieved), latency_late_ticks=writer.late_ticks,
                 latency_load=round(sum(loads) / max(1, len(loads)), 2),
-                latency_batches=progress.batches, trigger_s=args.trigger)
+                latency_batches=progress["cache"].batches, trigger_s=args.trigger,
+                latency_followers=list(LIVE_FOLLOWERS))
+            for name in ("warehouse", "search"):
+                results[f"{name}_latency_p50_s"] = _rounded(windows[name].quantile(0.5))
+                results[f"{name}_latency_p99_s"] = _rounded(windows[name].quantile(0.99))
+                results[f"{name}_batches"] = progress[name].batches
             console.print(f"  {window.total:,} changes measured at {achieved:,.0f}/s: p50 "
                           f"{window.quantile(0.5) or 0:.3f} s, p99 "
-                          f"{window.quantile(0.99) or 0:.3f} s")
+                          f"{window.quantile(0.99) or 0:.3f} s (Delta p50 "
+                          f"{results['warehouse_latency_p50_s']} s, search p50 "
+                          f"{results['search_latency_p50_s']} s)")
         finally:
             writer.stop.set()
             if job is not None:
@@ -450,9 +444,21 @@ def latency(args: argparse.Namespace, root: Path, server: ThrowawayRedis, spark:
 
 # ------------------------------------------------------------------------------ report
 
+def goals(results: dict[str, Any]) -> dict[str, Any]:
+    """Issue 13's goals this run measured (default path only)."""
+    out: dict[str, Any] = {}
+    if "redis_changes_per_s" in results:
+        out["redis_changes_per_s"] = goal(results["redis_changes_per_s"], 50_000)
+    if results.get("latency_p50_s") is not None:
+        out["latency_p50_s"] = goal(round(results["latency_p50_s"], 3), 0.5, below=True)
+        out["latency_p99_s"] = goal(round(results["latency_p99_s"], 3), 2.0, below=True)
+    return out
+
+
 def report(results: dict[str, Any]) -> None:
-    out = Console(width=110)  # piped output would otherwise wrap at 80 columns
-    table = Table(title="cdc apply -> Redis (one run)")
+    out = Console(width=120)  # piped output would otherwise wrap at 80 columns
+    where = f"{results['master']} master, {results['log']} log"
+    table = Table(title=f"cdc apply -> Redis (one run; {where})")
     for column in ("measure", "value", "load (1 min)", "goal"):
         table.add_column(column, justify="left" if column == "measure" else "right")
 
@@ -464,47 +470,65 @@ def report(results: dict[str, Any]) -> None:
         value = results.get(name)
         return "-" if value is None else f"{value:.3f} s"
 
+    default = results["master"] == "local" and results["log"] == "local"
     rows = [
         ("SparkSession start-up (not counted)", secs("spark_start_s"), "", ""),
         ("cdc apply --once into Redis", rate("redis_changes_per_s"),
-         results.get("apply_load", ""), ">= 50,000/s"),
-        ("  of which read+fold / Redis (handler s)",
-         f"{results.get('handler_fold_s', '-')} / {results.get('handler_sink_s', '-')} s", "",
-         ""),
-        ("Spark source alone (noop sink)", rate("source_only_per_s"),
-         results.get("source_only_load", ""), ""),
-        ("source decode alone, per core", rate("decode_per_core_s"),
-         results.get("decode_load", ""), ""),
+         results.get("apply_load", ""), ">= 50,000/s" if default else "(no goal)"),
+        ("  micro-batches alone (no query start/stop): s",
+         f"{results.get('batches_s', '-')} s", "", ""),
+        ("  task CPU-ish s, summed over tasks: read+fold / Redis",
+         f"{results.get('task_read_fold_cpu_s', '-')} / {results.get('task_sink_cpu_s', '-')} s",
+         "", ""),
+        ("executor task path alone (1 task, no Spark)", rate("task_alone_per_s"),
+         results.get("task_alone_load", ""), ""),
+        ("read + decode + fold alone, per core", rate("read_fold_per_core_s"),
+         results.get("read_fold_load", ""), ""),
         ("RedisSink.apply alone", rate("sink_only_per_s"), results.get("sink_only_load", ""),
          ""),
         ("redis-benchmark hset -P 64", rate("redis_benchmark_per_s"),
          results.get("redis_benchmark_load", ""), ""),
-        ("commit -> Redis latency p50", secs("latency_p50_s"), results.get("latency_load", ""),
-         "< 0.5 s"),
-        ("commit -> Redis latency p99", secs("latency_p99_s"), "", "< 2 s"),
+        ("commit -> Redis latency p50 (3 followers)", secs("latency_p50_s"),
+         results.get("latency_load", ""), "< 0.5 s"),
+        ("commit -> Redis latency p99 (3 followers)", secs("latency_p99_s"), "", "< 2 s"),
         ("  at (achieved writer rate)", rate("latency_rate_per_s"), "", "5,000/s"),
         ("  of which commit -> log (capture) p50 / p99",
          f"{results.get('capture_p50_s', '-')} / {results.get('capture_p99_s', '-')} s", "", ""),
-        ("  micro-batch p50 / max (handler p50)",
+        ("  Redis micro-batch p50 / max (handler p50)",
          f"{results.get('batch_p50_s', '-')} / {results.get('batch_max_s', '-')} s "
          f"({results.get('handler_p50_s', '-')} s)", "", ""),
+        ("  beside it: Delta / search latency p50",
+         f"{results.get('warehouse_latency_p50_s', '-')} / "
+         f"{results.get('search_latency_p50_s', '-')} s", "", ""),
+        ("  beside it: Delta / search latency p99",
+         f"{results.get('warehouse_latency_p99_s', '-')} / "
+         f"{results.get('search_latency_p99_s', '-')} s", "", ""),
     ]
     for row in rows:
         table.add_row(*(str(cell) for cell in row))
     out.print(table)
-    text = results.pop("sink_profile", "")
-    if text:  # plain print: rich would wrap the lines at 80 columns when piped
-        print("--- cProfile of RedisSink.apply alone (tottime) ---")
-        print(text)
+    for key, title in (("task_profile", "cProfile of the executor task path alone (tottime)"),
+                       ("py_spy", "py-spy record --subprocesses of cdc apply --once")):
+        text = results.pop(key, "")
+        if text:  # plain print: rich would wrap the lines at 80 columns when piped
+            print(f"--- {title} ---")
+            print(text)
     for name in ("latency_p50_s", "latency_p99_s", "latency_max_s"):
         if results.get(name) is not None:
             results[name] = round(results[name], 3)
-    print(json.dumps(results))
+    if default:
+        results["goals"] = goals(results)
+    print_json(results)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--follower", default="redis", choices=["redis", "delta", "search"])
+    parser.add_argument("--master", default="local",
+                        help="local (local[2,3], the default path), cluster (a throwaway "
+                             "standalone cluster, 2 workers x 1 core) or a master URL")
+    parser.add_argument("--log", default="local", choices=["local", "kafka"],
+                        help="where the log is: local files, or a throwaway Kafka broker")
     parser.add_argument("--mode", default="scd1", choices=["scd1", "scd2"],
                         help="delta: SCD1 (current state) or SCD2 (history)")
     parser.add_argument("--buckets", type=int, default=16, help="delta: hash buckets")
@@ -516,33 +540,40 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=5000)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=10.0)
-    parser.add_argument("--trigger", type=float, default=0.2)
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--trigger", type=float, default=0.25,
+                        help="the cache follower's trigger interval in the latency phase "
+                             "(the demo's 250 ms)")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile of the executor task path alone")
+    parser.add_argument("--py-spy", type=Path, default=None, metavar="FILE",
+                        help="py-spy record --subprocesses (raw) of the measured apply")
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-references", action="store_true")
+    parser.add_argument("--skip-spark-merge", action="store_true",
+                        help="delta: skip delta-spark's MERGE INTO of the same changes")
     args = parser.parse_args()
-    if args.follower != "redis":  # bench/apply_tables.py: table sizes, MERGE / index costs
-        from bench.apply_tables import run
+    with BenchEnv(master=args.master, log_backend=args.log) as env:
+        if args.follower != "redis":  # bench/apply_tables.py: table sizes, MERGE / index costs
+            from bench.apply_tables import run
 
-        run(args)
-        return
-    from spark_apply.session import spark_session
+            run(args, env)
+            results = env.results
+        else:
+            results = env.results
+            results.update(follower="redis", changes=args.changes, batch=args.batch)
+            with ThrowawayRedis() as server:
+                env.start_spark("bench-apply")
+                if not args.skip_throughput:
+                    throughput(args, env, server, results)
+                if not args.skip_latency and env.default_path:
+                    latency(args, env, server, results)
+    if args.follower == "redis":
+        report(results)
+    else:
+        from bench.apply_tables import report as tables_report
 
-    root = Path(tempfile.mkdtemp(prefix="cdc-bench-apply-"))
-    results: dict[str, Any] = {"changes": args.changes, "batch": args.batch}
-    try:
-        with ThrowawayRedis() as server:
-            started = time.perf_counter()
-            spark = spark_session(app_name="bench-apply")
-            results["spark_start_s"] = round(time.perf_counter() - started, 1)
-            if not args.skip_throughput:
-                throughput(args, root, server, spark, results)
-            if not args.skip_latency:
-                latency(args, root, server, spark, results)
-            spark.stop()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    report(results)
+        tables_report(results)
 
 
 if __name__ == "__main__":
