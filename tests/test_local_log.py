@@ -199,3 +199,23 @@ def test_failed_append_reports_and_leaves_the_log_usable(log_dir: Path) -> None:
     log.close()
     records = LocalChangeLogReader(log_dir).read(TOPIC, 0)
     assert [r.value for r in records] == [expected_value(1, 1), expected_value(3, 3)]
+
+
+def test_append_time_lower_bound_reads_only_the_segment_start(log_dir: Path) -> None:
+    """``appended_no_earlier_than`` (used by the stale-follower check) is the append time of
+    the first record of the segment holding the offset: never later than the record's own."""
+    with LocalChangeLog(log_dir, partitions=1, segment_bytes=1000) as log:
+        log.ensure_topic(TOPIC)
+        for seq in range(60):
+            log.append([make_record(seq, seq)])
+            if seq % 20 == 19:
+                time.sleep(0.05)  # later segments hold later append times
+    reader = LocalChangeLogReader(log_dir)
+    segments = list_segments(log_dir / "topics" / TOPIC / "0")
+    assert len(segments) > 3
+    stamps = {r.offset: r.timestamp_ms for r in reader.read(TOPIC, 0, 0)}
+    for offset in range(60):
+        bound = reader.appended_no_earlier_than(TOPIC, 0, offset)
+        base = max(s.base for s in segments if s.base <= offset)
+        assert bound == stamps[base] <= stamps[offset]
+    assert reader.appended_no_earlier_than("no.such.topic", 0, 5) is None

@@ -185,6 +185,12 @@ class ChangeLogReader(ABC):
         """Seconds a tombstone stays readable after it was appended: a reader that stops for
         longer may miss deletes (it must rebuild from offset 0)."""
 
+    def appended_no_earlier_than(self, topic: str, partition: int, offset: int) -> int | None:
+        """A lower bound (ms since the epoch) on when the first record held at or after
+        ``offset`` was appended, found without reading up to it; ``None`` when the log cannot
+        tell cheaply (the default: callers then read the record)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional: most readers hold nothing
         """Release connections and files (readers hold nothing that must be flushed)."""
 
@@ -296,6 +302,9 @@ def stale_partitions(reader: ChangeLogReader, resume: Mapping[str, Mapping[str, 
         retention = reader.tombstone_retention(topic)
         oldest_ok = now_ms - int(retention * 1000)
         for partition, offset in sorted(started.items()):
+            bound = reader.appended_no_earlier_than(topic, partition, offset)
+            if bound is not None and bound >= oldest_ok:
+                continue  # appended within the retention: no need to read up to it
             first = reader.read(topic, partition, offset, 1)
             if first and first[0].timestamp_ms < oldest_ok:
                 out.append(StalePartition(topic, partition, offset, first[0].offset,

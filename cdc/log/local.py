@@ -302,6 +302,21 @@ class LocalChangeLogReader(ChangeLogReader):
             os.close(fd)
         self._read_fds.clear()
 
+    def appended_no_earlier_than(self, topic: str, partition: int, offset: int) -> int | None:
+        """The append time of the first record of the segment holding ``offset`` (read at the
+        segment's start, not scanned up to ``offset``): offsets grow with append time, so the
+        first record held at or after ``offset`` is no older."""
+        directory = topic_dir(self.path, topic) / str(partition)
+        try:
+            bases = [segment.base for segment in list_segments(directory)]
+        except FileNotFoundError:
+            return None
+        holding = [base for base in bases if base <= offset]
+        if not holding:
+            return None
+        first = self.read(topic, partition, holding[-1], 1)
+        return first[0].timestamp_ms if first else None
+
     def _read_into(self, out: list[StoredRecord], topic: str, partition: int, directory: Path,
                    part: PartitionState, start: int, max_records: int | None,
                    located: list[Location] | None = None) -> None:
