@@ -186,7 +186,7 @@ class BatchHandler:
         settings = json.loads(self.handle.log)
         store = self._schemas()
         topics = sorted({item.topic for item in ranges})
-        frame, _ = kafka_frame(self.spark, settings, ranges, topic_schema_ids(store, topics),
+        frame = kafka_frame(self.spark, settings, ranges, topic_schema_ids(store, topics),
                                store)
         names = {kafka_topic_name(settings, item.topic): item for item in ranges}
         if self.sink.split_by_owner:

@@ -36,7 +36,6 @@ owner expression computed in the JVM (``Sink.owner``'s rule).
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping, Sequence
 from decimal import Context
@@ -163,15 +162,15 @@ class JvmDecoded:
         if after is None:
             return None
         schema, build = self.plan(schema_id)
-        return build(avro_datum(copy.deepcopy(schema), after))  # type: ignore[no-any-return]
+        return build(avro_datum(schema, after))  # type: ignore[no-any-return]
 
 
 def kafka_frame(spark: Any, settings: Mapping[str, Any], ranges: Sequence[Range],
-                schema_ids: Sequence[int], store: Any) -> tuple[Any, list[int]]:
+                schema_ids: Sequence[int], store: Any) -> Any:
     """The batch's records as a DataFrame: ``topic`` (the Kafka topic), ``partition``,
     ``offset``, ``key`` (string), ``position`` (binary), ``value`` (binary: kept for the ids the
     JVM does not decode), ``sid`` (the value's schema id; NULL for a tombstone) and one struct
-    column ``e<id>`` per decoded schema id. Returns it with the ids decoded in the JVM."""
+    column ``e<id>`` per decoded schema id."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
@@ -189,7 +188,6 @@ def kafka_frame(spark: Any, settings: Mapping[str, Any], ranges: Sequence[Range]
     columns = [F.col("topic"), F.col("partition"), F.col("offset"),
                F.col("key").cast("string").alias("key"), position.alias("position"),
                F.col("value"), sid.alias("sid")]
-    decoded = []
     for schema_id in sorted(set(schema_ids)):
         envelope = store.get(schema_id).schema
         if not jvm_decodable(envelope):
@@ -198,8 +196,7 @@ def kafka_frame(spark: Any, settings: Mapping[str, Any], ranges: Sequence[Range]
         envelope_col = from_avro(body, plain, {"mode": "FAILFAST"})
         columns.append(F.when(sid == schema_id, envelope_col.dropFields("before"))
                        .alias(f"e{schema_id}"))
-        decoded.append(schema_id)
-    return raw.select(*columns), decoded
+    return raw.select(*columns)
 
 
 def topic_schema_ids(store: Any, topics: Sequence[str]) -> list[int]:

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -491,3 +492,18 @@ def append_synthetic(log: LogAt, workload: Any, changes: int) -> None:
         writer.append(records, {"shop": {"lsn": workload.seq}})
     finally:
         writer.close()
+
+
+def verify_followers(config: Path, names: Sequence[str], timeout: str = "300s"
+                     ) -> dict[str, subprocess.CompletedProcess[str]]:
+    """``cdc verify`` of each follower in ``names`` (results by name; asserted later with
+    :func:`assert_verified`, once the processes around it are stopped)."""
+    return {name: cdc("verify", "--config", str(config), "--follower", name, "--timeout",
+                      timeout, timeout=420) for name in names}
+
+
+def assert_verified(verified: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    """Every follower verified equal to the leader (exit 0 and the verdict printed)."""
+    for name, result in verified.items():
+        assert result.returncode == 0, f"follower {name}: {output(result)}"
+        assert "follower equals the leader" in result.stdout, name

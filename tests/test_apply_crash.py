@@ -76,8 +76,10 @@ from tests.pgkit import (
     Capture,
     Database,
     Load,
+    assert_verified,
     cdc,
     output,
+    verify_followers,
     wait_caught_up,
     wait_for,
     write_config,
@@ -448,8 +450,7 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
             wait_for(lambda b=batch: b in checkpoint.ids("commits"), 300, f"batch {batch}")
             assert checkpoint.offsets_text(batch) == text_before, f"batch {batch} re-planned"
             confirmed_replays.add(batch)
-        verified = {name: cdc("verify", "--config", str(config_path), "--follower", name,
-                              "--timeout", "300s", timeout=420) for name in FOLLOWERS}
+        verified = verify_followers(config_path, FOLLOWERS)
         code, text = run.terminate()
         run = None
     finally:
@@ -458,9 +459,7 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
         load.stop.set()
         capture_code = capture.terminate()
     assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
-    for name, result in verified.items():
-        assert result.returncode == 0, f"follower {name}: {output(result)}"
-        assert "follower equals the leader" in result.stdout, name
+    assert_verified(verified)
     assert code == 0, text[-3000:]
 
     # every follower equals the table: the same keys, the same column texts

@@ -30,8 +30,10 @@ from tests.pgkit import (
     Database,
     Load,
     append_synthetic,
+    assert_verified,
     cdc,
     output,
+    verify_followers,
     wait_caught_up,
     wait_for,
     write_config,
@@ -147,8 +149,7 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
         wait_commits(cache_checkpoint, 2, run)
         load.finish()
         wait_caught_up(pg_db, log, timeout=180)
-        verified = {name: cdc("verify", "--config", str(config_path), "--follower", name,
-                              "--timeout", "300s", timeout=420) for name in FOLLOWERS}
+        verified = verify_followers(config_path, FOLLOWERS)
         code, text = run.terminate()
         run = None
     finally:
@@ -157,9 +158,7 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
         load.stop.set()
         capture_code = capture.terminate()
     assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
-    for name, checked in verified.items():
-        assert checked.returncode == 0, f"follower {name}: {output(checked)}"
-        assert "follower equals the leader" in checked.stdout, name
+    assert_verified(verified)
     assert code == 0, text[-3000:]
     assert load.committed > 500
 
