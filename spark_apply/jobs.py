@@ -1,15 +1,17 @@
 """``cdc apply``: one Spark application, one streaming query per follower.
 
-Each query reads the change log with the ``cdc`` source (``spark_apply/source.py``) — the
-follower's sources, at most ``max_records_per_batch`` records per micro-batch — and hands every
-micro-batch to :class:`BatchHandler` through ``foreachBatch``:
+Each query reads the change log with the ``cdc`` source (``spark_apply/source.py``,
+``emit=ranges``) — the follower's sources, at most ``max_records_per_batch`` records per
+micro-batch, planned as offset ranges — and hands every micro-batch to :class:`BatchHandler`
+through ``foreachBatch``:
 
-1. collect it to the driver as Arrow and fold it there (``spark_apply/fold.py``'s
-   :func:`~spark_apply.fold.fold_arrow`: per key, the newest record; no shuffle, so a small
-   micro-batch costs a fraction of a Spark ``groupBy``; admission control bounds its size);
-2. :meth:`Sink.apply` the changes behind the version gate;
-3. only then :meth:`Sink.set_watermark` with the batch's watermark rows (per source, the
-   newest), so a watermark never claims more than the follower holds.
+1. collect the ranges and watermark rows to the driver (a few rows per partition, never a
+   record) and split the ranges into tasks (``spark_apply/tasks.py``'s ``plan_tasks``);
+2. run the tasks on the executors: each reads its records (through the log contract, or Spark's
+   Kafka source for a Kafka log: ``spark_apply/kafka_read.py``), folds them and
+   :meth:`Sink.apply` s them behind the version gate (a driver-only sink runs them here);
+3. only when every task succeeded, :meth:`Sink.set_watermark` with the batch's watermark rows
+   (per source, the newest), so a watermark never claims more than the follower holds.
 
 Spark commits the batch's offsets to the follower's checkpoint after the handler returns. A
 crash before that replays the same batch with the same rows (at-least-once); the version gate
