@@ -36,6 +36,7 @@ import threading
 import time
 import zlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from confluent_kafka import (
@@ -102,6 +103,8 @@ _CLIENT_LOG.addFilter(_QuietClient())
 _LEGAL = re.compile(r"[^A-Za-z0-9._-]")
 #: how long a metadata request may take before the brokers count as unreachable
 TIMEOUT = 15.0
+#: how long topic creation and description are retried while the controller is busy
+ADMIN_DEADLINE = 90.0
 
 
 class LogFencedError(LogError):
@@ -424,7 +427,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         resource = ConfigResource(ConfigResource.Type.TOPIC, name)
         try:
             configs = self._admin.describe_configs([resource])[resource].result(timeout=TIMEOUT)
-        except KafkaException:
+        except (KafkaException, FutureTimeout):
             return float(self.config.tombstone_retention)
         entry = configs.get("delete.retention.ms")
         return float(entry.value) / 1000 if entry is not None else \
@@ -484,18 +487,27 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         """Create ``name``; if it exists, check its partition count and cleanup policy."""
         new = NewTopic(name, num_partitions=partitions,
                        replication_factor=self.config.replication_factor, config=config)
-        try:
-            self._admin.create_topics([new], operation_timeout=TIMEOUT)[name].result(
-                timeout=TIMEOUT)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if not (isinstance(error, KafkaError)
-                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
-                raise kafka_error(f"creating topic {name}", exc, self.where) from None
+        deadline = time.monotonic() + ADMIN_DEADLINE
+        while True:  # a busy controller (a broker just restarted) may answer late: ask again
+            try:
+                self._admin.create_topics([new], operation_timeout=TIMEOUT)[name].result(
+                    timeout=TIMEOUT)
+                break
+            except (KafkaException, FutureTimeout) as exc:
+                error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+                if isinstance(error, KafkaError) and \
+                        error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    break
+                problem = kafka_error(f"creating topic {name}", error or "no answer within "
+                                      f"{TIMEOUT:.0f} s", self.where)
+                if time.monotonic() > deadline or not (
+                        isinstance(exc, FutureTimeout) or isinstance(problem, LogUnavailable)):
+                    raise problem from None
+                time.sleep(1.0)
         self._check_existing(name, partitions)
 
     def _check_existing(self, name: str, partitions: int) -> None:
-        deadline = time.monotonic() + TIMEOUT
+        deadline = time.monotonic() + ADMIN_DEADLINE
         while True:  # a topic just created may take a moment to be known everywhere
             try:
                 meta = self._admin.list_topics(name, timeout=TIMEOUT).topics[name]
@@ -505,12 +517,14 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                 configs = self._admin.describe_configs([resource])[resource].result(
                     timeout=TIMEOUT)
                 break
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                unknown = isinstance(error, KafkaError) and error.code() in (
-                    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE)
+            except (KafkaException, FutureTimeout) as exc:
+                error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+                unknown = isinstance(exc, FutureTimeout) or isinstance(error, KafkaError) and \
+                    error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                     KafkaError.LEADER_NOT_AVAILABLE)
                 if not unknown or time.monotonic() > deadline:
-                    raise kafka_error(f"describing topic {name}", exc, self.where) from None
+                    raise kafka_error(f"describing topic {name}", error or "no answer within "
+                                      f"{TIMEOUT:.0f} s", self.where) from None
                 time.sleep(0.1)
         if len(meta.partitions) != partitions:
             raise LogError(f"Kafka topic {name} has {len(meta.partitions)} partitions; the log "
