@@ -28,3 +28,22 @@ def latest(log: LogAt, topic: str) -> dict[str, Any]:
         return fold_latest(reader, topic)[1]
     finally:
         reader.close()
+
+
+def drop_kafka_topics(broker: Any, names: list[str]) -> None:
+    """Delete ``names`` from ``broker`` if they exist (topics whose names are fixed, such as the
+    synthetic workload's, would otherwise be shared by tests using the session broker)."""
+    import time
+
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    present = [n for n in names if n in admin.list_topics(timeout=30).topics]
+    if not present:
+        return
+    for future in admin.delete_topics(present, operation_timeout=30).values():
+        future.result(timeout=60)
+    deadline = time.monotonic() + 60
+    while any(n in admin.list_topics(timeout=30).topics for n in present):
+        assert time.monotonic() < deadline, f"topics {present} not deleted"
+        time.sleep(0.2)

@@ -1,12 +1,16 @@
 """``cdc apply`` on a real Spark standalone cluster: a master and 2 workers of one core each
 (``cdc/servers/spark.py``: pyspark's own jars started with ``spark-class``), on loopback.
 
-* Under a PostgreSQL write load, ``cdc apply --master spark://...`` runs three followers (Redis,
-  Delta SCD1, Delta SCD2) while the test SIGKILLs an executor (the worker starts another), a
-  whole worker (its tasks rerun on the other; a new worker joins) and the driver (restarted from
-  the checkpoints). Afterwards ``cdc verify`` exits 0 for every follower and each equals the
-  table. ``spark.driver.maxResultSize`` is 1m: no record is collected to the driver.
-* The same log applied in local mode and on the cluster gives identical followers.
+* Under a PostgreSQL write load of small transactions and of 100,000-row ``UPDATE``s (over a
+  million changes in all), ``cdc apply --master spark://...`` runs three followers (Redis, Delta
+  SCD1, Delta SCD2) with speculative task duplicates on, while the test SIGKILLs an executor
+  (the worker starts another), a whole worker (its tasks rerun on the other; a new worker
+  joins) and the driver (restarted from the checkpoints). Afterwards ``cdc verify`` exits 0 for
+  every follower and each equals the table. ``spark.driver.maxResultSize`` is 1m: no record is
+  collected to the driver.
+* One workload applied in local mode and on the cluster from the local log, and on the cluster
+  from a Kafka log through Spark's Kafka source with a worker SIGKILLed mid-run, gives identical
+  followers.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +29,9 @@ import pytest
 
 from cdc.config import load_config
 from cdc.servers.spark import EXECUTOR_MEMORY, ThrowawaySparkCluster
+from cdc.synthetic import ORDERS, Workload
 from sinks import open_sink
+from tests.kafkakit import drop_kafka_topics, kafka_yaml
 from tests.pgkit import (
     PROJECT,
     Capture,
@@ -55,7 +63,10 @@ def spark_section(cluster: ThrowawaySparkCluster) -> str:
     conf = {"spark.executor.memory": EXECUTOR_MEMORY, "spark.driver.maxResultSize": "1m",
             "spark.task.maxFailures": "8", "spark.cores.max": "2",
             "spark.driver.memory": "512m", "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1"}
+            "spark.driver.bindAddress": "127.0.0.1",
+            # speculative duplicates of slow tasks write beside the originals: the gates hold
+            "spark.speculation": "true", "spark.speculation.multiplier": "1.2",
+            "spark.speculation.quantile": "0.5", "spark.speculation.interval": "200ms"}
     lines = [f"    {key}: {json.dumps(value)}" for key, value in conf.items()]
     return f"spark:\n  master: {cluster.master_url}\n  conf:\n" + "\n".join(lines) + "\n"
 
@@ -121,7 +132,7 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
                             op text NOT NULL);
     """)
     pg_db.execute("INSERT INTO items (id, v, amount, note) SELECT g, 1, g / 7.0, md5(g::text) "
-                  "FROM generate_series(1, 5000) g")
+                  f"FROM generate_series(1, {SEEDED}) g")
     config_path = write_config(tmp_path, pg_db, ["public.items"],
                                extra=spark_section(cluster) + followers_section(tmp_path,
                                                                                 redis_url))
@@ -130,6 +141,7 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
     assert result.returncode == 0, output(result)
     capture = Capture(config_path, tmp_path / "capture.log").start()
     load = Load(pg_db, threads=2, key_changes=0.05, pause=0.01, seed=13).start()
+    bulk = BulkUpdates(pg_db).start()
     cache_checkpoint = tmp_path / "checkpoint-cache"
     run: Apply | None = Apply(config_path, tmp_path / "apply-1.log")
     try:
@@ -147,8 +159,9 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
         run.kill()  # the driver: restarted from the checkpoints
         run = Apply(config_path, tmp_path / "apply-2.log")
         wait_commits(cache_checkpoint, 2, run)
+        bulk.finish()
         load.finish()
-        wait_caught_up(pg_db, log, timeout=180)
+        wait_caught_up(pg_db, log, timeout=300)
         verified = verify_followers(config_path, FOLLOWERS)
         code, text = run.terminate()
         run = None
@@ -161,59 +174,136 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
     assert_verified(verified)
     assert code == 0, text[-3000:]
     assert load.committed > 500
+    assert bulk.changes + SEEDED >= 1_000_000  # through the cluster with maxResultSize=1m
 
 
-def test_cluster_and_local_mode_give_identical_followers(
-        cluster: ThrowawaySparkCluster, tmp_path: Path, redis_url: str) -> None:
+#: rows of ``items`` before the load (snapshotted by ``cdc bootstrap``)
+SEEDED = 100_000
+
+
+class BulkUpdates:
+    """Large transactions beside the small ones of :class:`Load`: ``UPDATE`` of every seeded row,
+    one transaction each, until at least a million changes were captured in all, a pause between
+    them so the kills land among them."""
+
+    def __init__(self, db: Database, rounds: int = 9, pause: float = 4.0) -> None:
+        self.db, self.rounds, self.pause = db, rounds, pause
+        self.changes = 0
+        self.errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> BulkUpdates:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            with self.db.connect() as conn:
+                for _ in range(self.rounds):
+                    with conn.transaction():
+                        done = conn.execute(f"UPDATE items SET v = v + 1, amount = amount + 1 "
+                                            f"WHERE id <= {SEEDED}")
+                        self.changes += done.rowcount
+                    time.sleep(self.pause)
+        except BaseException as exc:  # noqa: BLE001 - reported by finish()
+            self.errors.append(exc)
+
+    def finish(self) -> None:
+        self._thread.join(600)
+        assert not self._thread.is_alive(), "the bulk updates did not finish"
+        if self.errors:
+            raise self.errors[0]
+
+
+def test_local_mode_cluster_and_kafka_give_identical_followers(
+        cluster: ThrowawaySparkCluster, tmp_path: Path, redis_url: str,
+        kafka_broker: Any) -> None:
+    """One workload, three ways: the local log in local mode, the local log on the cluster, and
+    a Kafka log on the cluster read by Spark's Kafka source (smaller batches, and a worker
+    SIGKILLed mid-run). The followers are identical, SCD2 history included."""
     from tests.test_apply import write_synthetic
 
     config_path, workload = write_synthetic(tmp_path, redis_url)
     base = json.loads(config_path.read_text())
     append_synthetic(tmp_path / "log", workload, 60_000)
-    results: dict[str, dict[str, dict[str, dict[str, str]]]] = {}
-    for mode, master in (("local", "local[2]"), ("cluster", cluster.master_url)):
-        root = tmp_path / mode
-        db = 1 if mode == "local" else 2
-        followers = {
-            "cache": {"kind": "redis", "url": redis_url.rsplit("/", 1)[0] + f"/{db}",
-                      "checkpoint": str(root / "cp-cache"), "max_records_per_batch": 25000},
-            "warehouse": {"kind": "delta", "path": str(root / "warehouse"), "buckets": 4,
-                          "checkpoint": str(root / "cp-warehouse"),
-                          "max_records_per_batch": 25000},
-            "history": {"kind": "delta", "mode": "scd2", "path": str(root / "history"),
-                        "buckets": 4, "checkpoint": str(root / "cp-history"),
-                        "max_records_per_batch": 25000}}
-        config = {**base, "followers": followers,
-                  "spark": {"master": master,
-                            "conf": {"spark.driver.maxResultSize": "1m",
-                                     "spark.driver.host": "127.0.0.1",
-                                     "spark.executor.memory": EXECUTOR_MEMORY}}}
-        path = tmp_path / f"{mode}.yaml"
-        path.write_text(json.dumps(config))
-        args = [arg for name in FOLLOWERS for arg in ("--follower", name)]
-        done = cdc("apply", "--config", str(path), "--once", *args, timeout=600)
-        assert done.returncode == 0, output(done)
-        loaded = load_config(path)
-        held: dict[str, dict[str, dict[str, str]]] = {}
-        for name in FOLLOWERS:
-            sink = open_sink(loaded, name)
-            try:
-                topics = loaded.follower_topics(name)
-                held[name] = {f"{topic} {key}": row for topic in topics
-                              for key, row in sink.read(topic, list(sink.keys(topic))).items()}
-            finally:
-                sink.close()
-        results[mode] = held
+    kafka_log = {**kafka_yaml(kafka_broker), "partitions": 4}
+    drop_kafka_topics(kafka_broker, [ORDERS.topic])  # the synthetic topic's name is fixed
+    try:
+        append_synthetic(kafka_log, Workload(keys=300), 60_000)  # the same seed: the same events
+        results = {mode: apply_mode(cluster, tmp_path, base, redis_url, mode, kafka_log)
+                   for mode in ("local", "cluster", "kafka")}
+    finally:
+        drop_kafka_topics(kafka_broker, [ORDERS.topic])
     for name in FOLLOWERS:
         assert len(results["local"][name]) > 200, name
-        assert results["local"][name] == results["cluster"][name], name
+        assert results["local"][name] == results["cluster"][name] == results["kafka"][name], name
     # the SCD2 history (every version, not only the live rows) is the same too
     history = {}
-    for mode in ("local", "cluster"):
-        sink = open_sink(load_config(tmp_path / f"{mode}.yaml"), "history")
-        topic = next(iter(load_config(tmp_path / f"{mode}.yaml").follower_topics("history")))
-        table = sink.history(topic)  # type: ignore[attr-defined]
+    for mode in ("local", "cluster", "kafka"):
+        config = load_config(tmp_path / f"{mode}.yaml")
+        sink = open_sink(config, "history")
+        table = sink.history(next(iter(config.follower_topics("history"))))  # type: ignore
         rows = table.drop_columns(["_cdc_applied_ms"]).to_pylist()  # wall clock of the write
         history[mode] = sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
     assert len(history["local"]) > len(results["local"]["history"])
-    assert history["local"] == history["cluster"]
+    assert history["local"] == history["cluster"] == history["kafka"]
+
+
+def apply_mode(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, Any],
+               redis_url: str, mode: str, kafka_log: dict[str, Any]
+               ) -> dict[str, dict[str, dict[str, str]]]:
+    """``cdc apply --once`` of the three followers in ``mode``; what each follower holds."""
+    root = tmp_path / mode
+    db = {"local": 1, "cluster": 2, "kafka": 5}[mode]
+    per_batch = 12000 if mode == "kafka" else 25000
+    common: dict[str, Any] = {"max_records_per_batch": per_batch}
+    if mode == "kafka":
+        common["reader"] = "spark-kafka"
+    followers = {
+        "cache": {"kind": "redis", "url": redis_url.rsplit("/", 1)[0] + f"/{db}",
+                  "checkpoint": str(root / "cp-cache"), **common},
+        "warehouse": {"kind": "delta", "path": str(root / "warehouse"), "buckets": 4,
+                      "checkpoint": str(root / "cp-warehouse"), **common},
+        "history": {"kind": "delta", "mode": "scd2", "path": str(root / "history"),
+                    "buckets": 4, "checkpoint": str(root / "cp-history"), **common}}
+    config = {**base, "followers": followers,
+              "spark": {"master": "local[2]" if mode == "local" else cluster.master_url,
+                        "conf": {"spark.driver.maxResultSize": "1m",
+                                 "spark.driver.host": "127.0.0.1",
+                                 "spark.task.maxFailures": "8",
+                                 "spark.executor.memory": EXECUTOR_MEMORY}}}
+    if mode == "kafka":
+        config["log"] = kafka_log
+    path = tmp_path / f"{mode}.yaml"
+    path.write_text(json.dumps(config))
+    args = [arg for name in FOLLOWERS for arg in ("--follower", name)]
+    run = subprocess.Popen([sys.executable, "-m", "cdc.cli", "apply", "--config", str(path),
+                            "--once", *args], cwd=PROJECT, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    if mode == "kafka":  # a lost machine mid-run: its tasks rerun on the other worker
+        wait_for(lambda: commits(root / "cp-cache") >= 1 or run.poll() is not None, 300,
+                 "a batch from Kafka")
+        alive = [i for i, p in enumerate(cluster.worker_processes) if p is not None]
+        cluster.kill_worker(alive[0])
+        done_at_kill = commits(root / "cp-cache")
+    try:
+        text, _ = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 0, text[-3000:]
+    if mode == "kafka":
+        assert commits(root / "cp-cache") > done_at_kill, "the kill did not land mid-run"
+        cluster.start_worker()
+        cluster.wait_workers(2)
+    loaded = load_config(path)
+    held: dict[str, dict[str, dict[str, str]]] = {}
+    for name in FOLLOWERS:
+        sink = open_sink(loaded, name)
+        try:
+            topics = loaded.follower_topics(name)
+            held[name] = {f"{topic} {key}": row for topic in topics
+                          for key, row in sink.read(topic, list(sink.keys(topic))).items()}
+        finally:
+            sink.close()
+    return held
