@@ -104,6 +104,27 @@ def reads_with_spark_kafka(config: Config, name: str) -> bool:
                                                 and config.log.backend == "kafka")
 
 
+def checkpointed_offsets(checkpoint: Path, batch_id: int
+                         ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The ``(start, end)`` source offsets of micro-batch ``batch_id``, from the query's offset
+    log. Spark writes ``offsets/N`` (a version line, the batch's metadata, then one line per
+    source: ours is the only one) *before* it runs batch N, and batch N starts where batch N-1
+    ended (the source's initial offset, no topics, for batch 0). None when the files cannot be
+    read as that; the caller then reads the batch's rows instead."""
+
+    def read(number: int) -> dict[str, Any] | None:
+        try:
+            lines = (checkpoint / "offsets" / str(number)).read_text().splitlines()
+            value = json.loads(lines[2]) if len(lines) == 3 and lines[0] == "v1" else None
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) and "topics" in value else None
+
+    end = read(batch_id)
+    start = {"topics": {}} if batch_id == 0 else read(batch_id - 1)
+    return None if end is None or start is None else (start, end)
+
+
 class BatchHandler:
     """The ``foreachBatch`` function of one follower (runs in the driver's Python).
 
@@ -115,29 +136,24 @@ class BatchHandler:
     succeeded, the watermarks are written."""
 
     def __init__(self, sink: Sink, handle: FollowerHandle, progress: FollowerProgress,
-                 topics: Sequence[str] | None, spark: Any) -> None:
+                 topics: Sequence[str] | None, spark: Any, checkpoint: Path | None = None
+                 ) -> None:
         self.sink = sink
         self.handle = handle
         self.progress = progress
         self.topics = set(topics) if topics is not None else None
         self.spark = spark
+        self.checkpoint = checkpoint
         self._store: Any = None
+        self._state: Any = None
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        from spark_apply.fold import WATERMARK, _keep_watermark
-        from spark_apply.source import Range
         from spark_apply.tasks import TaskReport, plan_tasks, run_task
 
         started = time.monotonic()
-        ranges: list[Range] = []
-        marks: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
-        for row in batch.collect():
-            if row["op"] == WATERMARK:
-                _keep_watermark(marks, row["source"], row["after"])
-            elif self.topics is None or row["topic"] in self.topics:
-                ranges.append(Range(row["topic"], row["partition"], row["start"], row["end"],
-                                    row["source"], row["table"]))
-        watermarks = {source: offset for source, (_, offset) in marks.items()}
+        ranges, watermarks = self._planned(batch_id) or self._collected(batch)
+        if self.topics is not None:
+            ranges = [item for item in ranges if item.topic in self.topics]
         context = self.spark.sparkContext
         tasks = plan_tasks(ranges, max(1, context.defaultParallelism),
                            self.sink.split_by_owner)
@@ -167,6 +183,37 @@ class BatchHandler:
                 raise known from None
             raise
         self._record(total, watermarks, time.monotonic() - started)
+
+    def _planned(self, batch_id: int) -> tuple[list[Any], dict[str, Any]] | None:
+        """The batch's ranges and watermarks from the checkpoint's offset log, planned here as
+        the source plans them: no Spark job (a fixed cost of every batch, large for small ones).
+        """
+        from spark_apply.source import _open, batch_plan
+
+        offsets = None if self.checkpoint is None else \
+            checkpointed_offsets(self.checkpoint, batch_id)
+        if offsets is None:
+            return None
+        start, end = offsets
+        if self._state is None or not set(end.get("topics", {})) <= set(self._state.topics):
+            self._state = _open(self.handle.log)[0].committed()  # topics' meta never changes
+        return batch_plan(self._state, start, end)
+
+    @staticmethod
+    def _collected(batch: Any) -> tuple[list[Any], dict[str, Any]]:
+        """The batch's ranges and watermarks read back from its rows (a Spark job)."""
+        from spark_apply.fold import WATERMARK, _keep_watermark
+        from spark_apply.source import Range
+
+        ranges: list[Range] = []
+        marks: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+        for row in batch.collect():
+            if row["op"] == WATERMARK:
+                _keep_watermark(marks, row["source"], row["after"])
+            else:
+                ranges.append(Range(row["topic"], row["partition"], row["start"], row["end"],
+                                    row["source"], row["table"]))
+        return ranges, {source: offset for source, (_, offset) in marks.items()}
 
     @property
     def kafka_reader(self) -> bool:
@@ -394,9 +441,9 @@ class ApplyJob:
                   .option("emit", "ranges")
                   .load())
         topics = list(self.config.follower_topics(name)) if follower.tables else None
-        handler = BatchHandler(self.sinks[name], self.handle(name), self.progress[name], topics,
-                               spark)
         checkpoint = self.checkpoint(name)
+        handler = BatchHandler(self.sinks[name], self.handle(name), self.progress[name], topics,
+                               spark, checkpoint)
         refuse_if_stale(self.config, name, checkpoint)  # again: a restart may come much later
         try:
             checkpoint.mkdir(parents=True, exist_ok=True)

@@ -470,6 +470,15 @@ def plan(state: Committed, start: Mapping[str, Any], end: Mapping[str, Any],
     return out
 
 
+def batch_plan(state: Committed, start: Mapping[str, Any], end: Mapping[str, Any]
+               ) -> tuple[list[Range], dict[str, Any]]:
+    """What ``emit=ranges`` yields for the micro-batch ``(start, end]``, computed where the
+    offsets are known (the driver) instead of read back through a Spark job: its ranges and its
+    watermarks (source -> offset)."""
+    ranges = [item for part in plan(state, start, end, 1) for item in part.ranges]
+    return ranges, dict(end.get("watermarks") or {})
+
+
 # ----------------------------------------------------------------------------------- reading
 
 class Decoder:
