@@ -202,7 +202,8 @@ def apply_records(handle: FollowerHandle, records: Iterable[RawRecord], decode: 
 def fold_raw(records: Iterable[RawRecord], decode: Decode, history: bool,
              report: TaskReport) -> list[Change]:
     """The changes of ``records``: per (topic, key) the winner, decoded; or (``history``) every
-    record in (key, position, offset) order. Counts records per topic into ``report``."""
+    position of every key in (key, position) order, the first record of each (a delete's
+    tombstone, at the delete's position, adds nothing). Counts records per topic into ``report``."""
     best: dict[tuple[str, bytes], tuple[bytes, int, Any, Range]] = {}
     everything: list[tuple[str, bytes, bytes, int, Any, Range]] = []
     direct: list[Change] = []
@@ -229,8 +230,11 @@ def fold_raw(records: Iterable[RawRecord], decode: Decode, history: bool,
         report.records_by_topic[topic] = report.records_by_topic.get(topic, 0) + count
     if history:
         everything.sort(key=lambda r: (r[0], r[1], r[2], r[3]))
+        # one change per (topic, key, position): a delete's tombstone carries its position
+        firsts = [entry for index, entry in enumerate(everything)
+                  if index == 0 or entry[:3] != everything[index - 1][:3]]
         decoded = [decode(item, key, position, payload)
-                   for _, key, position, _, payload, item in everything]
+                   for _, key, position, _, payload, item in firsts]
         changes = [change for change in decoded if change is not None]
     else:
         changes = [change for (_, key), (position, _, payload, item) in best.items()
