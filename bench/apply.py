@@ -192,6 +192,15 @@ def read_fold_alone(log: Log) -> tuple[list[Any], float]:
     return changes, time.process_time() - cpu
 
 
+def default_batch(follower: str) -> int:
+    """The follower kind's default ``max_records_per_batch`` (the default path)."""
+    from cdc.config import DeltaFollowerConfig, RedisFollowerConfig, SearchFollowerConfig
+
+    kind = {"redis": RedisFollowerConfig, "delta": DeltaFollowerConfig,
+            "search": SearchFollowerConfig}[follower]
+    return int(kind.model_fields["max_records_per_batch"].default)
+
+
 def sink_only(url: str, changes: list[Any], batch: int) -> float:
     """RedisSink.apply of ``changes`` in ``batch`` slices into the flushed server: changes/s."""
     from sinks.redis import RedisSink
@@ -535,8 +544,10 @@ def main() -> None:
     parser.add_argument("--table-rows", default="100000,2000000",
                         help="delta/search: table sizes to measure at, comma-separated")
     parser.add_argument("--changes", type=int, default=200_000)
-    parser.add_argument("--batch", type=int, default=100_000,
-                        help="max_records_per_batch of the follower")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="max_records_per_batch of the follower (default: the follower "
+                             "kind's own, as a user gets it: Redis and search 100,000, Delta "
+                             "500,000)")
     parser.add_argument("--rate", type=int, default=5000)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=10.0)
@@ -553,6 +564,8 @@ def main() -> None:
     parser.add_argument("--skip-spark-merge", action="store_true",
                         help="delta: skip delta-spark's MERGE INTO of the same changes")
     args = parser.parse_args()
+    if args.batch is None:
+        args.batch = default_batch(args.follower)
     with BenchEnv(master=args.master, log_backend=args.log) as env:
         if args.follower != "redis":  # bench/apply_tables.py: table sizes, MERGE / index costs
             from bench.apply_tables import run

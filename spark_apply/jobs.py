@@ -202,14 +202,14 @@ class BatchHandler:
     @staticmethod
     def _collected(batch: Any) -> tuple[list[Any], dict[str, Any]]:
         """The batch's ranges and watermarks read back from its rows (a Spark job)."""
-        from spark_apply.fold import WATERMARK, _keep_watermark
+        from spark_apply.fold import WATERMARK, keep_watermark
         from spark_apply.source import Range
 
         ranges: list[Range] = []
         marks: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
         for row in batch.collect():
             if row["op"] == WATERMARK:
-                _keep_watermark(marks, row["source"], row["after"])
+                keep_watermark(marks, row["source"], row["after"])
             else:
                 ranges.append(Range(row["topic"], row["partition"], row["start"], row["end"],
                                     row["source"], row["table"]))

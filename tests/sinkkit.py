@@ -1,8 +1,8 @@
 """Shared sink-test kit: a mini change log of source-schema rows, the reference fold, batch
 application through the public Sink API, and the sinks of the contract suite.
 
-Rows are those of the Spark source's fixed schema (``spark_apply/source.py``): what the batch
-handler folds (``spark_apply/fold.py``) and hands to :meth:`Sink.apply`. Used by
+Rows are those of the Spark source's fixed schema (``spark_apply/source.py``); batches reach
+the sinks through the apply tasks' own fold (``spark_apply/tasks.py``), as in ``cdc apply``. Used by
 ``tests/test_sink_contract.py`` (every sink kind), ``tests/test_fold.py`` and the kind-specific
 sink tests. Kept light to import: the racing-writer children (multiprocessing "spawn") import
 only this module.
@@ -113,20 +113,44 @@ def expected_rows(log: MiniLog | Sequence[dict[str, Any]]) -> dict[str, dict[str
 
 
 def history(rows: Sequence[dict[str, Any]]) -> list[Change]:
-    """What a sink with ``folds`` False gets: every record but watermarks and truncates, ordered
-    per key by (position, offset) (a tiny reference of ``fold_arrow(history=True)``)."""
+    """The reference of what a sink with ``folds`` False gets: every position of every key but
+    watermarks and truncates, ordered per key by (position, offset); of records sharing a
+    position (a delete and its tombstone) the first."""
     records = [row for row in rows if row["op"] not in ("w", "t")]
     records.sort(key=lambda r: (r["topic"], r["key"], bytes(r["position"]), r["offset"]))
-    return [Change(r["topic"], r["source"], r["table"], r["key"], bytes(r["position"]),
-                   json.loads(r["after"]) if r["op"] in ("c", "u", "r") else None,
-                   r["op"] or "", r["source_ts_ms"]) for r in records]
+    firsts = [r for i, r in enumerate(records) if i == 0 or (
+        r["topic"], r["key"], bytes(r["position"])) != (
+        records[i - 1]["topic"], records[i - 1]["key"], bytes(records[i - 1]["position"]))]
+    return [decode_row(None, b"", r["position"], r) for r in firsts]  # type: ignore[misc]
+
+
+def decode_row(item: Any, key: bytes, position: bytes, row: dict[str, Any]) -> Change | None:
+    """A source-schema row as the tasks decode a record (``None`` for a truncate)."""
+    if row["op"] == "t":
+        return None
+    return Change(row["topic"], row["source"], row["table"], row["key"], bytes(position),
+                  json.loads(row["after"]) if row["op"] in ("c", "u", "r") else None,
+                  row["op"] or "", row["source_ts_ms"])
+
+
+def tasks_fold(rows: Sequence[dict[str, Any]], history: bool = False) -> tuple[list[Change], Any]:
+    """What ``cdc apply``'s tasks fold ``rows`` into (``spark_apply/tasks.py``: ``fold_raw``
+    over raw records, watermark rows left out): (changes, the task's report)."""
+    from spark_apply.source import Range
+    from spark_apply.tasks import TaskReport, fold_raw
+
+    records = [(Range(row["topic"], 0, 0, 0, row["source"], row["table"]),
+                row["key"].encode(), bytes(row["position"]), row["offset"], row)
+               for row in rows if row["op"] != "w"]
+    report = TaskReport()
+    return fold_raw(records, decode_row, history, report), report
 
 
 def changes_of(sink: Sink, rows: Sequence[dict[str, Any]]) -> tuple[list[Change],
                                                                     dict[str, Any]]:
-    """What the batch handler gives ``sink`` for ``rows``: (changes, watermarks)."""
-    folded = fold_records(rows)
-    return (folded.changes if sink.folds else history(rows)), folded.watermarks
+    """What ``cdc apply`` gives ``sink`` for the batch ``rows``: the tasks' fold (changes),
+    then the batch's watermarks."""
+    return tasks_fold(rows, history=not sink.folds)[0], fold_records(rows).watermarks
 
 
 def apply_in_batches(sink: Sink, rows: Sequence[dict[str, Any]], size: int,
