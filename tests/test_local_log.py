@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.errors import LogError, LogLockedError
+from cdc.errors import LogCorruptError, LogError, LogLockedError
 from cdc.log.group_commit import GroupCommitter
 from cdc.log.local import LocalChangeLog, LocalChangeLogReader
 from cdc.log.segment import list_segments
@@ -49,6 +49,27 @@ def test_read_from_any_offset_with_limits(log_dir: Path) -> None:
     assert reader.read(TOPIC, 0, 120) == []
     assert [r.offset for r in reader.iter_partition(TOPIC, 0, 3, batch=7)] == list(range(3, 120))
     assert reader.end_offsets(TOPIC) == {0: 120}
+
+
+def test_a_flipped_byte_is_a_clear_corruption_error(log_dir: Path) -> None:
+    """A committed record whose bytes changed on disk: reads stop at it with the segment, the
+    byte and the offset named (never garbage, never a bare traceback); records before it read."""
+    with LocalChangeLog(log_dir, partitions=1) as log:
+        log.ensure_topic(TOPIC)
+        log.append([make_record(seq, seq) for seq in range(50)])
+    segment = list_segments(log_dir / "topics" / TOPIC / "0")[0].path
+    located = LocalChangeLogReader(log_dir).read(TOPIC, 0, 0)
+    assert len(located) == 50
+    data = bytearray(segment.read_bytes())
+    at = data.index(expected_value(30, 30))  # record 30's value
+    data[at + 3] ^= 0x01
+    segment.write_bytes(bytes(data))
+    reader = LocalChangeLogReader(log_dir)
+    assert [r.offset for r in reader.read(TOPIC, 0, 0, 30)] == list(range(30))
+    with pytest.raises(LogCorruptError) as raised:
+        reader.read(TOPIC, 0, 25)
+    assert "checksum mismatch" in str(raised.value) and str(segment) in str(raised.value)
+    assert "(offset 30)" in str(raised.value) and "restore the log" in raised.value.fix
 
 
 def test_source_offsets_are_committed_with_the_records(log_dir: Path) -> None:

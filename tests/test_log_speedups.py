@@ -66,6 +66,40 @@ def test_record_framing_matches(monkeypatch: pytest.MonkeyPatch) -> None:
         assert length == len(framed) - 4 and crc == zlib.crc32(framed[8:])
 
 
+def test_record_parsing_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """parse_records: the same tuples, cursor and verdict from any cursor, with records cut
+    short at the end, a CRC that fails (with and without ``verify``), and a length below the
+    header's."""
+    fast = _compiled()
+    pure = _pure(monkeypatch, segment)
+    assert pure.parse_records is not fast.parse_records
+    rng = random.Random(13)
+    framed = [pure.encode_record_bytes(
+        rng.randrange(0, 2**63), rng.randrange(-(2**63), 2**63), rng.randbytes(rng.randrange(64)),
+        None if n % 5 == 0 else rng.randbytes(rng.randrange(0, 3000)),
+        rng.randbytes(rng.choice([0, 9, 25]))) for n in range(300)]
+    buffer = b"".join(framed)
+    cases = [(buffer, 0), (buffer[: len(buffer) - 7], 0), (buffer, len(framed[0])), (b"", 0),
+             (buffer[:20], 0)]
+    corrupt = bytearray(buffer)
+    corrupt[sum(map(len, framed[:100])) + 40] ^= 0xFF  # inside record 100's body
+    cases.append((bytes(corrupt), 0))
+    short = bytearray(buffer)
+    struct.pack_into("<I", short, sum(map(len, framed[:50])), 10)  # a length below the header
+    cases.append((bytes(short), 0))
+    for data, cursor in cases:
+        for verify in (True, False):
+            got = fast.parse_records(data, cursor, 1000, verify)
+            assert got == pure.parse_records(data, cursor, 1000, verify)
+    records, end, bad = fast.parse_records(buffer, 0, 1000, True)
+    assert (len(records), end, bad) == (300, len(buffer), -1)
+    assert [r[3] is None for r in records] == [n % 5 == 0 for n in range(300)]
+    assert records[1][5] == 1000 + len(framed[0]) and records[1][6] == len(framed[1])
+    assert fast.parse_records(bytes(corrupt), 0, 0, True)[1:] == (sum(map(len, framed[:100])),) * 2
+    assert len(fast.parse_records(bytes(corrupt), 0, 0, False)[0]) == 300  # not checked
+    assert fast.parse_records(bytes(short), 0, 0, False)[2] == sum(map(len, framed[:50]))
+
+
 def test_append_results_locate_records(tmp_path: Path) -> None:
     """Each AppendResult says where its record's bytes are; read_at reads exactly it, also
     after a segment roll, and read_located agrees."""

@@ -102,3 +102,53 @@ def encode_record_bytes(long long offset, long long timestamp_ms, bytes key, val
         memcpy(p + at, value_data, value_len)
     _u32(p + 4, <uint32_t>crc32(0, <const unsigned char*>(p + 8), <unsigned int>(length - 4)))
     return out
+
+
+cdef inline uint32_t _get_u32(const unsigned char* p):
+    return (<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16)
+            | (<uint32_t>p[3] << 24))
+
+
+cdef inline int64_t _get_i64(const unsigned char* p):
+    cdef unsigned long long v = 0
+    cdef int i
+    for i in range(7, -1, -1):
+        v = (v << 8) | p[i]
+    return <int64_t>v
+
+
+def parse_records(bytes buffer, Py_ssize_t cursor, long long buffer_start, bint verify):
+    """See segment.parse_records (the same tuples, bit for bit)."""
+    cdef const unsigned char* data = <const unsigned char*>PyBytes_AS_STRING(buffer)
+    cdef Py_ssize_t total = PyBytes_GET_SIZE(buffer)
+    cdef Py_ssize_t size, at, pos_len, key_len, value_len
+    cdef uint32_t length
+    cdef list out = []
+    while total - cursor >= 35:
+        length = _get_u32(data + cursor)
+        size = 4 + <Py_ssize_t>length
+        if size < 35:
+            return out, cursor, cursor
+        if total - cursor < size:
+            break
+        if verify and <uint32_t>crc32(0, data + cursor + 8, <unsigned int>(size - 8)) \
+                != _get_u32(data + cursor + 4):
+            return out, cursor, cursor
+        pos_len = <Py_ssize_t>(data[cursor + 25] | (data[cursor + 26] << 8))
+        key_len = <Py_ssize_t>_get_u32(data + cursor + 27)
+        value_len = <Py_ssize_t>_get_u32(data + cursor + 31)
+        if 35 + pos_len + key_len + value_len > size:
+            return out, cursor, cursor
+        at = cursor + 35
+        position = PyBytes_FromStringAndSize(<const char*>(data + at), pos_len)
+        at += pos_len
+        key = PyBytes_FromStringAndSize(<const char*>(data + at), key_len)
+        at += key_len
+        if data[cursor + 24] & 1:
+            value = None
+        else:
+            value = PyBytes_FromStringAndSize(<const char*>(data + at), value_len)
+        out.append((_get_i64(data + cursor + 8), _get_i64(data + cursor + 16), key, value,
+                    position, buffer_start + cursor, size))
+        cursor += size
+    return out, cursor, -1

@@ -58,6 +58,7 @@ from cdc.log.segment import (
     list_segments,
     parse_record,
     scan,
+    scan_batches,
     segment_name,
 )
 
@@ -341,22 +342,37 @@ class LocalChangeLogReader(ChangeLogReader):
                     first_byte = mark[1]
             chunk = SMALL_READ_CHUNK if max_records is not None and max_records <= 64 \
                 else READ_CHUNK
-            for raw in scan(segment.path, first_byte, limit, chunk=chunk):
-                if raw.offset >= part.next_offset:
-                    break
-                if raw.offset % MARK_EVERY == 0 and (not marks or raw.offset > marks[-1][0]):
-                    marks.append((raw.offset, raw.start))
-                if raw.offset < start:
-                    continue
-                out.append(StoredRecord(topic, partition, raw.offset, raw.timestamp_ms, raw.key,
-                                        raw.value, raw.position))
-                if located is not None:
-                    located.append((segment.path, raw.start, raw.size))
-                if max_records is not None and len(out) >= max_records:
-                    self._resume[(topic, partition)] = (
-                        segment.path, raw.offset + 1, raw.start + raw.size)
-                    return
+            if self._read_segment(out, topic, partition, segment.path, first_byte, limit,
+                                  chunk, part.next_offset, start, max_records, located):
+                return
             start = max(start, following or start)
+
+    def _read_segment(self, out: list[StoredRecord], topic: str, partition: int, path: Path,
+                      first_byte: int, limit: int | None, chunk: int, next_offset: int,
+                      start: int, max_records: int | None, located: list[Location] | None
+                      ) -> bool:
+        """Append the segment's records from ``start`` (below ``next_offset``) to ``out``,
+        marking offsets on the way; True when ``max_records`` is reached or the committed end
+        was passed (nothing more to read)."""
+        marks = self._marks.setdefault(path, [])
+        last_mark = marks[-1][0] if marks else -1
+        for records in scan_batches(path, first_byte, limit, chunk=chunk):
+            for offset, timestamp, key, value, position, at, size in records:
+                if offset >= next_offset:
+                    return True
+                if offset % MARK_EVERY == 0 and offset > last_mark:
+                    marks.append((offset, at))
+                    last_mark = offset
+                if offset < start:
+                    continue
+                out.append(StoredRecord(topic, partition, offset, timestamp, key, value,
+                                        position))
+                if located is not None:
+                    located.append((path, at, size))
+                if max_records is not None and len(out) >= max_records:
+                    self._resume[(topic, partition)] = (path, offset + 1, at + size)
+                    return True
+        return False
 
     # -- statistics --------------------------------------------------------------------------
     def partition_stats(self, topic: str, partition: int) -> PartitionStats:

@@ -97,10 +97,47 @@ def encode_record_bytes(offset: int, timestamp_ms: int, key: bytes, value: bytes
     return b"".join(encode_record(offset, timestamp_ms, key, value, position))
 
 
+#: one parsed record: (offset, timestamp_ms, key, value or None, position, start byte in the
+#: segment, size in bytes)
+RecordTuple = tuple[int, int, bytes, "bytes | None", bytes, int, int]
+
+
+def parse_records(buffer: bytes, cursor: int, buffer_start: int, verify: bool
+                  ) -> tuple[list[RecordTuple], int, int]:
+    """The complete records of ``buffer`` from ``cursor`` (``buffer[0]`` is byte
+    ``buffer_start`` of the segment): ``(records, cursor after the last, bad)``; ``bad`` is the
+    cursor of a record that cannot be right (its CRC fails when ``verify``, or its lengths do not
+    fit), else -1 — the records before it are returned. A record cut short ends the list."""
+    out: list[RecordTuple] = []
+    total = len(buffer)
+    while total - cursor >= HEADER.size:
+        length, crc, offset, timestamp, attributes, pos_len, key_len, value_len = (
+            HEADER.unpack_from(buffer, cursor))
+        size = 4 + length
+        if size < HEADER.size:
+            return out, cursor, cursor
+        if total - cursor < size:
+            break
+        if verify and zlib.crc32(memoryview(buffer)[cursor + 8 : cursor + size]) != crc:
+            return out, cursor, cursor
+        if HEADER.size + pos_len + key_len + value_len > size:
+            return out, cursor, cursor
+        data = cursor + HEADER.size
+        position = buffer[data : data + pos_len]
+        data += pos_len
+        key = buffer[data : data + key_len]
+        data += key_len
+        value = None if attributes & ATTR_TOMBSTONE else buffer[data : data + value_len]
+        out.append((offset, timestamp, key, value, position, buffer_start + cursor, size))
+        cursor += size
+    return out, cursor, -1
+
+
 if os.environ.get("CDC_PURE_PYTHON", "") != "1":
     with contextlib.suppress(ImportError):
         from cdc.log._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore] # noqa: F401
             encode_record_bytes,
+            parse_records,
         )
 
 
@@ -127,6 +164,15 @@ def scan(path: Path, start_byte: int = 0, limit_bytes: int | None = None,
     decides (from the committed state) whether such bytes may exist. A complete record whose CRC
     fails raises :class:`LogCorruptError`.
     """
+    for records in scan_batches(path, start_byte, limit_bytes, verify, chunk):
+        for offset, timestamp, key, value, position, start, size in records:
+            yield RawRecord(offset, timestamp, key, value, position, start, size)
+
+
+def scan_batches(path: Path, start_byte: int = 0, limit_bytes: int | None = None,
+                 verify: bool = True, chunk: int = READ_CHUNK) -> Iterator[list[RecordTuple]]:
+    """:func:`scan` a read at a time: lists of :data:`RecordTuple` (no object per record;
+    compiled in ``cdc/log/_fast.pyx``). The same records, the same errors."""
     with open(path, "rb") as handle:
         handle.seek(start_byte)
         end = limit_bytes if limit_bytes is not None else os.fstat(handle.fileno()).st_size
@@ -134,37 +180,26 @@ def scan(path: Path, start_byte: int = 0, limit_bytes: int | None = None,
         buffer_start = start_byte  # file position of buffer[0]
         cursor = 0
         while True:
-            if len(buffer) - cursor < HEADER.size or _need_more(buffer, cursor):
-                remaining = end - (buffer_start + len(buffer))
-                if remaining <= 0:
-                    return
-                fresh = handle.read(min(max(chunk, _wanted(buffer, cursor)), remaining))
-                if not fresh:
-                    return
-                buffer = buffer[cursor:] + fresh
-                buffer_start += cursor
-                cursor = 0
-                continue
-            length, crc, offset, timestamp, attributes, pos_len, key_len, value_len = (
-                HEADER.unpack_from(buffer, cursor)
-            )
-            size = 4 + length
-            body = memoryview(buffer)[cursor + 8 : cursor + size]
-            if verify and zlib.crc32(body) != crc:
+            records, cursor, bad = parse_records(buffer, cursor, buffer_start, verify)
+            if records:
+                yield records
+            if bad >= 0:
+                offset = HEADER.unpack_from(buffer, bad)[2]
                 raise LogCorruptError(
-                    f"checksum mismatch in {path} at byte {buffer_start + cursor} "
+                    f"checksum mismatch in {path} at byte {buffer_start + bad} "
                     f"(offset {offset})",
                     "the disk lost acknowledged data: restore the log from a copy, or rebuild it "
                     "with a new bootstrap",
                 )
-            data = cursor + HEADER.size
-            position = buffer[data : data + pos_len]
-            data += pos_len
-            key = buffer[data : data + key_len]
-            data += key_len
-            value = None if attributes & ATTR_TOMBSTONE else buffer[data : data + value_len]
-            yield RawRecord(offset, timestamp, key, value, position, buffer_start + cursor, size)
-            cursor += size
+            remaining = end - (buffer_start + len(buffer))
+            if remaining <= 0:
+                return
+            fresh = handle.read(min(max(chunk, _wanted(buffer, cursor)), remaining))
+            if not fresh:
+                return
+            buffer = buffer[cursor:] + fresh
+            buffer_start += cursor
+            cursor = 0
 
 
 def parse_record(data: bytes, path: Path, start: int) -> RawRecord | None:
@@ -196,7 +231,3 @@ def _wanted(buffer: bytes, cursor: int) -> int:
     if len(buffer) - cursor < 4:
         return HEADER.size
     return 4 + int.from_bytes(buffer[cursor : cursor + 4], "little")
-
-
-def _need_more(buffer: bytes, cursor: int) -> bool:
-    return len(buffer) - cursor < _wanted(buffer, cursor)
