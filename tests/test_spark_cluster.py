@@ -9,8 +9,7 @@
   every follower and each equals the table. ``spark.driver.maxResultSize`` is 1m: no record is
   collected to the driver.
 * One workload applied in local mode and on the cluster from the local log, and on the cluster
-  from a Kafka log through Spark's Kafka source with a worker SIGKILLed mid-run, gives identical
-  followers.
+  from a Kafka log through Spark's Kafka source, gives identical followers.
 """
 
 from __future__ import annotations
@@ -156,15 +155,15 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
         executors = cluster.executor_pids()
         assert executors, cluster.log_tail()
         os.kill(executors[0], signal.SIGKILL)  # the worker starts a new executor
-        wait_commits(cache_checkpoint, 3, run)
-        cluster.kill_worker(0)  # its tasks rerun on the other worker
         wait_commits(cache_checkpoint, 2, run)
+        cluster.kill_worker(0)  # its tasks rerun on the other worker
+        wait_commits(cache_checkpoint, 1, run)
         cluster.start_worker()
         cluster.wait_workers(2)
-        wait_commits(cache_checkpoint, 2, run)
+        wait_commits(cache_checkpoint, 1, run)
         run.kill()  # the driver: restarted from the checkpoints
         run = Apply(config_path, tmp_path / "apply-2.log")
-        wait_commits(cache_checkpoint, 2, run)
+        wait_commits(cache_checkpoint, 1, run)
         bulk.finish()
         load.finish()
         wait_caught_up(pg_db, log, timeout=300)
@@ -226,17 +225,17 @@ def test_local_mode_cluster_and_kafka_give_identical_followers(
         cluster: ThrowawaySparkCluster, tmp_path: Path, redis_url: str,
         kafka_broker: Any) -> None:
     """One workload, three ways: the local log in local mode, the local log on the cluster, and
-    a Kafka log on the cluster read by Spark's Kafka source (smaller batches, and a worker
-    SIGKILLed mid-run). The followers are identical, SCD2 history included."""
+    a Kafka log on the cluster read by Spark's Kafka source (in smaller batches). The followers
+    are identical, SCD2 history included."""
     from tests.test_apply import write_synthetic
 
     config_path, workload = write_synthetic(tmp_path, redis_url)
     base = json.loads(config_path.read_text())
-    append_synthetic(tmp_path / "log", workload, 60_000)
+    append_synthetic(tmp_path / "log", workload, 40_000)
     kafka_log = {**kafka_yaml(kafka_broker), "partitions": 4}
     drop_kafka_topics(kafka_broker, [ORDERS.topic])  # the synthetic topic's name is fixed
     try:
-        append_synthetic(kafka_log, Workload(keys=300), 60_000)  # the same seed: the same events
+        append_synthetic(kafka_log, Workload(keys=300), 40_000)  # the same seed: the same events
         results = {mode: apply_mode(cluster, tmp_path, base, redis_url, mode, kafka_log)
                    for mode in ("local", "cluster", "kafka")}
     finally:
@@ -287,22 +286,12 @@ def apply_mode(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, A
     run = subprocess.Popen([sys.executable, "-m", "cdc.cli", "apply", "--config", str(path),
                             "--once", *args], cwd=PROJECT, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    if mode == "kafka":  # a lost machine mid-run: its tasks rerun on the other worker
-        wait_for(lambda: commits(root / "cp-cache") >= 1 or run.poll() is not None, 300,
-                 "a batch from Kafka")
-        alive = [i for i, p in enumerate(cluster.worker_processes) if p is not None]
-        cluster.kill_worker(alive[0])
-        done_at_kill = commits(root / "cp-cache")
     try:
         text, _ = run.communicate(timeout=600)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 0, text[-3000:]
-    if mode == "kafka":
-        assert commits(root / "cp-cache") > done_at_kill, "the kill did not land mid-run"
-        cluster.start_worker()
-        cluster.wait_workers(2)
     loaded = load_config(path)
     held: dict[str, dict[str, dict[str, str]]] = {}
     for name in FOLLOWERS:
