@@ -1,7 +1,8 @@
 """What every follower promises: apply a folded batch behind a version gate.
 
-Data reaches a sink one way: change log -> Spark source (``spark_apply/source.py``) -> fold
-(``spark_apply/fold.py``: per key, the record with the highest position) -> :meth:`Sink.apply`.
+Data reaches a sink one way: change log -> Spark source (``spark_apply/source.py``: offset
+ranges) -> the apply tasks' fold (``spark_apply/tasks.py``, the rules stated in
+``spark_apply/fold.py``: per key, the record with the highest position) -> :meth:`Sink.apply`.
 A sink knows its own storage and nothing about connectors.
 
 Contracts, stated exactly:
