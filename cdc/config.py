@@ -418,11 +418,41 @@ class SearchFollowerConfig(_FollowerBase):
         return value
 
 
+def _to_sql_url(value: Any) -> Secret:
+    secret = _to_secret(value)
+    if "://" not in secret.reveal():
+        raise ValueError("expected an SQLAlchemy database URL such as postgresql+psycopg://"
+                         f"user@host/db or sqlite:///path/file.db, got {secret}")
+    return secret
+
+
+class SqlFollowerConfig(_FollowerBase):
+    """A SQL database SQLAlchemy reaches: the captured tables as plain tables of live rows
+    (``sinks/sql.py``; issue 14, in progress)."""
+
+    kind: Literal["sql"]
+    #: an SQLAlchemy URL (``postgresql+psycopg://user@host/db``, ``sqlite:///path/file.db``)
+    url: Annotated[Secret, BeforeValidator(_to_sql_url)]
+    #: name of an environment variable holding the database password (never put it in the file)
+    password_env: str | None = None
+
+    def database_url(self) -> str:
+        """The URL with the password from ``password_env`` put in, if configured and set."""
+        url = self.url.reveal()
+        password = os.environ.get(self.password_env) if self.password_env else None
+        if not password:
+            return url
+        import sqlalchemy as sa
+
+        return sa.make_url(url).set(password=password).render_as_string(hide_password=False)
+
+
 #: one follower, by its ``kind``
-FollowerConfig = Annotated[RedisFollowerConfig | DeltaFollowerConfig | SearchFollowerConfig,
-                           Field(discriminator="kind")]
+FollowerConfig = Annotated[RedisFollowerConfig | DeltaFollowerConfig | SearchFollowerConfig
+                           | SqlFollowerConfig, Field(discriminator="kind")]
 FOLLOWER_KINDS: dict[str, type[BaseModel]] = {
-    "redis": RedisFollowerConfig, "delta": DeltaFollowerConfig, "search": SearchFollowerConfig}
+    "redis": RedisFollowerConfig, "delta": DeltaFollowerConfig, "search": SearchFollowerConfig,
+    "sql": SqlFollowerConfig}
 
 
 class SparkConfig(_Strict):

@@ -45,11 +45,19 @@ def _search(config: Config, name: str, follower: Any) -> Sink:
                       log_path=config.log_path)
 
 
+def _sql(config: Config, name: str, follower: Any) -> Sink:
+    from sinks.sql import SqlSink
+
+    return SqlSink(name, follower.database_url(), tables=config.follower_topics(name),
+                   tombstone_retention=follower.tombstone_retention)
+
+
 #: follower ``kind`` -> ``build(config, name, follower config) -> Sink`` (nothing connected yet)
 REGISTRY: dict[str, Callable[[Config, str, Any], Sink]] = {
     "redis": _redis,
     "delta": _delta,
     "search": _search,
+    "sql": _sql,
 }
 
 

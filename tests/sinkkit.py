@@ -25,7 +25,7 @@ from spark_apply.fold import fold_records
 TOPIC = "src.public.items"
 TABLE = TableId("public", "items")
 #: every sink kind of the contract suite
-KINDS = ("redis", "delta-scd1", "delta-scd2", "search")
+KINDS = ("redis", "delta-scd1", "delta-scd2", "search", "sql-sqlite", "sql-postgres")
 
 
 def pos(seq: int, ordinal: int = 1) -> bytes:
@@ -202,6 +202,14 @@ def build_sink(kind: str, settings: dict[str, str]) -> Sink:
         return SearchSink("idx", root / "search", tables={}, text_fields={},
                           writer_memory=32 * 1024**2, tombstone_retention=3600.0,
                           log_path=root / "log")
+    if kind == "sql-sqlite":
+        from sinks.sql import SqlSink
+
+        return SqlSink("db", f"sqlite:///{root / 'follower.db'}", tables={TOPIC: ("src", TABLE)})
+    if kind == "sql-postgres":
+        from sinks.sql import SqlSink
+
+        return SqlSink("db", settings["url"], tables={TOPIC: ("src", TABLE)})
     raise ValueError(f"no sink kind {kind!r}")
 
 

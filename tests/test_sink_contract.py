@@ -51,6 +51,9 @@ def settings(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> dict[
     """What the kind's sink is opened on: an emptied redis-server, or a fresh directory."""
     if kind == "redis":
         return {"redis_url": request.getfixturevalue("redis_url")}
+    if kind == "sql-postgres":
+        database = request.getfixturevalue("pg_db")
+        return {"url": database.dsn().replace("postgresql://", "postgresql+psycopg://", 1)}
     return {"root": str(tmp_path / "follower")}
 
 
@@ -331,7 +334,8 @@ def test_owner_is_stable_and_in_range(kind: str, settings: dict[str, str], sink:
 
 
 #: what the fix of a failed check() names, per kind
-FIX_NAMES = {"redis": "url", "delta-scd1": "path", "delta-scd2": "path", "search": "path"}
+FIX_NAMES = {"redis": "url", "delta-scd1": "path", "delta-scd2": "path", "search": "path",
+             "sql-sqlite": "url", "sql-postgres": "url"}
 
 
 def test_check_passes_or_names_the_fix(kind: str, sink: Sink, tmp_path: Path) -> None:
@@ -339,6 +343,8 @@ def test_check_passes_or_names_the_fix(kind: str, sink: Sink, tmp_path: Path) ->
     assert apply_one(sink, change(1, 1, {"id": 1}, "c")) == (1, 0, 0)
     if kind == "redis":
         bad = build_sink(kind, {"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    elif kind == "sql-postgres":
+        bad = build_sink(kind, {"url": f"postgresql+psycopg://u:pw@127.0.0.1:{free_port()}/x"})
     else:
         blocker = tmp_path / "a file"
         blocker.write_text("not a directory")
