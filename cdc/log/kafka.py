@@ -749,6 +749,9 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         for writer in list(self._sources.values()):
             writer.close()
         if self._producer is not None:
-            self._producer.flush(5)
+            # nothing left in it was acknowledged (appends are, once their transaction commits);
+            # a fenced or failed producer raises here, which must not hide why it stopped
+            with contextlib.suppress(KafkaException):
+                self._producer.flush(5)
             self._producer = None
         super().close()
