@@ -653,12 +653,20 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
             cause = exc if isinstance(exc, KafkaException) else exc.__cause__
             if not isinstance(cause, KafkaException):
                 raise
-            self._abort(producer)
-            raise self._failure(action, cause) from None
+            fatal = self._abort(producer)
+            # a broker may answer a fenced commit with UNKNOWN before librdkafka turns fatal:
+            # the abort then says what really happened
+            raise self._failure(action, fatal or cause) from None
 
-    def _abort(self, producer: Producer) -> None:
-        with contextlib.suppress(KafkaException):
+    def _abort(self, producer: Producer) -> KafkaException | None:
+        """Abort the open transaction; the fatal error (e.g. fencing) that refused it, if any."""
+        try:
             producer.abort_transaction(TIMEOUT)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.fatal():
+                return exc
+        return None
 
     def _failure(self, action: str, exc: KafkaException) -> LogError:
         error = exc.args[0] if exc.args else None
