@@ -35,6 +35,7 @@ Contracts, stated exactly:
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
@@ -89,6 +90,17 @@ def canonical_text(value: Any) -> str:
     if isinstance(value, str):
         return str(value)
     return _COMPACT.encode(value)
+
+
+def cell_text(value: Any) -> str:
+    """A stored cell as follower text: what ``canonical_text`` gives for its JSON form (a
+    float NaN or infinity is its JSON-form string)."""
+    if type(value) is float:
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+    return canonical_text(value)
 
 
 def row_text(row: Mapping[str, Any]) -> dict[str, str]:

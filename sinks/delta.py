@@ -82,7 +82,7 @@ import pyarrow.compute as pc
 
 from cdc.errors import CdcError
 from cdc.events import TableId
-from sinks.base import ApplyStats, Change, Sink, canonical_text
+from sinks.base import ApplyStats, Change, Sink, canonical_text, cell_text
 from sinks.watermarks import WatermarkFile, replace_file
 
 if TYPE_CHECKING:
@@ -283,16 +283,6 @@ def row_columns(images: Sequence[Mapping[str, Any] | None],
     if names is None:
         names = list(dict.fromkeys(itertools.chain.from_iterable(rows)))
     return {name: [row.get(name) for row in rows] for name in names}
-
-
-def cell_text(value: Any) -> str:
-    """A stored cell as follower text: what ``canonical_text`` gives for its JSON form."""
-    if type(value) is float:
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-    return canonical_text(value)
 
 
 def kind_of_arrow(data_type: pa.DataType) -> Kind:

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from cdc.errors import CdcError
-from sinks.base import ApplyStats, Change, Sink, canonical_text
+from sinks.base import ApplyStats, Change, Sink, canonical_text, cell_text
 
 #: the side tables
 ROWS = "_cdc_rows"
@@ -78,16 +78,6 @@ def _cell(kind: str, value: Any) -> Any:
     if kind == "float64" and type(value) is str:
         return _SPECIAL_FLOATS[value]
     return value
-
-
-def _text(value: Any) -> str:
-    """A stored cell as follower text (what ``canonical_text`` gives for its JSON form)."""
-    if type(value) is float:
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-    return canonical_text(value)
 
 
 @contextlib.contextmanager
@@ -269,7 +259,7 @@ class SqlSink(Sink):
             for rowid, value in rows or []:
                 if value is not None:
                     conn.execute(sa.text(f'UPDATE "{name}" SET "{column}" = :v WHERE rowid = :r'),
-                                 {"v": _text(value), "r": rowid})
+                                 {"v": cell_text(value), "r": rowid})
             return
         conn.execute(sa.text(f'ALTER TABLE "{name}" ALTER COLUMN "{column}" TYPE TEXT '
                              f'USING "{column}"::text'))
@@ -401,7 +391,7 @@ class SqlSink(Sink):
                     table.c[column] == _cell(kinds.get(column, "string"), value)
                     for column, value in parsed.items()])).mappings().first()
                 if row is not None:
-                    out[key] = {column: _text(value) for column, value in row.items()
+                    out[key] = {column: cell_text(value) for column, value in row.items()
                                 if value is not None}
         return out
 
