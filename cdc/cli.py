@@ -309,22 +309,32 @@ def capture_cmd(config_path: str | None, sources: tuple[str, ...]) -> None:
 
 @main.command("apply")
 @config_option
-@click.option("--follower", "followers", multiple=True, required=True,
+@click.option("--follower", "followers", multiple=True,
               help="A follower under `followers:` (repeatable: one Spark application runs them "
                    "all).")
+@click.option("--view", "views", multiple=True,
+              help="A view under `views:` (repeatable), kept current in its followers.")
 @click.option("--once", is_flag=True,
               help="Apply everything committed to the log now, then exit 0 (availableNow).")
 @click.option("--master", default=None, metavar="URL",
               help="Spark master: local[N] or spark://host:port (default: spark.master in the "
                    "config, else local[2,3]).")
 @friendly_errors
-def apply_cmd(config_path: str | None, followers: tuple[str, ...], once: bool,
-              master: str | None) -> None:
-    """Fold the change log into followers with Spark (continuous until SIGTERM, or --once)."""
+def apply_cmd(config_path: str | None, followers: tuple[str, ...], views: tuple[str, ...],
+              once: bool, master: str | None) -> None:
+    """Fold the change log into followers and views with Spark (continuous until SIGTERM, or
+    --once)."""
     import signal
     import threading
 
     config = _load(config_path)
+    unknown = [name for name in views if name not in config.views]
+    if unknown:
+        raise CdcError(f"no view named {unknown[0]!r} in the config (known: "
+                       f"{', '.join(config.views) or 'none'})", "pass a name under `views:`")
+    if not followers and not views:
+        raise CdcError("no follower or view given",
+                       "pass --follower NAME or --view NAME (names under `followers:`/`views:`)")
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -350,10 +360,11 @@ def apply_cmd(config_path: str | None, followers: tuple[str, ...], once: bool,
         except ValidationError as exc:
             message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
             raise click.BadParameter(message, param_hint="--master") from None
-    job = run_apply(config, list(followers), once, console, stop, master=master)
+    job = run_apply(config, [*followers, *views], once, console, stop, master=master)
     for name in job.names:
         p = job.progress[name]
-        console.print(f"follower [bold]{name}[/]: {p.batches:,} batches, {p.records:,} records, "
+        what = "view" if name in config.views else "follower"
+        console.print(f"{what} [bold]{name}[/]: {p.batches:,} batches, {p.records:,} records, "
                       f"{p.written:,} written, {p.deleted:,} deleted, {p.skipped:,} skipped by "
                       "the version gate; commit -> applied latency p50 "
                       f"{format_seconds(p.latency.quantile(0.5))}, p99 "
@@ -463,7 +474,12 @@ def warehouse_optimize(config_path: str | None, follower: str, retain: str) -> N
 
 @main.command("verify")
 @config_option
-@click.option("--follower", required=True, help="A follower under `followers:`.")
+@click.option("--follower", default=None,
+              help="A follower under `followers:` (with --view: one of the view's followers; "
+                   "default: each of them).")
+@click.option("--view", default=None,
+              help="Verify this view (under `views:`): its SQL run on the leader against the "
+                   "follower's rows.")
 @click.option("--timeout", default="120s", show_default=True,
               help="How long to wait for the follower to reach the leader's position.")
 @click.option("--chunk-size", default=1000, show_default=True,
@@ -471,10 +487,10 @@ def warehouse_optimize(config_path: str | None, follower: str, retain: str) -> N
 @click.option("--show", "limit", default=20, show_default=True,
               help="Differing keys listed per table at most.")
 @friendly_errors
-def verify_cmd(config_path: str | None, follower: str, timeout: str, chunk_size: int,
-               limit: int) -> None:
-    """Compare a follower with the leader: exit 0 when equal, 1 listing differing keys, 3 when
-    the follower did not catch up in time."""
+def verify_cmd(config_path: str | None, follower: str | None, view: str | None, timeout: str,
+               chunk_size: int, limit: int) -> None:
+    """Compare a follower (or a view in its followers) with the leader: exit 0 when equal, 1
+    listing differing keys, 3 when the follower did not catch up in time."""
     from cdc.config import parse_duration
     from cdc.verify import print_report, verify
     from sinks import open_sink
@@ -484,6 +500,10 @@ def verify_cmd(config_path: str | None, follower: str, timeout: str, chunk_size:
         seconds = parse_duration(timeout)
     except ValueError as exc:
         raise CdcError(f"--timeout: {exc}", "e.g. --timeout 2m") from None
+    if view is not None:
+        sys.exit(_verify_view(config, view, follower, seconds, chunk_size, max(limit, 0)))
+    if follower is None:
+        raise CdcError("no follower given", "pass --follower NAME (or --view NAME)")
     sink = open_sink(config, follower)
     console = make_console()
     try:
@@ -493,6 +513,37 @@ def verify_cmd(config_path: str | None, follower: str, timeout: str, chunk_size:
         sink.close()
     print_report(report, console, max(limit, 0))
     sys.exit(0 if report.equal else 1)
+
+
+def _verify_view(config: Config, view: str, follower: str | None, timeout: float,
+                 chunk_size: int, limit: int) -> int:
+    """``cdc verify --view``: each chosen follower of the view; the exit code."""
+    from sinks import open_sink
+    from views.sink import view_holds
+    from views.verify import print_view_report, verify_view
+
+    if view not in config.views:
+        raise CdcError(f"no view named {view!r} in the config (known: "
+                       f"{', '.join(config.views) or 'none'})", "pass a name under `views:`")
+    chosen = config.views[view].followers
+    if follower is not None:
+        if follower not in chosen:
+            raise CdcError(f"view {view} is not held by follower {follower} (it is by "
+                           f"{', '.join(chosen)})", "pass one of those with --follower")
+        chosen = [follower]
+    console = make_console()
+    equal = True
+    holds = view_holds(config.views[view].source, view)
+    for name in chosen:
+        sink = open_sink(config, name, holds)
+        try:
+            result = verify_view(config, view, name, sink, console, timeout=timeout,
+                                 chunk_size=chunk_size)
+        finally:
+            sink.close()
+        print_view_report(result, console, limit)
+        equal = equal and result.equal
+    return 0 if equal else 1
 
 
 @main.command("search")

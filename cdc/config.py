@@ -455,6 +455,43 @@ FOLLOWER_KINDS: dict[str, type[BaseModel]] = {
     "sql": SqlFollowerConfig}
 
 
+class ViewConfig(_Strict):
+    """``views: NAME:``: a view over one source's tables, written in the leader's SQL and kept
+    current by ``cdc apply`` in its ``followers`` (``views/``, ``docs/views.md``)."""
+
+    #: the source whose tables the view reads (one: views across two leaders are refused)
+    source: str
+    #: one SELECT in the leader's dialect (the same text runs on the leader for ``cdc verify``)
+    sql: str = Field(min_length=1)
+    #: the output columns that identify a row (an aggregate's GROUP BY columns)
+    key: list[str] = Field(min_length=1)
+    #: the followers that hold the view (any kind; their own tables are not affected)
+    followers: list[str] = Field(min_length=1)
+    #: admission control: log records per micro-batch at most
+    max_records_per_batch: int = Field(100_000, ge=1)
+    #: continuous mode: a micro-batch starts at most this often
+    trigger_interval: Duration = Field(1.0, ge=0)
+    #: Spark's checkpoint directory (default: <log dir's parent>/state/apply/view-<name>)
+    checkpoint: Path | None = None
+    #: the view's state: its base tables' current rows (default: <log dir's
+    #: parent>/state/views/<name>.duckdb)
+    state: Path | None = None
+
+    #: what ``cdc apply`` asks of every follower-like entry
+    kind: Literal["view"] = "view"
+    reader: Literal["log"] = "log"
+    tombstone_retention: float = 24 * 3600.0
+
+    @property
+    def sources(self) -> list[str]:
+        return [self.source]
+
+    @property
+    def tables(self) -> None:
+        """Read the source's topics; the view's sink keeps only its tables'."""
+        return None
+
+
 class SparkConfig(_Strict):
     """``spark:``: where ``cdc apply`` runs its Spark application."""
 
@@ -495,6 +532,7 @@ class Config(_Strict):
     spark: SparkConfig = SparkConfig()
     sources: list[AnySourceConfig] = Field(default_factory=list)
     followers: dict[str, FollowerConfig] = Field(default_factory=dict)
+    views: dict[str, ViewConfig] = Field(default_factory=dict)
     #: where the file was read from (set by :func:`load_config`, not by the user)
     base_dir: Path = Field(default=Path("."), exclude=True)
 
@@ -506,7 +544,28 @@ class Config(_Strict):
             raise ValueError(f"source names must be unique; repeated: {', '.join(duplicates)}")
         for name, follower in self.followers.items():
             self._check_follower(name, follower)
+        for name, view in self.views.items():
+            self._check_view(name, view)
         return self
+
+    def _check_view(self, name: str, view: ViewConfig) -> None:
+        if not _SOURCE_NAME.match(name):
+            raise ValueError(f"views: the name {name!r} must start with a letter and hold only "
+                             "letters, digits, '_' or '-' (max 63)")
+        if name in self.followers:
+            raise ValueError(f"views.{name}: a follower has the same name (`cdc apply` runs "
+                             "both by name); rename one of them")
+        known = [source.name for source in self.sources]
+        if view.source not in known:
+            raise ValueError(f"views.{name}.source: {view.source!r} is not under `sources:` "
+                             f"(known: {', '.join(known) or 'none'})")
+        unknown = [f for f in view.followers if f not in self.followers]
+        if unknown:
+            raise ValueError(f"views.{name}.followers: {unknown} are not under `followers:` "
+                             f"(known: {', '.join(self.followers) or 'none'})")
+        repeated = sorted({c for c in view.key if view.key.count(c) > 1})
+        if repeated:
+            raise ValueError(f"views.{name}.key: {repeated} repeated")
 
     def _check_follower(self, name: str, follower: FollowerConfig) -> None:
         if not _SOURCE_NAME.match(name):
@@ -539,11 +598,13 @@ class Config(_Strict):
         path = self.log.path.expanduser()
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
-    def follower(self, name: str) -> FollowerConfig:
-        """The follower called ``name``; :class:`ConfigError` listing the known ones."""
+    def follower(self, name: str) -> FollowerConfig | ViewConfig:
+        """The follower or view called ``name``; :class:`ConfigError` listing the known ones."""
         if name in self.followers:
             return self.followers[name]
-        known = ", ".join(self.followers) or "none"
+        if name in self.views:
+            return self.views[name]
+        known = ", ".join([*self.followers, *self.views]) or "none"
         raise ConfigError(f"no follower named {name!r} in the config (known: {known})",
                           "pass one of the names under `followers:` (add one: see "
                           "cdc.example.yaml)")
@@ -573,11 +634,22 @@ class Config(_Strict):
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
     def follower_checkpoint(self, name: str) -> Path:
-        """Spark's checkpoint directory for follower ``name`` (relative paths: against the
-        config file's directory)."""
+        """Spark's checkpoint directory for follower or view ``name`` (relative paths: against
+        the config file's directory)."""
         path = self.follower(name).checkpoint
         if path is None:
-            return self.log_path.parent / "state" / "apply" / name
+            folder = f"view-{name}" if name in self.views else name
+            return self.log_path.parent / "state" / "apply" / folder
+        return self._resolve(path)
+
+    def view_state(self, name: str) -> Path:
+        """The DuckDB file holding view ``name``'s state."""
+        path = self.views[name].state
+        if path is None:
+            return self.log_path.parent / "state" / "views" / f"{name}.duckdb"
+        return self._resolve(path)
+
+    def _resolve(self, path: Path) -> Path:
         path = path.expanduser()
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
@@ -606,7 +678,7 @@ _FIX_BY_TYPE = {
     "dict_type": "write a mapping of key: value pairs",
     "string_type": "write a string",
 }
-_KINDS_OF = {"followers": ("follower", "redis, delta or search"),
+_KINDS_OF = {"followers": ("follower", "redis, delta, search or sql"),
              "sources": ("source", "'postgres' or 'mysql'")}
 
 

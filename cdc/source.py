@@ -255,6 +255,12 @@ class Leader(ABC):
     def absent(self, table: TableId, keys: Sequence[str]) -> list[str]:
         """Those of ``keys`` (key JSON texts) that no row of ``table`` has now."""
 
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run one read-only query (a view's SQL, or ``EXPLAIN`` of it) now: its column names
+        and rows, as the database driver gives them (a :class:`CdcError` naming the problem
+        on failure)."""
+        raise NotImplementedError(f"source {self.name}: this connector runs no queries")
+
     @abstractmethod
     def close(self) -> None: ...
 

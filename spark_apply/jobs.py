@@ -155,7 +155,8 @@ class BatchHandler:
         if self.topics is not None:
             ranges = [item for item in ranges if item.topic in self.topics]
         context = self.spark.sparkContext
-        tasks = plan_tasks(ranges, max(1, context.defaultParallelism),
+        whole = getattr(self.sink, "whole_batch", False)  # a view: the batch in one call
+        tasks = plan_tasks(ranges, 1 if whole else max(1, context.defaultParallelism),
                            self.sink.split_by_owner)
         total = TaskReport()
         try:
@@ -440,7 +441,9 @@ class ApplyJob:
                   .option("maxRecordsPerTrigger", str(follower.max_records_per_batch))
                   .option("emit", "ranges")
                   .load())
-        topics = list(self.config.follower_topics(name)) if follower.tables else None
+        topics = getattr(self.sinks[name], "read_topics", None)  # a view: its tables only
+        if topics is None and follower.tables:
+            topics = list(self.config.follower_topics(name))
         checkpoint = self.checkpoint(name)
         handler = BatchHandler(self.sinks[name], self.handle(name), self.progress[name], topics,
                                spark, checkpoint)

@@ -344,6 +344,17 @@ class MySqlLeader(Leader):
         with contextlib.suppress(pymysql.err.Error):  # already closed
             self.conn.close()
 
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        try:
+            with self.conn.cursor() as cursor:
+                cursor.execute(sql)
+                names = [str(column[0]) for column in cursor.description or []]
+                return names, [tuple(row) for row in cursor.fetchall()]
+        except pymysql.err.MySQLError as exc:
+            raise SourceError(f"source {self.name!r}: the query failed on the leader: "
+                              f"{exc.args[-1] if exc.args else exc}",
+                              "correct the SQL (it runs on the leader as written)") from None
+
     # -- positions ------------------------------------------------------------------------------
     def target(self) -> Target:
         """The server's binlog position now: every transaction committed before this call ends

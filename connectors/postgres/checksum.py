@@ -308,6 +308,18 @@ class PostgresLeader(Leader):
     def close(self) -> None:
         self.conn.close()
 
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        try:
+            with self.conn.transaction():
+                self.conn.execute("SET TRANSACTION READ ONLY")
+                cursor = self.conn.execute(sql)  # type: ignore[arg-type] - the user's own SQL
+                names = [column.name for column in cursor.description or []]
+                return names, list(cursor.fetchall())
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SourceError(f"source {self.name!r}: the query failed on the leader: {first}",
+                              "correct the SQL (it runs on the leader as written)") from None
+
     # -- positions ------------------------------------------------------------------------------
     def heartbeat(self) -> int:
         """Write a heartbeat message now and return the target LSN: every transaction committed

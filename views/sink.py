@@ -1,0 +1,183 @@
+"""A view as ``cdc apply`` runs it: a sink of its base tables' changes whose output is written
+into its followers.
+
+``cdc apply`` gives each view a streaming query of its own, like a follower, over its source's
+topics. Each micro-batch holds whole source transactions (the source plans batches on the
+log's transaction boundaries), and a view takes it in *one* call (:attr:`ViewSink.whole_batch`),
+on the driver: so the view never reflects part of a transaction. Per batch:
+
+1. the outbox left by a crash, if any, is written into every follower first;
+2. :meth:`ViewState.apply` gates the changes into the base tables' state and records the
+   view's changed rows in the outbox, in one transaction;
+3. the outbox is written into every follower (each behind its own version gate), then
+   emptied; after the batch the watermark goes to every follower under the name
+   ``view:<view>`` (``cdc verify --view`` waits on it).
+
+The followers hold the view as a table named after it (topic ``<source>.views.<view>``): a
+SQL follower's table ``<view>``, a Delta table, Redis hashes, search documents.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from cdc.events import TableId, topic_name
+from sinks.base import ApplyStats, Change, Sink, row_text
+from views.definition import ViewPlan, analyze
+from views.state import BaseChange, ViewChange, ViewError, ViewState
+from views.types import duckdb_type
+
+if TYPE_CHECKING:
+    from cdc.config import Config
+
+#: the schema part of a view's topic and table id in its followers
+VIEW_SCHEMA = "views"
+
+
+def view_topic(source: str, view: str) -> str:
+    """The topic name a view's rows go under in its followers."""
+    return topic_name(source, TableId(VIEW_SCHEMA, view))
+
+
+def view_holds(source: str, view: str) -> dict[str, tuple[str, TableId]]:
+    """What a follower of the view holds for it: ``{topic: (source, views.<view>)}``."""
+    return {view_topic(source, view): (source, TableId(VIEW_SCHEMA, view))}
+
+
+def watermark_name(view: str) -> str:
+    """The name a view's followers hold its watermark under."""
+    return f"view:{view}"
+
+
+def view_plan(config: Config, name: str) -> ViewPlan:
+    """The analyzed definition of view ``name`` (a ViewDefinitionError if it cannot be one)."""
+    view = config.views[name]
+    source = config.source(view.source)
+    captured = [TableId.parse(text) for text in source.tables]
+    return analyze(name, view.sql, view.key, str(getattr(source, "kind", "postgres")), captured)
+
+
+def schema_store(config: Config) -> Any:
+    """The log's schema store (``None`` when there is no log yet)."""
+    from cdc.log.open import log_settings, reader_from
+
+    reader = reader_from(log_settings(config), missing_ok=True)
+    return None if reader is None else reader.schemas()
+
+
+def declared_columns(store: Any, source: str, table: TableId) -> list[tuple[str, str]] | None:
+    """``(column, DuckDB type)`` of ``table`` from its newest value schema in ``store``
+    (``None``: no schema yet)."""
+    from sinks.delta import value_columns
+
+    topic = topic_name(source, table)
+    versions = [] if store is None else store.versions(f"{topic}-value")
+    if not versions:
+        return None
+    return [(column, duckdb_type(avro)) for column, avro in value_columns(versions[-1].schema)]
+
+
+class ViewSink(Sink):
+    """View ``name`` of ``config``: its state, its followers' sinks."""
+
+    folds = True
+    executor_writes = False
+    #: one call per micro-batch (whole transactions), never split into tasks
+    whole_batch = True
+
+    def __init__(self, config: Config, name: str) -> None:
+        from sinks import open_sink
+
+        self.name = name
+        self.config = config
+        self.view = config.views[name]
+        self.plan = view_plan(config, name)
+        self.topic = view_topic(self.view.source, name)
+        self.topics = {topic_name(self.view.source, table): table for table in self.plan.tables}
+        #: the topics the view's query reads (``cdc apply`` passes only these ranges)
+        self.read_topics = sorted(self.topics)
+        holds = view_holds(self.view.source, name)
+        self.targets: dict[str, Sink] = {
+            follower: open_sink(config, follower, holds) for follower in self.view.followers}
+        self._state: ViewState | None = None
+        self._store: Any = None
+
+    # ------------------------------------------------------------------------- set-up
+    def check(self) -> None:
+        for target in self.targets.values():
+            target.check()
+        self._flush(self.state)
+
+    @property
+    def state(self) -> ViewState:
+        if self._state is None:
+            self._state = ViewState(self.config.view_state(self.name), self.plan,
+                                    self._columns_of)
+        return self._state
+
+    def _columns_of(self, table: TableId) -> list[tuple[str, str]]:
+        if self._store is None:
+            self._store = schema_store(self.config)
+        columns = declared_columns(self._store, self.view.source, table)
+        if columns is None:
+            self._store = None  # read again next time: capture may have registered it
+            raise ViewError(f"view {self.name}: the log has no schema for {table} yet",
+                            f"run `cdc capture` for source {self.view.source} first (its "
+                            "snapshot registers every table's schema)")
+        return columns
+
+    # -------------------------------------------------------------------------- apply
+    def apply(self, changes: Sequence[Change]) -> ApplyStats:
+        state = self.state
+        self._flush(state)
+        base = [BaseChange(self.topics[change.topic], change.key, change.position, change.row)
+                for change in changes if change.topic in self.topics]
+        result = state.apply(base)
+        self._flush(state)
+        return ApplyStats(written=result.upserts, deleted=result.deletes,
+                          skipped=result.skipped)
+
+    def _flush(self, state: ViewState) -> None:
+        """Write the outbox into every follower, then empty it."""
+        pending = state.pending()
+        if not pending:
+            return
+        changes = [self._change(item) for item in pending]
+        for target in self.targets.values():
+            target.refresh()
+            target.apply(changes)
+        state.drained()
+
+    def _change(self, item: ViewChange) -> Change:
+        return Change(topic=self.topic, source=self.view.source, table=f"{VIEW_SCHEMA}.{self.name}",
+                      key=item.key, position=item.position, row=item.row,
+                      op="d" if item.row is None else "u")
+
+    # ------------------------------------------------------------------------ watermarks
+    def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:
+        if source != self.view.source:
+            return
+        for target in self.targets.values():
+            target.set_watermark(watermark_name(self.name), offset)
+        self.state.set_meta("watermark", json.dumps(dict(offset)))
+
+    def watermark(self, source: str) -> dict[str, Any] | None:
+        text = self.state.meta("watermark") if source == self.view.source else None
+        return None if text is None else dict(json.loads(text))
+
+    # --------------------------------------------------------------------------- reading
+    def read(self, topic: str, keys: Sequence[str]) -> dict[str, dict[str, str]]:
+        rows = self.state.rows()
+        return {key: row_text(rows[key]) for key in keys if key in rows}
+
+    def keys(self, topic: str) -> Iterator[str]:
+        return iter(sorted(self.state.rows()))
+
+    def close(self) -> None:
+        for target in self.targets.values():
+            target.close()
+        if self._state is not None:
+            self._state.close()
+            self._state = None

@@ -1,0 +1,426 @@
+"""A view's state: its base tables' current rows, the view's rows and an outbox, in one DuckDB
+file; and the batch step that keeps the view exact (``views/definition.py`` says how).
+
+Contracts, stated exactly:
+
+* **One transaction per batch.** :meth:`ViewState.apply` gates the batch's changes into the
+  base tables, recomputes the affected view rows, compares them with the rows the view holds,
+  and records the differences in the *outbox* — all in one DuckDB transaction. A crash
+  leaves the state before the batch or after it, never between.
+* **Version gate on the base tables.** A change is applied only if its position is strictly
+  newer than the position the state holds for its key (a row, or the marker of a delete in
+  ``_cdc_gone``). So a batch replayed after a crash changes nothing and produces no output.
+* **The outbox is drained before anything else.** :meth:`ViewState.pending` returns its rows;
+  the caller writes them into every target follower (each behind its own version gate) and
+  then calls :meth:`ViewState.drained`. A crash in between leaves the outbox full, and it is
+  written again: the followers' gates make the second write a no-op.
+* **View positions only grow.** Each batch's view changes carry the newest position of the
+  batch's applied changes, or — if that is not newer than the last one used — the last one
+  with a zero byte appended (which orders just after it). So a key the view rewrites in a
+  later batch always passes the followers' gate.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cdc.errors import CdcError
+from cdc.events import TableId
+from sinks.base import canonical_text
+from views.definition import AFFECTED, IMAGES, KEY_COLUMN, TOUCHED, ViewPlan
+from views.types import approximate, json_form
+
+POSITION = "_cdc_pos"
+#: above this share of a table's rows touched by one batch, the view is recomputed whole
+RECOMPUTE_SHARE = 0.25
+#: a table's gated changes of the batch, typed (k, pos, gone, its columns)
+NEW = "_cdc_new_{index}"
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+class ViewError(CdcError):
+    """A view cannot be maintained (its message names the view and the fix)."""
+
+
+@dataclass(frozen=True)
+class BaseChange:
+    """One base-table key's newest change in a batch."""
+
+    table: TableId
+    key: str
+    position: bytes
+    #: the new row (JSON form), or ``None`` for a delete
+    row: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ViewChange:
+    """One view row to write (``row`` None: delete the key)."""
+
+    key: str
+    position: bytes
+    row: dict[str, Any] | None
+
+
+@dataclass
+class BatchResult:
+    applied: int = 0
+    skipped: int = 0
+    affected: int = 0
+    upserts: int = 0
+    deletes: int = 0
+    recomputed: bool = False
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _table_sql(table: TableId) -> str:
+    return f"{_quote(table.schema)}.{_quote(table.table)}"
+
+
+class ViewState:
+    """The DuckDB state of view ``plan.name`` at ``path``; ``columns_of(table)`` gives a base
+    table's ``[(column, DuckDB type)]`` (from the log's schema store)."""
+
+    def __init__(self, path: Path, plan: ViewPlan,
+                 columns_of: Callable[[TableId], list[tuple[str, str]]]) -> None:
+        import duckdb
+
+        self.plan = plan
+        self.path = path
+        self.columns_of = columns_of
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = duckdb.connect(str(path))
+        except duckdb.Error as exc:
+            raise ViewError(f"view {plan.name}: cannot open its state {path} ({exc})",
+                            "is another `cdc apply` running this view? Stop it; or delete the "
+                            "file to rebuild the view from the log") from None
+        self._lock = threading.Lock()
+        self.columns: dict[TableId, list[tuple[str, str]]] = {}
+        self._create()
+
+    # ------------------------------------------------------------------------- set-up
+    def _create(self) -> None:
+        db = self.db
+        db.execute("CREATE TABLE IF NOT EXISTS _cdc_gone (tbl VARCHAR, k VARCHAR, pos BLOB, "
+                   "PRIMARY KEY (tbl, k))")
+        db.execute("CREATE TABLE IF NOT EXISTS _cdc_view (k VARCHAR PRIMARY KEY, row VARCHAR)")
+        db.execute("CREATE TABLE IF NOT EXISTS _cdc_outbox (seq BIGINT, k VARCHAR, row VARCHAR, "
+                   "pos BLOB)")
+        db.execute("CREATE TABLE IF NOT EXISTS _cdc_meta (name VARCHAR PRIMARY KEY, "
+                   "value VARCHAR)")
+        for table in self.plan.tables:
+            self._ensure_table(table)
+        if self.meta("sql") != self.plan.full_sql:
+            # a new definition: the next batch recomputes the whole view and compares
+            self.set_meta("sql", self.plan.full_sql)
+            self.set_meta("stale", "1")
+
+    def _ensure_table(self, table: TableId, extra: Iterable[str] = ()) -> None:
+        """Create the state table of ``table``, or add the columns it lacks."""
+        declared = self.columns_of(table)
+        have = {name for name, _ in self.columns.get(table, [])}
+        if not have:
+            self._q(f"CREATE SCHEMA IF NOT EXISTS {_quote(table.schema)}")
+            rows = self._q(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
+                [table.schema, table.table])
+            if not rows:
+                data = "".join(f", {_quote(name)} {kind}" for name, kind in declared)
+                self._q(f"CREATE TABLE {_table_sql(table)} ({_quote(KEY_COLUMN)} "
+                                f"VARCHAR PRIMARY KEY, {_quote(POSITION)} BLOB{data})")
+                rows = [(KEY_COLUMN, "VARCHAR"), (POSITION, "BLOB"), *declared]
+            self.columns[table] = [(name, kind) for name, kind in rows
+                                   if name not in (KEY_COLUMN, POSITION)]
+            have = {name for name, _ in self.columns[table]}
+        wanted = dict(declared)
+        for name in extra:
+            wanted.setdefault(name, "VARCHAR")
+        for name, kind in wanted.items():
+            if name not in have:
+                self._q(f"ALTER TABLE {_table_sql(table)} ADD COLUMN {_quote(name)} "
+                                f"{kind}")
+                self.columns[table].append((name, kind))
+                have.add(name)
+
+    def _q(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run ``sql``; its rows (fetched: DuckDB wants every result finished)."""
+        return self.db.execute(sql, params or []).fetchall()
+
+    def meta(self, name: str) -> str | None:
+        rows = self._q("SELECT value FROM _cdc_meta WHERE name = ?", [name])
+        return str(rows[0][0]) if rows else None
+
+    def set_meta(self, name: str, value: str) -> None:
+        self._q("INSERT OR REPLACE INTO _cdc_meta VALUES (?, ?)", [name, value])
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------------------- outbox
+    def pending(self) -> list[ViewChange]:
+        """The outbox: view changes recorded but not yet confirmed written."""
+        rows = self._q("SELECT k, row, pos FROM _cdc_outbox ORDER BY seq")
+        return [ViewChange(key, bytes(position), None if row is None else json.loads(row))
+                for key, row, position in rows]
+
+    def drained(self) -> None:
+        """Every change of :meth:`pending` is written into every target."""
+        self._q("DELETE FROM _cdc_outbox")
+
+    # ---------------------------------------------------------------------------- apply
+    def apply(self, changes: Sequence[BaseChange]) -> BatchResult:
+        """One batch (whole source transactions; at most one change per table and key), in
+        one transaction (see the module docstring). The outbox must be empty."""
+        with self._lock:
+            self._q("BEGIN TRANSACTION")
+            try:
+                result = self._apply(changes)
+            except BaseException:
+                self._q("ROLLBACK")
+                raise
+            self._q("COMMIT")
+            return result
+
+    def _apply(self, changes: Sequence[BaseChange]) -> BatchResult:
+        import duckdb
+
+        result = BatchResult()
+        by_table: dict[TableId, list[BaseChange]] = {}
+        for change in changes:
+            by_table.setdefault(change.table, []).append(change)
+        gated: dict[TableId, list[BaseChange]] = {}
+        for table in self.plan.tables:
+            batch = by_table.get(table, [])
+            won = self._gate(table, batch) if batch else []
+            result.skipped += len(batch) - len(won)
+            result.applied += len(won)
+            gated[table] = won
+        stale = self.meta("stale") == "1"
+        if not result.applied and not stale:
+            return result
+        try:
+            full = stale or self.plan.mode == "recompute" or self._mostly_touched(gated)
+            self._stage_new(gated)
+            if full:
+                self._write_base()
+                rows = self._run(self.plan.full_sql)
+                upserts, deletes = self._diff(rows, None)
+            else:
+                self._stage()
+                self._q(f"CREATE OR REPLACE TEMP TABLE {AFFECTED} AS "
+                                f"{self.plan.lineage_sql}")
+                self._write_base()
+                self._q(f"INSERT INTO {AFFECTED} {self.plan.lineage_sql}")
+                affected = self._distinct_affected()
+                result.affected = len(affected)
+                rows = self._run(self.plan.restricted_sql or "")
+                upserts, deletes = self._diff(rows, affected)
+        except duckdb.Error as exc:
+            raise ViewError(f"view {self.plan.name}: its SQL failed on the state ({exc})",
+                            "a base table's schema may have changed under the view (a dropped "
+                            "or retyped column): correct the view's SQL, then delete its state "
+                            f"{self.path} and checkpoint to rebuild it") from None
+        result.recomputed = full
+        position = self._next_position(max((c.position for won in gated.values() for c in won),
+                                           default=b""))
+        self._record(upserts, deletes, position)
+        if stale:
+            self.set_meta("stale", "0")
+        result.upserts, result.deletes = len(upserts), len(deletes)
+        return result
+
+    def _gate(self, table: TableId, batch: Sequence[BaseChange]) -> list[BaseChange]:
+        """The changes strictly newer than what the state holds for their keys."""
+        import pyarrow as pa
+
+        keys = pa.table({"k": [change.key for change in batch]})
+        self.db.register("_cdc_batch_keys", keys)
+        try:
+            held = dict(self._q(
+                f"SELECT t.{_quote(KEY_COLUMN)}, t.{_quote(POSITION)} FROM {_table_sql(table)} t "
+                f"JOIN _cdc_batch_keys b ON t.{_quote(KEY_COLUMN)} = b.k "
+                "UNION ALL SELECT g.k, g.pos FROM _cdc_gone g JOIN _cdc_batch_keys b "
+                "ON g.k = b.k WHERE g.tbl = ?", [str(table)]))
+        finally:
+            self.db.unregister("_cdc_batch_keys")
+        return [change for change in batch
+                if change.key not in held or change.position > bytes(held[change.key])]
+
+    def _mostly_touched(self, gated: Mapping[TableId, list[BaseChange]]) -> bool:
+        for table, won in gated.items():
+            if len(won) < 1000:
+                continue
+            count = int(self._q(f"SELECT count(*) FROM {_table_sql(table)}")[0][0])
+            if len(won) > RECOMPUTE_SHARE * max(1, count):
+                return True
+        return False
+
+    def _stage_new(self, gated: Mapping[TableId, list[BaseChange]]) -> None:
+        """Per table, its gated changes typed: ``_cdc_new_<i>`` (k, pos, gone, columns...)."""
+        import pyarrow as pa
+
+        for index, table in enumerate(self.plan.tables):
+            won = gated[table]
+            extra = {column for change in won if change.row for column in change.row}
+            known = {name for name, _ in self.columns[table]}
+            if not extra <= known:
+                self._ensure_table(table, sorted(extra - known))
+            columns = self.columns[table]
+            staged: dict[str, Any] = {
+                "k": pa.array([c.key for c in won], pa.string()),
+                "pos": pa.array([c.position for c in won], pa.binary()),
+                "gone": pa.array([c.row is None for c in won], pa.bool_())}
+            for number, (name, _) in enumerate(columns):
+                staged[f"c{number}"] = pa.array(
+                    [_cell(c.row.get(name)) if c.row else None for c in won], pa.string())
+            self.db.register("_cdc_staged", pa.table(staged))
+            try:
+                casts = "".join(f", CAST(c{number} AS {kind}) AS {_quote(name)}"
+                                for number, (name, kind) in enumerate(columns))
+                self._q(f"CREATE OR REPLACE TEMP TABLE {NEW.format(index=index)} AS "
+                                f"SELECT k, pos, gone{casts} FROM _cdc_staged")
+            finally:
+                self.db.unregister("_cdc_staged")
+
+    def _stage(self) -> None:
+        """The touched keys of each table, and their old (state) and new images."""
+        for index, table in enumerate(self.plan.tables):
+            new = NEW.format(index=index)
+            self._q(f"CREATE OR REPLACE TEMP TABLE {TOUCHED.format(index=index)} AS "
+                            f"SELECT k FROM {new}")
+            columns = ", ".join(_quote(name) for name, _ in self.columns[table])
+            self._q(
+                f"CREATE OR REPLACE TEMP TABLE {IMAGES.format(index=index)} AS SELECT {columns} "
+                f"FROM {_table_sql(table)} WHERE {_quote(KEY_COLUMN)} IN (SELECT k FROM {new}) "
+                f"UNION ALL SELECT {columns} FROM {new} WHERE NOT gone")
+
+    def _write_base(self) -> None:
+        """The staged changes into the base tables: rows replaced, deletes leave a marker."""
+        for index, table in enumerate(self.plan.tables):
+            new = NEW.format(index=index)
+            names = [_quote(name) for name, _ in self.columns[table]]
+            self._q(f"DELETE FROM {_table_sql(table)} WHERE {_quote(KEY_COLUMN)} "
+                            f"IN (SELECT k FROM {new})")
+            self._q(f"DELETE FROM _cdc_gone WHERE tbl = ? AND k IN (SELECT k FROM {new})",
+                            [str(table)])
+            self._q(f"INSERT INTO {_table_sql(table)} ({_quote(KEY_COLUMN)}, "
+                            f"{_quote(POSITION)}" + "".join(f", {n}" for n in names)
+                            + ") SELECT k, pos" + "".join(f", {n}" for n in names)
+                            + f" FROM {new} WHERE NOT gone")
+            self._q(f"INSERT INTO _cdc_gone SELECT ?, k, pos FROM {new} WHERE gone",
+                            [str(table)])
+
+    def _distinct_affected(self) -> list[tuple[Any, ...]]:
+        self._q(f"CREATE OR REPLACE TEMP TABLE {AFFECTED} AS "
+                        f"SELECT DISTINCT * FROM {AFFECTED}")
+        return self._q(f"SELECT * FROM {AFFECTED}")
+
+    def _run(self, sql: str) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+        """``sql``'s column names, DuckDB types and rows."""
+        cursor = self.db.execute(sql)
+        description = cursor.description or []
+        names = [str(d[0]) for d in description]
+        types = [str(d[1]) for d in description]
+        return names, types, cursor.fetchall()
+
+    def _key_text(self, values: Sequence[Any]) -> str:
+        if any(value is None for value in values):
+            raise ViewError(f"view {self.plan.name} produced a row whose key "
+                            f"({', '.join(self.plan.key)}) holds NULL",
+                            "key columns must never be NULL: filter such rows out in the view's "
+                            "SQL (WHERE ... IS NOT NULL), or key the view differently")
+        return _COMPACT.encode({column: json_form(value)
+                                for column, value in zip(self.plan.key, values, strict=True)})
+
+    def _diff(self, result: tuple[list[str], list[str], list[tuple[Any, ...]]],
+              affected: list[tuple[Any, ...]] | None
+              ) -> tuple[dict[str, str], list[str]]:
+        """The rows to upsert (key -> row JSON) and the keys to delete, comparing ``result``
+        with the view's rows (all of them when ``affected`` is None)."""
+        import pyarrow as pa
+
+        names, types, rows = result
+        self.set_meta("approximate", _COMPACT.encode(
+            [name for name, kind in zip(names, types, strict=True) if approximate(kind)]))
+        positions = [names.index(column) for column in self.plan.key]
+        fresh: dict[str, str] = {}
+        for row in rows:
+            key = self._key_text([row[i] for i in positions])
+            if key in fresh:
+                raise ViewError(f"view {self.plan.name}: two rows have the key {key}",
+                                f"the view's key ({', '.join(self.plan.key)}) must identify one "
+                                "row: add the missing GROUP BY or join columns to the key")
+            fresh[key] = _COMPACT.encode({name: json_form(value)
+                                          for name, value in zip(names, row, strict=True)})
+        if affected is None:
+            held = dict(self._q("SELECT k, row FROM _cdc_view"))
+        else:
+            keys = [self._key_text(values) for values in affected]
+            self.db.register("_cdc_keys", pa.table({"k": pa.array(keys, pa.string())}))
+            try:
+                held = dict(self._q("SELECT v.k, v.row FROM _cdc_view v "
+                                            "JOIN _cdc_keys USING (k)"))
+            finally:
+                self.db.unregister("_cdc_keys")
+        upserts = {key: row for key, row in fresh.items() if held.get(key) != row}
+        deletes = [key for key in held if key not in fresh]
+        return upserts, deletes
+
+    def _next_position(self, newest: bytes) -> bytes:
+        last = bytes.fromhex(self.meta("position") or "")
+        position = newest if newest > last else last + b"\x00"
+        self.set_meta("position", position.hex())
+        return position
+
+    def _record(self, upserts: Mapping[str, str], deletes: Sequence[str],
+                position: bytes) -> None:
+        """The view's new rows, and the outbox."""
+        import pyarrow as pa
+
+        keys = [*upserts, *deletes]
+        if not keys:
+            return
+        rows = [*upserts.values(), *([None] * len(deletes))]
+        self.db.register("_cdc_out", pa.table({
+            "seq": pa.array(range(len(keys)), pa.int64()), "k": pa.array(keys, pa.string()),
+            "row": pa.array(rows, pa.string())}))
+        try:
+            self._q("DELETE FROM _cdc_view WHERE k IN (SELECT k FROM _cdc_out)")
+            self._q("INSERT INTO _cdc_view SELECT k, row FROM _cdc_out "
+                            "WHERE row IS NOT NULL")
+            self._q("INSERT INTO _cdc_outbox SELECT seq, k, row, ? FROM _cdc_out",
+                            [position])
+        finally:
+            self.db.unregister("_cdc_out")
+
+    # ------------------------------------------------------------------------- reading
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """The view's rows as the state holds them (key -> row JSON form)."""
+        return {key: json.loads(row)
+                for key, row in self._q("SELECT k, row FROM _cdc_view")}
+
+    def recompute(self) -> dict[str, dict[str, Any]]:
+        """The view computed whole from the state now (what the rows must equal)."""
+        names, _, rows = self._run(self.plan.full_sql)
+        positions = [names.index(column) for column in self.plan.key]
+        return {self._key_text([row[i] for i in positions]):
+                {name: json_form(value) for name, value in zip(names, row, strict=True)}
+                for row in rows}
+
+    def approximate_columns(self) -> list[str]:
+        return list(json.loads(self.meta("approximate") or "[]"))
+
+
+def _cell(value: Any) -> str | None:
+    """A JSON-form value as the text DuckDB casts into the column's type."""
+    return None if value is None else canonical_text(value)
