@@ -6,7 +6,7 @@ same text runs on the leader (``cdc verify --view``) and, translated by sqlglot,
 state (DuckDB: ``views/state.py``). :func:`analyze` parses it and decides:
 
 * **incremental** — one ``SELECT`` (no set operation, CTE, subquery, window function, LIMIT,
-  DISTINCT without GROUP BY, or function whose value changes by itself such as ``now()``)
+  or DISTINCT without GROUP BY)
   over captured tables joined with INNER or LEFT equi-joins (a LEFT join's ``ON`` holds at
   least one equality between the joined table and the tables before it), with or without
   GROUP BY/HAVING and any deterministic aggregate. Each key column is an output column whose
@@ -25,6 +25,9 @@ state (DuckDB: ``views/state.py``). :func:`analyze` parses it and decides:
 * **recompute** — anything else: the whole query runs on the new state after each batch that
   touched its tables and the result is compared with the view's rows. Still exact; the work is
   proportional to the tables. :attr:`ViewPlan.reason` says why.
+
+A function whose value changes by itself (``now()``, ``random()``) is refused: no follower of
+the log can keep such a view equal to the leader.
 
 Table references resolve against the view's source: ``schema.table`` as captured, or a bare
 table name that exactly one captured table has.
@@ -108,6 +111,12 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     its source captures. A :class:`ViewDefinitionError` for SQL that cannot be a view."""
     tree = _parse(name, sql, dialect)
     references = _resolve_tables(name, tree, captured)
+    volatile = _volatile(tree)
+    if volatile:
+        raise ViewDefinitionError(
+            f"view {name} calls {volatile}, whose value changes without any change to the "
+            "tables: no follower of the change log can keep such a view equal to the leader",
+            f"remove it from views.{name}.sql (compute it when reading the view instead)")
     tables = list(dict.fromkeys(ref.table for ref in references))
     if not isinstance(tree, exp.Select):
         return _recompute(name, tree, key, references, tables,
@@ -265,9 +274,6 @@ def _not_incremental(tree: exp.Select) -> str:
         return "it has LIMIT/OFFSET"
     if tree.args.get("distinct") and not tree.args.get("group"):
         return "it has SELECT DISTINCT (write GROUP BY instead)"
-    volatile = _volatile(tree)
-    if volatile:
-        return f"it calls {volatile}, whose value changes without a change to the tables"
     for join in tree.args.get("joins") or []:
         side = (join.side or "").upper()
         if side in ("RIGHT", "FULL"):

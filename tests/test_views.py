@@ -1,0 +1,379 @@
+"""Views (``views/``): the SQL classified, the incremental engine equal to recomputation under
+random batches, and end to end — PostgreSQL captured under a load with updates, deletes, key
+changes and a TRUNCATE, ``cdc apply --view`` SIGKILLed mid-run and restarted, then
+``cdc verify --view`` exits 0 for each view in each follower, and 1 naming the key after a
+hand-made divergence."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from cdc.events import TableId
+from views.definition import ViewDefinitionError, analyze, approximate_columns
+from views.state import BaseChange, ViewError, ViewState
+
+ORDERS, CUSTOMERS = TableId("public", "orders"), TableId("public", "customers")
+CAPTURED = [ORDERS, CUSTOMERS]
+COLUMNS = {ORDERS: [("id", "BIGINT"), ("customer_id", "BIGINT"), ("amount", "DECIMAL(12,2)"),
+                    ("sku", "VARCHAR")],
+           CUSTOMERS: [("id", "BIGINT"), ("name", "VARCHAR"), ("region", "VARCHAR")]}
+
+#: the issue's join + aggregate view
+REVENUE = ("SELECT c.id AS customer_id, c.name, count(*) AS orders, sum(o.amount) AS revenue "
+           "FROM public.orders o JOIN public.customers c ON o.customer_id = c.id "
+           "GROUP BY c.id, c.name")
+#: MIN/MAX/COUNT(DISTINCT), whose old values cannot be derived from a delta
+EXTREMES = ("SELECT o.customer_id, min(o.amount) AS lo, max(o.amount) AS hi, "
+            "count(DISTINCT o.sku) AS skus, avg(o.amount) AS mean FROM orders o "
+            "GROUP BY o.customer_id")
+VIEWS: dict[str, tuple[str, list[str]]] = {
+    "revenue": (REVENUE, ["customer_id"]),
+    "extremes": (EXTREMES, ["customer_id"]),
+    # a LEFT JOIN keyed by the preserved side, with a filter
+    "lines": ("SELECT o.id, o.amount, c.name, c.region FROM orders o LEFT JOIN customers c "
+              "ON c.id = o.customer_id WHERE o.amount > 10", ["id"]),
+    # a LEFT JOIN whose group key comes from the null-supplying side: a match appearing must
+    # retract the order from the 'none' group (the null-extension lineage)
+    "by_region": ("SELECT coalesce(c.region, 'none') AS region, count(*) AS n, "
+                  "sum(o.amount) AS total FROM orders o LEFT JOIN customers c "
+                  "ON c.id = o.customer_id GROUP BY coalesce(c.region, 'none')", ["region"]),
+    # groups that vanish (HAVING) and come back
+    "busy": ("SELECT c.region, count(o.id) AS n FROM customers c LEFT JOIN orders o "
+             "ON o.customer_id = c.id WHERE c.region IS NOT NULL GROUP BY c.region "
+             "HAVING count(o.id) > 2", ["region"]),
+    # a self-join through another table
+    "pairs": ("SELECT a.id, b.id AS other FROM orders a JOIN customers c ON c.id = a.customer_id "
+              "JOIN orders b ON b.customer_id = c.id AND b.sku = a.sku "
+              "WHERE a.id < b.id", ["id", "other"]),
+    # outside the incremental class: recomputed whole
+    "distinct_skus": ("SELECT DISTINCT o.sku FROM orders o WHERE o.sku IS NOT NULL", ["sku"]),
+}
+
+
+# ----------------------------------------------------------------------------- the SQL
+
+def test_views_are_classified_with_the_reason() -> None:
+    plans = {name: analyze(name, sql, key, "postgres", CAPTURED)
+             for name, (sql, key) in VIEWS.items()}
+    assert {name for name, plan in plans.items() if plan.mode == "incremental"} == \
+        set(VIEWS) - {"distinct_skus"}
+    assert "DISTINCT" in plans["distinct_skus"].reason
+    assert plans["revenue"].tables == [ORDERS, CUSTOMERS]
+    assert plans["pairs"].tables == [ORDERS, CUSTOMERS]
+    for sql, reason in [
+        ("SELECT o.id, row_number() OVER (ORDER BY o.id) AS r FROM orders o", "window"),
+        ("SELECT o.id FROM orders o WHERE o.customer_id IN (SELECT id FROM customers)",
+         "subquery"),
+        ("SELECT o.id FROM orders o ORDER BY o.id LIMIT 5", "LIMIT"),
+        ("SELECT o.id, c.name FROM orders o FULL JOIN customers c ON c.id = o.customer_id",
+         "FULL JOIN"),
+        ("SELECT o.id, c.name FROM orders o LEFT JOIN customers c ON c.id > o.customer_id",
+         "no equality"),
+        ("SELECT o.id FROM orders o UNION SELECT c.id FROM customers c", "single SELECT"),
+    ]:
+        plan = analyze("v", sql, ["id"], "postgres", CAPTURED)
+        assert plan.mode == "recompute" and reason.lower() in plan.reason.lower(), \
+            (sql, plan.reason)
+    assert approximate_columns(analyze("e", EXTREMES, ["customer_id"], "postgres", CAPTURED),
+                               {}) == ["mean"]
+
+
+@pytest.mark.parametrize(("sql", "key", "message"), [
+    ("SELECT o.id FROM public.invoices o", ["id"], "does not capture"),
+    ("SELECT o.id FROM orders o", ["nope"], "not output columns"),
+    ("SELECT * FROM orders", ["id"], "SELECT *"),
+    ("SELECT o.customer_id, count(*) AS n FROM orders o GROUP BY o.customer_id", ["n"],
+     "aggregate"),
+    ("SELECT o.customer_id, o.sku, count(*) AS n FROM orders o GROUP BY o.customer_id, o.sku",
+     ["customer_id"], None),  # allowed: a key may be part of the grouping (checked when run)
+    ("SELECT o.sku, count(*) AS n FROM orders o GROUP BY o.sku, o.customer_id", ["n"],
+     "aggregate"),
+    ("SELEC o.id FROM orders o", ["id"], "does not parse"),
+    ("SELECT o.id FROM orders o WHERE o.id > extract(epoch from now())", ["id"],
+     "changes without any change"),
+    ("DELETE FROM orders", ["id"], "not a query"),
+])
+def test_bad_views_are_refused_with_the_fix(sql: str, key: list[str], message: str | None
+                                             ) -> None:
+    if message is None:
+        analyze("v", sql, key, "postgres", CAPTURED)
+        return
+    with pytest.raises(ViewDefinitionError) as error:
+        analyze("v", sql, key, "postgres", CAPTURED)
+    assert message in str(error.value) and error.value.fix
+
+
+# ------------------------------------------------------------------ the engine, randomly
+
+def _state(directory: Path, name: str, sql: str, key: list[str]) -> ViewState:
+    plan = analyze(name, sql, key, "postgres", CAPTURED)
+    return ViewState(directory / f"{name}.duckdb", plan, lambda table: COLUMNS[table])
+
+
+def _random_batch(rng: random.Random, position: int) -> tuple[list[BaseChange], int]:
+    changes: dict[tuple[TableId, str], BaseChange] = {}
+    for _ in range(rng.randint(1, 40)):
+        position += 1
+        table = rng.choice(CAPTURED)
+        number = rng.randint(1, 30 if table == ORDERS else 8)
+        key = json.dumps({"id": number}, separators=(",", ":"))
+        row: dict[str, Any] | None
+        if rng.random() < 0.25:
+            row = None
+        elif table == ORDERS:
+            row = {"id": number, "customer_id": rng.randint(1, 10),
+                   "amount": f"{rng.randint(0, 5000) / 100:.2f}", "sku": rng.choice("abcde")}
+        else:
+            row = {"id": number, "name": rng.choice(["ann", "bob"]),
+                   "region": rng.choice(["n", "s", None])}
+        changes[(table, key)] = BaseChange(table, key, position.to_bytes(8, "big"), row)
+    return list(changes.values()), position
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_incremental_views_equal_recomputation_after_every_batch(tmp_path: Path,
+                                                                 seed: int) -> None:
+    """After each random batch, each view's rows equal its SQL recomputed whole on the same
+    state, the outbox holds exactly the changed rows, and a replayed batch changes nothing."""
+    rng = random.Random(seed)
+    states = {name: _state(tmp_path, name, sql, key) for name, (sql, key) in VIEWS.items()}
+    held: dict[str, dict[str, Any]] = {name: {} for name in VIEWS}
+    last = {name: b"" for name in VIEWS}
+    position = 0
+    for _ in range(30):
+        batch, position = _random_batch(rng, position)
+        for name, state in states.items():
+            result = state.apply(batch)
+            assert state.rows() == state.recompute(), name
+            pending = state.pending()
+            assert len({change.position for change in pending}) <= 1
+            for change in pending:  # what the followers would receive (their gate: newer)
+                assert change.position > last[name] and result.applied
+                if change.row is None:
+                    held[name].pop(change.key)
+                else:
+                    held[name][change.key] = change.row
+            last[name] = pending[0].position if pending else last[name]
+            state.drained()
+            assert held[name] == state.rows(), name
+            again = state.apply(batch)
+            assert again.applied == 0 and not state.pending()
+    assert all(state.rows() for name, state in states.items() if name != "busy")
+    for state in states.values():
+        state.close()
+
+
+def test_a_crash_before_the_outbox_is_drained_writes_it_again(tmp_path: Path) -> None:
+    state = _state(tmp_path, "revenue", REVENUE, ["customer_id"])
+    customer = BaseChange(CUSTOMERS, '{"id":1}', b"\x01", {"id": 1, "name": "ann", "region": "n"})
+    order = BaseChange(ORDERS, '{"id":7}', b"\x02",
+                       {"id": 7, "customer_id": 1, "amount": "2.50", "sku": "a"})
+    state.apply([customer, order])
+    state.close()  # "crash": the outbox was not drained
+    reopened = _state(tmp_path, "revenue", REVENUE, ["customer_id"])
+    pending = reopened.pending()
+    assert [(c.key, c.row) for c in pending] == [
+        ('{"customer_id":1}', {"customer_id": 1, "name": "ann", "orders": 1, "revenue": "2.50"})]
+    reopened.drained()
+    later = BaseChange(ORDERS, '{"id":7}', b"\x03", None)
+    reopened.apply([later])
+    assert [(c.key, c.row, c.position) for c in reopened.pending()] == [
+        ('{"customer_id":1}', None, b"\x03")]
+    reopened.close()
+
+
+def test_null_and_duplicate_keys_stop_the_view_with_the_fix(tmp_path: Path) -> None:
+    lines = _state(tmp_path, "by_name", "SELECT c.name, c.id FROM customers c", ["name"])
+    rows = [BaseChange(CUSTOMERS, f'{{"id":{i}}}', bytes([i]), {"id": i, "name": "ann"})
+            for i in (1, 2)]
+    with pytest.raises(ViewError, match="two rows have the key") as error:
+        lines.apply(rows)
+    assert "key" in error.value.fix
+    assert lines.rows() == {} and lines.pending() == []  # the batch was rolled back
+    nulls = _state(tmp_path, "by_region", "SELECT c.region, count(*) AS n FROM customers c "
+                   "GROUP BY c.region", ["region"])
+    with pytest.raises(ViewError, match="holds NULL"):
+        nulls.apply([BaseChange(CUSTOMERS, '{"id":1}', b"\x01",
+                                {"id": 1, "name": "x", "region": None})])
+
+
+# ------------------------------------------------------------------------ end to end
+
+SHOP = """
+    CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL, region text);
+    CREATE TABLE orders (id int PRIMARY KEY, customer_id int NOT NULL, amount numeric(12,2)
+                         NOT NULL, sku text NOT NULL);
+    INSERT INTO customers SELECT g, 'c' || g, (ARRAY['n','s','e'])[1 + g % 3]
+        FROM generate_series(1, 60) g;
+    INSERT INTO orders SELECT g, 1 + g % 60, (g % 997) / 10.0, 'sku' || (g % 17)
+        FROM generate_series(1, 3000) g;
+"""
+
+
+class ShopLoad:
+    """Random transactions on the shop: inserts, updates, deletes, key changes."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.stop = threading.Event()
+        self.transactions = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> ShopLoad:
+        self.thread.start()
+        return self
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+    def _run(self) -> None:
+        rng = random.Random(5)
+        with self.db.connect() as conn:
+            while not self.stop.is_set():
+                with conn.transaction():
+                    for _ in range(rng.randint(1, 6)):
+                        self._change(conn, rng)
+                self.transactions += 1
+                time.sleep(0.005)
+
+    @staticmethod
+    def _change(conn: Any, rng: random.Random) -> None:
+        roll = rng.random()
+        order = rng.randint(1, 4000)
+        if roll < 0.35:
+            conn.execute("INSERT INTO orders VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO UPDATE "
+                         "SET amount = excluded.amount", (order, rng.randint(1, 70),
+                                                          rng.randint(0, 99999) / 100,
+                                                          f"sku{rng.randint(0, 20)}"))
+        elif roll < 0.6:
+            conn.execute("UPDATE orders SET amount = amount + 1, customer_id = %s WHERE id = %s",
+                         (rng.randint(1, 70), order))
+        elif roll < 0.75:
+            conn.execute("DELETE FROM orders WHERE id = %s", (order,))
+        elif roll < 0.82:  # a primary key change
+            conn.execute("UPDATE orders SET id = %s WHERE id = %s AND NOT EXISTS "
+                         "(SELECT 1 FROM orders WHERE id = %s)",
+                         (order + 5000, order, order + 5000))
+        elif roll < 0.9:
+            conn.execute("INSERT INTO customers VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE "
+                         "SET name = excluded.name, region = excluded.region",
+                         (rng.randint(1, 70), f"n{rng.randint(0, 9)}",
+                          rng.choice(["n", "s", "e", None])))
+        else:
+            conn.execute("DELETE FROM customers WHERE id = %s", (rng.randint(1, 70),))
+
+
+@pytest.mark.slow
+def test_views_in_sql_and_delta_followers_verify_against_the_leader(
+        tmp_path: Path, pg_db: Any) -> None:
+    from tests.pgkit import PROJECT, Capture, cdc, output, wait_caught_up, write_config
+
+    pg_db.execute(SHOP)
+    sqlite = tmp_path / "reporting.sqlite"
+    extra = f"""followers:
+  reporting:
+    kind: sql
+    url: sqlite:///{sqlite}
+  warehouse:
+    kind: delta
+    path: {tmp_path / "warehouse"}
+views:
+  revenue_by_customer:
+    source: {pg_db.source}
+    sql: {json.dumps(REVENUE)}
+    key: [customer_id]
+    followers: [reporting, warehouse]
+    max_records_per_batch: 2000
+  order_extremes:
+    source: {pg_db.source}
+    sql: {json.dumps(EXTREMES)}
+    key: [customer_id]
+    followers: [reporting, warehouse]
+"""
+    config = write_config(tmp_path, pg_db, ["public.customers", "public.orders"], extra=extra)
+    assert cdc("bootstrap", "--config", str(config)).returncode == 0
+    capture = Capture(config, tmp_path / "capture.log").start()
+
+    def start_apply() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config), "--view",
+             "revenue_by_customer", "--view", "order_extremes"], cwd=PROJECT,
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "apply.log", "ab"),  # noqa: SIM115
+            start_new_session=True)
+
+    apply = start_apply()
+    load = ShopLoad(pg_db).start()
+    try:
+        _wait_for_rows(sqlite, "revenue_by_customer", timeout=120)
+        apply.send_signal(signal.SIGKILL)  # mid-run, somewhere in a batch
+        apply.wait(30)
+        pg_db.execute("TRUNCATE orders")
+        time.sleep(1)
+        apply = start_apply()
+        time.sleep(6)
+        apply.send_signal(signal.SIGKILL)
+        apply.wait(30)
+        apply = start_apply()
+        time.sleep(4)
+        load.finish()
+        assert load.transactions > 50
+        wait_caught_up(pg_db, tmp_path / "log")
+        for view in ("revenue_by_customer", "order_extremes"):
+            verified = cdc("verify", "--config", str(config), "--view", view, "--timeout",
+                           "180s", timeout=400)
+            assert verified.returncode == 0, output(verified)
+            assert verified.stdout.count("equals the leader") == 2, output(verified)
+        live = pg_db.execute("SELECT count(DISTINCT customer_id) FROM orders o JOIN customers c "
+                             "ON c.id = o.customer_id")[0][0]
+        assert live > 10
+        engine = sa.create_engine(f"sqlite:///{sqlite}")
+        try:
+            with engine.begin() as conn:
+                assert conn.execute(sa.text(
+                    "SELECT count(*) FROM revenue_by_customer")).scalar() == live
+                columns = [c["name"] for c in sa.inspect(conn).get_columns("revenue_by_customer")]
+                assert columns == ["customer_id", "name", "orders", "revenue"]
+                first = conn.execute(sa.text("SELECT min(customer_id) FROM revenue_by_customer"
+                                             )).scalar()
+                conn.execute(sa.text("UPDATE revenue_by_customer SET orders = orders + 1 "
+                                     "WHERE customer_id = :k"), {"k": first})
+        finally:
+            engine.dispose()
+        diverged = cdc("verify", "--config", str(config), "--view", "revenue_by_customer",
+                       "--follower", "reporting", "--timeout", "60s", timeout=300)
+        assert diverged.returncode == 1, output(diverged)
+        assert f'{{"customer_id":{first}}}: different: orders' in diverged.stdout
+    finally:
+        load.finish()
+        apply.send_signal(signal.SIGTERM)
+        assert apply.wait(120) == 0, (tmp_path / "apply.log").read_text()[-3000:]
+        assert capture.terminate() == 0
+
+
+def _wait_for_rows(sqlite: Path, table: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sqlite.exists():
+            engine = sa.create_engine(f"sqlite:///{sqlite}")
+            try:
+                with engine.connect() as conn:
+                    if conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar():
+                        return
+            except sa.exc.OperationalError:
+                pass
+            finally:
+                engine.dispose()
+        time.sleep(0.5)
+    raise AssertionError(f"no rows in {table} within {timeout} s")
