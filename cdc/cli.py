@@ -76,8 +76,11 @@ def main(ctx: click.Context) -> None:
 
 @main.command("check-config")
 @config_option
+@click.option("--connect", is_flag=True,
+              help="Also run each view's SQL where it must run: EXPLAIN on the leader, and on "
+                   "the view's state (DuckDB).")
 @friendly_errors
-def check_config(config_path: str | None) -> None:
+def check_config(config_path: str | None, connect: bool) -> None:
     """Validate the config file and print what it means (secrets redacted)."""
     config = _load(config_path)
     console = make_console()
@@ -88,6 +91,35 @@ def check_config(config_path: str | None) -> None:
     for source in config.sources:
         console.print(f"  source {source.name} ({source.kind}) {source.dsn}: "
                       f"{', '.join(source.tables)}", highlight=False)
+    if config.views:
+        _check_views(config, connect, console)
+
+
+def _check_views(config: Config, connect: bool, console: Any) -> None:
+    """Each view: incremental or recomputed, and why; with ``connect``, where its SQL ran."""
+    from cdc.source import connector_for
+    from views.check import check_view
+
+    leaders: dict[str, Any] = {}
+    try:
+        for name, view in config.views.items():
+            leader = None
+            if connect:
+                if view.source not in leaders:
+                    leaders[view.source] = connector_for(config.source(view.source)).leader()
+                leader = leaders[view.source]
+            checked = check_view(config, name, leader)
+            how = "[green]incremental[/]" if checked.plan.mode == "incremental" else \
+                f"[yellow]recomputed whole after each batch[/] ({checked.plan.reason})"
+            console.print(f"  view {name} on {view.source} -> {', '.join(view.followers)}: {how}; "
+                          f"key {', '.join(view.key)}", highlight=False)
+            if checked.checked:
+                console.print(f"    runs: {', '.join(checked.checked)}", highlight=False)
+            for note in checked.skipped:
+                console.print(f"    not checked: {note}", highlight=False)
+    finally:
+        for leader in leaders.values():
+            leader.close()
 
 
 @main.group("log")

@@ -261,6 +261,11 @@ class Leader(ABC):
         on failure)."""
         raise NotImplementedError(f"source {self.name}: this connector runs no queries")
 
+    def case_insensitive_columns(self, table: TableId) -> set[str]:
+        """Text columns of ``table`` whose collation compares case-insensitively (MariaDB's
+        ``_ci``): a view grouping or joining on them may group differently than a follower."""
+        return set()
+
     @abstractmethod
     def close(self) -> None: ...
 

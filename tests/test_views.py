@@ -304,6 +304,10 @@ views:
 """
     config = write_config(tmp_path, pg_db, ["public.customers", "public.orders"], extra=extra)
     assert cdc("bootstrap", "--config", str(config)).returncode == 0
+    checked = cdc("check-config", "--config", str(config), "--connect")
+    assert checked.returncode == 0, output(checked)
+    assert checked.stdout.count("incremental") == 2
+    assert checked.stdout.count("runs: leader EXPLAIN, DuckDB") == 2, output(checked)
     capture = Capture(config, tmp_path / "capture.log").start()
 
     def start_apply() -> subprocess.Popen[bytes]:
@@ -360,6 +364,40 @@ views:
         apply.send_signal(signal.SIGTERM)
         assert apply.wait(120) == 0, (tmp_path / "apply.log").read_text()[-3000:]
         assert capture.terminate() == 0
+
+
+def test_check_config_runs_view_sql_on_the_leader(tmp_path: Path, pg_db: Any) -> None:
+    from tests.pgkit import cdc, output, write_config
+
+    pg_db.execute("CREATE TABLE shelf (id int PRIMARY KEY, label text)")
+    extra = f"""followers:
+  reporting:
+    kind: sql
+    url: sqlite:///{tmp_path / "r.sqlite"}
+views:
+  labels:
+    source: {pg_db.source}
+    sql: SELECT s.label, count(*) AS n FROM shelf s GROUP BY s.label
+    key: [label]
+    followers: [reporting]
+  ranked:
+    source: {pg_db.source}
+    sql: SELECT s.id, rank() OVER (ORDER BY s.label) AS r FROM shelf s
+    key: [id]
+    followers: [reporting]
+"""
+    config = write_config(tmp_path, pg_db, ["public.shelf"], extra=extra)
+    offline = cdc("check-config", "--config", str(config))
+    assert offline.returncode == 0, output(offline)
+    assert "view labels" in offline.stdout and "incremental" in offline.stdout
+    assert "recomputed whole after each batch (it has a window function)" in offline.stdout
+    config.write_text(config.read_text().replace(
+        "s.label, count(*) AS n FROM shelf s GROUP BY s.label",
+        "s.title AS label, count(*) AS n FROM shelf s GROUP BY s.title"))
+    bad = cdc("check-config", "--config", str(config), "--connect")
+    assert bad.returncode != 0
+    assert "the query failed on the leader" in bad.stderr and "title" in bad.stderr, output(bad)
+    assert "Traceback" not in bad.stderr
 
 
 def _wait_for_rows(sqlite: Path, table: str, timeout: float) -> None:

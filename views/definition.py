@@ -103,6 +103,8 @@ class ViewPlan:
     join_columns: dict[int, list[str]] = field(default_factory=dict)
     #: each output column's expression (as written)
     outputs: dict[str, exp.Expr] = field(default_factory=dict)
+    #: the joins' ON conditions (as written)
+    join_conditions: list[exp.Expr] = field(default_factory=list)
 
 
 def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
@@ -137,11 +139,17 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     plan.join_columns = {index: sorted({column for column, _ in pairs})
                          for index, pairs in joins.items()}
     plan.outputs = _outputs(tree)
+    plan.join_conditions = _join_conditions(tree)
     return plan
 
 
 def _outputs(tree: exp.Query) -> dict[str, exp.Expr]:
     return {projection.alias_or_name: projection.unalias() for projection in tree.selects}
+
+
+def _join_conditions(tree: exp.Query) -> list[exp.Expr]:
+    return [join.args["on"] for select in tree.find_all(exp.Select)
+            for join in select.args.get("joins") or [] if join.args.get("on") is not None]
 
 
 #: expressions whose value is computed in floating point
@@ -450,4 +458,5 @@ def _recompute(name: str, tree: exp.Query, key: Sequence[str],
     plan = ViewPlan(name, "recompute", reason, tables, list(references), columns, list(key),
                     _state_sql(tree, references))
     plan.outputs = _outputs(tree)
+    plan.join_conditions = _join_conditions(tree)
     return plan

@@ -344,6 +344,16 @@ class MySqlLeader(Leader):
         with contextlib.suppress(pymysql.err.Error):  # already closed
             self.conn.close()
 
+    def case_insensitive_columns(self, table: TableId) -> set[str]:
+        try:
+            rows = query(self.conn, "SELECT column_name, collation_name FROM "
+                                    "information_schema.columns WHERE table_schema = %s AND "
+                                    "table_name = %s", (table.schema, table.table))
+        except pymysql.err.MySQLError as exc:
+            raise translate(self.source, exc) from None
+        return {str(name) for name, collation in rows
+                if collation and str(collation).lower().endswith("_ci")}
+
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         try:
             with self.conn.cursor() as cursor:

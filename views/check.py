@@ -1,0 +1,115 @@
+"""``cdc check-config`` for views: how each view is maintained and why, and — with
+``--connect`` — that its SQL runs on the leader (``EXPLAIN``) and on the view's state (DuckDB,
+the translated lineage and restricted queries over empty tables typed from the log's schemas),
+and that it groups or joins on no case-insensitive text column (MariaDB ``_ci`` collations:
+the leader would merge ``'A'`` and ``'a'`` where a follower keeps them apart)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from cdc.errors import CdcError
+from cdc.source import Leader
+from views.definition import AFFECTED, IMAGES, KEY_COLUMN, TOUCHED, ViewPlan
+from views.sink import declared_columns, schema_store, view_plan
+
+if TYPE_CHECKING:
+    from cdc.config import Config
+
+
+class ViewCheckError(CdcError):
+    """A view's SQL does not run somewhere it must."""
+
+
+@dataclass
+class ViewCheck:
+    name: str
+    plan: ViewPlan
+    #: what was checked and passed (``leader EXPLAIN``, ``DuckDB``)
+    checked: list[str] = field(default_factory=list)
+    #: what could not be checked, and why
+    skipped: list[str] = field(default_factory=list)
+
+
+def check_view(config: Config, name: str, leader: Leader | None) -> ViewCheck:
+    """Classify view ``name``; with ``leader``, run the checks of the module docstring (a
+    :class:`ViewCheckError` naming the place and the fix when one fails)."""
+    plan = view_plan(config, name)
+    result = ViewCheck(name, plan)
+    if leader is None:
+        return result
+    view = config.views[name]
+    leader.query(f"EXPLAIN {view.sql}")
+    result.checked.append("leader EXPLAIN")
+    _refuse_case_insensitive(name, plan, leader)
+    store = schema_store(config)
+    tables = {table: declared_columns(store, view.source, table) for table in plan.tables}
+    missing = [str(table) for table, columns in tables.items() if columns is None]
+    if missing:
+        result.skipped.append(f"DuckDB: no schema in the log yet for {', '.join(missing)} "
+                              "(run `cdc capture` first)")
+        return result
+    _run_on_empty_state(name, plan, {t: c or [] for t, c in tables.items()})
+    result.checked.append("DuckDB")
+    return result
+
+
+def _grouped_or_joined(plan: ViewPlan) -> set[tuple[str, str]]:
+    """(alias, column) of the columns the view groups, keys or joins on."""
+    out: set[tuple[str, str]] = set()
+    for column in plan.key:
+        expression = plan.outputs.get(column)
+        if expression is not None:
+            out |= {(c.table, c.name) for c in expression.find_all(exp.Column)}
+    for expression in plan.join_conditions:
+        out |= {(c.table, c.name) for c in expression.find_all(exp.Column)}
+    return out
+
+
+def _refuse_case_insensitive(name: str, plan: ViewPlan, leader: Leader) -> None:
+    tables = {ref.alias: ref.table for ref in plan.references}
+    loose: list[str] = []
+    insensitive = {table: leader.case_insensitive_columns(table) for table in plan.tables}
+    for alias, column in sorted(_grouped_or_joined(plan)):
+        table = tables.get(alias) if alias else (plan.tables[0] if len(plan.tables) == 1
+                                                 else None)
+        if table is not None and column in insensitive[table]:
+            loose.append(f"{table}.{column}")
+    if loose:
+        raise ViewCheckError(
+            f"view {name} groups, keys or joins on case-insensitive text ({', '.join(loose)}): "
+            "the leader treats 'A' and 'a' as one value, followers do not",
+            f"use a binary or _bin collation for those columns, or wrap them in LOWER(...) in "
+            f"views.{name}.sql")
+
+
+def _run_on_empty_state(name: str, plan: ViewPlan,
+                        tables: dict[object, list[tuple[str, str]]]) -> None:
+    import duckdb
+
+    db = duckdb.connect()
+    try:
+        for index, (table, columns) in enumerate(tables.items()):
+            schema, table_name = str(table).split(".", 1)
+            data = ", ".join(f'"{column}" {kind}' for column, kind in columns)
+            db.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"').fetchall()
+            db.execute(f'CREATE TABLE "{schema}"."{table_name}" ("{KEY_COLUMN}" VARCHAR, '
+                       f"{data})").fetchall()
+            db.execute(f"CREATE TEMP TABLE {TOUCHED.format(index=index)} (k VARCHAR)").fetchall()
+            db.execute(f"CREATE TEMP TABLE {IMAGES.format(index=index)} ({data})").fetchall()
+        keys = ", ".join(f'"{column}" AS k{i}' for i, column in enumerate(plan.key))
+        db.execute(f"CREATE TEMP TABLE {AFFECTED} AS SELECT {keys} FROM ({plan.full_sql}) "
+                   "LIMIT 0").fetchall()
+        for sql in (plan.full_sql, plan.lineage_sql, plan.restricted_sql):
+            if sql is not None:
+                db.execute(f"EXPLAIN {sql}").fetchall()
+    except duckdb.Error as exc:
+        raise ViewCheckError(f"view {name}: its SQL does not run on the view's state (DuckDB, "
+                             f"translated from the leader's dialect): {exc}",
+                             f"write views.{name}.sql in SQL both understand (standard "
+                             "functions and operators)") from None
+    finally:
+        db.close()
