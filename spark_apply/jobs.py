@@ -376,6 +376,8 @@ class ApplyJob:
     queries: dict[str, Any] = field(default_factory=dict)
     #: per follower, the restarts after a transient failure (:data:`TRANSIENT_FAILURES`)
     restarts: dict[str, int] = field(default_factory=dict)
+    #: views that stopped on their own error while the others went on
+    failed_views: dict[str, CdcError] = field(default_factory=dict)
     _spark: Any = None
     _once: bool = False
     #: unique to this run (executors keep one sink per run and follower)
@@ -486,6 +488,8 @@ class ApplyJob:
                     live.update(self.table())
             self.stop_queries()
             self._raise_failures()
+            for error in self.failed_views.values():
+                raise error
         finally:
             if live is not None and console is not None:
                 live.update(self.table())
@@ -513,6 +517,9 @@ class ApplyJob:
             if failure is None:
                 continue
             known = self.progress[name].error
+            if known is not None and name in self.config.views and restart:
+                self._stop_view(name, known)  # a broken view stops alone
+                continue
             if known is not None:
                 raise known
             if restart and self._restart_if_transient(name, str(failure)):
@@ -521,6 +528,15 @@ class ApplyJob:
                              f"{failure_summary(str(failure))[:500]}",
                              "fix the cause and run `cdc apply` again; it resumes from the "
                              f"checkpoint at {self.checkpoint(name)}")
+
+    def _stop_view(self, name: str, error: CdcError) -> None:
+        """View ``name`` failed with ``error`` (e.g. its SQL broken by a schema change): it
+        stops, said loudly; the other followers and views go on. ``cdc apply`` then exits
+        with the error once the others are done."""
+        self.queries.pop(name)
+        self.failed_views[name] = error
+        log.error("view %s stopped: %s (fix: %s); the other followers and views go on",
+                  name, error.problem, error.fix)
 
     def _restart_if_transient(self, name: str, failure: str) -> bool:
         """Restart follower ``name``'s query if ``failure`` is Spark plumbing (see

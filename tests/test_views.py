@@ -400,6 +400,59 @@ views:
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
+def test_a_schema_change_that_breaks_a_view_stops_that_view_only(tmp_path: Path,
+                                                                 pg_db: Any) -> None:
+    from tests.pgkit import PROJECT, Capture, cdc, output, wait_caught_up, write_config
+
+    pg_db.execute("CREATE TABLE shelf (id int PRIMARY KEY, label text NOT NULL, n int);"
+                  "INSERT INTO shelf SELECT g, 'l' || (g % 5), g FROM generate_series(1, 50) g;"
+                  "CREATE TABLE other (id int PRIMARY KEY, v int)")
+    sqlite = tmp_path / "r.sqlite"
+    extra = f"""followers:
+  reporting:
+    kind: sql
+    url: sqlite:///{sqlite}
+    tables: [public.other]
+views:
+  labels:
+    source: {pg_db.source}
+    sql: SELECT s.label, count(*) AS n FROM shelf s GROUP BY s.label
+    key: [label]
+    followers: [reporting]
+"""
+    config = write_config(tmp_path, pg_db, ["public.shelf", "public.other"], extra=extra)
+    assert cdc("bootstrap", "--config", str(config)).returncode == 0
+    capture = Capture(config, tmp_path / "capture.log").start()
+    log_file = tmp_path / "apply.log"
+    apply = subprocess.Popen(
+        [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config), "--view", "labels",
+         "--follower", "reporting"], cwd=PROJECT, stdout=subprocess.DEVNULL,
+        stderr=open(log_file, "wb"), start_new_session=True)  # noqa: SIM115
+    try:
+        _wait_for_rows(sqlite, "labels", timeout=120)
+        pg_db.execute("ALTER TABLE shelf DROP COLUMN label")
+        pg_db.execute("INSERT INTO shelf SELECT g, g FROM generate_series(100, 120) g")
+        pg_db.execute("INSERT INTO other SELECT g, g FROM generate_series(1, 30) g")
+        wait_caught_up(pg_db, tmp_path / "log")
+        deadline = time.monotonic() + 90
+        while "view labels stopped" not in log_file.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "view labels stopped" in log_file.read_text()
+        assert "public.shelf.label, which the leader's table no longer has" in \
+            log_file.read_text()
+        assert apply.poll() is None  # the follower goes on
+        verified = cdc("verify", "--config", str(config), "--follower", "reporting",
+                       "--timeout", "120s", timeout=300)
+        assert verified.returncode == 0, output(verified)
+    finally:
+        apply.send_signal(signal.SIGTERM)
+        code = apply.wait(120)
+        assert capture.terminate() == 0
+    assert code == 1  # it ends with the view's error
+    assert "correct views.labels.sql" in log_file.read_text()
+
+
 def _wait_for_rows(sqlite: Path, table: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -105,6 +105,8 @@ class ViewPlan:
     outputs: dict[str, exp.Expr] = field(default_factory=dict)
     #: the joins' ON conditions (as written)
     join_conditions: list[exp.Expr] = field(default_factory=list)
+    #: per table, the columns the SQL names (qualified, or unqualified with one table)
+    referenced: dict[TableId, set[str]] = field(default_factory=dict)
 
 
 def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
@@ -140,11 +142,24 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
                          for index, pairs in joins.items()}
     plan.outputs = _outputs(tree)
     plan.join_conditions = _join_conditions(tree)
+    plan.referenced = _referenced(tree, references)
     return plan
 
 
 def _outputs(tree: exp.Query) -> dict[str, exp.Expr]:
     return {projection.alias_or_name: projection.unalias() for projection in tree.selects}
+
+
+def _referenced(tree: exp.Query, references: Sequence[BaseTable]) -> dict[TableId, set[str]]:
+    tables = {ref.alias: ref.table for ref in references}
+    only = references[0].table if len({ref.table for ref in references}) == 1 else None
+    aliases = {projection.alias for projection in tree.selects if projection.alias}
+    out: dict[TableId, set[str]] = {}
+    for column in tree.find_all(exp.Column):
+        table = tables.get(column.table) if column.table else only
+        if table is not None and (column.table or column.name not in aliases):
+            out.setdefault(table, set()).add(column.name)
+    return out
 
 
 def _join_conditions(tree: exp.Query) -> list[exp.Expr]:
@@ -459,4 +474,5 @@ def _recompute(name: str, tree: exp.Query, key: Sequence[str],
                     _state_sql(tree, references))
     plan.outputs = _outputs(tree)
     plan.join_conditions = _join_conditions(tree)
+    plan.referenced = _referenced(tree, references)
     return plan

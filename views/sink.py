@@ -134,10 +134,26 @@ class ViewSink(Sink):
         self._flush(state)
         base = [BaseChange(self.topics[change.topic], change.key, change.position, change.row)
                 for change in changes if change.topic in self.topics]
+        self._refuse_lost_columns(base)
         result = state.apply(base)
         self._flush(state)
         return ApplyStats(written=result.upserts, deleted=result.deletes,
                           skipped=result.skipped)
+
+    def _refuse_lost_columns(self, changes: Sequence[BaseChange]) -> None:
+        """A row without a column the view reads: the leader dropped or renamed it, and the
+        view's SQL no longer runs there; this view stops (the other followers go on)."""
+        for change in changes:
+            wanted = self.plan.referenced.get(change.table, set())
+            if change.row is not None and not wanted <= change.row.keys():
+                lost = sorted(wanted - change.row.keys())
+                raise ViewError(
+                    f"view {self.name} reads {', '.join(f'{change.table}.{c}' for c in lost)}, "
+                    "which the leader's table no longer has (dropped or renamed by a schema "
+                    "change): the view stopped at the change that lacks it; other followers "
+                    "go on", f"correct views.{self.name}.sql, then delete the view's state "
+                    f"{self.config.view_state(self.name)} and checkpoint "
+                    f"{self.config.follower_checkpoint(self.name)} to rebuild it from the log")
 
     def _flush(self, state: ViewState) -> None:
         """Write the outbox into every follower, then empty it."""
