@@ -23,6 +23,7 @@ Contracts, stated exactly:
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ RECOMPUTE_SHARE = 0.25
 #: a table's gated changes of the batch, typed (k, pos, gone, its columns)
 NEW = "_cdc_new_{index}"
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+#: a string as JSON text (the json module's C encoder, as ``ensure_ascii=False`` uses)
+_STRING: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 
 class ViewError(CdcError):
@@ -105,14 +108,18 @@ class ViewState:
                             "file to rebuild the view from the log") from None
         self._lock = threading.Lock()
         self.columns: dict[TableId, list[tuple[str, str]]] = {}
+        #: the view's output columns and DuckDB types
+        self._output: list[tuple[str, str]] | None = None
         self._create()
 
     # ------------------------------------------------------------------------- set-up
     def _create(self) -> None:
         db = self.db
-        db.execute("CREATE TABLE IF NOT EXISTS _cdc_gone (tbl VARCHAR, k VARCHAR, pos BLOB, "
-                   "PRIMARY KEY (tbl, k))")
-        db.execute("CREATE TABLE IF NOT EXISTS _cdc_view (k VARCHAR PRIMARY KEY, row VARCHAR)")
+        # no indexes: DuckDB scans a column of millions of keys in milliseconds, while an ART
+        # index makes every commit's checkpoint rewrite it (keys stay unique: every write
+        # deletes the batch's keys, then inserts them)
+        db.execute("CREATE TABLE IF NOT EXISTS _cdc_gone (tbl VARCHAR, k VARCHAR, pos BLOB)")
+        db.execute("CREATE TABLE IF NOT EXISTS _cdc_view (k VARCHAR, row VARCHAR)")
         db.execute("CREATE TABLE IF NOT EXISTS _cdc_outbox (seq BIGINT, k VARCHAR, row VARCHAR, "
                    "pos BLOB)")
         db.execute("CREATE TABLE IF NOT EXISTS _cdc_meta (name VARCHAR PRIMARY KEY, "
@@ -137,7 +144,7 @@ class ViewState:
             if not rows:
                 data = "".join(f", {_quote(name)} {kind}" for name, kind in declared)
                 self._q(f"CREATE TABLE {_table_sql(table)} ({_quote(KEY_COLUMN)} "
-                                f"VARCHAR PRIMARY KEY, {_quote(POSITION)} BLOB{data})")
+                                f"VARCHAR, {_quote(POSITION)} BLOB{data})")
                 rows = [(KEY_COLUMN, "VARCHAR"), (POSITION, "BLOB"), *declared]
             self.columns[table] = [(name, kind) for name, kind in rows
                                    if name not in (KEY_COLUMN, POSITION)]
@@ -326,21 +333,50 @@ class ViewState:
         return self._q(f"SELECT * FROM {AFFECTED}")
 
     def _run(self, sql: str) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
-        """``sql``'s column names, DuckDB types and rows."""
+        """``sql``'s column names, DuckDB types and rows; decimals come as their text (their
+        JSON form, made by DuckDB rather than per value in Python)."""
+        if self._output is None:
+            self._output = [(str(row[0]), str(row[1]))
+                            for row in self._q(f"DESCRIBE {self.plan.full_sql}")]
+        decimals = [name for name, kind in self._output if kind.upper().startswith("DECIMAL")]
+        if decimals:
+            casts = ", ".join(f"CAST({_quote(name)} AS VARCHAR) AS {_quote(name)}"
+                              for name in decimals)
+            sql = f"SELECT * REPLACE ({casts}) FROM ({sql}) AS _cdc_v"
         cursor = self.db.execute(sql)
-        description = cursor.description or []
-        names = [str(d[0]) for d in description]
-        types = [str(d[1]) for d in description]
+        names = [str(d[0]) for d in cursor.description or []]
+        types = [kind for _, kind in self._output]
         return names, types, cursor.fetchall()
 
+    @staticmethod
+    def _encode(names: Sequence[str], values: Sequence[Any]) -> str:
+        """``{name: value}`` as compact JSON of the JSON forms (what ``json.dumps`` with
+        ``separators=(",", ":")`` gives: built here per value for speed)."""
+        parts = []
+        for name, value in zip(names, values, strict=True):
+            kind = type(value)
+            if kind is int:
+                text = str(value)
+            elif kind is str:
+                text = _STRING(value)
+            elif value is None:
+                text = "null"
+            elif kind is bool:
+                text = "true" if value else "false"
+            elif kind is float and math.isfinite(value):
+                text = float.__repr__(value)
+            else:  # decimals, dates, times, NaN...
+                text = _COMPACT.encode(json_form(value))
+            parts.append(f"{_STRING(name)}:{text}")
+        return "{" + ",".join(parts) + "}"
+
     def _key_text(self, values: Sequence[Any]) -> str:
-        if any(value is None for value in values):
+        if None in values:
             raise ViewError(f"view {self.plan.name} produced a row whose key "
                             f"({', '.join(self.plan.key)}) holds NULL",
                             "key columns must never be NULL: filter such rows out in the view's "
                             "SQL (WHERE ... IS NOT NULL), or key the view differently")
-        return _COMPACT.encode({column: json_form(value)
-                                for column, value in zip(self.plan.key, values, strict=True)})
+        return self._encode(self.plan.key, values)
 
     def _diff(self, result: tuple[list[str], list[str], list[tuple[Any, ...]]],
               affected: list[tuple[Any, ...]] | None
@@ -360,8 +396,7 @@ class ViewState:
                 raise ViewError(f"view {self.plan.name}: two rows have the key {key}",
                                 f"the view's key ({', '.join(self.plan.key)}) must identify one "
                                 "row: add the missing GROUP BY or join columns to the key")
-            fresh[key] = _COMPACT.encode({name: json_form(value)
-                                          for name, value in zip(names, row, strict=True)})
+            fresh[key] = self._encode(names, row)
         if affected is None:
             held = dict(self._q("SELECT k, row FROM _cdc_view"))
         else:
@@ -413,8 +448,7 @@ class ViewState:
         """The view computed whole from the state now (what the rows must equal)."""
         names, _, rows = self._run(self.plan.full_sql)
         positions = [names.index(column) for column in self.plan.key]
-        return {self._key_text([row[i] for i in positions]):
-                {name: json_form(value) for name, value in zip(names, row, strict=True)}
+        return {self._key_text([row[i] for i in positions]): json.loads(self._encode(names, row))
                 for row in rows}
 
     def approximate_columns(self) -> list[str]:
