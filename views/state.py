@@ -43,7 +43,7 @@ RECOMPUTE_SHARE = 0.25
 NEW = "_cdc_new_{index}"
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 #: a string as JSON text (the json module's C encoder, as ``ensure_ascii=False`` uses)
-_STRING: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_STRING: Callable[[str], str] = json.encoder.encode_basestring
 
 
 class ViewError(CdcError):
