@@ -1,0 +1,361 @@
+"""Views: incremental maintenance against recomputing the same SQL in Spark, and the SQL
+follower's speed into PostgreSQL. One run; the JSON of the results is the last line of stdout.
+
+The view is issue 14's join + aggregate::
+
+    SELECT c.id AS customer_id, c.name, count(*) AS orders, sum(o.amount) AS revenue
+    FROM public.orders o JOIN public.customers c ON o.customer_id = c.id GROUP BY c.id, c.name
+
+over ``--orders`` orders (default 2,000,000) and ``--customers`` customers (100,000), written
+to a local change log with the project's codec and writer (no capture). The change mix of each
+``--changes`` (50,000) round, one change per transaction: 60 % order updates (amount changed;
+one in three also moves the order to another customer), 15 % new orders, 15 % deleted orders,
+10 % customer renames.
+
+Phases (one SparkSession, ``local[2,3]``):
+
+1. **Build**: the view from offset 0 of the log (``cdc apply --once --view``), and a Delta SCD1
+   follower of the base tables (what a Spark recomputation reads). Reported, not a goal.
+2. **Incremental**: append a round of changes, then ``cdc apply --once --view`` until the view's
+   follower (Delta) is current — timed from the start of the append, writes included.
+3. **Recompute**: append another round, then bring the base tables' Delta follower current and
+   run the same SQL in Spark over them (translated by sqlglot; decimals cast back from the
+   follower's text), overwriting a Delta table with the result — timed the same way. The
+   incremental view then takes this round too, and its rows must equal Spark's
+   (``view_equals_spark``).
+4. **SQL follower**: ``--sql-changes`` (200,000) order changes (half inserts, half updates) of a
+   separate log into a throwaway PostgreSQL database through ``kind: sql``; changes/s.
+
+``incremental_speedup`` = recompute seconds / incremental seconds (goal >= 20);
+``view_changes_per_s`` = changes / incremental seconds (goal >= 10,000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+from rich.progress import Progress  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from bench.common import NO_DSN, BenchEnv, console, goal, print_json, uptime  # noqa: E402
+from cdc.avro import EventCodec  # noqa: E402
+from cdc.events import (  # noqa: E402
+    ChangeEvent,
+    Column,
+    Op,
+    TableId,
+    TableSchema,
+    TransactionInfo,
+)
+from cdc.position import Position  # noqa: E402
+from cdc.types import ColumnType  # noqa: E402
+
+SOURCE = "shop"
+SQL = ("SELECT c.id AS customer_id, c.name, count(*) AS orders, sum(o.amount) AS revenue "
+       "FROM public.orders o JOIN public.customers c ON o.customer_id = c.id "
+       "GROUP BY c.id, c.name")
+CUSTOMERS = TableSchema(
+    source=SOURCE, database="shop", table=TableId("public", "customers"),
+    columns=(Column("id", ColumnType("int64", source_type="bigint"), nullable=False),
+             Column("name", ColumnType("string", source_type="text"), nullable=False),
+             Column("region", ColumnType("string", source_type="text"))),
+    key=("id",))
+ORDERS = TableSchema(
+    source=SOURCE, database="shop", table=TableId("public", "orders"),
+    columns=(Column("id", ColumnType("int64", source_type="bigint"), nullable=False),
+             Column("customer_id", ColumnType("int64", source_type="bigint"), nullable=False),
+             Column("amount", ColumnType("decimal", 12, 2, source_type="numeric(12,2)"),
+                    nullable=False),
+             Column("sku", ColumnType("string", source_type="text"), nullable=False)),
+    key=("id",))
+MIX = "60% order updates (1 in 3 moves the order to another customer), 15% inserts, " \
+      "15% deletes, 10% customer renames; one change per transaction"
+
+
+class Shop:
+    """The two tables' model and their change events (deterministic for a seed)."""
+
+    def __init__(self, customers: int, orders: int, seed: int = 11) -> None:
+        self.random = random.Random(seed)
+        self.customers = customers
+        self.orders: dict[int, tuple[int, Decimal, str]] = {}
+        self.next_order = 1
+        self.position = 0
+        self.size = orders
+
+    def _event(self, table: TableSchema, op: Op, after: dict[str, Any] | None,
+               before: dict[str, Any] | None = None) -> ChangeEvent:
+        self.position += 1
+        return ChangeEvent(table, op, Position.test(self.position), ts_ms=int(time.time() * 1000),
+                           before=before, after=after,
+                           source_info={"txId": self.position, "lsn": self.position * 64},
+                           transaction=TransactionInfo(str(self.position), 1, 1))
+
+    def _order(self, key: int) -> dict[str, Any]:
+        customer, amount, sku = self.orders[key]
+        return {"id": key, "customer_id": customer, "amount": amount, "sku": sku}
+
+    def _new_order(self) -> int:
+        key = self.next_order
+        self.next_order += 1
+        self.orders[key] = (self.random.randint(1, self.customers),
+                            Decimal(self.random.randrange(1, 1_000_000)).scaleb(-2),
+                            f"sku{self.random.randrange(50)}")
+        return key
+
+    def initial(self) -> Iterator[ChangeEvent]:
+        for key in range(1, self.customers + 1):
+            yield self._event(CUSTOMERS, Op.READ, {"id": key, "name": f"customer {key}",
+                                                   "region": ("n", "s", "e")[key % 3]})
+        for _ in range(self.size):
+            yield self._event(ORDERS, Op.READ, self._order(self._new_order()))
+
+    def changes(self, count: int) -> Iterator[ChangeEvent]:
+        rnd = self.random
+        keys = list(self.orders)
+        for _ in range(count):
+            roll = rnd.random()
+            if roll < 0.6:
+                key = rnd.choice(keys)
+                if key not in self.orders:
+                    continue
+                customer, amount, sku = self.orders[key]
+                if rnd.random() < 1 / 3:
+                    customer = rnd.randint(1, self.customers)
+                self.orders[key] = (customer, amount + 1, sku)
+                yield self._event(ORDERS, Op.UPDATE, self._order(key))
+            elif roll < 0.75:
+                key = self._new_order()
+                keys.append(key)
+                yield self._event(ORDERS, Op.CREATE, self._order(key))
+            elif roll < 0.9:
+                key = rnd.choice(keys)
+                if key not in self.orders:
+                    continue
+                before = self._order(key)
+                del self.orders[key]
+                yield self._event(ORDERS, Op.DELETE, None, before)
+            else:
+                key = rnd.randint(1, self.customers)
+                yield self._event(CUSTOMERS, Op.UPDATE, {"id": key, "name": f"renamed {key} "
+                                                         f"{self.position}", "region": "w"})
+
+
+def append(settings: dict[str, Any], events: Iterator[ChangeEvent], total: int,
+           label: str, chunk: int = 5000) -> float:
+    """Append ``events`` to the log of ``settings`` (with a progress bar); seconds."""
+    from cdc.log.open import writer_from
+
+    started = time.perf_counter()
+    writer = writer_from(settings)
+    try:
+        codec = EventCodec(writer.schemas())
+        for table in (CUSTOMERS, ORDERS):
+            writer.ensure_topic(table.topic, {"source": SOURCE, "table": str(table.table)})
+        out = writer.for_source(SOURCE)
+        batch: list[Any] = []
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task(label, total=total)
+            for event in events:
+                batch.extend(codec.records(event))
+                if len(batch) >= chunk:
+                    out.append(batch, _offset(event))
+                    progress.advance(task, len(batch))
+                    batch = []
+            if batch:
+                out.append(batch, _offset(event))
+                progress.advance(task, len(batch))
+    finally:
+        writer.close()
+    return time.perf_counter() - started
+
+
+def _offset(event: ChangeEvent) -> dict[str, Any]:
+    lsn = int(event.source_info["lsn"])
+    return {SOURCE: {"lsn": lsn, "lsn_text": f"0/{lsn:X}"}}
+
+
+def write_config(env: BenchEnv, settings: dict[str, Any], followers: dict[str, Any],
+                 views: dict[str, Any], name: str) -> Path:
+    document = {"log": settings,
+                "sources": [{"name": SOURCE, "kind": "postgres", "dsn": NO_DSN,
+                             "tables": ["public.customers", "public.orders"]}],
+                "followers": followers, "views": views,
+                "spark": {"master": env.spark_master_url, "conf": env.spark_conf}}
+    path = env.root / f"cdc-{name}.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def spark_recompute(env: BenchEnv, base: Path, out: Path) -> Any:
+    """The view's SQL in Spark over the base tables' Delta follower, written over ``out``."""
+    import sqlglot
+    from sqlglot import exp
+
+    from sinks.delta import table_dir
+
+    spark = env.spark
+    casts = {"orders": "CAST(id AS BIGINT) AS id, CAST(customer_id AS BIGINT) AS customer_id, "
+                       "CAST(amount AS DECIMAL(12,2)) AS amount, sku",
+             "customers": "CAST(id AS BIGINT) AS id, name, region"}
+    for table, columns in casts.items():
+        path = table_dir(base, f"{SOURCE}.public.{table}")
+        spark.sql(f"SELECT {columns} FROM delta.`{path}` WHERE NOT _cdc_deleted") \
+            .createOrReplaceTempView(f"bench_{table}")
+    tree = sqlglot.parse_one(SQL, read="postgres")
+    for node in list(tree.find_all(exp.Table)):
+        node.replace(exp.Table(this=exp.to_identifier(f"bench_{node.name}"),
+                               alias=exp.TableAlias(this=exp.to_identifier(node.alias))))
+    frame = spark.sql(tree.sql(dialect="spark"))
+    frame.write.format("delta").mode("overwrite").save(str(out))
+    return frame
+
+
+def view_rows_delta(path: Path) -> dict[int, tuple[str, int, str]]:
+    """The incremental view's live rows in its Delta follower."""
+    from deltalake import DeltaTable
+
+    data = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return {int(row["customer_id"]): (str(row["name"]), int(row["orders"]),
+                                      str(Decimal(str(row["revenue"]))))
+            for row in data if not row["_cdc_deleted"]}
+
+
+def spark_rows(path: Path) -> dict[int, tuple[str, int, str]]:
+    from deltalake import DeltaTable
+
+    data = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return {int(row["customer_id"]): (str(row["name"]), int(row["orders"]),
+                                      str(Decimal(str(row["revenue"])))) for row in data}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from sinks.delta import table_dir
+    from views.sink import view_topic
+
+    results: dict[str, Any] = {"orders": args.orders, "customers": args.customers,
+                               "changes": args.changes, "mix": MIX, "view_sql": SQL,
+                               "uptime_start": uptime()}
+    with BenchEnv() as env:
+        env.start_spark("bench-views")
+        settings = {"path": str(env.root / "log"), "partitions": 8, "fsync": False}
+        shop = Shop(args.customers, args.orders)
+        results["log_build_s"] = round(append(settings, shop.initial(),
+                                              args.customers + args.orders, "initial rows"), 1)
+        followers = {
+            "base": {"kind": "delta", "path": str(env.root / "base"), "buckets": 16,
+                     "max_records_per_batch": 5_000_000, "tables": ["public.customers",
+                                                                    "public.orders"],
+                     "checkpoint": str(env.root / "ck-base")},
+            "warehouse": {"kind": "delta", "path": str(env.root / "warehouse"),
+                          "tables": ["public.customers"],
+                          "checkpoint": str(env.root / "ck-warehouse")}}
+        views = {"revenue": {"source": SOURCE, "sql": SQL, "key": ["customer_id"],
+                             "followers": ["warehouse"], "max_records_per_batch": args.batch,
+                             "checkpoint": str(env.root / "ck-view"),
+                             "state": str(env.root / "view.duckdb")}}
+        config = write_config(env, settings, followers, views, "views")
+        console.print("building the view from offset 0 ...")
+        results["view_build_s"] = round(env.apply_once(config, ["revenue"])[0], 1)
+        seconds, _ = env.apply_once(config, ["base"])
+        results["base_tables_build_s"] = round(seconds, 1)
+
+        console.print(f"incremental: {args.changes:,} changes ...")
+        started = time.perf_counter()
+        append(settings, shop.changes(args.changes), args.changes, "changes")
+        _, job = env.apply_once(config, ["revenue"])
+        incremental = time.perf_counter() - started
+        progress = job.progress["revenue"]
+        results.update(incremental_s=round(incremental, 2),
+                       incremental_batches=progress.batches,
+                       incremental_sink_s=round(progress.sink_seconds, 2),
+                       view_rows_written=progress.written, view_rows_deleted=progress.deleted)
+
+        console.print(f"recompute in Spark: {args.changes:,} changes ...")
+        started = time.perf_counter()
+        append(settings, shop.changes(args.changes), args.changes, "changes")
+        env.apply_once(config, ["base"])
+        spark_recompute(env, env.root / "base", env.root / "recomputed")
+        recompute = time.perf_counter() - started
+        results["recompute_s"] = round(recompute, 2)
+        env.apply_once(config, ["revenue"])
+        view_path = table_dir(env.root / "warehouse", view_topic(SOURCE, "revenue"))
+        results["view_equals_spark"] = view_rows_delta(view_path) == \
+            spark_rows(env.root / "recomputed")
+        results["incremental_speedup"] = round(recompute / incremental, 2)
+        results["view_changes_per_s"] = round(args.changes / incremental)
+        if not args.skip_sql:
+            results.update(sql_follower(env, args.sql_changes))
+    results["uptime_end"] = uptime()
+    results["goals"] = {"incremental_speedup": goal(results["incremental_speedup"], 20),
+                        "view_changes_per_s": goal(results["view_changes_per_s"], 10_000)}
+    return results
+
+
+def sql_follower(env: BenchEnv, changes: int) -> dict[str, Any]:
+    """``changes`` order changes (half inserts, half updates) into a throwaway PostgreSQL
+    database through ``kind: sql``."""
+    import psycopg
+
+    from cdc.servers.postgres import ThrowawayPostgres
+
+    console.print(f"SQL follower: {changes:,} changes into PostgreSQL ...")
+    with ThrowawayPostgres() as pg:
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE reporting")
+        url = pg.dsn("reporting").replace("postgresql://", "postgresql+psycopg://", 1)
+        settings = {"path": str(env.root / "sql-log"), "partitions": 8, "fsync": False}
+        shop = Shop(1000, changes // 2, seed=3)
+        events = list(shop.initial())[1000:]  # the orders' inserts
+        events += [event for event in shop.changes(changes) if event.op is Op.UPDATE
+                   and event.schema is ORDERS][: changes - len(events)]
+        append(settings, iter(events), len(events), "sql follower's changes")
+        followers = {"reporting": {"kind": "sql", "url": url, "tables": ["public.orders"],
+                                   "checkpoint": str(env.root / "ck-sql")}}
+        config = write_config(env, settings, followers, {}, "sql")
+        seconds, job = env.apply_once(config, ["reporting"])
+        progress = job.progress["reporting"]
+    return {"sql_follower_changes": len(events), "sql_follower_s": round(seconds, 2),
+            "sql_follower_changes_per_s": round(len(events) / seconds),
+            "sql_follower_sink_s": round(progress.sink_seconds, 2)}
+
+
+def report(results: dict[str, Any]) -> None:
+    table = Table(title="views: incremental vs recompute in Spark")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for name in ("view_build_s", "base_tables_build_s", "incremental_s", "recompute_s",
+                 "incremental_speedup", "view_changes_per_s", "view_equals_spark",
+                 "sql_follower_changes_per_s"):
+        if name in results:
+            table.add_row(name, str(results[name]))
+    console.print(table)
+    print_json(results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--orders", type=int, default=2_000_000)
+    parser.add_argument("--customers", type=int, default=100_000)
+    parser.add_argument("--changes", type=int, default=50_000)
+    parser.add_argument("--batch", type=int, default=100_000,
+                        help="the view's max_records_per_batch (its default)")
+    parser.add_argument("--sql-changes", type=int, default=200_000)
+    parser.add_argument("--skip-sql", action="store_true")
+    report(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
