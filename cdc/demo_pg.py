@@ -59,7 +59,11 @@ if TYPE_CHECKING:
     from spark_apply.latency import LatencyHistogram
 
 #: the followers the demo writes into its config, and their kinds
-FOLLOWERS = {"cache": "Redis", "warehouse": "Delta (SCD1)", "search": "Tantivy"}
+FOLLOWERS = {"cache": "Redis", "warehouse": "Delta (SCD1)", "search": "Tantivy",
+             "reporting": "SQL (SQLite)"}
+#: the demo's view, kept in these followers
+VIEW = "revenue_by_customer"
+VIEW_FOLLOWERS = ("warehouse", "reporting")
 #: at most this long for the follower to catch up with the backlog before the measured window
 CATCH_UP_S = 120.0
 
@@ -375,7 +379,7 @@ class LiveApply:
         self._spark_ready.wait()
         if self.error is not None:
             raise self.error
-        job = self.job = ApplyJob.prepare(self.config, list(FOLLOWERS))
+        job = self.job = ApplyJob.prepare(self.config, [*FOLLOWERS, VIEW])
         job.start(self._spark, once=False)
 
         def wait() -> None:
@@ -430,6 +434,20 @@ sources:
       {leader.tables[0]}: [name, email]
       {leader.tables[1]}: [status, note]
     trigger_interval: 500ms
+  reporting:
+    kind: sql
+    url: sqlite:///{root / 'reporting.sqlite'}
+    trigger_interval: 1s
+views:
+  {VIEW}:
+    source: shop
+    sql: >-
+      SELECT c.id AS customer_id, count(*) AS orders, sum(o.amount) AS revenue
+      FROM {leader.tables[1]} o JOIN {leader.tables[0]} c ON o.customer_id = c.id
+      GROUP BY c.id
+    key: [customer_id]
+    followers: [{', '.join(VIEW_FOLLOWERS)}]
+    trigger_interval: 1s
 """)
     return path
 
@@ -494,6 +512,26 @@ class LiveResult:
     baseline: dict[str, dict[str, LatencyHistogram]] = field(default_factory=dict)
     window_s: float = 0.0
     changes_in_window: int = 0
+    #: per follower of the view, what ``cdc verify --view`` found
+    views: dict[str, Any] = field(default_factory=dict)
+
+
+def _verify_view(config: Config, console: Console) -> dict[str, Any]:
+    """``cdc verify --view`` of the demo's view in each of its followers."""
+    from sinks import open_sink
+    from views.sink import view_holds
+    from views.verify import print_view_report, verify_view
+
+    found: dict[str, Any] = {}
+    for name in VIEW_FOLLOWERS:
+        console.rule(f"cdc verify --view {VIEW} --follower {name}")
+        sink = open_sink(config, name, view_holds("shop", VIEW))
+        try:
+            found[name] = verify_view(config, VIEW, name, sink, console, timeout=120)
+        finally:
+            sink.close()
+        print_view_report(found[name], console, limit=10)
+    return found
 
 
 def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
@@ -572,6 +610,7 @@ def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
             finally:
                 sink.close()
             follower.check()
+        result.views = _verify_view(config, console)
     finally:
         stop.set()
         thread.join(30)
@@ -630,6 +669,14 @@ def _summary(config: Config, leader: DemoLeader, follower: LiveApply, live: Live
                       end_section=True)
         if not report.equal:
             unequal.append(name)
+    view_progress = follower.job.progress[VIEW]
+    for name, checked in live.views.items():
+        table.add_row(f"{name} ({FOLLOWERS[name]})", f"view {VIEW}", f"{checked.rows:,}",
+                      f"{view_progress.written + view_progress.deleted:,} view rows",
+                      "", "", "[green]equal[/]" if checked.equal else
+                      f"[red]{len(checked.differences):,} differ[/]")
+        if not checked.equal:
+            unequal.append(f"{name} (view {VIEW})")
     console.print(table)
     if workload.error is not None:
         console.print(f"[yellow]workload error:[/] {workload.error}")
@@ -638,8 +685,10 @@ def _summary(config: Config, leader: DemoLeader, follower: LiveApply, live: Live
                        "this is a bug: please report it with the keys listed above")
     config_file = config.base_dir / "cdc.yaml"
     batches = sum(p.batches for p in follower.job.progress.values())
-    console.print(f"[green]Redis, Delta and the search index equal {leader.title}[/] "
-                  f"({batches:,} micro-batches). Try:\n  cdc search --config {config_file} "
-                  f"--follower search 'name:customer'\n  cdc log dump --config {config_file} "
-                  "| head",
+    console.print(f"[green]Redis, Delta, the search index, the SQL follower and the view "
+                  f"{VIEW} equal {leader.title}[/] ({batches:,} micro-batches). Try:\n"
+                  f"  cdc search --config {config_file} --follower search 'name:customer'\n"
+                  f"  cdc log dump --config {config_file} | head\n"
+                  f"  sqlite3 {config.base_dir / 'reporting.sqlite'} 'SELECT * FROM {VIEW} "
+                  "ORDER BY revenue DESC LIMIT 5'",
                   highlight=False)

@@ -17,10 +17,12 @@ def test_demo_with_mariadb_captures_a_live_workload(tmp_path: Path) -> None:
                  timeout=400)
     assert result.returncode == 0, output(result)
     assert "throwaway MariaDB on 127.0.0.1:" in result.stdout
-    for follower in ("cache", "warehouse", "search"):
+    for follower in ("cache", "warehouse", "search", "reporting"):
         assert f"verify: follower {follower}" in result.stdout, output(result)
-    assert result.stdout.count("follower equals the leader") == 3, output(result)
-    assert "Redis, Delta and the search index equal MariaDB" in result.stdout
+    assert result.stdout.count("follower equals the leader") == 4, output(result)
+    assert ("Redis, Delta, the search index, the SQL follower and the view "
+            "revenue_by_customer equal MariaDB") in result.stdout
+    assert result.stdout.count("view revenue_by_customer in") >= 2  # both followers verified
     summary = result.stdout[result.stdout.index("summary: MariaDB"):]
     assert "shop.orders" in summary and "shop.customers" in summary
     assert "differ" not in summary

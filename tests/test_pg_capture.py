@@ -156,6 +156,8 @@ def test_demo_captures_a_live_workload(tmp_path: Path) -> None:
     result = cdc("demo", "--dir", str(tmp_path / "demo"), "--seconds", "2", timeout=400)
     assert result.returncode == 0, output(result)
     assert "follower equals the leader" in result.stdout
-    assert "Redis, Delta and the search index equal PostgreSQL" in result.stdout
+    assert ("Redis, Delta, the search index, the SQL follower and the view "
+            "revenue_by_customer equal PostgreSQL") in result.stdout
+    assert result.stdout.count("view revenue_by_customer in") >= 2  # both followers verified
     summary = result.stdout[result.stdout.index("summary: PostgreSQL"):]
     assert "public.orders" in summary and "public.customers" in summary

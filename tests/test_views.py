@@ -7,6 +7,7 @@ hand-made divergence."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import sqlalchemy as sa
 
 from cdc.events import TableId
 from views.definition import ViewDefinitionError, analyze, approximate_columns
+from views.sink import FAULT_STALL
 from views.state import BaseChange, ViewError, ViewState
 
 ORDERS, CUSTOMERS = TableId("public", "orders"), TableId("public", "customers")
@@ -278,8 +280,8 @@ class ShopLoad:
 
 
 @pytest.mark.slow
-def test_views_in_sql_and_delta_followers_verify_against_the_leader(
-        tmp_path: Path, pg_db: Any) -> None:
+def test_views_in_every_follower_kind_verify_against_the_leader(
+        tmp_path: Path, pg_db: Any, redis_url: str) -> None:
     from tests.pgkit import PROJECT, Capture, cdc, output, wait_caught_up, write_config
 
     pg_db.execute(SHOP)
@@ -291,12 +293,18 @@ def test_views_in_sql_and_delta_followers_verify_against_the_leader(
   warehouse:
     kind: delta
     path: {tmp_path / "warehouse"}
+  cache:
+    kind: redis
+    url: {redis_url}
+  search:
+    kind: search
+    path: {tmp_path / "search"}
 views:
   revenue_by_customer:
     source: {pg_db.source}
     sql: {json.dumps(REVENUE)}
     key: [customer_id]
-    followers: [reporting, warehouse]
+    followers: [reporting, warehouse, cache, search]
     max_records_per_batch: 2000
   order_extremes:
     source: {pg_db.source}
@@ -312,10 +320,13 @@ views:
     assert checked.stdout.count("runs: leader EXPLAIN, DuckDB") == 2, output(checked)
     capture = Capture(config, tmp_path / "capture.log").start()
 
-    def start_apply() -> subprocess.Popen[bytes]:
+    stalled = tmp_path / "stalled"
+
+    def start_apply(stall: bool = False) -> subprocess.Popen[bytes]:
+        env = {**os.environ, FAULT_STALL: str(stalled)} if stall else None
         return subprocess.Popen(
             [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config), "--view",
-             "revenue_by_customer", "--view", "order_extremes"], cwd=PROJECT,
+             "revenue_by_customer", "--view", "order_extremes"], cwd=PROJECT, env=env,
             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "apply.log", "ab"),  # noqa: SIM115
             start_new_session=True)
 
@@ -326,21 +337,23 @@ views:
         apply.send_signal(signal.SIGKILL)  # mid-run, somewhere in a batch
         apply.wait(30)
         pg_db.execute("TRUNCATE orders")
-        time.sleep(1)
-        apply = start_apply()
-        time.sleep(6)
-        apply.send_signal(signal.SIGKILL)
+        apply = start_apply(stall=True)  # stalls after a batch's state commit, outbox full
+        deadline = time.monotonic() + 120
+        while not stalled.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert stalled.exists()
+        apply.send_signal(signal.SIGKILL)  # between the state's commit and the followers
         apply.wait(30)
         apply = start_apply()
         time.sleep(4)
         load.finish()
         assert load.transactions > 50
         wait_caught_up(pg_db, tmp_path / "log")
-        for view in ("revenue_by_customer", "order_extremes"):
+        for view, held_by in (("revenue_by_customer", 4), ("order_extremes", 2)):
             verified = cdc("verify", "--config", str(config), "--view", view, "--timeout",
                            "180s", timeout=400)
             assert verified.returncode == 0, output(verified)
-            assert verified.stdout.count("equals the leader") == 2, output(verified)
+            assert verified.stdout.count("equals the leader") == held_by, output(verified)
         live = pg_db.execute("SELECT count(DISTINCT customer_id) FROM orders o JOIN customers c "
                              "ON c.id = o.customer_id")[0][0]
         assert live > 10
@@ -453,6 +466,10 @@ views:
         assert capture.terminate() == 0
     assert code == 1  # it ends with the view's error
     assert "correct views.labels.sql" in log_file.read_text()
+    (tmp_path / "state" / "views" / "labels.duckdb").unlink()  # the state lost alone
+    again = cdc("apply", "--config", str(config), "--view", "labels", "--once")
+    assert again.returncode != 0 and "its state" in again.stderr and "is gone" in again.stderr
+    assert "delete the checkpoint" in again.stderr and "Traceback" not in again.stderr
 
 
 def _wait_for_rows(sqlite: Path, table: str, timeout: float) -> None:

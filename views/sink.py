@@ -20,7 +20,10 @@ SQL follower's table ``<view>``, a Delta table, Redis hashes, search documents.
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.events import TableId, topic_name
@@ -57,6 +60,19 @@ def view_plan(config: Config, name: str) -> ViewPlan:
     source = config.source(view.source)
     captured = [TableId.parse(text) for text in source.tables]
     return analyze(name, view.sql, view.key, str(getattr(source, "kind", "postgres")), captured)
+
+
+#: fault injection for tests: a file path; after a batch's state commit with view changes, the
+#: path is created and the batch stalls there (so a test can SIGKILL between the state's commit
+#: and the followers' writes)
+FAULT_STALL = "CDC_FAULT_VIEW_STALL"
+
+
+def _fault_point(changes: int) -> None:
+    marker = os.environ.get(FAULT_STALL)
+    if marker and changes:
+        Path(marker).touch()
+        time.sleep(600)
 
 
 def schema_store(config: Config) -> Any:
@@ -108,6 +124,14 @@ class ViewSink(Sink):
     def check(self) -> None:
         for target in self.targets.values():
             target.check()
+        path = self.config.view_state(self.name)
+        commits = self.config.follower_checkpoint(self.name) / "commits"
+        if not path.exists() and commits.is_dir() and any(commits.iterdir()):
+            raise ViewError(f"view {self.name}: its state {path} is gone but its checkpoint "
+                            f"{commits.parent} says batches were applied: it would resume "
+                            "mid-log with empty base tables",
+                            f"delete the checkpoint {commits.parent} too (and empty the view's "
+                            "tables in its followers) to rebuild the view from offset 0")
         self._flush(self.state)
 
     @property
@@ -136,6 +160,7 @@ class ViewSink(Sink):
                 for change in changes if change.topic in self.topics]
         self._refuse_lost_columns(base)
         result = state.apply(base)
+        _fault_point(result.upserts + result.deletes)
         self._flush(state)
         return ApplyStats(written=result.upserts, deleted=result.deletes,
                           skipped=result.skipped)
