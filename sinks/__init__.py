@@ -51,10 +51,12 @@ def _search(config: Config, name: str, follower: Any, topics: Topics) -> Sink:
 
 
 def _sql(config: Config, name: str, follower: Any, topics: Topics) -> Sink:
+    from cdc.log.open import log_settings
     from sinks.sql import SqlSink
 
     return SqlSink(name, follower.database_url(), tables=topics,
-                   tombstone_retention=follower.tombstone_retention)
+                   tombstone_retention=follower.tombstone_retention,
+                   log_path=config.log_path, log=log_settings(config))
 
 
 def _view(config: Config, name: str, view: Any, topics: Topics) -> Sink:

@@ -1,16 +1,15 @@
 """The SQL follower: captured tables as plain tables of any database SQLAlchemy reaches
 (PostgreSQL and SQLite tested), behind the version gate of ``sinks/base.py``.
 
-*Work in progress (issue 14).* Not yet: the per-dialect type mapping from the Avro schemas
-(columns are the Delta follower's four kinds for now: decimals, times and JSON are text),
-identifier length limits, expiring delete markers after ``tombstone_retention`` (they are kept),
-views, and dialects other than PostgreSQL and SQLite.
+*Work in progress (issue 14).* Not yet: expiring delete markers after ``tombstone_retention``
+(they are kept), and dialects other than PostgreSQL and SQLite (the gate needs ``INSERT ... ON
+CONFLICT ... RETURNING``).
 
 Layout, stated exactly:
 
-* **The user's tables hold live rows only.** Table ``<table>`` (the leader's table name; the
-  leader's schema on dialects with schemas, none on SQLite) has one column per leader column and
-  a primary key of the log key's columns. Deleted rows are gone, nothing else is added.
+* **The user's tables hold live rows only.** Table ``<table>`` (the leader's table name without
+  its schema, in the connection's default schema) has one column per leader column and a
+  primary key of the log key's columns. Deleted rows are gone, nothing else is added.
 * **Positions and delete markers live in a side table**, ``_cdc_rows`` (``tbl``: the log topic,
   ``key``: the key JSON text, ``position``: hex of the position bytes, ``deleted``, ``at_ms``),
   primary key ``(tbl, key)``; watermarks in ``_cdc_watermarks`` (``source``, ``offset`` JSON).
@@ -18,33 +17,122 @@ Layout, stated exactly:
   (tbl, key) DO UPDATE ... WHERE _cdc_rows.position < excluded.position RETURNING key`` — the
   keys returned are those this writer won, and the side rows stay locked until the transaction
   commits, so a racing writer with an older position waits, then loses. The user table's rows
-  of the won keys are written (upsert or delete) in the same transaction.
-* **Column kinds** (``bool``, ``int64``, ``float64``, ``string``: ``sinks/delta.py``'s): from the
-  values; a value that does not fit its column's kind makes the column text (``canonical_text``
-  of every value), as in the Delta follower.
+  of the won keys are written (upsert or delete) in the same transaction, after reading the
+  table's columns under a lock that table changes wait for (PostgreSQL: ``LOCK TABLE ... IN ROW
+  EXCLUSIVE MODE``; SQLite: the gate already holds the database's write lock).
+* **Identifiers** longer than the dialect keeps (PostgreSQL: 63 bytes; it would silently cut
+  them) are refused with :class:`SqlSinkError` naming the table or column, never shortened.
+
+Columns (one mapping, stated exactly)
+-------------------------------------
+
+With a value schema for the topic in the log's schema store, a table is created with a column
+per column of the newest schema version, typed from its logical type (the field's ``cdc.type``;
+without one, from ``logicalType``/``connect.name``/the Avro type). Without a schema (a view's
+topic ``<source>.views.<name>``) the columns are typed from the first batch's values as the
+Delta follower's four kinds: booleans BOOLEAN, 64-bit integers BIGINT, floats FLOAT(53), the
+rest TEXT (on SQLite a NaN is kept as the text ``NaN`` in the FLOAT column, and a -0.0 makes
+the column TEXT: see note 7).
+
+======================  =====================================  =========================
+logical type            PostgreSQL                             SQLite
+======================  =====================================  =========================
+boolean                 BOOLEAN                                BOOLEAN (0/1)
+int16, int32, int64     SMALLINT, INTEGER, BIGINT              BIGINT (1)
+year                    INTEGER                                BIGINT (1)
+uint64                  NUMERIC(20,0)                          TEXT (2)
+decimal(p, s)           NUMERIC(p,s); NUMERIC if p > 1000 (3)  TEXT (4)
+numeric (unconstr.)     NUMERIC (5)                            TEXT (4)
+float32, float64        DOUBLE PRECISION (6)                   TEXT (7)
+date                    DATE (8)                               TEXT
+timestamp               TIMESTAMP (8)                          TEXT
+timestamptz             TIMESTAMPTZ (8)                        TEXT
+time                    TIME (9)                               TEXT
+json                    JSON (10)                              TEXT
+array(T)                JSON holding the compact JSON form     TEXT
+uuid                    UUID                                   TEXT
+bytes                   BYTEA                                  BLOB
+everything else         TEXT                                   TEXT
+======================  =====================================  =========================
+
+TEXT always holds :func:`~sinks.base.canonical_text` of the JSON form (``docs/types.md``):
+strings as they are, other values as compact JSON (``[1,null,3]``, ``{"x":1.5,...}``).
+Other dialects would get SQLite's column types as SQLAlchemy's generic types (Boolean,
+BigInteger, LargeBinary, Text). Notes:
+
+1. SQLite's INTEGER affinity (declared BIGINT so that a one-column key is not a rowid alias,
+   which refuses text if the column is ever widened).
+2. SQLite integers are signed 64-bit: 2^63 .. 2^64-1 would not fit.
+3. PostgreSQL's precision limit is 1000; NUMERIC without a typmod keeps each value's digits and
+   scale exactly. ``NaN`` is kept; ``Infinity`` does not fit NUMERIC(p,s) (the column becomes
+   TEXT, see below).
+4. The exact decimal text: SQLite's NUMERIC affinity would round it to a double.
+5. ``NaN`` kept; ``Infinity``/``-Infinity`` from PostgreSQL 14 on (before: the column becomes
+   TEXT).
+6. NaN, ±Infinity and -0 kept. float32 too: its JSON form is the float32's exact double, which
+   a REAL column would print with float4's shortest digits instead.
+7. SQLite's REAL stores NaN as NULL and its REAL affinity turns -0.0 into 0.0; TEXT holds the
+   JSON form exactly (SQLite still computes with it: ``SUM(col)`` converts the text).
+8. ``infinity``/``-infinity``, BC years and years past 9999 are converted both ways (the JSON
+   form's ``-0043-03-15`` is PostgreSQL's ``0044-03-15 BC``); values outside PostgreSQL's range
+   make the column TEXT. Connections run with ``DateStyle=ISO,YMD``, ``TimeZone=UTC`` and
+   ``extra_float_digits=3``, so the text PostgreSQL gives back is exact.
+9. 00:00:00 to 24:00:00; a MySQL ``TIME`` beyond (negative, past 24 h) makes the column TEXT.
+10. Not JSONB, which reorders keys and respaces the text: JSON keeps the text byte for byte. A
+    key column that would be JSON is TEXT (JSON has no equality operator).
+
+Writing converts the JSON form to the column (PostgreSQL: the value's input text, cast to the
+column type); :meth:`SqlSink.read` converts back (PostgreSQL: ``CAST(col AS TEXT)``, BYTEA as
+bytes), so it returns exactly ``row_text`` of the leader's JSON row.
+
+**Schema changes** (as the Delta follower): a column of a newer schema version is added with its
+mapped type (older rows NULL); a dropped column stays (NULL in rows written later); a rename
+is a drop plus an add. A retype whose new mapped type the held column cannot hold (it holds the
+same type, a narrower integer, and a NUMERIC without typmod holds any decimal; SMALLINT does not
+hold int64), or a value that does not read back exactly from its column (a MySQL ``TIME`` of 25
+hours, ``Infinity`` in a NUMERIC(p,s)), makes the column TEXT holding the canonical text of
+every value, old rows included (PostgreSQL: ``ALTER COLUMN ... TYPE TEXT`` and the values
+rewritten in the JSON form; SQLite: the table is rebuilt). A TEXT column stays TEXT.
+Table changes run in their own transaction under a per-table lock (PostgreSQL: an advisory
+lock), then the batch is applied again.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import json
 import math
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cdc.errors import CdcError
 from sinks.base import ApplyStats, Change, Sink, canonical_text, cell_text
 
+#: changes per gate statement (see :meth:`SqlSink._gate`)
+GATE_ROWS = 5000
 #: the side tables
 ROWS = "_cdc_rows"
 WATERMARKS = "_cdc_watermarks"
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: how often a batch is retried after changing its table before giving up
+_RESHAPES = 5
 
 
 class SqlSinkError(CdcError):
     """The SQL follower cannot reach, write or read its database."""
 
+
+class _Reshape(Exception):  # noqa: N818 - a signal, not an error
+    """The batch needs the user table created or changed first."""
+
+
+# ------------------------------------------------------------------ value-based kinds
 
 def _kind_of(values: Sequence[Any]) -> str:
     types = {type(v) for v in values if v is not None}
@@ -59,25 +147,324 @@ def _kind_of(values: Sequence[Any]) -> str:
     return "string"
 
 
-def _fits(kind: str, value: Any) -> bool:
-    if value is None or kind == "string":
+def _value_type(values: Sequence[Any]) -> Any:
+    """The column type of a column without a schema, from its values (today's four kinds)."""
+    import sqlalchemy as sa
+
+    return {"bool": sa.Boolean(), "int64": sa.BigInteger(), "float64": sa.Float(53),
+            "string": sa.Text()}[_kind_of(values)]
+
+
+# -------------------------------------------------------------- logical types -> columns
+
+_CONNECT_NAMES = {"io.debezium.time.Date": "date", "io.debezium.time.MicroTimestamp": "timestamp",
+                  "io.debezium.time.ZonedTimestamp": "timestamptz",
+                  "io.debezium.time.MicroTime": "time", "io.debezium.data.Json": "json",
+                  "io.debezium.data.Uuid": "uuid",
+                  "io.debezium.data.VariableScaleDecimal": "numeric"}
+_AVRO_NAMES = {"boolean": "boolean", "int": "int32", "long": "int64", "float": "float32",
+               "double": "float64", "bytes": "bytes", "string": "string", "array": "array"}
+
+Logical = tuple[str, int | None, int | None]
+
+
+def _value_fields(schema: Any) -> list[tuple[str, dict[str, Any]]]:
+    """``(column name, field)`` of an envelope value schema's row record, in order (the
+    original column name: ``cdc.column`` where the Avro name was adjusted)."""
+    for envelope_field in schema.get("fields", []) if isinstance(schema, dict) else []:
+        if envelope_field.get("name") not in ("before", "after"):
+            continue
+        branches = envelope_field["type"]
+        for branch in branches if isinstance(branches, list) else [branches]:
+            if isinstance(branch, dict) and branch.get("type") == "record":
+                return [(f.get("cdc.column", f["name"]), f) for f in branch["fields"]]
+    return []
+
+
+def _logical(field: Mapping[str, Any]) -> Logical:
+    """A field's logical type: ``(name, precision, scale)``."""
+    described = field.get("cdc.type")
+    if isinstance(described, dict) and "name" in described:
+        return str(described["name"]), described.get("precision"), described.get("scale")
+    branches = field.get("type")
+    concrete = [b for b in (branches if isinstance(branches, list) else [branches])
+                if b != "null"]
+    single = concrete[0] if concrete else None
+    if isinstance(single, dict):
+        if single.get("logicalType") == "decimal":
+            return "decimal", single.get("precision"), single.get("scale", 0)
+        if "connect.name" in single:
+            return _CONNECT_NAMES.get(single["connect.name"], "string"), None, None
+        if single.get("connect.type") == "int16":
+            return "int16", None, None
+        single = single.get("type")
+    return _AVRO_NAMES.get(single, "string") if isinstance(single, str) else "string", None, None
+
+
+def _mapped_type(logical: Logical, postgres: bool, key: bool) -> Any:
+    """The column type of a logical type (the module docstring's table)."""
+    import sqlalchemy as sa
+
+    name, precision, scale = logical
+    if not postgres:
+        portable = {"boolean": sa.Boolean, "int16": sa.BigInteger, "int32": sa.BigInteger,
+                    "int64": sa.BigInteger, "year": sa.BigInteger, "bytes": sa.LargeBinary}
+        return portable.get(name, sa.Text)()
+    if name == "decimal":
+        return sa.Numeric(precision, scale or 0) if precision and precision <= 1000 \
+            else sa.Numeric()
+    if name in ("json", "array"):
+        return sa.Text() if key else sa.JSON()
+    mapped = {"boolean": sa.Boolean(), "int16": sa.SmallInteger(), "int32": sa.Integer(),
+              "int64": sa.BigInteger(), "year": sa.Integer(), "uint64": sa.Numeric(20, 0),
+              "numeric": sa.Numeric(), "float32": sa.Double(), "float64": sa.Double(),
+              "date": sa.Date(), "timestamp": sa.TIMESTAMP(),
+              "timestamptz": sa.TIMESTAMP(timezone=True), "time": sa.Time(),
+              "uuid": sa.Uuid(), "bytes": sa.LargeBinary()}
+    return mapped.get(name) or sa.Text()
+
+
+# ------------------------------------------------------------ dates and times (PostgreSQL)
+
+_JSON_DATE = re.compile(r"([+-]?\d{4,})-(\d\d)-(\d\d)")
+_JSON_MOMENT = re.compile(r"([+-]?\d{4,}-\d\d-\d\d)T(\d\d:\d\d:\d\d\.\d{6})(Z?)")
+_JSON_TIME = re.compile(r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d\.\d{6}|24:00:00\.000000")
+_PG_MOMENT = re.compile(
+    r"(\d{4,})-(\d\d)-(\d\d)(?: (\d\d:\d\d:\d\d)(?:\.(\d{1,6}))?)?(\+00)?( BC)?")
+#: astronomical years PostgreSQL holds (4713 BC is -4712)
+_PG_YEARS = {"date": (-4712, 5874896), "timestamp": (-4712, 294275),
+             "timestamptz": (-4712, 294275)}
+_INFINITIES = ("infinity", "-infinity")
+
+
+def _moment_fits(kind: str, value: Any) -> bool:
+    """Whether a date/timestamp/timestamptz/time JSON form fits PostgreSQL's type."""
+    if type(value) is not str:
+        return False
+    if kind == "time":
+        return _JSON_TIME.fullmatch(value) is not None
+    if value in _INFINITIES:
         return True
-    if kind == "bool":
-        return type(value) is bool
-    if kind == "int64":
-        return type(value) is int and -(2**63) <= value < 2**63
-    return type(value) is float or (type(value) is str and value in _SPECIAL_FLOATS)
+    if kind == "date":
+        day = _JSON_DATE.fullmatch(value)
+    else:
+        moment = _JSON_MOMENT.fullmatch(value)
+        if moment is None or bool(moment[3]) != (kind == "timestamptz"):
+            return False
+        day = _JSON_DATE.fullmatch(moment[1])
+    if day is None or _shown_year(int(day[1])) != day[1]:
+        return False
+    low, high = _PG_YEARS[kind]
+    return low <= int(day[1]) <= high
 
 
-def _cell(kind: str, value: Any) -> Any:
-    """A JSON-form value as stored in a ``kind`` column."""
-    if value is None:
-        return None
-    if kind == "string":
-        return value if type(value) is str else canonical_text(value)
-    if kind == "float64" and type(value) is str:
-        return _SPECIAL_FLOATS[value]
-    return value
+def _shown_year(year: int) -> str:
+    """An astronomical year as the JSON form writes it (ISO 8601, expanded outside 0-9999)."""
+    return f"{year:04d}" if 0 <= year <= 9999 else f"+{year}" if year > 0 else f"-{-year:04d}"
+
+
+def _pg_moment_in(value: str) -> str:
+    """A date/timestamp/timestamptz JSON form as PostgreSQL input text."""
+    if value in _INFINITIES:
+        return value
+    day, _, clock = value.partition("T")
+    parts = _JSON_DATE.fullmatch(day)
+    assert parts is not None  # checked by _moment_fits
+    year = int(parts[1])
+    text = f"{year if year > 0 else 1 - year:04d}-{parts[2]}-{parts[3]}"
+    if clock:
+        text += " " + clock.removesuffix("Z") + ("+00" if clock.endswith("Z") else "")
+    return text if year > 0 else text + " BC"
+
+
+def _pg_moment_out(text: str) -> str:
+    """PostgreSQL's text of a date/timestamp/timestamptz (ISO, UTC) as the JSON form."""
+    if text in _INFINITIES:
+        return text
+    parts = _PG_MOMENT.fullmatch(text)
+    if parts is None:
+        raise SqlSinkError(f"PostgreSQL gave the date/time {text!r} in an unexpected form",
+                           "report it: the follower sets DateStyle=ISO,YMD and TimeZone=UTC")
+    year = 1 - int(parts[1]) if parts[7] else int(parts[1])
+    out = f"{_shown_year(year)}-{parts[2]}-{parts[3]}"
+    if parts[4]:
+        out += f"T{parts[4]}.{(parts[5] or '').ljust(6, '0')}" + ("Z" if parts[6] else "")
+    return out
+
+
+def _pg_time_out(text: str) -> str:
+    clock, _, fraction = text.partition(".")
+    return f"{clock}.{fraction.ljust(6, '0')}"
+
+
+# ------------------------------------------------------------------------ other checks
+
+_DECIMAL = re.compile(r"-?(\d+)(?:\.(\d+))?")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _numeric_fits(value: Any, precision: int | None, scale: int | None,
+                  infinity: bool) -> bool:
+    """Whether a decimal's JSON text reads back from a NUMERIC(precision, scale) unchanged."""
+    if type(value) is not str:
+        return False
+    if value == "NaN":
+        return True
+    if value in ("Infinity", "-Infinity"):
+        return infinity and precision is None
+    parts = _DECIMAL.fullmatch(value)
+    if parts is None or (value[0] == "-" and not value.strip("-0.")):  # no negative zero
+        return False
+    if precision is None:
+        return True
+    fraction = parts[2] or ""
+    return len(fraction) == (scale or 0) and len(parts[1].lstrip("0")) <= precision - len(
+        fraction)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def _json_fits(value: Any) -> bool:
+    if type(value) is not str:
+        return isinstance(value, list | dict)
+    try:
+        json.loads(value, parse_constant=_no_constant)  # PostgreSQL's JSON has no NaN
+    except ValueError:
+        return False
+    return True
+
+
+def _bytes_fits(value: Any) -> bool:
+    if type(value) is not str:
+        return False
+    try:
+        return base64.b64encode(base64.b64decode(value, validate=True)).decode() == value
+    except (binascii.Error, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------------------ columns
+
+_MOMENTS = ("date", "timestamp", "timestamptz", "time")
+#: kinds whose PostgreSQL text differs from the JSON form's (rewritten when widened to TEXT)
+_REWRITTEN = ("float", *_MOMENTS)
+_FITS: dict[str, Any] = {
+    "bool": lambda column, value: type(value) is bool,
+    "int": lambda column, value: type(value) is int and -(
+        2 ** (column.bits - 1)) <= value < 2 ** (column.bits - 1),
+    "float": lambda column, value: value in _SPECIAL_FLOATS if type(value) is str else (
+        type(value) is float and (column.postgres or value != 0 or math.copysign(1, value) > 0)),
+    "numeric": lambda column, value: _numeric_fits(value, column.type.precision,
+                                                   column.type.scale, column.infinity),
+    "json": lambda column, value: _json_fits(value),
+    "uuid": lambda column, value: type(value) is str and _UUID.fullmatch(value) is not None,
+    "bytes": lambda column, value: _bytes_fits(value),
+    **{kind: (lambda column, value: _moment_fits(column.kind, value)) for kind in _MOMENTS},
+}
+
+
+def _kind(sqltype: Any, postgres: bool) -> str:
+    """How a column of ``sqltype`` holds values (``text``: the canonical text)."""
+    import sqlalchemy as sa
+
+    kinds = ((sa.Boolean, "bool"), (sa.Integer, "int"), (sa.Float, "float"),
+             (sa.Numeric, "numeric"), (sa.DateTime, "timestamp"), (sa.Date, "date"),
+             (sa.Time, "time"), (sa.JSON, "json"), (sa.Uuid, "uuid"), (sa.LargeBinary, "bytes"))
+    kind = next((kind for cls, kind in kinds if isinstance(sqltype, cls)), "text")
+    if kind in ("timestamp", "time") and getattr(sqltype, "timezone", False):
+        kind = "timestamptz" if kind == "timestamp" else "text"
+    if not postgres and kind not in ("bool", "int", "float", "bytes"):
+        return "text"
+    return kind
+
+
+@dataclass(frozen=True)
+class _Column:
+    """A user-table column: its type, and how JSON-form values go in and come out."""
+
+    name: str
+    type: Any
+    kind: str
+    postgres: bool
+    #: PostgreSQL: the type's SQL (bound values are cast to it)
+    cast: str = ""
+    #: integers: their width
+    bits: int = 64
+    #: numeric: whether ``Infinity`` fits (PostgreSQL 14 and later)
+    infinity: bool = False
+
+    def fits(self, value: Any) -> bool:
+        """Whether ``value`` (JSON form) reads back from this column unchanged."""
+        return value is None or self.kind == "text" or bool(_FITS[self.kind](self, value))
+
+    def holds(self, wanted: Any | None, dialect: Any) -> bool:
+        """Whether this column holds every value of a column of type ``wanted``."""
+        if wanted is None or self.kind == "text":
+            return True
+        other = _column(self.name, wanted, dialect)
+        if other.kind != self.kind:
+            return False
+        if self.kind == "int":
+            return self.bits >= other.bits
+        if self.kind == "numeric":
+            return self.type.precision is None or (self.type.precision, self.type.scale) == (
+                other.type.precision, other.type.scale)
+        return True
+
+    def to_db(self, value: Any) -> Any:
+        """A JSON-form value as bound for this column."""
+        if value is None:
+            return None
+        if self.kind == "bytes":
+            return base64.b64decode(value)
+        if self.postgres:  # the input text, cast by the statement
+            return _pg_moment_in(value) if self.kind in _MOMENTS[:3] else canonical_text(value)
+        if self.kind in ("bool", "int"):
+            return value
+        if self.kind == "float" and type(value) is str:  # REAL keeps NaN as NULL: as text
+            return value if value == "NaN" else _SPECIAL_FLOATS[value]
+        return value if self.kind == "float" else canonical_text(value)
+
+    def from_db(self, value: Any) -> str:
+        """A value read by :meth:`select` as the JSON form's canonical text."""
+        if self.kind == "bytes" and isinstance(value, bytes | bytearray | memoryview):
+            return base64.b64encode(bytes(value)).decode("ascii")
+        if self.postgres:  # PostgreSQL's text of the value
+            if self.kind == "float":
+                return cell_text(float(value))
+            if self.kind in _MOMENTS:
+                return _pg_time_out(value) if self.kind == "time" else _pg_moment_out(value)
+            return str(value)
+        if self.kind == "bool" and type(value) is int:
+            return "true" if value else "false"
+        return cell_text(value)
+
+    def bind(self, param: str) -> str:
+        return f"CAST(:{param} AS {self.cast})" if self.postgres else f":{param}"
+
+    def select(self, quoted: str) -> str:
+        return f"CAST({quoted} AS TEXT)" if self.postgres and self.kind != "bytes" else quoted
+
+
+def _column(name: str, sqltype: Any, dialect: Any) -> _Column:
+    import sqlalchemy as sa
+
+    postgres = dialect.name == "postgresql"
+    kind = _kind(sqltype, postgres)
+    bits = 64
+    if postgres and kind == "int" and not isinstance(sqltype, sa.BigInteger):
+        bits = 16 if isinstance(sqltype, sa.SmallInteger) else 32
+    version = tuple(dialect.server_version_info or ())
+    return _Column(name, sqltype, kind, postgres,
+                   cast=str(sqltype.compile(dialect=dialect)) if postgres else "", bits=bits,
+                   infinity=postgres and version >= (14,))
+
+
+def _quoted(conn: Any, name: str) -> str:
+    """``name`` quoted for a ``text()`` statement (its colons escaped)."""
+    return str(conn.dialect.identifier_preparer.quote_identifier(name)).replace(":", "\\:")
 
 
 @contextlib.contextmanager
@@ -93,25 +480,35 @@ def _created_by_another_is_fine() -> Iterator[None]:
             raise
 
 
-def _sql_types() -> dict[str, Any]:
-    import sqlalchemy as sa
-
-    return {"bool": sa.Boolean(), "int64": sa.BigInteger(), "float64": sa.Float(53),
-            "string": sa.Text()}
+def _postgres_session(dbapi_connection: Any, _record: Any) -> None:
+    """Session settings that make PostgreSQL's text of dates, times and floats exact."""
+    cursor = dbapi_connection.cursor()
+    try:
+        for setting in ("SET DateStyle TO 'ISO, YMD'", "SET TimeZone TO 'UTC'",
+                        "SET extra_float_digits TO 3"):
+            cursor.execute(setting)
+    finally:
+        cursor.close()
+    dbapi_connection.commit()
 
 
 class SqlSink(Sink):
-    """One follower in one SQL database (``url``: an SQLAlchemy URL)."""
+    """One follower in one SQL database (``url``: an SQLAlchemy URL). ``log_path``/``log``:
+    the change log (its settings, ``cdc.log.open.log_settings``), whose schema store types
+    the columns."""
 
     def __init__(self, name: str, url: str, tables: Mapping[str, tuple[str, Any]] | None = None,
-                 tombstone_retention: float = 24 * 3600.0) -> None:
+                 tombstone_retention: float = 24 * 3600.0, *, log_path: Path | None = None,
+                 log: Mapping[str, Any] | None = None) -> None:
         self.name = name
         self.url = url
         self.tables = dict(tables or {})
         self.tombstone_retention = tombstone_retention
+        self.log_settings = dict(log) if log is not None else (
+            None if log_path is None else {"backend": "local", "path": str(log_path)})
+        self._store: Any = None
         self._engine: Any = None
         self._meta: Any = None
-        self._kinds: dict[str, dict[str, str]] = {}
 
     # ----------------------------------------------------------------------- connection
     @property
@@ -123,15 +520,16 @@ class SqlSink(Sink):
                 sqlite = self.url.startswith("sqlite")
                 database = sa.make_url(self.url).database if sqlite else None
                 if database and database != ":memory:":
-                    from pathlib import Path
-
                     Path(database).parent.mkdir(parents=True, exist_ok=True)
-                self._engine = sa.create_engine(
+                engine = sa.create_engine(
                     self.url, connect_args={"timeout": 60} if sqlite else {})
             except Exception as exc:  # noqa: BLE001 - a bad URL, a missing driver or folder
                 raise SqlSinkError(f"follower {self.name}: cannot use the database URL "
                                    f"{self._where()}: {exc}",
                                    f"correct followers.{self.name}.url") from None
+            if engine.dialect.name == "postgresql":
+                sa.event.listen(engine, "connect", _postgres_session)
+            self._engine = engine
         return self._engine
 
     def _where(self) -> str:
@@ -142,12 +540,9 @@ class SqlSink(Sink):
         except Exception:  # noqa: BLE001 - an unparsable URL
             return "(an unparsable URL)"
 
-    @property
-    def _sqlite(self) -> bool:
-        return str(self.engine.dialect.name) == "sqlite"
-
     def check(self) -> None:
-        """Connect and create the side tables; :class:`SqlSinkError` with the fix if not."""
+        """Connect and create the side tables, and check the names of the tables whose
+        schemas are known; :class:`SqlSinkError` with the fix if not."""
         try:
             self.engine  # noqa: B018 - builds the engine (a bad URL fails here)
             self._side_tables()
@@ -159,6 +554,9 @@ class SqlSink(Sink):
                                f"{self._where()}: {first[:300]}",
                                f"check followers.{self.name}.url and that the database is up "
                                "and writable") from None
+        for topic in self.tables:
+            _, newest = self._declared(topic, self.engine.dialect, ())
+            self._check_names(self.engine.dialect, self._table_name(topic), newest)
 
     def _side_tables(self) -> Any:
         import sqlalchemy as sa
@@ -179,48 +577,128 @@ class SqlSink(Sink):
             self._meta = meta
         return self._meta
 
+    # ------------------------------------------------------------------------ schemas
+    def _schema_store(self) -> Any:
+        if self.log_settings is None:
+            return None
+        if self._store is None:
+            from cdc.log.open import reader_from
+
+            reader = reader_from(self.log_settings, missing_ok=True)
+            if reader is None:
+                return None
+            self._store = reader.schemas()
+        return self._store
+
+    def _declared(self, topic: str, dialect: Any, key_columns: Sequence[str]
+                  ) -> tuple[dict[str, Any], list[str]]:
+        """From the schema store: every column any value schema version of ``topic`` had,
+        with its mapped type in the newest version holding it, and the newest version's
+        columns (none without a schema)."""
+        store = self._schema_store()
+        declared: dict[str, Any] = {}
+        newest: list[str] = []
+        if store is None:
+            return declared, newest
+        postgres = dialect.name == "postgresql"
+        for registered in store.versions(f"{topic}-value"):
+            newest = []
+            for column, field in _value_fields(registered.schema):
+                declared[column] = _mapped_type(_logical(field), postgres, column in key_columns)
+                newest.append(column)
+        return declared, newest
+
+    def _check_names(self, dialect: Any, table: str, columns: Sequence[str]) -> None:
+        """Refuse a table or column name longer than ``dialect`` keeps."""
+        limit = int(dialect.max_identifier_length)
+        named = [(table, f"table {table}"), *((c, f"column {c} of table {table}")
+                                              for c in columns)]
+        for name, what in named:
+            size = len(name.encode())
+            if size > limit:
+                raise SqlSinkError(
+                    f"follower {self.name}: the name of {what} is {size} bytes long; "
+                    f"{dialect.name} keeps at most {limit} bytes of a name (it would cut the "
+                    "name short, and two names could become one)",
+                    f"rename it on the leader to at most {limit} bytes, or leave table "
+                    f"{table} out of followers.{self.name}.tables")
+
     # ------------------------------------------------------------------------- tables
     def _table_name(self, topic: str) -> str:
         known = self.tables.get(topic)
         table = str(known[1]) if known is not None else topic.split(".", 1)[-1]
         return table.rsplit(".", 1)[-1]
 
-    def _user_table(self, conn: Any, topic: str, key_columns: Sequence[str],
-                    cells: Mapping[str, Sequence[Any]]) -> tuple[Any, dict[str, str]]:
-        """The user table of ``topic``, created or widened for ``cells``; its column kinds."""
+    def _held(self, conn: Any, name: str, lock: bool = False) -> dict[str, _Column] | None:
+        """The columns of table ``name`` (``None``: no such table); ``lock``: first lock it
+        against table changes until the transaction ends."""
+        import sqlalchemy as sa
+
+        inspector = sa.inspect(conn)
+        if not inspector.has_table(name):
+            return None
+        if lock and conn.dialect.name == "postgresql":
+            conn.execute(sa.text(f"LOCK TABLE {_quoted(conn, name)} IN ROW EXCLUSIVE MODE"))
+        return {column["name"]: _column(column["name"], column["type"], conn.dialect)
+                for column in inspector.get_columns(name)}
+
+    def _plan(self, conn: Any, topic: str, held: Mapping[str, _Column] | None,
+              key_columns: Sequence[str], cells: Mapping[str, Sequence[Any]]
+              ) -> tuple[dict[str, Any], list[str]]:
+        """What the table needs for a batch whose rows hold ``cells``: the columns to add
+        (with their types) and the held columns to widen to TEXT."""
+        import sqlalchemy as sa
+
+        declared, newest = self._declared(topic, conn.dialect, key_columns)
+        adds: dict[str, Any] = {}
+        widen: list[str] = []
+        for name in dict.fromkeys([*newest, *cells, *key_columns]):
+            values = cells.get(name, ())
+            column = (held or {}).get(name)
+            if column is None:
+                wanted = declared[name] if name in declared else _value_type(values)
+                fits = all(map(_column(name, wanted, conn.dialect).fits, values))
+                adds[name] = wanted if fits else sa.Text()
+            elif not (column.holds(declared.get(name), conn.dialect)
+                      and all(map(column.fits, values))):
+                widen.append(name)
+        return adds, widen
+
+    def _reshape(self, topic: str, key_columns: Sequence[str],
+                 cells: Mapping[str, Sequence[Any]]) -> None:
+        """Create or change the table of ``topic`` for a batch (one transaction)."""
         import sqlalchemy as sa
 
         name = self._table_name(topic)
-        kinds = self._load_kinds(conn, topic, name)
-        if not kinds or any(column not in kinds for column in cells):
-            self._ddl_lock(conn, name)  # then look again: another writer may have changed it
-            kinds = self._load_kinds(conn, topic, name)
-        types = _sql_types()
-        if not kinds:
-            kinds = {column: _kind_of(values) for column, values in cells.items()}
-            for column in key_columns:
-                kinds.setdefault(column, "string")
-            columns = [sa.Column(column, types[kind], primary_key=column in key_columns)
-                       for column, kind in kinds.items()]
-            with _created_by_another_is_fine():
-                sa.Table(name, sa.MetaData(), *columns).create(conn, checkfirst=True)
-            kinds = self._load_kinds(conn, topic, name) or kinds
-        else:
-            for column, values in cells.items():
-                held = kinds.get(column)
-                if held is None:
-                    kinds[column] = _kind_of(values)
-                    declared = types[kinds[column]].compile(dialect=conn.dialect)
-                    conn.execute(sa.text(f'ALTER TABLE "{name}" ADD COLUMN "{column}" '
-                                         f"{declared}"))
-                elif held != "string" and not all(_fits(held, v) for v in values):
-                    self._widen(conn, name, column)
-                    kinds[column] = "string"
-        self._kinds[topic] = kinds
+        with self.engine.begin() as conn:
+            self._ddl_lock(conn, name)
+            if conn.dialect.name == "sqlite":  # take the write lock before looking
+                conn.execute(sa.text(f"DELETE FROM {ROWS} WHERE 1 = 0"))
+            held = self._held(conn, name)
+            adds, widen = self._plan(conn, topic, held, key_columns, cells)
+            self._check_names(conn.dialect, name, list(adds))
+            if held is None:
+                self._create(conn, name, adds, key_columns)
+                return
+            for column, sqltype in adds.items():
+                conn.execute(sa.text(f"ALTER TABLE {_quoted(conn, name)} ADD COLUMN "
+                                     f"{_quoted(conn, column)} "
+                                     f"{sqltype.compile(dialect=conn.dialect)}"))
+            if widen and conn.dialect.name == "postgresql":
+                self._widen(conn, name, [held[column] for column in widen])
+            elif widen:
+                self._rebuild(conn, name, held, widen)
+
+    @staticmethod
+    def _create(conn: Any, name: str, columns: Mapping[str, Any],
+                key_columns: Sequence[str]) -> None:
+        import sqlalchemy as sa
+
         table = sa.Table(name, sa.MetaData(), *[
-            sa.Column(column, types[kind], primary_key=column in key_columns)
-            for column, kind in kinds.items()])
-        return table, kinds
+            sa.Column(column, sqltype, primary_key=column in key_columns, autoincrement=False)
+            for column, sqltype in columns.items()])
+        with _created_by_another_is_fine():
+            table.create(conn, checkfirst=True)
 
     @staticmethod
     def _ddl_lock(conn: Any, name: str) -> None:
@@ -234,38 +712,65 @@ class SqlSink(Sink):
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"),
                          {"k": zlib.crc32(name.encode())})
 
-    def _load_kinds(self, conn: Any, topic: str, name: str) -> dict[str, str]:
+    @staticmethod
+    def _widen(conn: Any, name: str, columns: Sequence[_Column]) -> None:
+        """PostgreSQL: ``columns`` become TEXT holding the canonical text of their values."""
         import sqlalchemy as sa
 
-        inspector = sa.inspect(conn)
-        if not inspector.has_table(name):
-            return {}
-        kinds: dict[str, str] = {}
-        for column in inspector.get_columns(name):
-            kind = column["type"]
-            kinds[column["name"]] = ("bool" if isinstance(kind, sa.Boolean) else
-                                     "int64" if isinstance(kind, sa.Integer) else
-                                     "float64" if isinstance(kind, sa.Float) else "string")
-        return kinds
+        table = _quoted(conn, name)
+        for column in columns:
+            quoted = _quoted(conn, column.name)
+            using = (f"translate(encode({quoted}, 'base64'), chr(10), '')"
+                     if column.kind == "bytes" else f"CAST({quoted} AS TEXT)")
+            conn.execute(sa.text(f"ALTER TABLE {table} ALTER COLUMN {quoted} TYPE TEXT "
+                                 f"USING {using}"))
+            if column.kind not in _REWRITTEN:
+                continue  # PostgreSQL's text is the JSON form's already
+            held = conn.execute(sa.text(f"SELECT CAST(ctid AS TEXT), {quoted} FROM {table} "
+                                        f"WHERE {quoted} IS NOT NULL")).all()
+            changed = [{"r": row, "v": text} for row, value in held
+                       if (text := column.from_db(value)) != value]
+            if changed:
+                conn.execute(sa.text(f"UPDATE {table} SET {quoted} = :v "
+                                     "WHERE ctid = CAST(:r AS tid)"), changed)
 
-    def _widen(self, conn: Any, name: str, column: str) -> None:
-        """``column`` becomes text holding the canonical text of every value it held."""
+    def _rebuild(self, conn: Any, name: str, held: Mapping[str, _Column],
+                 widen: Sequence[str]) -> None:
+        """SQLite (no ALTER COLUMN): the table rebuilt with ``widen`` as TEXT holding the
+        canonical text of their values."""
         import sqlalchemy as sa
 
-        rows = conn.execute(sa.text(f'SELECT rowid, "{column}" FROM "{name}"')).all() \
-            if self._sqlite else None
-        if self._sqlite:
-            # SQLite keeps any value in any column: rewrite the values as text
-            for rowid, value in rows or []:
-                if value is not None:
-                    conn.execute(sa.text(f'UPDATE "{name}" SET "{column}" = :v WHERE rowid = :r'),
-                                 {"v": cell_text(value), "r": rowid})
-            return
-        conn.execute(sa.text(f'ALTER TABLE "{name}" ALTER COLUMN "{column}" TYPE TEXT '
-                             f'USING "{column}"::text'))
+        spare = f"{name}__cdc_widen"
+        keys = sa.inspect(conn).get_pk_constraint(name)["constrained_columns"]
+        conn.execute(sa.text(f"DROP TABLE IF EXISTS {_quoted(conn, spare)}"))
+        self._create(conn, spare, {column: sa.Text() if column in widen else held[column].type
+                                   for column in held}, keys)
+        names = ", ".join(_quoted(conn, column) for column in held)
+        rows = conn.execute(sa.text(f"SELECT {names} FROM {_quoted(conn, name)}")).all()
+        values = [{f"p{i}": held[column].from_db(value) if column in widen and value is not None
+                   else value for i, (column, value) in enumerate(zip(held, row, strict=True))}
+                  for row in rows]
+        if values:
+            binds = ", ".join(f":p{i}" for i in range(len(held)))
+            conn.execute(sa.text(f"INSERT INTO {_quoted(conn, spare)} ({names}) "
+                                 f"VALUES ({binds})"), values)
+        conn.execute(sa.text(f"DROP TABLE {_quoted(conn, name)}"))
+        conn.execute(sa.text(f"ALTER TABLE {_quoted(conn, spare)} RENAME TO "
+                             f"{_quoted(conn, name)}"))
 
     # -------------------------------------------------------------------------- apply
     def apply(self, changes: Sequence[Change]) -> ApplyStats:
+        import sqlalchemy as sa
+
+        try:
+            return self._apply(changes)
+        except sa.exc.DBAPIError as exc:  # never the statement or its parameters: row data
+            first = str(exc.orig).strip().splitlines()[0] if exc.orig else type(exc).__name__
+            raise SqlSinkError(f"follower {self.name}: writing a batch failed: {first}",
+                               "check the database (up, writable, not out of space); the "
+                               "batch is replayed when `cdc apply` restarts") from None
+
+    def _apply(self, changes: Sequence[Change]) -> ApplyStats:
         stats = ApplyStats()
         by_topic: dict[str, list[Change]] = {}
         for change in changes:
@@ -284,22 +789,45 @@ class SqlSink(Sink):
             seen = newest.get(change.key)
             if seen is None or change.position > seen.position:
                 newest[change.key] = change
-        stats = ApplyStats(skipped=len(batch) - len(newest))
+        for _ in range(_RESHAPES):
+            try:
+                stats = self._apply_newest(topic, list(newest.values()))
+            except _Reshape as need:  # the batch was rolled back: change the table, go again
+                self._reshape(topic, *need.args)
+                continue
+            stats.skipped += len(batch) - len(newest)
+            return stats
+        raise SqlSinkError(f"follower {self.name}: table {self._table_name(topic)} was changed "
+                           f"under {_RESHAPES} attempts in a row to write one batch",
+                           "run the command again; report it if it keeps happening")
+
+    def _apply_newest(self, topic: str, newest: Sequence[Change]) -> ApplyStats:
+        """One transaction: the gate, then the won keys' rows (:class:`_Reshape` when the
+        table must be created or changed first)."""
+        stats = ApplyStats()
         with self.engine.begin() as conn:
-            won = self._gate(conn, topic, list(newest.values()))
-            stats.skipped += len(newest) - len(won)
-            upserts = [newest[key] for key in won if newest[key].row is not None]
-            deletes = [newest[key] for key in won if newest[key].row is None]
-            key_columns = list(json.loads(next(iter(newest))).keys()) if newest else []
+            won = set(self._gate(conn, topic, newest))
+            stats.skipped = len(newest) - len(won)
+            upserts = [c for c in newest if c.key in won and c.row is not None]
+            deletes = [c for c in newest if c.key in won and c.row is None]
             if upserts or deletes:
-                cells = {column: [c.row.get(column) for c in upserts]  # type: ignore[union-attr]
-                         for column in dict.fromkeys(col for c in upserts
-                                                     for col in c.row)}  # type: ignore[union-attr]
-                table, kinds = self._user_table(conn, topic, key_columns, cells)
-                self._write(conn, table, kinds, key_columns, upserts, deletes)
-            stats.written += len(upserts)
-            stats.deleted += len(deletes)
+                self._write_won(conn, topic, upserts, deletes)
+            stats.written, stats.deleted = len(upserts), len(deletes)
         return stats
+
+    def _write_won(self, conn: Any, topic: str, upserts: Sequence[Change],
+                   deletes: Sequence[Change]) -> None:
+        key_columns = list(json.loads((upserts or deletes)[0].key))
+        cells = {column: [c.row.get(column) for c in upserts]  # type: ignore[union-attr]
+                 for column in dict.fromkeys(col for c in upserts
+                                             for col in c.row)}  # type: ignore[union-attr]
+        name = self._table_name(topic)
+        held = self._held(conn, name, lock=True)
+        if held is None and not upserts:
+            return  # deletes of rows never written: the side table remembers them
+        if held is None or any(self._plan(conn, topic, held, key_columns, cells)):
+            raise _Reshape(key_columns, cells)
+        self._write(conn, name, held, key_columns, upserts, deletes)
 
     def _gate(self, conn: Any, topic: str, changes: Sequence[Change]) -> list[str]:
         """The keys of ``changes`` whose positions are newer than what the side table holds,
@@ -317,35 +845,44 @@ class SqlSink(Sink):
             raise SqlSinkError(f"follower {self.name}: the {dialect} dialect is not supported "
                                "yet", "use PostgreSQL or SQLite")
         now = int(time.time() * 1000)
-        values = [{"tbl": topic, "key": c.key, "position": c.position.hex(),
-                   "deleted": c.row is None, "at_ms": now} for c in changes]
-        statement: Any = insert(rows).values(values)
-        statement = statement.on_conflict_do_update(
-            index_elements=[rows.c.tbl, rows.c.key],
-            set_={"position": statement.excluded.position, "deleted": statement.excluded.deleted,
-                  "at_ms": statement.excluded.at_ms},
-            where=rows.c.position < statement.excluded.position).returning(rows.c.key)
-        return [str(row[0]) for row in conn.execute(statement)]
+        won: list[str] = []
+        # one multi-row statement per GATE_ROWS changes: 5 parameters a row stay under the
+        # drivers' limits (PostgreSQL 65,535 per statement; SQLite 32,766)
+        for start in range(0, len(changes), GATE_ROWS):
+            values = [{"tbl": topic, "key": c.key, "position": c.position.hex(),
+                       "deleted": c.row is None, "at_ms": now}
+                      for c in changes[start:start + GATE_ROWS]]
+            statement: Any = insert(rows).values(values)
+            statement = statement.on_conflict_do_update(
+                index_elements=[rows.c.tbl, rows.c.key],
+                set_={"position": statement.excluded.position,
+                      "deleted": statement.excluded.deleted, "at_ms": statement.excluded.at_ms},
+                where=rows.c.position < statement.excluded.position).returning(rows.c.key)
+            won.extend(str(row[0]) for row in conn.execute(statement))
+        return won
 
-    def _write(self, conn: Any, table: Any, kinds: Mapping[str, str], key_columns: Sequence[str],
+    @staticmethod
+    def _write(conn: Any, name: str, held: Mapping[str, _Column], key_columns: Sequence[str],
                upserts: Sequence[Change], deletes: Sequence[Change]) -> None:
+        """Delete the rows of every won key, then insert the upserts' whole rows (columns a
+        row lacks are NULL)."""
         import sqlalchemy as sa
 
-        for change in deletes:
-            key = json.loads(change.key)
-            conn.execute(sa.delete(table).where(*[
-                table.c[column] == _cell(kinds.get(column, "string"), key[column])
-                for column in key_columns]))
+        table = _quoted(conn, name)
+        keys = [held[column] for column in key_columns]
+        where = " AND ".join(f"{_quoted(conn, c.name)} = {c.bind(f'k{i}')}"
+                             for i, c in enumerate(keys))
+        doomed = [json.loads(change.key) for change in (*deletes, *upserts)]
+        conn.execute(sa.text(f"DELETE FROM {table} WHERE {where}"), [
+            {f"k{i}": c.to_db(key[c.name]) for i, c in enumerate(keys)} for key in doomed])
         if not upserts:
             return
-        for change in upserts:  # the whole row: columns it lacks become NULL
-            key = json.loads(change.key)
-            conn.execute(sa.delete(table).where(*[
-                table.c[column] == _cell(kinds.get(column, "string"), key[column])
-                for column in key_columns]))
-        rows = [{column: _cell(kind, change.row.get(column))  # type: ignore[union-attr]
-                 for column, kind in kinds.items()} for change in upserts]
-        conn.execute(sa.insert(table), rows)
+        columns = list(held.values())
+        names = ", ".join(_quoted(conn, c.name) for c in columns)
+        binds = ", ".join(c.bind(f"p{i}") for i, c in enumerate(columns))
+        conn.execute(sa.text(f"INSERT INTO {table} ({names}) VALUES ({binds})"), [
+            {f"p{i}": c.to_db(change.row.get(c.name))  # type: ignore[union-attr]
+             for i, c in enumerate(columns)} for change in upserts])
 
     # ----------------------------------------------------------------------- watermarks
     def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:
@@ -381,17 +918,24 @@ class SqlSink(Sink):
         name = self._table_name(topic)
         out: dict[str, dict[str, str]] = {}
         with self.engine.connect() as conn:
-            kinds = self._load_kinds(conn, topic, name)
-            if not kinds:
+            held = self._held(conn, name)
+            if not held:
                 return {}
-            table = sa.Table(name, sa.MetaData(), *[sa.Column(c) for c in kinds])
+            columns = list(held.values())
+            select = (f"SELECT {', '.join(c.select(_quoted(conn, c.name)) for c in columns)} "
+                      f"FROM {_quoted(conn, name)} WHERE ")
             for key in keys:
                 parsed = json.loads(key)
-                row = conn.execute(sa.select(table).where(*[
-                    table.c[column] == _cell(kinds.get(column, "string"), value)
-                    for column, value in parsed.items()])).mappings().first()
+                if any(column not in held for column in parsed):
+                    continue
+                where = " AND ".join(f"{_quoted(conn, column)} = {held[column].bind(f'k{i}')}"
+                                     for i, column in enumerate(parsed))
+                row = conn.execute(sa.text(select + where), {
+                    f"k{i}": held[column].to_db(value)
+                    for i, (column, value) in enumerate(parsed.items())}).first()
                 if row is not None:
-                    out[key] = {column: cell_text(value) for column, value in row.items()
+                    out[key] = {c.name: c.from_db(value)
+                                for c, value in zip(columns, row, strict=True)
                                 if value is not None}
         return out
 

@@ -15,9 +15,11 @@ directory — a crash leaves the old file or the new one, never a torn one.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,13 @@ class WatermarkFile:
         return dict(held["offset"])
 
     def advance(self, source: str, offset: Mapping[str, Any]) -> None:
-        """Store ``offset`` for ``source`` unless the stored one orders after it."""
+        """Store ``offset`` for ``source`` unless the stored one orders after it. Several
+        writers may share the file (a follower and the views it holds, in threads or
+        processes): the read-modify-write holds a lock, so none loses another's entry."""
+        with _locked(self.path):
+            self._advance(source, offset)
+
+    def _advance(self, source: str, offset: Mapping[str, Any]) -> None:
         from cdc.offsets import offset_order
 
         order = list(offset_order(offset))
@@ -76,11 +84,30 @@ class WatermarkFile:
                              "permissions; the batch is replayed on restart") from None
 
 
+_THREAD_LOCKS: dict[Path, threading.Lock] = {}
+_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """This thread alone, and this process alone (``flock`` on ``<file>.lock``), for ``path``."""
+    with _GUARD:
+        lock = _THREAD_LOCKS.setdefault(path, threading.Lock())
+    with lock:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(handle)
+
+
 def replace_file(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically and durably: a temp file beside it, fsync, rename
     over ``path``, fsync of the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(temp, "w", encoding="utf-8") as handle:
             handle.write(text)
