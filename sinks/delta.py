@@ -541,15 +541,10 @@ class DeltaSink(Sink):
         return state
 
     def _schema_store(self) -> SchemaRegistry | None:
-        if self.log_settings is None:
-            return None
         if self._store is None:
-            from cdc.log.open import reader_from
+            from cdc.log.open import schema_store_from
 
-            reader = reader_from(self.log_settings, missing_ok=True)
-            if reader is None:
-                return None
-            self._store = reader.schemas()
+            self._store = schema_store_from(self.log_settings)
         return self._store
 
     def declared_columns(self, topic: str) -> tuple[dict[str, Kind], list[str]]:

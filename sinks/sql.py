@@ -579,15 +579,10 @@ class SqlSink(Sink):
 
     # ------------------------------------------------------------------------ schemas
     def _schema_store(self) -> Any:
-        if self.log_settings is None:
-            return None
         if self._store is None:
-            from cdc.log.open import reader_from
+            from cdc.log.open import schema_store_from
 
-            reader = reader_from(self.log_settings, missing_ok=True)
-            if reader is None:
-                return None
-            self._store = reader.schemas()
+            self._store = schema_store_from(self.log_settings)
         return self._store
 
     def _declared(self, topic: str, dialect: Any, key_columns: Sequence[str]

@@ -77,10 +77,9 @@ def _fault_point(changes: int) -> None:
 
 def schema_store(config: Config) -> Any:
     """The log's schema store (``None`` when there is no log yet)."""
-    from cdc.log.open import log_settings, reader_from
+    from cdc.log.open import log_settings, schema_store_from
 
-    reader = reader_from(log_settings(config), missing_ok=True)
-    return None if reader is None else reader.schemas()
+    return schema_store_from(log_settings(config))
 
 
 def declared_columns(store: Any, source: str, table: TableId) -> list[tuple[str, str]] | None:

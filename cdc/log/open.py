@@ -55,6 +55,14 @@ def open_reader(config: Config, missing_ok: bool = False) -> ChangeLogReader | N
     return reader_from(log_settings(config), missing_ok)
 
 
+def schema_store_from(settings: dict[str, Any] | None) -> Any:
+    """The schema store of the log of ``settings`` (``None``: no settings, or no log yet)."""
+    if settings is None:
+        return None
+    reader = reader_from(settings, missing_ok=True)
+    return None if reader is None else reader.schemas()
+
+
 def reader_from(settings: dict[str, Any], missing_ok: bool = False) -> ChangeLogReader | None:
     log = _config_of(settings)
     if log.backend == "kafka":
