@@ -73,6 +73,13 @@ POSITION_HEADER = "cdc.position"
 _CLIENT_LOG = logging.getLogger("cdc.kafka.client")
 
 
+#: answers to a watermark read that a moment later are different (leader elections)
+_TRANSIENT_READS = frozenset({
+    KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError._ALL_BROKERS_DOWN})
+
+
 class _QuietClient(logging.Filter):
     """librdkafka repeats itself while brokers are down (a line per connection attempt per
     client): one line per kind of message per :attr:`every` seconds, the rest dropped; its
@@ -287,16 +294,26 @@ class KafkaChangeLogReader(ChangeLogReader):
             return snap
 
     def _high(self, kafka_name: str, partition: int) -> int | None:
-        """The partition's last stable offset (read_committed end); None if no such topic."""
-        try:
-            _, high = self._reader().get_watermark_offsets(
-                TopicPartition(kafka_name, partition), timeout=TIMEOUT, cached=False)
-        except KafkaException as exc:
-            code = exc.args[0].code() if exc.args else None
-            if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
-                        KafkaError._UNKNOWN_TOPIC):
-                return None
-            raise self._read_failure(f"reading the end of {kafka_name}", exc) from None
+        """The partition's last stable offset (read_committed end); None if no such topic.
+        Asked again for up to :data:`ADMIN_DEADLINE` s while the answer is transient (a new
+        partition leader whose high watermark has not caught up after an election,
+        ``OFFSET_NOT_AVAILABLE``; no leader yet; a timeout)."""
+        deadline = time.monotonic() + ADMIN_DEADLINE
+        while True:
+            try:
+                _, high = self._reader().get_watermark_offsets(
+                    TopicPartition(kafka_name, partition), timeout=TIMEOUT, cached=False)
+                break
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                code = error.code() if error is not None else None
+                if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+                            KafkaError._UNKNOWN_TOPIC):
+                    return None
+                transient = code in _TRANSIENT_READS or bool(error and error.retriable())
+                if not transient or time.monotonic() > deadline:
+                    raise self._read_failure(f"reading the end of {kafka_name}", exc) from None
+                time.sleep(0.25)
         return int(high)
 
     def _read_failure(self, action: str, error: Any) -> LogError:
