@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test lint bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka clean
+.PHONY: setup demo test lint bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -49,6 +49,11 @@ bench-apply-variants: setup
 bench-apply-tables: setup
 	$(PY) bench/apply.py --follower delta $(BENCH_ARGS)
 	$(PY) bench/apply.py --follower search $(BENCH_ARGS)
+
+# views: incremental maintenance vs recomputing the SQL in Spark (2M orders x 100k customers,
+# 50,000 changes), and the SQL follower's changes/s into PostgreSQL
+bench-views: setup
+	$(PY) bench/views.py $(BENCH_ARGS)
 
 # The Kafka log: KafkaChangeLog.append vs Kafka's own ProducerPerformance on one throwaway broker,
 # and cdc capture of PostgreSQL into Kafka vs into the local log (Java 17, the jars `setup` fetches)
