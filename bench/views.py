@@ -204,10 +204,8 @@ def write_config(env: BenchEnv, settings: dict[str, Any], followers: dict[str, A
 
 def spark_recompute(env: BenchEnv, base: Path, out: Path) -> Any:
     """The view's SQL in Spark over the base tables' Delta follower, written over ``out``."""
-    import sqlglot
-    from sqlglot import exp
-
     from sinks.delta import table_dir
+    from spark_apply.views_check import spark_sql, temp_view_name
 
     spark = env.spark
     casts = {"orders": "CAST(id AS BIGINT) AS id, CAST(customer_id AS BIGINT) AS customer_id, "
@@ -216,12 +214,8 @@ def spark_recompute(env: BenchEnv, base: Path, out: Path) -> Any:
     for table, columns in casts.items():
         path = table_dir(base, f"{SOURCE}.public.{table}")
         spark.sql(f"SELECT {columns} FROM delta.`{path}` WHERE NOT _cdc_deleted") \
-            .createOrReplaceTempView(f"bench_{table}")
-    tree = sqlglot.parse_one(SQL, read="postgres")
-    for node in list(tree.find_all(exp.Table)):
-        node.replace(exp.Table(this=exp.to_identifier(f"bench_{node.name}"),
-                               alias=exp.TableAlias(this=exp.to_identifier(node.alias))))
-    frame = spark.sql(tree.sql(dialect="spark"))
+            .createOrReplaceTempView(temp_view_name(TableId("public", table)))
+    frame = spark.sql(spark_sql(SQL, "postgres"))
     frame.write.format("delta").mode("overwrite").save(str(out))
     return frame
 

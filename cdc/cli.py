@@ -101,6 +101,7 @@ def _check_views(config: Config, connect: bool, console: Any) -> None:
     from views.check import check_view
 
     leaders: dict[str, Any] = {}
+    spark: Any = None
     try:
         for name, view in config.views.items():
             leader = None
@@ -113,6 +114,13 @@ def _check_views(config: Config, connect: bool, console: Any) -> None:
                 f"[yellow]recomputed whole after each batch[/] ({checked.plan.reason})"
             console.print(f"  view {name} on {view.source} -> {', '.join(view.followers)}: {how}; "
                           f"key {', '.join(view.key)}", highlight=False)
+            if checked.tables:
+                spark = spark or _check_spark()
+                from spark_apply.views_check import check_in_spark
+
+                check_in_spark(spark, name, view.sql, str(config.source(view.source).kind),
+                               checked.tables)
+                checked.checked.append("Spark SQL")
             if checked.checked:
                 console.print(f"    runs: {', '.join(checked.checked)}", highlight=False)
             for note in checked.skipped:
@@ -120,6 +128,15 @@ def _check_views(config: Config, connect: bool, console: Any) -> None:
     finally:
         for leader in leaders.values():
             leader.close()
+        if spark is not None:
+            spark.stop()
+
+
+def _check_spark() -> Any:
+    """A small local SparkSession for analysing views' SQL (no job runs)."""
+    from spark_apply.session import spark_session
+
+    return spark_session(master="local[1]", app_name="cdc check-config")
 
 
 @main.group("log")

@@ -317,14 +317,14 @@ views:
     source: {pg_db.source}
     sql: {json.dumps(EXTREMES)}
     key: [customer_id]
-    followers: [reporting, warehouse]
+    followers: [reporting, warehouse, cache, search]
 """
     config = write_config(tmp_path, pg_db, ["public.customers", "public.orders"], extra=extra)
     assert cdc("bootstrap", "--config", str(config)).returncode == 0
     checked = cdc("check-config", "--config", str(config), "--connect")
     assert checked.returncode == 0, output(checked)
     assert checked.stdout.count("incremental") == 2
-    assert checked.stdout.count("runs: leader EXPLAIN, DuckDB") == 2, output(checked)
+    assert checked.stdout.count("runs: leader EXPLAIN, DuckDB, Spark SQL") == 2, output(checked)
     capture = Capture(config, tmp_path / "capture.log").start()
 
     stalled = tmp_path / "stalled"
@@ -356,7 +356,7 @@ views:
         load.finish()
         assert load.transactions > 50
         wait_caught_up(pg_db, tmp_path / "log")
-        for view, held_by in (("revenue_by_customer", 4), ("order_extremes", 2)):
+        for view, held_by in (("revenue_by_customer", 4), ("order_extremes", 4)):
             verified = cdc("verify", "--config", str(config), "--view", view, "--timeout",
                            "180s", timeout=400)
             assert verified.returncode == 0, output(verified)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from cdc.errors import CdcError
+from cdc.events import TableId
 from cdc.source import Leader
 from views.definition import AFFECTED, IMAGES, KEY_COLUMN, TOUCHED, ViewPlan
 from views.sink import declared_columns, schema_store, view_plan
@@ -32,6 +33,8 @@ class ViewCheck:
     checked: list[str] = field(default_factory=list)
     #: what could not be checked, and why
     skipped: list[str] = field(default_factory=list)
+    #: the base tables' columns and state types (from the log's schemas), once known
+    tables: dict[TableId, list[tuple[str, str]]] = field(default_factory=dict)
 
 
 def check_view(config: Config, name: str, leader: Leader | None) -> ViewCheck:
@@ -52,7 +55,8 @@ def check_view(config: Config, name: str, leader: Leader | None) -> ViewCheck:
         result.skipped.append(f"DuckDB: no schema in the log yet for {', '.join(missing)} "
                               "(run `cdc capture` first)")
         return result
-    _run_on_empty_state(name, plan, {t: c or [] for t, c in tables.items()})
+    result.tables = {t: c or [] for t, c in tables.items()}
+    _run_on_empty_state(name, plan, result.tables)
     result.checked.append("DuckDB")
     return result
 
@@ -87,13 +91,13 @@ def _refuse_case_insensitive(name: str, plan: ViewPlan, leader: Leader) -> None:
 
 
 def _run_on_empty_state(name: str, plan: ViewPlan,
-                        tables: dict[object, list[tuple[str, str]]]) -> None:
+                        tables: dict[TableId, list[tuple[str, str]]]) -> None:
     import duckdb
 
     db = duckdb.connect()
     try:
         for index, (table, columns) in enumerate(tables.items()):
-            schema, table_name = str(table).split(".", 1)
+            schema, table_name = table.schema, table.table
             data = ", ".join(f'"{column}" {kind}' for column, kind in columns)
             db.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"').fetchall()
             db.execute(f'CREATE TABLE "{schema}"."{table_name}" ("{KEY_COLUMN}" VARCHAR, '
