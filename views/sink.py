@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +96,49 @@ def declared_columns(store: Any, source: str, table: TableId) -> list[tuple[str,
     return [(column, duckdb_type(avro)) for column, avro in value_columns(versions[-1].schema)]
 
 
+@dataclass
+class _Shared:
+    """One follower's sink, shared by every view of this process that it holds (a search
+    index has one writer), used under ``lock`` (each view's query is a thread)."""
+
+    sink: Sink
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
+
+
+_SHARED: dict[tuple[str, str], _Shared] = {}
+_SHARED_GUARD = threading.Lock()
+
+
+def _acquire(config: Config, follower: str) -> _Shared:
+    """The shared sink of ``follower`` holding every view of ``config`` it holds."""
+    from sinks import open_sink
+
+    key = (str(config.log_path), follower)
+    with _SHARED_GUARD:
+        shared = _SHARED.get(key)
+        if shared is None:
+            holds: dict[str, tuple[str, TableId]] = {}
+            for name, view in config.views.items():
+                if follower in view.followers:
+                    holds.update(view_holds(view.source, name))
+            shared = _SHARED[key] = _Shared(open_sink(config, follower, holds))
+        shared.users += 1
+        return shared
+
+
+def _release(config: Config, follower: str) -> None:
+    key = (str(config.log_path), follower)
+    with _SHARED_GUARD:
+        shared = _SHARED.get(key)
+        if shared is None:
+            return
+        shared.users -= 1
+        if shared.users <= 0:
+            del _SHARED[key]
+            shared.sink.close()
+
+
 class ViewSink(Sink):
     """View ``name`` of ``config``: its state, its followers' sinks."""
 
@@ -103,8 +148,6 @@ class ViewSink(Sink):
     whole_batch = True
 
     def __init__(self, config: Config, name: str) -> None:
-        from sinks import open_sink
-
         self.name = name
         self.config = config
         self.view = config.views[name]
@@ -113,16 +156,17 @@ class ViewSink(Sink):
         self.topics = {topic_name(self.view.source, table): table for table in self.plan.tables}
         #: the topics the view's query reads (``cdc apply`` passes only these ranges)
         self.read_topics = sorted(self.topics)
-        holds = view_holds(self.view.source, name)
-        self.targets: dict[str, Sink] = {
-            follower: open_sink(config, follower, holds) for follower in self.view.followers}
+        self._shared = {follower: _acquire(config, follower) for follower in self.view.followers}
+        self.targets: dict[str, Sink] = {follower: shared.sink
+                                         for follower, shared in self._shared.items()}
         self._state: ViewState | None = None
         self._store: Any = None
 
     # ------------------------------------------------------------------------- set-up
     def check(self) -> None:
-        for target in self.targets.values():
-            target.check()
+        for shared in self._shared.values():
+            with shared.lock:
+                shared.sink.check()
         path = self.config.view_state(self.name)
         commits = self.config.follower_checkpoint(self.name) / "commits"
         if not path.exists() and commits.is_dir() and any(commits.iterdir()):
@@ -185,9 +229,10 @@ class ViewSink(Sink):
         if not pending:
             return
         changes = [self._change(item) for item in pending]
-        for target in self.targets.values():
-            target.refresh()
-            target.apply(changes)
+        for shared in self._shared.values():
+            with shared.lock:
+                shared.sink.refresh()
+                shared.sink.apply(changes)
         state.drained()
 
     def _change(self, item: ViewChange) -> Change:
@@ -199,8 +244,9 @@ class ViewSink(Sink):
     def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:
         if source != self.view.source:
             return
-        for target in self.targets.values():
-            target.set_watermark(watermark_name(self.name), offset)
+        for shared in self._shared.values():
+            with shared.lock:
+                shared.sink.set_watermark(watermark_name(self.name), offset)
         self.state.set_meta("watermark", json.dumps(dict(offset)))
 
     def watermark(self, source: str) -> dict[str, Any] | None:
@@ -216,8 +262,9 @@ class ViewSink(Sink):
         return iter(sorted(self.state.rows()))
 
     def close(self) -> None:
-        for target in self.targets.values():
-            target.close()
+        for follower in self._shared:
+            _release(self.config, follower)
+        self._shared = {}
         if self._state is not None:
             self._state.close()
             self._state = None
