@@ -99,8 +99,6 @@ class ViewPlan:
     #: the lineage and restricted queries (``None`` when ``mode`` is ``recompute``)
     lineage_sql: str | None = None
     restricted_sql: str | None = None
-    #: per LEFT-joined reference: the join columns of its table (for the images)
-    join_columns: dict[int, list[str]] = field(default_factory=dict)
     #: each output column's expression (as written)
     outputs: dict[str, exp.Expr] = field(default_factory=dict)
     #: the joins' ON conditions (as written)
@@ -138,8 +136,6 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     plan = ViewPlan(name, "incremental", "", tables, references, columns, list(key), full)
     plan.lineage_sql = _lineage_sql(tree, references, key_exprs, joins)
     plan.restricted_sql = _restricted_sql(tree, references, key_exprs)
-    plan.join_columns = {index: sorted({column for column, _ in pairs})
-                         for index, pairs in joins.items()}
     plan.outputs = _outputs(tree)
     plan.join_conditions = _join_conditions(tree)
     plan.referenced = _referenced(tree, references)

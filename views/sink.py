@@ -157,8 +157,6 @@ class ViewSink(Sink):
         #: the topics the view's query reads (``cdc apply`` passes only these ranges)
         self.read_topics = sorted(self.topics)
         self._shared = {follower: _acquire(config, follower) for follower in self.view.followers}
-        self.targets: dict[str, Sink] = {follower: shared.sink
-                                         for follower, shared in self._shared.items()}
         self._state: ViewState | None = None
         self._store: Any = None
 

@@ -34,7 +34,7 @@ from cdc.errors import CdcError
 from cdc.events import TableId
 from sinks.base import canonical_text
 from views.definition import AFFECTED, IMAGES, KEY_COLUMN, TOUCHED, ViewPlan
-from views.types import approximate, json_form
+from views.types import json_form
 
 POSITION = "_cdc_pos"
 #: above this share of a table's rows touched by one batch, the view is recomputed whole
@@ -386,8 +386,6 @@ class ViewState:
         import pyarrow as pa
 
         names, types, rows = result
-        self.set_meta("approximate", _COMPACT.encode(
-            [name for name, kind in zip(names, types, strict=True) if approximate(kind)]))
         positions = [names.index(column) for column in self.plan.key]
         fresh: dict[str, str] = {}
         for row in rows:
@@ -451,8 +449,6 @@ class ViewState:
         return {self._key_text([row[i] for i in positions]): json.loads(self._encode(names, row))
                 for row in rows}
 
-    def approximate_columns(self) -> list[str]:
-        return list(json.loads(self.meta("approximate") or "[]"))
 
 
 def _cell(value: Any) -> str | None:

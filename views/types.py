@@ -19,7 +19,8 @@ VariableScaleDecimal (unconstrained NUMERIC)           DOUBLE (approximate)
 anything else (text, JSON, uuid, times, arrays, ...)   VARCHAR (the JSON form's text)
 =====================================================  =================================
 
-A view column computed in DOUBLE (or FLOAT) is *approximate*: ``cdc verify --view`` compares
+A view column computed in floating point is *approximate* (``views/definition.py``:
+``approximate_columns``): ``cdc verify --view`` compares
 it with a relative tolerance (:data:`RELATIVE_TOLERANCE`); every other column exactly.
 """
 
@@ -64,11 +65,6 @@ def duckdb_type(avro_type: Any) -> str:
     if single in ("float", "double"):
         return "DOUBLE"
     return "VARCHAR"
-
-
-def approximate(type_name: str) -> bool:
-    """Whether a result column of DuckDB type ``type_name`` is compared with a tolerance."""
-    return type_name.upper() in ("DOUBLE", "FLOAT", "REAL")
 
 
 def json_form(value: Any) -> Any:

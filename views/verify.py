@@ -139,7 +139,7 @@ def verify_view(config: Config, name: str, follower: str, sink: Sink, console: C
     marked = _ViewWatermark(sink, name, view.source)
     leader = connector_for(config.source(view.source)).leader()
     try:
-        rows, held = _round(config, leader, marked, view.sql, plan.key, timeout, console, result)
+        rows = _round(config, leader, marked, view.sql, plan.key, timeout, console, result)
         keys = list(rows)
         differing: list[Difference] = []
         for start in range(0, len(keys), chunk_size):
@@ -153,8 +153,7 @@ def verify_view(config: Config, name: str, follower: str, sink: Sink, console: C
         previous: list[Difference] | None = None
         while differing and differing != previous and result.rounds < rounds:
             previous = differing
-            rows, _ = _round(config, leader, marked, view.sql, plan.key, timeout, console,
-                             result)
+            rows = _round(config, leader, marked, view.sql, plan.key, timeout, console, result)
             recheck = [difference.key for difference in differing]
             differing = _differences(rows, sink.read(topic, recheck), recheck,
                                      result.approximate)
@@ -166,7 +165,7 @@ def verify_view(config: Config, name: str, follower: str, sink: Sink, console: C
 
 def _round(config: Config, leader: Leader, sink: Sink, sql: str, key: Sequence[str],
            timeout: float, console: Console, result: ViewVerifyResult
-           ) -> tuple[dict[str, dict[str, Any]], None]:
+           ) -> dict[str, dict[str, Any]]:
     """Mark, wait for the follower, run the SQL on the leader."""
     target = leader.target()
     began = time.monotonic()
@@ -176,7 +175,7 @@ def _round(config: Config, leader: Leader, sink: Sink, sql: str, key: Sequence[s
     rows = leader_view(leader, sql, key)
     result.leader_seconds += time.monotonic() - began
     result.rounds += 1
-    return rows, None
+    return rows
 
 
 def _double_columns(config: Config, name: str) -> dict[str, set[str]]:
