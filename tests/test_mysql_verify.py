@@ -251,3 +251,49 @@ def test_verify_mariadb_follower_equal_then_different_then_capture_behind(
     assert behind.returncode == 3, output(behind)
     assert "capture is behind" in behind.stderr and "cdc capture" in behind.stderr
     print(f"\nverify end to end: {time.monotonic() - started:.1f} s")
+
+
+def test_check_config_refuses_views_grouping_or_joining_on_case_insensitive_text(
+        tmp_path: Path, mysql_db: MyDatabase) -> None:
+    """MariaDB's ``_ci`` collations make 'Ann' and 'ann ' one group on the leader and two in a
+    follower: ``check-config --connect`` refuses a view grouping, keying or joining on such a
+    column, names it and the fix, and passes the same view once the column is ``_bin``."""
+    mysql_db.execute("CREATE TABLE tag (id int PRIMARY KEY, "
+                     "label varchar(20) COLLATE utf8mb4_general_ci, code varchar(8) "
+                     "COLLATE utf8mb4_bin) CHARACTER SET utf8mb4")
+    mysql_db.execute("CREATE TABLE note (id int PRIMARY KEY, tag_code varchar(8) "
+                     "COLLATE utf8mb4_bin, tag_label varchar(20) COLLATE utf8mb4_general_ci)")
+    mysql_db.execute("INSERT INTO tag VALUES (1, 'Ann', 'a'), (2, 'ann ', 'b')")
+    # the leader's own answer: one group where a follower comparing bytes has two
+    assert mysql_db.execute(f"SELECT count(DISTINCT label) FROM {mysql_db.table('tag')}") == \
+        [(1,)]
+    db = mysql_db.name
+    views = {
+        "by_label": (f"SELECT t.label, count(*) AS n FROM {db}.tag t GROUP BY t.label",
+                     "label", f"{db}.tag.label"),
+        "joined": (f"SELECT n.id, t.code FROM {db}.note n JOIN {db}.tag t "
+                   "ON n.tag_label = t.label", "id", f"{db}.note.tag_label, {db}.tag.label"),
+        "by_code": (f"SELECT t.code, count(*) AS n FROM {db}.tag t GROUP BY t.code", "code",
+                    None),
+    }
+    for name, (sql, key, loose) in views.items():
+        extra = (f"followers:\n  reporting:\n    kind: sql\n    url: sqlite:///{tmp_path}/r.db\n"
+                 f"views:\n  {name}:\n    source: {mysql_db.source}\n    sql: {sql}\n"
+                 f"    key: [{key}]\n    followers: [reporting]\n")
+        config = write_config(tmp_path, mysql_db, ["tag", "note"], extra=extra)
+        checked = cdc("check-config", "--config", str(config), "--connect")
+        if loose is None:
+            assert checked.returncode == 0, output(checked)
+            assert "leader EXPLAIN" in checked.stdout, output(checked)
+            continue
+        assert checked.returncode != 0, output(checked)
+        assert f"case-insensitive text ({loose})" in checked.stderr, output(checked)
+        assert "COLLATE utf8mb4_bin" in checked.stderr and "Traceback" not in checked.stderr
+    mysql_db.execute("ALTER TABLE tag MODIFY label varchar(20) COLLATE utf8mb4_bin")
+    sql, key, _ = views["by_label"]
+    extra = (f"followers:\n  reporting:\n    kind: sql\n    url: sqlite:///{tmp_path}/r.db\n"
+             f"views:\n  by_label:\n    source: {mysql_db.source}\n    sql: {sql}\n"
+             f"    key: [{key}]\n    followers: [reporting]\n")
+    config = write_config(tmp_path, mysql_db, ["tag", "note"], extra=extra)
+    passed = cdc("check-config", "--config", str(config), "--connect")
+    assert passed.returncode == 0, output(passed)

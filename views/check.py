@@ -86,8 +86,8 @@ def _refuse_case_insensitive(name: str, plan: ViewPlan, leader: Leader) -> None:
         raise ViewCheckError(
             f"view {name} groups, keys or joins on case-insensitive text ({', '.join(loose)}): "
             "the leader treats 'A' and 'a' as one value, followers do not",
-            f"use a binary or _bin collation for those columns, or wrap them in LOWER(...) in "
-            f"views.{name}.sql")
+            "give those columns a binary collation on the leader (ALTER TABLE ... MODIFY "
+            "column ... COLLATE utf8mb4_bin), so both compare bytes")
 
 
 def _run_on_empty_state(name: str, plan: ViewPlan,
