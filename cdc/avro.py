@@ -119,6 +119,8 @@ def _fields(columns: tuple[Column, ...]) -> list[dict[str, Any]]:
             field["type"] = avro_type
         if name != column.name:
             field["cdc.column"] = column.name
+        if column.transform:
+            field["cdc.transform"] = column.transform
         out.append(field)
     return out
 

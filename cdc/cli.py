@@ -288,8 +288,47 @@ def _setup_logging() -> None:
                         format="%(asctime)s %(levelname)s %(message)s")
 
 
+def _capture_metrics(config: Config, sources: list[Any], port: int | None) -> Any:
+    """The capture's metrics, served on ``port`` (else ``metrics.capture_port``); None when
+    neither is set. A port that is taken is refused here, before the log is opened."""
+    port = port if port is not None else config.metrics.capture_port
+    if port is None:
+        return None
+    import logging
+
+    from cdc.metrics import CaptureMetrics
+
+    metrics = CaptureMetrics(config, sources)
+    metrics.start(port, "--metrics-port PORT, or metrics.capture_port in the config")
+    logging.getLogger("cdc.metrics").info("metrics at http://%s:%d/metrics",
+                                          config.metrics.address, port)
+    return metrics
+
+
+def _apply_metrics(config: Config, names: list[str], port: int | None) -> Any:
+    """``cdc apply``'s metrics, served on ``port`` (else ``metrics.apply_port``), or None."""
+    port = port if port is not None else config.metrics.apply_port
+    if port is None:
+        return None
+    from cdc.metrics import ApplyMetrics
+    from spark_apply.checkpoint import resume_offsets
+
+    metrics = ApplyMetrics(config, names, resume_offsets)
+    metrics.start(port, "--metrics-port PORT, or metrics.apply_port in the config")
+    err_console.print(f"metrics at http://{config.metrics.address}:{port}/metrics",
+                      highlight=False)
+    return metrics
+
+
+def metrics_option(key: str) -> Callable[[F], F]:
+    return click.option(
+        "--metrics-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+        help=f"Serve Prometheus metrics on PORT (/metrics; default: metrics.{key} in the "
+             "config; see docs/metrics.md).")
+
+
 def _stream_until_signalled(config: Config, sources: list[Any], writer: Any,
-                            codec: Any) -> None:
+                            codec: Any, metrics: Any = None) -> None:
     """Run capture until SIGTERM or SIGINT; both drain what is buffered and exit 0."""
     import signal
     import threading
@@ -306,26 +345,34 @@ def _stream_until_signalled(config: Config, sources: list[Any], writer: Any,
     signal.signal(signal.SIGINT, request_stop)
     if shutdown.requested():  # a SIGTERM came while we were still starting up
         request_stop(signal.SIGTERM, None)
-    run_capture(config, sources, writer, codec, stop)
+    if metrics is None:
+        run_capture(config, sources, writer, codec, stop)
+    else:
+        run_capture(config, sources, writer, codec, stop, observer=metrics)
 
 
 @main.command("bootstrap")
 @config_option
 @source_option
 @click.option("--follow", is_flag=True, help="Carry on as the capture daemon afterwards.")
+@metrics_option("capture_port")
 @friendly_errors
-def bootstrap_cmd(config_path: str | None, sources: tuple[str, ...], follow: bool) -> None:
+def bootstrap_cmd(config_path: str | None, sources: tuple[str, ...], follow: bool,
+                  metrics_port: int | None) -> None:
     """Snapshot the sources' tables into the log with a new replication slot."""
     from cdc.coordinator import bootstrap, capture_sources, open_log
+    from cdc.observe import NO_OBSERVER
 
     _setup_logging()
     config = _load(config_path)
     chosen = capture_sources(config, sources)
+    metrics = _capture_metrics(config, chosen, metrics_port)
     writer, codec = open_log(config)
     console = make_console()
     try:
         for source in chosen:
-            report = bootstrap(config, source, writer, codec, console)
+            report = bootstrap(config, source, writer, codec, console,
+                               observer=metrics or NO_OBSERVER)
             rows = sum(report.rows.values())
             vanished = sum(report.vanished.values())
             console.print(f"source [bold]{source.name}[/]: {rows:,} rows from "
@@ -333,27 +380,34 @@ def bootstrap_cmd(config_path: str | None, sources: tuple[str, ...], follow: boo
                           + (f", {vanished:,} vanished keys tombstoned" if vanished else "")
                           + "; ready to stream", highlight=False)
         if follow:
-            _stream_until_signalled(config, chosen, writer, codec)
+            _stream_until_signalled(config, chosen, writer, codec, metrics)
     finally:
         writer.close()
+        if metrics is not None:
+            metrics.stop()
 
 
 @main.command("capture")
 @config_option
 @source_option
+@metrics_option("capture_port")
 @friendly_errors
-def capture_cmd(config_path: str | None, sources: tuple[str, ...]) -> None:
+def capture_cmd(config_path: str | None, sources: tuple[str, ...],
+                metrics_port: int | None) -> None:
     """Stream changes into the log until stopped (SIGTERM drains and exits 0)."""
     from cdc.coordinator import capture_sources, open_log
 
     _setup_logging()
     config = _load(config_path)
     chosen = capture_sources(config, sources)
+    metrics = _capture_metrics(config, chosen, metrics_port)
     writer, codec = open_log(config)
     try:
-        _stream_until_signalled(config, chosen, writer, codec)
+        _stream_until_signalled(config, chosen, writer, codec, metrics)
     finally:
         writer.close()
+        if metrics is not None:
+            metrics.stop()
 
 
 @main.command("apply")
@@ -368,9 +422,10 @@ def capture_cmd(config_path: str | None, sources: tuple[str, ...]) -> None:
 @click.option("--master", default=None, metavar="URL",
               help="Spark master: local[N] or spark://host:port (default: spark.master in the "
                    "config, else local[2,3]).")
+@metrics_option("apply_port")
 @friendly_errors
 def apply_cmd(config_path: str | None, followers: tuple[str, ...], views: tuple[str, ...],
-              once: bool, master: str | None) -> None:
+              once: bool, master: str | None, metrics_port: int | None) -> None:
     """Fold the change log into followers and views with Spark (continuous until SIGTERM, or
     --once)."""
     import signal
@@ -409,7 +464,13 @@ def apply_cmd(config_path: str | None, followers: tuple[str, ...], views: tuple[
         except ValidationError as exc:
             message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
             raise click.BadParameter(message, param_hint="--master") from None
-    job = run_apply(config, [*followers, *views], once, console, stop, master=master)
+    metrics = _apply_metrics(config, [*followers, *views], metrics_port)
+    try:
+        job = run_apply(config, [*followers, *views], once, console, stop, master=master,
+                        observer=metrics)
+    finally:
+        if metrics is not None:
+            metrics.stop()
     for name in job.names:
         p = job.progress[name]
         what = "view" if name in config.views else "follower"
@@ -425,11 +486,13 @@ def apply_cmd(config_path: str | None, followers: tuple[str, ...], views: tuple[
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @friendly_errors
 def status_cmd(config_path: str | None, as_json: bool) -> None:
-    """Per source: slot, confirmed LSN, lag, retained WAL, events/s, log size."""
+    """Sources (slot, confirmed position, lag, retained log, events/s), the log (size,
+    records) and every follower (checkpoint, records behind, watermark, apply running)."""
     from cdc.status import collect, print_status
+    from spark_apply.checkpoint import resume_offsets
 
     config = _load(config_path)
-    status = collect(config)
+    status = collect(config, resume_offsets)
     if as_json:
         click.echo(json.dumps(status, indent=2))
     else:

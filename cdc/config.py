@@ -201,6 +201,34 @@ class LogConfig(_Strict):
         return self
 
 
+class ColumnSettings(_Strict):
+    """``columns: {schema.table: ...}`` of a source: what of the table's rows may enter the log
+    (:mod:`cdc.columns`)."""
+
+    #: the only columns to keep (default: every column)
+    include: list[str] | None = Field(None, min_length=1)
+    #: columns to leave out
+    exclude: list[str] = Field(default_factory=list)
+    #: column -> ``hash``, ``mask``, ``mask(TEXT)``, ``truncate(N)`` or ``null``
+    transforms: dict[str, str | None] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _rules_ok(self) -> ColumnSettings:
+        from cdc.columns import parse_transform
+
+        if self.include is not None and self.exclude:
+            raise ValueError("set include or exclude, not both")
+        for name, text in self.transforms.items():
+            try:
+                parse_transform(text)
+            except ValueError as exc:
+                raise ValueError(f"transforms.{name}: {exc}") from None
+            if name in self.exclude or (self.include is not None and name not in self.include):
+                raise ValueError(f"transforms.{name}: the column is left out, so it has nothing "
+                                 "to transform (keep it, or drop the transform)")
+        return self
+
+
 class SourceConfig(_Strict):
     """What every source has, whatever its kind (the base of each kind's config)."""
 
@@ -216,6 +244,11 @@ class SourceConfig(_Strict):
     heartbeat_interval: Duration = Field(10.0, ge=0)
     #: memory for recent row images, used to complete rows with unsent (unchanged TOAST) values
     image_cache: Size = Field(48 * 1024**2, ge=0)
+    #: per table (as in ``tables``): columns kept or left out and their transforms, applied
+    #: before the log (cdc/columns.py)
+    columns: dict[str, ColumnSettings] = Field(default_factory=dict)
+    #: name of the environment variable holding the key of ``hash`` transforms (never logged)
+    hash_key_env: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -244,7 +277,29 @@ class SourceConfig(_Strict):
         unknown = [table for table in self.keys if table not in self.tables]
         if unknown:
             raise ValueError(f"keys: names table(s) not in tables: {', '.join(unknown)}")
+        unknown = [table for table in self.columns if table not in self.tables]
+        if unknown:
+            raise ValueError(f"columns: names table(s) not in tables: {', '.join(unknown)} "
+                             "(write them exactly as under tables)")
+        hashes = any(str(t).strip().startswith("hash")
+                     for rules in self.columns.values() for t in rules.transforms.values()
+                     if t is not None)
+        if hashes and not self.hash_key_env:
+            raise ValueError("columns: a column is hashed, but hash_key_env is not set: name "
+                             "the environment variable that holds the hash key")
         return self
+
+    def has_column_rules(self, table: TableId) -> bool:
+        """Whether ``table``'s rows are filtered or transformed before the log (the connector
+        must then hand over typed events, never rows it encoded itself)."""
+        return any(TableId.parse(text) == table for text in self.columns)
+
+    def column_policies(self) -> Any:
+        """The :class:`cdc.columns.ColumnPolicies` of this source, or None (reads the hash key
+        from the environment: a missing one is a :class:`ConfigError`)."""
+        from cdc.columns import ColumnPolicies
+
+        return ColumnPolicies.from_settings(self.name, self.columns, self.hash_key_env)
 
     def password(self) -> str | None:
         """The password from ``password_env``, if configured and set."""
@@ -525,11 +580,47 @@ class SparkConfig(_Strict):
         return value
 
 
+class MetricsConfig(_Strict):
+    """``metrics:``: the Prometheus endpoints (``/metrics``) of the daemons (docs/metrics.md).
+    A port left unset serves nothing; ``--metrics-port`` on the command line overrides it."""
+
+    #: ``cdc capture`` (and ``cdc bootstrap``)
+    capture_port: int | None = Field(None, ge=1, le=65535)
+    #: ``cdc apply``
+    apply_port: int | None = Field(None, ge=1, le=65535)
+    #: the address the endpoints listen on (``0.0.0.0``: every interface)
+    address: str = "0.0.0.0"
+    #: how often what costs a query is measured: source lag, log sizes, follower lag
+    poll_interval: Duration = Field(5.0, ge=0.1, le=3600)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(value.strip())
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address: use 0.0.0.0 (every interface), "
+                             "127.0.0.1 (this machine only) or one of the machine's "
+                             "addresses") from None
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> MetricsConfig:
+        if self.capture_port is not None and self.capture_port == self.apply_port:
+            raise ValueError(f"capture_port and apply_port are both {self.capture_port}: "
+                             "capture and apply each serve their own endpoint, so on one "
+                             "machine they need different ports")
+        return self
+
+
 class Config(_Strict):
     """The whole file."""
 
     log: LogConfig = LogConfig()
     spark: SparkConfig = SparkConfig()
+    metrics: MetricsConfig = MetricsConfig()
     sources: list[AnySourceConfig] = Field(default_factory=list)
     followers: dict[str, FollowerConfig] = Field(default_factory=dict)
     views: dict[str, ViewConfig] = Field(default_factory=dict)

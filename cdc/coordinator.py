@@ -37,11 +37,13 @@ from rich.progress import (
 from rich.text import Text
 
 from cdc.avro import EventCodec
+from cdc.columns import ColumnPolicies
 from cdc.config import Config, SourceConfig
 from cdc.errors import CdcError, ConfigError, LogUnavailable
 from cdc.events import ChangeEvent, TableId, TableSchema
 from cdc.log.base import ChangeLogReader, ChangeLogWriter
 from cdc.log.open import open_writer
+from cdc.observe import NO_OBSERVER, CaptureObserver
 from cdc.offsets import SourceOffset
 from cdc.pipeline import TABLE_KEY, Dispatcher
 from cdc.source import (
@@ -117,14 +119,17 @@ def live_keys(writer: ChangeLogReader, topic: str) -> set[bytes]:
 
 def bootstrap(config: Config, source_config: SourceConfig, writer: ChangeLogWriter,
               codec: EventCodec, console: Console,
-              connector: Connector | None = None) -> BootstrapReport:
+              connector: Connector | None = None,
+              observer: CaptureObserver = NO_OBSERVER) -> BootstrapReport:
     """Snapshot every table of one source into the log; leave it ready to stream."""
     connector = connector or connector_for(source_config)
     writer = writer.for_source(source_config.name)  # fences a capture still writing for it
     report = BootstrapReport(source_config.name)
     started = time.monotonic()
+    columns = source_config.column_policies()  # a missing hash key is refused first
     with connector.snapshot(codec) as snap:
         tables = snap.check()  # every refusal happens here, before anything changes
+        _check_columns(columns, tables, codec)
         report.warnings = snap.warnings()
         for warning in report.warnings:
             console.print(f"[yellow]warning:[/] source {source_config.name}: {warning}",
@@ -132,7 +137,9 @@ def bootstrap(config: Config, source_config: SourceConfig, writer: ChangeLogWrit
         previous = {table: live_keys(writer, schema.topic) for table, schema in tables.items()}
         dispatcher = Dispatcher(writer, codec, source_config.name,
                                 max_records=config.log.commit_max_records, interval=1.0,
-                                image_cache_bytes=0)  # snapshot rows are never partial
+                                image_cache_bytes=0,  # snapshot rows are never partial
+                                columns=columns)
+        dispatcher.observer = observer
         # committed first: a crash before the end leaves the source marked unfinished; the
         # snapshot's rows stay past the source's cut (unseen by followers) until it ends
         dispatcher.checkpoint(connector.bootstrapping_offset())
@@ -144,14 +151,18 @@ def bootstrap(config: Config, source_config: SourceConfig, writer: ChangeLogWrit
                       _RateColumn(), TimeRemainingColumn(), console=console,
                       transient=False) as progress:
             for table in tables:
-                task = progress.add_task(str(table), total=snap.estimate_rows(table))
+                estimate = snap.estimate_rows(table)
+                task = progress.add_task(str(table), total=estimate)
 
-                def advance(n: int, task: TaskID = task) -> None:
+                def advance(n: int, task: TaskID = task, name: str = str(table),
+                            estimate: int | None = estimate) -> None:
                     progress.update(task, completed=n)
+                    observer.snapshot_progress(source_config.name, name, n, estimate)
 
                 rows, vanished = _snapshot_table(snap, table, tables[table], dispatcher,
                                                  previous[table], advance)
                 progress.update(task, total=rows, completed=rows)
+                observer.snapshot_progress(source_config.name, str(table), rows, rows)
                 report.rows[str(table)], report.vanished[str(table)] = rows, vanished
         resume = snap.resume_offset()
         report.resume = resume.describe()
@@ -159,6 +170,19 @@ def bootstrap(config: Config, source_config: SourceConfig, writer: ChangeLogWrit
         dispatcher.flush()
     report.seconds = time.monotonic() - started
     return report
+
+
+def _check_columns(columns: ColumnPolicies | None, tables: dict[TableId, TableSchema],
+                   codec: EventCodec) -> None:
+    """Refuse column rules that do not fit the tables, or that would hide what the log already
+    holds in clear (:mod:`cdc.columns`), before the snapshot changes anything."""
+    if columns is None:
+        return
+    for table, schema in tables.items():
+        policy = columns.get(table)
+        if policy is not None:
+            policy.check(schema)
+    columns.check_log(codec.store)
 
 
 def _snapshot_table(snap: SnapshotSource, table: TableId, schema: TableSchema,
@@ -199,7 +223,8 @@ class StreamRunner:
 
     def __init__(self, config: Config, source_config: SourceConfig, writer: ChangeLogWriter,
                  codec: EventCodec, stop: threading.Event,
-                 connector: Connector | None = None) -> None:
+                 connector: Connector | None = None,
+                 observer: CaptureObserver = NO_OBSERVER) -> None:
         self.config = config
         self.source_config = source_config
         self.connector = connector or connector_for(source_config)
@@ -209,12 +234,19 @@ class StreamRunner:
         self.dispatcher = Dispatcher(writer, codec, self.name,
                                      max_records=config.log.commit_max_records,
                                      interval=config.log.commit_interval,
-                                     image_cache_bytes=source_config.image_cache)
+                                     image_cache_bytes=source_config.image_cache,
+                                     columns=source_config.column_policies())
+        self.observer = self.dispatcher.observer = observer
         self._unavailable_base: int | None = None
         self.status = StatusFile(config.log_path, self.name)
         self.last_offset: SourceOffset | None = None
         self.last_error: str | None = None
         self.reconnects = 0
+
+    def check_columns(self) -> None:
+        """Refuse column rules that would hide what the log holds in clear (cdc/columns.py)."""
+        if self.dispatcher.columns is not None:
+            self.dispatcher.columns.check_log(self.dispatcher.codec.store)
 
     def stored_offset(self) -> SourceOffset:
         data = self.writer.source_offsets().get(self.name)
@@ -241,6 +273,7 @@ class StreamRunner:
                 self.dispatcher.discard()  # not durable, never confirmed: the server resends it
                 self.reconnects += 1
                 self.last_error = _first_line(exc)
+                self.observer.error(self.name, exc.__class__.__name__)
                 if self._streamed_recently:
                     delay = 0.2  # it had been streaming: start the backoff over, once
                     self._streamed_recently = False
@@ -288,6 +321,7 @@ class StreamRunner:
                 dispatcher.add_batch(batch)
             if item is None:
                 self._flush(stream)
+                self.observer.idle(self.name)
             elif dispatcher.due():
                 self._flush(stream, wait=False)  # its fsyncs overlap the next batch
             if self.stop.is_set():
@@ -310,6 +344,7 @@ class StreamRunner:
             self.last_offset = committed
             stream.confirm(committed)  # only now: the log holds everything up to it
             self._streamed_recently = True
+            self.observer.durable(self.name, committed)
         self._status("streaming")
 
     def _status(self, state: str, force: bool = False) -> None:
@@ -328,7 +363,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def run_capture(config: Config, sources: Sequence[SourceConfig], writer: ChangeLogWriter,
-                codec: EventCodec, stop: threading.Event) -> None:
+                codec: EventCodec, stop: threading.Event,
+                observer: CaptureObserver = NO_OBSERVER) -> None:
     """Stream every source (one thread each) until ``stop``; re-raise the first fatal error.
 
     If ``stop`` is already set (a SIGTERM during start-up), nothing is started or checked.
@@ -336,15 +372,18 @@ def run_capture(config: Config, sources: Sequence[SourceConfig], writer: ChangeL
     if stop.is_set():
         log.info("stopped before streaming started")
         return
-    runners = [StreamRunner(config, source, writer, codec, stop) for source in sources]
+    runners = [StreamRunner(config, source, writer, codec, stop, observer=observer)
+               for source in sources]
     for runner in runners:
         runner.stored_offset()  # refuse before starting anything
+        runner.check_columns()
     errors: list[BaseException] = []
 
     def target(runner: StreamRunner) -> None:
         try:
             runner.run()
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            observer.error(runner.name, exc.__class__.__name__)
             errors.append(exc)
             stop.set()
 

@@ -84,6 +84,9 @@ class Column:
     name: str
     type: ColumnType
     nullable: bool = True
+    #: the column transform applied in capture (``hash``, ``mask``, ``truncate(4)``, ``null``:
+    #: :mod:`cdc.columns`); empty when the log holds the leader's value
+    transform: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,8 @@ class TableSchema:
             "source": self.source, "database": self.database, "connector": self.connector,
             "schema": self.table.schema, "table": self.table.table, "key": list(self.key),
             "columns": [
-                {"name": c.name, "type": c.type.describe(), "nullable": c.nullable}
+                {"name": c.name, "type": c.type.describe(), "nullable": c.nullable,
+                 **({"transform": c.transform} if c.transform else {})}
                 for c in self.columns
             ],
         }

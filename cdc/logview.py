@@ -13,6 +13,7 @@ from cdc.avro import EventCodec
 from cdc.errors import LogError
 from cdc.log.base import ChangeLogReader
 from cdc.position import Position
+from cdc.transactions import decode_event, is_transaction_topic
 
 
 def log_stats(reader: ChangeLogReader) -> dict[str, Any]:
@@ -70,7 +71,9 @@ def dump_lines(reader: ChangeLogReader, topics: Sequence[str] = (),
         for index in indexes:
             for record in reader.iter_partition(name, index, start):
                 value = None
-                if record.value is not None:
+                if record.value is not None and is_transaction_topic(info.meta):
+                    value = decode_event(record.value)  # a BEGIN or END, not an envelope
+                elif record.value is not None:
                     value = codec.decode_value(record.value).envelope
                 yield json.dumps({
                     "topic": name,

@@ -25,10 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.avro import EventCodec, Filler, TableCodec
+from cdc.columns import ColumnPolicies, check_history
+from cdc.errors import CdcError
 from cdc.events import ChangeEvent, Op, TableSchema
 from cdc.images import PreviousImages, may_be_partial
 from cdc.log.base import CUT_KEY, AppendResult, ChangeLogWriter, Record, StoredRecord
 from cdc.log.partitioner import partition_for
+from cdc.observe import NO_OBSERVER, CaptureObserver
 from cdc.offsets import SourceOffset
 from cdc.position import Position
 from cdc.source import EncodedBatch
@@ -67,8 +70,11 @@ class Dispatcher:
 
     def __init__(self, log: ChangeLogWriter, codec: EventCodec, source: str,
                  max_records: int = 20_000, interval: float = 0.05,
-                 image_cache_bytes: int = 48 * 1024**2) -> None:
+                 image_cache_bytes: int = 48 * 1024**2,
+                 columns: ColumnPolicies | None = None) -> None:
         self.log = log
+        #: the source's column filters and transforms, applied before anything is encoded
+        self.columns = columns
         self.codec = codec
         self.source = source
         self.max_records = max_records
@@ -91,6 +97,10 @@ class Dispatcher:
         self._cut: Ends = {}
         #: ends of records committed after the cut (an unfinished transaction's)
         self._uncut: Ends = {}
+        #: told of each commit (metrics: ``cdc capture --metrics-port``)
+        self.observer: CaptureObserver = NO_OBSERVER
+        #: the commit time at the source of the newest transaction begun since the last flush
+        self._newest_commit_ms: int | None = None
         self._load_cut()
 
     def _load_cut(self) -> None:
@@ -117,6 +127,7 @@ class Dispatcher:
             if txn is None:
                 self._ensure_transaction_topic()
             txn = self._open = OpenTransaction(txn_id, ts_ms, position.to_bytes())
+            self._newest_commit_ms = ts_ms
             self._markers.append((len(self._buffer), BEGIN, txn, txn.position))
         txn.counts[table] = txn.counts.get(table, 0) + count
 
@@ -140,8 +151,13 @@ class Dispatcher:
 
         Columns the source did not send (``event.unchanged``) are filled from the key's previous
         image; those that cannot be are named in the envelope and counted in
-        ``stats.unavailable``.
+        ``stats.unavailable``. A table with column rules (:mod:`cdc.columns`) is logged as they
+        say: the event is rebuilt first, its schema and images transformed.
         """
+        if self.columns is not None:
+            policy = self.columns.get(event.schema.table)
+            if policy is not None and not policy.produced(event.schema):
+                event = policy.event(event)
         self.ensure_topic(event.schema)
         fill = None
         if event.unchanged:
@@ -211,6 +227,10 @@ class Dispatcher:
     def add_batch(self, batch: EncodedBatch) -> None:
         """Buffer a source's already-encoded records (and its checkpoint, if it has one)."""
         for schema in batch.schemas:
+            if self.columns is not None and self.columns.get(schema.table) is not None:
+                raise CdcError(f"source {self.source!r}: the connector encoded rows of "
+                               f"{schema.table} itself, but that table has column rules",
+                               "report this bug; the rows were not logged")
             self.ensure_topic(schema)
             if self.images.max_bytes and not batch.whole_rows and may_be_partial(schema):
                 for record in batch.records:
@@ -244,6 +264,10 @@ class Dispatcher:
     def ensure_topic(self, schema: TableSchema) -> None:
         topic = schema.topic
         if topic not in self._topics:
+            policy = self.columns.get(schema.table) if self.columns is not None else None
+            if policy is not None:
+                check_history(policy, topic,
+                              [v.schema for v in self.codec.store.versions(f"{topic}-value")])
             info = self.log.ensure_topic(topic, {"source": self.source,
                                                  "table": str(schema.table),
                                                  "connector": schema.connector})
@@ -296,14 +320,24 @@ class Dispatcher:
         self._markers = []
         self._pending_offset = None
         self._oldest = None
+        newest, self._newest_commit_ms = self._newest_commit_ms, None
         if wait:
-            self.images.appended(records, self.log.append(records, offsets, finish))
+            self.images.appended(records, self._append(records, offsets, finish, newest))
             return offset if offset is not None else done
         if self._committer is None:
             self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-commit")
-        self._inflight = (self._committer.submit(self.log.append, records, offsets, finish),
+        self._inflight = (self._committer.submit(self._append, records, offsets, finish, newest),
                           records, offset)
         return done
+
+    def _append(self, records: list[Record], offsets: dict[str, Any] | None, finish: Any,
+                newest_commit_ms: int | None) -> list[AppendResult]:
+        """One commit to the log, timed for the observer (once per commit)."""
+        started = time.perf_counter()
+        results = self.log.append(records, offsets, finish)
+        self.observer.committed(self.source, records, time.perf_counter() - started,
+                                newest_commit_ms)
+        return results
 
     def _finisher(self, markers: list[Marker], still_open: OpenTransaction | None,
                   offsets: dict[str, Any] | None) -> Any:

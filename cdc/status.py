@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ from rich.table import Table
 
 from cdc.config import Config, SourceConfig
 from cdc.errors import CdcError
-from cdc.offsets import offset_text
+from cdc.offsets import offset_order, offset_text
 from cdc.source import connector_for
+from cdc.transactions import is_transaction_topic
 
 STATUS_DIR = "status"
 #: a status file older than this belongs to a process that is gone
@@ -31,11 +33,21 @@ def status_path(log_path: Path, source: str) -> Path:
     return log_path / STATUS_DIR / f"{source}.json"
 
 
-class StatusFile:
-    """Writes one source's status, with an events/s rate over the last interval."""
+def follower_status_path(log_path: Path, follower: str) -> Path:
+    """Where ``cdc apply`` says how follower (or view) ``follower`` is doing."""
+    return log_path / STATUS_DIR / "followers" / f"{follower}.json"
 
-    def __init__(self, log_path: Path, source: str) -> None:
-        self.path = status_path(log_path, source)
+
+def follower_status_file(log_path: Path, follower: str) -> StatusFile:
+    return StatusFile(log_path, follower, follower_status_path(log_path, follower))
+
+
+class StatusFile:
+    """Writes one source's (or follower's) status, with an events/s rate over the last
+    interval."""
+
+    def __init__(self, log_path: Path, source: str, path: Path | None = None) -> None:
+        self.path = path or status_path(log_path, source)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.started = time.time()
         self._last_write = 0.0
@@ -59,9 +71,10 @@ class StatusFile:
             tmp.replace(self.path)
 
 
-def read_status(log_path: Path, source: str) -> dict[str, Any] | None:
+def read_status(log_path: Path, source: str, path: Path | None = None
+                ) -> dict[str, Any] | None:
     """The last status a capture wrote, with ``running`` telling whether it is still alive."""
-    path = status_path(log_path, source)
+    path = path or status_path(log_path, source)
     try:
         data: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -119,17 +132,59 @@ def source_status(config: Config, source: SourceConfig,
     return row
 
 
-def collect(config: Config) -> dict[str, Any]:
+#: reads a follower's Spark checkpoint: where it resumes (spark_apply/checkpoint.py's
+#: ``resume_offsets``, handed in by the command line: the core imports no Spark code)
+CheckpointReader = Callable[[Path], Mapping[str, Any] | None]
+
+
+def follower_status(config: Config, name: str, ends: Mapping[str, Mapping[int, int]],
+                    checkpoint_offsets: CheckpointReader | None) -> dict[str, Any]:
+    """One follower's (or view's) row of ``cdc status``: what its checkpoint says it has read,
+    how many records of its topics are past that, and what its ``cdc apply`` last said."""
+    follower = config.follower(name)
+    checkpoint = config.follower_checkpoint(name)
+    row: dict[str, Any] = {"follower": name, "kind": follower.kind,
+                           "view": name in config.views, "checkpoint": str(checkpoint)}
+    done = (checkpoint_offsets(checkpoint) if checkpoint_offsets else None) or {}
+    applied = done.get("topics", {})
+    read = behind = 0
+    for topic in config.follower_topics(name):
+        mine = applied.get(topic, {})
+        read += sum(int(v) for v in mine.values())
+        for partition, end in ends.get(topic, {}).items():
+            behind += max(0, end - int(mine.get(str(partition), 0)))
+    row["records_read"] = read if checkpoint_offsets else None
+    row["lag_records"] = behind if checkpoint_offsets else None
+    live = read_status(config.log_path, name, follower_status_path(config.log_path, name))
+    row["apply"] = ("running" if live and live["running"] else
+                    "stopped" if live or done else "never ran")
+    row["changes_per_s"] = live.get("events_per_s") if live and live["running"] else 0.0
+    for key in ("batches", "lag_s", "last_error"):
+        row[key] = live.get(key) if live else None
+    row["watermarks"] = {source: {"position": offset_text(offset), "order": offset_order(offset)}
+                         for source, offset in sorted(((live or {}).get("watermarks")
+                                                       or done.get("watermarks") or {}).items())}
+    return row
+
+
+def collect(config: Config, checkpoint_offsets: CheckpointReader | None = None
+            ) -> dict[str, Any]:
+    """Everything ``cdc status`` shows: the log, each source, each follower and view."""
     from cdc.log.open import open_reader
 
     offsets: dict[str, Any] = {}
+    ends: dict[str, dict[int, int]] = {}
     reader = open_reader(config, missing_ok=True)
     log: dict[str, Any] = {"backend": config.log.backend, "path": str(config.log_path),
-                           "bytes": 0}
+                           "bytes": 0, "topics": 0, "records_appended": 0}
     if reader is not None:
         try:
             offsets = reader.source_offsets()
             log["path"] = reader.where
+            topics = [t for t in reader.topics() if not is_transaction_topic(t.meta)]
+            ends = {t.name: reader.end_offsets(t.name) for t in topics}
+            log["topics"] = len(topics)
+            log["records_appended"] = sum(sum(parts.values()) for parts in ends.values())
             if config.log.backend == "local":
                 log["bytes"] = directory_bytes(config.log_path)
             else:
@@ -140,6 +195,8 @@ def collect(config: Config) -> dict[str, Any]:
     return {
         "log": log,
         "sources": [source_status(config, s, offsets.get(s.name)) for s in config.sources],
+        "followers": [follower_status(config, name, ends, checkpoint_offsets)
+                      for name in [*config.followers, *config.views]],
     }
 
 
@@ -155,19 +212,24 @@ def _bytes(value: Any) -> str:
 
 
 def print_status(status: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"capture status (log {status['log']['path']}, "
-                        f"{_bytes(status['log']['bytes'])})")
-    for column in ("source", "kind", "capture", "stored position", "server confirmed", "lag",
-                   "retained", "events/s", "events"):
-        table.add_column(column, justify="right" if column in ("lag", "retained", "events/s",
-                                                                "events") else "left")
+    """Sources, the log and every follower in one table; warnings under it."""
+    log = status["log"]
+    table = Table(title="cdc status", title_justify="left")
+    for column in ("", "name", "kind", "state", "position", "lag", "size", "rate", "total"):
+        table.add_column(column, justify="right" if column in ("lag", "size", "rate", "total")
+                         else "left")
     warnings = []
     for row in status["sources"]:
         state = row["capture"] if row["offset_state"] == "streaming" else row["offset_state"]
-        table.add_row(row["source"], row["kind"], state, row.get("stored_position") or "-",
-                      row.get("position") or "-", _bytes(row.get("lag_bytes")),
-                      _bytes(row.get("retained_bytes")), f"{row['events_per_s'] or 0:,.0f}",
-                      f"{row['events']:,}" if row.get("events") is not None else "-")
+        position = row.get("stored_position") or "-"
+        if row.get("position") and row.get("position") != position:
+            position += f" (server confirmed {row['position']})"
+        table.add_row("source", row["source"], row["kind"], state, position,
+                      _bytes(row.get("lag_bytes")),
+                      _bytes(row.get("retained_bytes")) + " retained"
+                      if row.get("retained_bytes") is not None else "-",
+                      f"{row['events_per_s'] or 0:,.0f} ev/s",
+                      f"{row['events']:,} ev" if row.get("events") is not None else "-")
         if row.get("server"):
             warnings.append(f"{row['source']}: {row['server']}")
         warnings.extend(f"{row['source']}: {warning}" for warning in row.get("warnings", []))
@@ -179,6 +241,25 @@ def print_status(status: dict[str, Any], console: Console) -> None:
                 "FULL on the table, or re-bootstrap, to have whole rows again")
         if row.get("last_error") and row["capture"] == "running":
             warnings.append(f"{row['source']}: {row['last_error']}")
+    table.add_section()
+    table.add_row("log", str(log["path"]), log["backend"], f"{log.get('topics', 0)} topics",
+                  "-", "-", _bytes(log["bytes"]), "-",
+                  f"{log.get('records_appended', 0):,} rec")
+    if status.get("followers"):
+        table.add_section()
+    for row in status.get("followers", []):
+        marks = ", ".join(f"{source}@{mark['position']}"
+                          for source, mark in row["watermarks"].items()) or "-"
+        lag = [] if row.get("lag_records") is None else [f"{row['lag_records']:,} rec"]
+        if row.get("lag_s") is not None:
+            lag.append(f"{row['lag_s']:.1f} s")
+        table.add_row("view" if row["view"] else "follower", row["follower"], row["kind"],
+                      row["apply"], marks, ", ".join(lag) or "-", "-",
+                      f"{row['changes_per_s'] or 0:,.0f} ch/s",
+                      f"{row['records_read']:,} rec read"
+                      if row.get("records_read") is not None else "-")
+        if row.get("last_error"):
+            warnings.append(f"{row['follower']}: {row['last_error']}")
     console.print(table)
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)

@@ -743,3 +743,21 @@ def _array_from_json(element: ColumnType, value: Any) -> Any:
         return [element.from_json(item) for item in value]
     return [_array_from_json(element, item) if type(item) is list else element.from_json(item)
             for item in value]
+
+
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def canonical_text(value: Any) -> str:
+    """A JSON-form value as the text a follower stores: strings as they are, everything else
+    (numbers, booleans, lists, objects) as compact JSON."""
+    kind = type(value)
+    if kind is str:
+        return value  # type: ignore[no-any-return]
+    if kind is int:
+        return str(value)  # what json.dumps gives for an int (bool is not int here)
+    if kind is bool:
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return str(value)
+    return _COMPACT.encode(value)

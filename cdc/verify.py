@@ -29,6 +29,7 @@ answer is exact.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from cdc.columns import ColumnPolicies
 from cdc.config import Config
 from cdc.errors import CdcError
 from cdc.events import TableId
@@ -189,11 +191,98 @@ def compare_rows(leader: Mapping[str, Mapping[str, Any]],
 
 # ------------------------------------------------------------------------------- stages
 
+class RuledLeader(Leader):
+    """A leader whose tables have column rules (:mod:`cdc.columns`), read as the log holds
+    them: the same columns kept and the same transforms applied, in Python, to the rows the
+    leader decodes. Such a table's chunk checksums are computed here from those rows (the SQL
+    checksum covers the leader's clear values); a hashed key's absent keys are decided against
+    the hashed keys the chunks saw."""
+
+    def __init__(self, inner: Leader, policies: ColumnPolicies) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.policies = policies
+        #: outer chunk id -> (outer chunk, the leader's chunk)
+        self._chunks: dict[int, tuple[Chunk, Chunk]] = {}
+        #: per table with a hashed key: every log key its chunks held
+        self._seen: dict[TableId, set[str]] = {}
+
+    def target(self) -> Target:
+        return self.inner.target()
+
+    def estimate_rows(self, table: TableId) -> int | None:
+        return self.inner.estimate_rows(table)
+
+    def columns(self, table: TableId) -> tuple[str, ...]:
+        policy = self.policies.get(table)
+        names = self.inner.columns(table)
+        return names if policy is None else tuple(n for n in names if policy.rules.kept(n))
+
+    def inexact(self, table: TableId) -> tuple[str, ...]:
+        return self.inner.inexact(table)
+
+    def chunks(self, table: TableId, size: int) -> Iterator[Chunk]:
+        policy = self.policies.get(table)
+        if policy is None:
+            yield from self.inner.chunks(table, size)
+            return
+        columns = self.columns(table)
+        for chunk in self.inner.chunks(table, size):
+            rows = self._ruled_rows(table, chunk)
+            texts = [row_digest_text(key, row_text(row), columns) for key, row in rows.items()]
+            outer = Chunk(list(rows), chunk_checksum(texts), chunk.after, chunk.last)
+            self._chunks = {id(outer): (outer, chunk)}  # verify asks for the current one only
+            yield outer
+
+    def _ruled_rows(self, table: TableId, chunk: Chunk) -> dict[str, dict[str, Any]]:
+        policy = self.policies.get(table)
+        assert policy is not None
+        rows: dict[str, dict[str, Any]] = {}
+        for key, row in self.inner.rows(table, chunk).items():
+            values = json.loads(key)
+            ruled_key = key
+            if policy.transforms_key(list(values)):
+                ruled = policy.json_row(values)
+                ruled_key = json.dumps(ruled, separators=(",", ":"), ensure_ascii=False)
+                self._seen.setdefault(table, set()).add(ruled_key)
+            rows[ruled_key] = policy.json_row(row)
+        return rows
+
+    def rows(self, table: TableId, chunk: Chunk) -> dict[str, dict[str, Any]]:
+        found = self._chunks.get(id(chunk))
+        if found is None or found[0] is not chunk:
+            return self.inner.rows(table, chunk)
+        return self._ruled_rows(table, found[1])
+
+    def absent(self, table: TableId, keys: Sequence[str]) -> list[str]:
+        if table not in self._seen:
+            return self.inner.absent(table, keys)
+        seen = self._seen[table]
+        return [key for key in keys if key not in seen]
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        return self.inner.query(sql)
+
+    def case_insensitive_columns(self, table: TableId) -> set[str]:
+        return self.inner.case_insensitive_columns(table)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def leader_for(config: Config, source: str) -> Leader:
+    """The leader of ``source`` as ``cdc verify`` reads it (through its column rules)."""
+    source_config = config.source(source)
+    leader = connector_for(source_config).leader()
+    policies = source_config.column_policies() if source_config.columns else None
+    return leader if policies is None else RuledLeader(leader, policies)
+
+
 def _leaders(config: Config, follower: str) -> dict[str, Leader]:
     leaders: dict[str, Leader] = {}
     try:
         for name in config.follower_sources(follower):
-            leaders[name] = connector_for(config.source(name)).leader()
+            leaders[name] = leader_for(config, name)
     except BaseException:
         for leader in leaders.values():
             leader.close()

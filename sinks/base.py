@@ -34,13 +34,15 @@ Contracts, stated exactly:
 
 from __future__ import annotations
 
-import json
 import math
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+# the text of a JSON-form value lives with the types (capture's column hashes use it too)
+from cdc.types import canonical_text as canonical_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,23 +75,6 @@ class ApplyStats:
     #: changes the version gate ignored (not newer than what the follower holds)
     skipped: int = 0
 
-
-_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def canonical_text(value: Any) -> str:
-    """A JSON-form value as the text a follower stores: strings as they are, everything else
-    (numbers, booleans, lists, objects) as compact JSON."""
-    kind = type(value)
-    if kind is str:
-        return value  # type: ignore[no-any-return]
-    if kind is int:
-        return str(value)  # what json.dumps gives for an int (bool is not int here)
-    if kind is bool:
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return str(value)
-    return _COMPACT.encode(value)
 
 
 def cell_text(value: Any) -> str:

@@ -92,6 +92,9 @@ class FollowerProgress:
     sink_seconds: float = 0.0
     #: a CdcError raised inside the handler (re-raised by the job with its fix)
     error: CdcError | None = None
+    #: told of each applied batch, failure and restart (``cdc apply --metrics-port``:
+    #: :class:`cdc.metrics.ApplyMetrics`)
+    observer: Any = None
 
 
 def reads_with_spark_kafka(config: Config, name: str) -> bool:
@@ -176,14 +179,20 @@ class BatchHandler:
                 self.sink.set_watermark(source, offset)
         except CdcError as exc:
             self.progress.error = exc
+            self._observe_error(exc)
             raise
         except Exception as exc:
             known = _task_error(exc)
+            self._observe_error(known or exc)
             if known is not None:
                 self.progress.error = known
                 raise known from None
             raise
         self._record(total, watermarks, time.monotonic() - started)
+
+    def _observe_error(self, exc: BaseException) -> None:
+        if self.progress.observer is not None:
+            self.progress.observer.error(self.progress.name, exc.__class__.__name__)
 
     def _planned(self, batch_id: int) -> tuple[list[Any], dict[str, Any]] | None:
         """The batch's ranges and watermarks from the checkpoint's offset log, planned here as
@@ -288,6 +297,8 @@ class BatchHandler:
             progress.lag_s = max(0.0, time.time() - total.newest_ts_ms / 1000)
         elif watermarks:
             progress.lag_s = 0.0
+        if progress.observer is not None:
+            progress.observer.batch(progress, total, seconds)
 
 
 #: how a CdcError raised in a task reaches the driver: ``module.Kind: problem`` and
@@ -378,6 +389,8 @@ class ApplyJob:
     restarts: dict[str, int] = field(default_factory=dict)
     #: views that stopped on their own error while the others went on
     failed_views: dict[str, CdcError] = field(default_factory=dict)
+    #: per follower, its status file for ``cdc status`` (cdc/status.py)
+    _status_files: dict[str, Any] = field(default_factory=dict)
     _spark: Any = None
     _once: bool = False
     #: unique to this run (executors keep one sink per run and follower)
@@ -484,6 +497,7 @@ class ApplyJob:
                 if not any(q.isActive for q in self.queries.values()):
                     break
                 self.stop.wait(refresh)
+                self.write_status()
                 if live is not None:
                     live.update(self.table())
             self.stop_queries()
@@ -496,6 +510,24 @@ class ApplyJob:
                 live.stop()
                 if not console.is_terminal:
                     console.line()  # rich leaves the last line of a non-terminal Live open
+
+    def write_status(self, state: str = "running", force: bool = False) -> None:
+        """Each follower's progress for ``cdc status`` (at most once a second each)."""
+        import contextlib
+
+        from cdc.status import follower_status_file
+
+        for name in self.names:
+            p = self.progress[name]
+            with contextlib.suppress(OSError):  # advisory: never stop apply for it
+                if name not in self._status_files:
+                    self._status_files[name] = follower_status_file(self.config.log_path, name)
+                failed = self.failed_views.get(name) or p.error
+                self._status_files[name].update(
+                    state, p.changes, force=force, batches=p.batches, records=p.records,
+                    written=p.written, deleted=p.deleted, skipped=p.skipped, lag_s=p.lag_s,
+                    watermarks=dict(p.watermarks),
+                    last_error=failed.problem if failed else None)
 
     def stop_queries(self, grace: float = 60.0) -> None:
         """Stop every query, letting a running micro-batch finish (up to ``grace`` s)."""
@@ -546,6 +578,8 @@ class ApplyJob:
                 or not any(marker in failure for marker in TRANSIENT_FAILURES)):
             return False
         self.restarts[name] = done + 1
+        if self.progress[name].observer is not None:
+            self.progress[name].observer.restarted(name)
         first = failure.strip().splitlines()[0][:200]
         log.warning("follower %s: the streaming query failed in Spark's plumbing (%s); "
                     "restarting it from its checkpoint (%d of %d)", name, first, done + 1,
@@ -628,7 +662,8 @@ def refuse_if_stale(config: Config, name: str, checkpoint: Path) -> None:
 
 
 def run_apply(config: Config, names: Sequence[str], once: bool, console: Console | None,
-              stop: threading.Event | None = None, master: str | None = None) -> ApplyJob:
+              stop: threading.Event | None = None, master: str | None = None,
+              observer: Any = None) -> ApplyJob:
     """Prepare, start the SparkSession and the queries, wait, stop. ``stop`` (set by a
     SIGTERM handler) ends a continuous run; a stop requested before the queries start means
     none is started. ``master`` overrides the config's ``spark.master``. Returns the finished
@@ -636,6 +671,8 @@ def run_apply(config: Config, names: Sequence[str], once: bool, console: Console
     job = ApplyJob.prepare(config, names)
     if stop is not None:
         job.stop = stop
+    for progress in job.progress.values():
+        progress.observer = observer  # metrics: cdc.metrics.ApplyMetrics
     try:
         if job.stop.is_set():
             return job
@@ -649,4 +686,5 @@ def run_apply(config: Config, names: Sequence[str], once: bool, console: Console
         return job
     finally:
         job.stop_queries()
+        job.write_status("stopped", force=True)
         job.close()

@@ -185,6 +185,11 @@ class ChangeLogReader(ABC):
         """Seconds a tombstone stays readable after it was appended: a reader that stops for
         longer may miss deletes (it must rebuild from offset 0)."""
 
+    def topic_bytes(self, topic: str) -> int | None:
+        """The bytes ``topic`` takes in the log's storage, when the backend can say cheaply
+        (``None`` otherwise: Kafka's brokers keep that to themselves); for metrics."""
+        return None
+
     def appended_no_earlier_than(self, topic: str, partition: int, offset: int) -> int | None:
         """A lower bound (ms since the epoch) on when the first record held at or after
         ``offset`` was appended, found without reading up to it; ``None`` when the log cannot

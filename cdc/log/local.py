@@ -375,6 +375,16 @@ class LocalChangeLogReader(ChangeLogReader):
         return False
 
     # -- statistics --------------------------------------------------------------------------
+    def topic_bytes(self, topic: str) -> int | None:
+        total = 0
+        for root, _, files in os.walk(topic_dir(self.path, topic)):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(root, name)).st_size
+                except OSError:  # compaction replaced it meanwhile
+                    continue
+        return total
+
     def partition_stats(self, topic: str, partition: int) -> PartitionStats:
         state = self.state().topics[topic]
         part = state.parts[partition]

@@ -284,8 +284,8 @@ class MySqlSnapshot(SnapshotSource):
         """(text plan, the constant tail of every value) when the table takes the fast path."""
         from connectors.mysql import rowcodec
 
-        if self.codec is None:
-            return None
+        if self.codec is None or self.config.has_column_rules(captured.schema.table):
+            return None  # column rules: the dispatcher transforms typed events
         codec = self.codec.table(captured.schema)
         plan = rowcodec.text_plan_for(captured.columns, codec.value_fields,
                                       [c.type for c in captured.schema.columns],
