@@ -14,7 +14,7 @@ from sqlglot import exp
 from cdc.errors import CdcError
 from cdc.events import TableId
 from cdc.source import Leader
-from views.definition import AFFECTED, IMAGES, KEY_COLUMN, TOUCHED, ViewPlan
+from views.definition import AFFECTED, IMAGES, KEY_COLUMN, LINEAGE, ViewPlan
 from views.sink import declared_columns, schema_store, view_plan
 
 if TYPE_CHECKING:
@@ -102,7 +102,8 @@ def _run_on_empty_state(name: str, plan: ViewPlan,
             db.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"').fetchall()
             db.execute(f'CREATE TABLE "{schema}"."{table_name}" ("{KEY_COLUMN}" VARCHAR, '
                        f"{data})").fetchall()
-            db.execute(f"CREATE TEMP TABLE {TOUCHED.format(index=index)} (k VARCHAR)").fetchall()
+            db.execute(f"CREATE TEMP TABLE {LINEAGE.format(index=index)} "
+                       f'("{KEY_COLUMN}" VARCHAR, {data})').fetchall()
             db.execute(f"CREATE TEMP TABLE {IMAGES.format(index=index)} ({data})").fetchall()
         keys = ", ".join(f'"{column}" AS k{i}' for i, column in enumerate(plan.key))
         db.execute(f"CREATE TEMP TABLE {AFFECTED} AS SELECT {keys} FROM ({plan.full_sql}) "

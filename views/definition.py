@@ -47,7 +47,9 @@ from cdc.events import TableId
 #: the state's own columns in every base table (never a leader column: ``_cdc`` is reserved)
 KEY_COLUMN = "_cdc_key"
 #: the temporary tables the engine fills before running the lineage/restricted queries
-TOUCHED = "_cdc_touched_{index}"   # (k): key texts of table ``index``'s changed rows
+#: the changed rows' images in the current state (before the batch's write: their old rows;
+#: after it: their new rows), with every column of the state's table
+LINEAGE = "_cdc_lineage_{index}"
 IMAGES = "_cdc_images_{index}"     # the old and new images of those rows (the table's columns)
 AFFECTED = "_cdc_affected"        # (k0, k1, ...): the view keys to recompute
 
@@ -395,15 +397,23 @@ def _left_join_equalities(tree: exp.Select, references: Sequence[BaseTable]
 
 # --------------------------------------------------------------------------- the queries
 
-def _state_tree(tree: exp.Query, references: Sequence[BaseTable]) -> exp.Select:
+def _state_tree(tree: exp.Query, references: Sequence[BaseTable],
+                replace: Mapping[int, str] | None = None) -> exp.Select:
     """``tree`` with every table reference naming the state's table (``schema.table``,
-    quoted), its alias kept."""
+    quoted), its alias kept; the references at the positions of ``replace`` name that
+    (temporary) table instead, and a LEFT JOIN of one becomes an inner join."""
     copy = tree.copy()
-    for node, ref in zip(_table_nodes(copy), references, strict=True):
+    for position, (node, ref) in enumerate(zip(_table_nodes(copy), references, strict=True)):
+        alias = exp.TableAlias(this=exp.to_identifier(ref.alias, quoted=True))
+        if replace is not None and position in replace:
+            parent = node.parent
+            if isinstance(parent, exp.Join) and parent.this is node:
+                parent.set("side", None)
+            node.replace(exp.Table(this=exp.to_identifier(replace[position]), alias=alias))
+            continue
         node.replace(exp.Table(this=exp.to_identifier(ref.table.table, quoted=True),
                                db=exp.to_identifier(ref.table.schema, quoted=True),
-                               alias=exp.TableAlias(this=exp.to_identifier(ref.alias,
-                                                                           quoted=True))))
+                               alias=alias))
     return copy  # type: ignore[return-value]  # a Select wherever one is needed
 
 
@@ -419,14 +429,28 @@ def _quoted_alias_column(alias: str, column: str) -> exp.Column:
 def _lineage_sql(tree: exp.Select, references: Sequence[BaseTable],
                  key_exprs: Sequence[exp.Expr],
                  joins: Mapping[int, list[tuple[str, exp.Expr]]]) -> str:
-    """``SELECT DISTINCT <key exprs> FROM <the view's joins> WHERE <its filter> AND <touched>``:
-    the keys of every tuple involving a changed row, or null-extended where a changed row's
-    join values match (see the module docstring)."""
-    touched: list[exp.Expr | exp.Condition] = []
-    for ref in references:
-        table = TOUCHED.format(index=ref.index)
-        touched.append(exp.In(this=_quoted_alias_column(ref.alias, KEY_COLUMN),
-                              query=exp.Subquery(this=sqlglot.parse_one(f"SELECT k FROM {table}"))))
+    """The keys of every tuple involving a changed row, or null-extended where a changed
+    row's join values match (see the module docstring), as a UNION of branches, each
+    ``SELECT <key exprs> FROM <the view's joins> WHERE <its filter>``:
+
+    * per table reference, the joins with that reference reading only the changed rows'
+      images in the current state (:data:`LINEAGE`; a LEFT JOIN of it becomes inner: a tuple
+      involving one of its rows has that row), the others the whole tables — so each branch
+      joins a few rows against the tables, instead of the whole join being filtered;
+    * with LEFT JOINs, one branch over the whole tables, filtered to the tuples null-extended
+      on a left-joined table whose join values equal a changed row's old or new ones."""
+
+    def keys_of(select: exp.Select) -> exp.Select:
+        for arg in ("group", "having", "order", "distinct"):
+            select.set(arg, None)
+        select.set("expressions", [expression.copy().as_(f"k{i}")
+                                   for i, expression in enumerate(key_exprs)])
+        return select
+
+    branches = [keys_of(_state_tree(tree, references,
+                                    {position: LINEAGE.format(index=ref.index)}))
+                for position, ref in enumerate(references)]
+    extended: list[exp.Expr | exp.Condition] = []
     for position, pairs in joins.items():
         ref = references[position]
         images = exp.to_identifier(IMAGES.format(index=ref.index))
@@ -436,16 +460,12 @@ def _lineage_sql(tree: exp.Select, references: Sequence[BaseTable],
         exists = exp.Exists(this=exp.select("1").from_(exp.Table(this=images,
                                                                  alias=exp.TableAlias(
                                                                      this="_m"))).where(match))
-        touched.append(exp.and_(exp.Is(this=_quoted_alias_column(ref.alias, KEY_COLUMN),
-                                       expression=exp.Null()), exists))
-    select = _state_tree(tree, references)
-    for arg in ("group", "having", "order", "distinct"):
-        select.set(arg, None)
-    select.set("expressions", [expression.copy().as_(f"k{i}")
-                               for i, expression in enumerate(key_exprs)])
-    select.set("distinct", exp.Distinct())
-    select = select.where(exp.paren(exp.or_(*touched)), copy=False)
-    return str(select.sql(dialect="duckdb"))
+        extended.append(exp.and_(exp.Is(this=_quoted_alias_column(ref.alias, KEY_COLUMN),
+                                        expression=exp.Null()), exists))
+    if extended:
+        branches.append(keys_of(_state_tree(tree, references)).where(
+            exp.paren(exp.or_(*extended)), copy=False))
+    return " UNION ".join(str(branch.sql(dialect="duckdb")) for branch in branches)
 
 
 def _restricted_sql(tree: exp.Select, references: Sequence[BaseTable],

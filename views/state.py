@@ -23,7 +23,6 @@ Contracts, stated exactly:
 from __future__ import annotations
 
 import json
-import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,17 +32,34 @@ from typing import Any
 from cdc.errors import CdcError
 from cdc.events import TableId
 from sinks.base import canonical_text
-from views.definition import AFFECTED, IMAGES, KEY_COLUMN, TOUCHED, ViewPlan
+from views.definition import AFFECTED, IMAGES, KEY_COLUMN, LINEAGE, ViewPlan
 from views.types import json_form
 
 POSITION = "_cdc_pos"
 #: above this share of a table's rows touched by one batch, the view is recomputed whole
 RECOMPUTE_SHARE = 0.25
-#: a table's gated changes of the batch, typed (k, pos, gone, its columns)
+#: a table's changes of the batch, typed (k, pos, gone, its columns); after the gate, only
+#: those newer than the state's
 NEW = "_cdc_new_{index}"
+#: the state's rows of the batch's keys of a table, before the batch (_cdc_rowid, then the
+#: table's columns)
+HELD = "_cdc_held_{index}"
+ROWID = "_cdc_rowid"
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 #: a string as JSON text (the json module's C encoder, as ``ensure_ascii=False`` uses)
 _STRING: Callable[[str], str] = json.encoder.encode_basestring
+#: the json module's C encoder as ``_COMPACT`` configures it, made once (``_COMPACT.encode``
+#: makes one per call): ``"".join(_ENCODE(value, 0))`` is ``_COMPACT.encode(value)`` for a
+#: dict of JSON forms
+_ENCODE: Callable[[Any, int], Sequence[str]] = (
+    json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+        None, None, _STRING, None, ":", ",", False, False, False)
+    if getattr(json.encoder, "c_make_encoder", None) is not None
+    else lambda value, _: [_COMPACT.encode(value)])
+#: DuckDB result types whose Python values are their JSON form (decimals: cast to text)
+_AS_IS = frozenset({"BIGINT", "INTEGER", "SMALLINT", "TINYINT", "HUGEINT", "UBIGINT",
+                    "UINTEGER", "USMALLINT", "UTINYINT", "UHUGEINT", "VARCHAR", "BOOLEAN",
+                    "DECIMAL"})
 
 
 class ViewError(CdcError):
@@ -110,6 +126,10 @@ class ViewState:
         self.columns: dict[TableId, list[tuple[str, str]]] = {}
         #: the view's output columns and DuckDB types
         self._output: list[tuple[str, str]] | None = None
+        #: the start of a one-column key's JSON text (``{"id":``)
+        self._key_prefix = "{" + _STRING(plan.key[0]) + ":"
+        #: the outbox's content when this process knows it (None: read it from the state)
+        self._outbox: list[ViewChange] | None = None
         self._create()
 
     # ------------------------------------------------------------------------- set-up
@@ -175,14 +195,19 @@ class ViewState:
 
     # ------------------------------------------------------------------------- outbox
     def pending(self) -> list[ViewChange]:
-        """The outbox: view changes recorded but not yet confirmed written."""
+        """The outbox: view changes recorded but not yet confirmed written (kept in memory
+        too once this process knows the outbox's whole content: no read back)."""
+        if self._outbox is not None:
+            return list(self._outbox)
         rows = self._q("SELECT k, row, pos FROM _cdc_outbox ORDER BY seq")
-        return [ViewChange(key, bytes(position), None if row is None else json.loads(row))
-                for key, row, position in rows]
+        self._outbox = [ViewChange(key, bytes(position), None if row is None else json.loads(row))
+                        for key, row, position in rows]
+        return list(self._outbox)
 
     def drained(self) -> None:
         """Every change of :meth:`pending` is written into every target."""
         self._q("DELETE FROM _cdc_outbox")
+        self._outbox = []
 
     # ---------------------------------------------------------------------------- apply
     def apply(self, changes: Sequence[BaseChange]) -> BatchResult:
@@ -191,141 +216,168 @@ class ViewState:
         with self._lock:
             self._q("BEGIN TRANSACTION")
             try:
-                result = self._apply(changes)
+                result, recorded = self._apply(changes)
             except BaseException:
                 self._q("ROLLBACK")
                 raise
             self._q("COMMIT")
+            if self._outbox is not None:
+                self._outbox.extend(recorded)
             return result
 
-    def _apply(self, changes: Sequence[BaseChange]) -> BatchResult:
+    def _apply(self, changes: Sequence[BaseChange]) -> tuple[BatchResult, list[ViewChange]]:
         import duckdb
 
         result = BatchResult()
         by_table: dict[TableId, list[BaseChange]] = {}
         for change in changes:
             by_table.setdefault(change.table, []).append(change)
-        gated: dict[TableId, list[BaseChange]] = {}
-        for table in self.plan.tables:
-            batch = by_table.get(table, [])
-            won = self._gate(table, batch) if batch else []
-            result.skipped += len(batch) - len(won)
-            result.applied += len(won)
-            gated[table] = won
+        counts = self._stage_new(by_table)
+        won = self._gate(counts)
+        result.applied = sum(won.values())
+        result.skipped = sum(counts.values()) - result.applied
         stale = self.meta("stale") == "1"
         if not result.applied and not stale:
-            return result
+            return result, []
         try:
-            full = stale or self.plan.mode == "recompute" or self._mostly_touched(gated)
-            self._stage_new(gated)
+            full = stale or self.plan.mode == "recompute" or self._mostly_touched(won)
             if full:
                 self._write_base()
                 rows = self._run(self.plan.full_sql)
                 upserts, deletes = self._diff(rows, None)
             else:
-                self._stage()
+                self._stage(before=True)
                 self._q(f"CREATE OR REPLACE TEMP TABLE {AFFECTED} AS "
-                                f"{self.plan.lineage_sql}")
+                        f"{self.plan.lineage_sql}")
                 self._write_base()
+                self._stage(before=False)
                 self._q(f"INSERT INTO {AFFECTED} {self.plan.lineage_sql}")
                 affected = self._distinct_affected()
                 result.affected = len(affected)
                 rows = self._run(self.plan.restricted_sql or "")
                 upserts, deletes = self._diff(rows, affected)
+            newest = self._newest_position()
         except duckdb.Error as exc:
             raise ViewError(f"view {self.plan.name}: its SQL failed on the state ({exc})",
                             "a base table's schema may have changed under the view (a dropped "
                             "or retyped column): correct the view's SQL, then delete its state "
                             f"{self.path} and checkpoint to rebuild it") from None
         result.recomputed = full
-        position = self._next_position(max((c.position for won in gated.values() for c in won),
-                                           default=b""))
-        self._record(upserts, deletes, position)
+        position = self._next_position(newest)
+        recorded = self._record(upserts, deletes, position)
         if stale:
             self.set_meta("stale", "0")
         result.upserts, result.deletes = len(upserts), len(deletes)
-        return result
+        return result, recorded
 
-    def _gate(self, table: TableId, batch: Sequence[BaseChange]) -> list[BaseChange]:
-        """The changes strictly newer than what the state holds for their keys."""
-        import pyarrow as pa
-
-        keys = pa.table({"k": [change.key for change in batch]})
-        self.db.register("_cdc_batch_keys", keys)
-        try:
-            held = dict(self._q(
-                f"SELECT t.{_quote(KEY_COLUMN)}, t.{_quote(POSITION)} FROM {_table_sql(table)} t "
-                f"JOIN _cdc_batch_keys b ON t.{_quote(KEY_COLUMN)} = b.k "
-                "UNION ALL SELECT g.k, g.pos FROM _cdc_gone g JOIN _cdc_batch_keys b "
-                "ON g.k = b.k WHERE g.tbl = ?", [str(table)]))
-        finally:
-            self.db.unregister("_cdc_batch_keys")
-        return [change for change in batch
-                if change.key not in held or change.position > bytes(held[change.key])]
-
-    def _mostly_touched(self, gated: Mapping[TableId, list[BaseChange]]) -> bool:
-        for table, won in gated.items():
-            if len(won) < 1000:
+    def _gate(self, counts: Mapping[TableId, int]) -> dict[TableId, int]:
+        """Per table, keep in its staged changes only those strictly newer than what the state
+        holds for their keys (a row, or a delete's marker); the state's rows of the batch's
+        keys go to ``_cdc_held_<i>`` (one scan of the table). The number kept per table."""
+        won: dict[TableId, int] = {}
+        for index, table in enumerate(self.plan.tables):
+            new, held = NEW.format(index=index), HELD.format(index=index)
+            self._q(f"CREATE OR REPLACE TEMP TABLE {held} AS SELECT rowid AS {ROWID}, * "
+                    f"FROM {_table_sql(table)} WHERE {_quote(KEY_COLUMN)} IN "
+                    f"(SELECT k FROM {new})")
+            if not counts.get(table):
+                won[table] = 0
                 continue
-            count = int(self._q(f"SELECT count(*) FROM {_table_sql(table)}")[0][0])
-            if len(won) > RECOMPUTE_SHARE * max(1, count):
+            self._q(f"DELETE FROM {new} USING {held} h WHERE h.{_quote(KEY_COLUMN)} = "
+                    f"{new}.k AND h.{_quote(POSITION)} >= {new}.pos")
+            self._q(f"DELETE FROM {new} USING _cdc_gone g WHERE g.tbl = ? AND g.k = {new}.k "
+                    f"AND g.pos >= {new}.pos", [str(table)])
+            won[table] = int(self._q(f"SELECT count(*) FROM {new}")[0][0])
+        return won
+
+    def _newest_position(self) -> bytes:
+        """The newest position of the batch's changes that passed the gate."""
+        newest = b""
+        for index in range(len(self.plan.tables)):
+            found = self._q(f"SELECT max(pos) FROM {NEW.format(index=index)}")[0][0]
+            if found is not None and bytes(found) > newest:
+                newest = bytes(found)
+        return newest
+
+    def _mostly_touched(self, won: Mapping[TableId, int]) -> bool:
+        for table, count in won.items():
+            if count < 1000:
+                continue
+            rows = int(self._q(f"SELECT count(*) FROM {_table_sql(table)}")[0][0])
+            if count > RECOMPUTE_SHARE * max(1, rows):
                 return True
         return False
 
-    def _stage_new(self, gated: Mapping[TableId, list[BaseChange]]) -> None:
-        """Per table, its gated changes typed: ``_cdc_new_<i>`` (k, pos, gone, columns...)."""
+    def _stage_new(self, by_table: Mapping[TableId, list[BaseChange]]) -> dict[TableId, int]:
+        """Per table, the batch's changes typed: ``_cdc_new_<i>`` (k, pos, gone, columns...);
+        the number of changes per table."""
         import pyarrow as pa
 
+        counts: dict[TableId, int] = {}
         for index, table in enumerate(self.plan.tables):
-            won = gated[table]
-            extra = {column for change in won if change.row for column in change.row}
+            batch = by_table.get(table, [])
+            counts[table] = len(batch)
+            extra = {column for change in batch if change.row for column in change.row}
             known = {name for name, _ in self.columns[table]}
             if not extra <= known:
                 self._ensure_table(table, sorted(extra - known))
             columns = self.columns[table]
+            rows = [change.row for change in batch]
             staged: dict[str, Any] = {
-                "k": pa.array([c.key for c in won], pa.string()),
-                "pos": pa.array([c.position for c in won], pa.binary()),
-                "gone": pa.array([c.row is None for c in won], pa.bool_())}
+                "k": pa.array([c.key for c in batch], pa.string()),
+                "pos": pa.array([c.position for c in batch], pa.binary()),
+                "gone": pa.array([row is None for row in rows], pa.bool_())}
             for number, (name, _) in enumerate(columns):
                 staged[f"c{number}"] = pa.array(
-                    [_cell(c.row.get(name)) if c.row else None for c in won], pa.string())
+                    [None if row is None else _cell(row.get(name)) for row in rows],
+                    pa.string())
             self.db.register("_cdc_staged", pa.table(staged))
             try:
                 casts = "".join(f", CAST(c{number} AS {kind}) AS {_quote(name)}"
                                 for number, (name, kind) in enumerate(columns))
                 self._q(f"CREATE OR REPLACE TEMP TABLE {NEW.format(index=index)} AS "
-                                f"SELECT k, pos, gone{casts} FROM _cdc_staged")
+                        f"SELECT k, pos, gone{casts} FROM _cdc_staged")
             finally:
                 self.db.unregister("_cdc_staged")
+        return counts
 
-    def _stage(self) -> None:
-        """The touched keys of each table, and their old (state) and new images."""
+    def _stage(self, before: bool) -> None:
+        """Each table's changed rows as the lineage query reads them (``_cdc_lineage_<i>``):
+        ``before`` the write their rows in the state, after it their new rows; and (once, for
+        LEFT JOINs) their old and new images together."""
         for index, table in enumerate(self.plan.tables):
-            new = NEW.format(index=index)
-            self._q(f"CREATE OR REPLACE TEMP TABLE {TOUCHED.format(index=index)} AS "
-                            f"SELECT k FROM {new}")
-            columns = ", ".join(_quote(name) for name, _ in self.columns[table])
-            self._q(
-                f"CREATE OR REPLACE TEMP TABLE {IMAGES.format(index=index)} AS SELECT {columns} "
-                f"FROM {_table_sql(table)} WHERE {_quote(KEY_COLUMN)} IN (SELECT k FROM {new}) "
-                f"UNION ALL SELECT {columns} FROM {new} WHERE NOT gone")
+            new, held = NEW.format(index=index), HELD.format(index=index)
+            names = [_quote(name) for name, _ in self.columns[table]]
+            columns = ", ".join(names)
+            old = (f"SELECT {columns} FROM {held} WHERE {_quote(KEY_COLUMN)} IN "
+                   f"(SELECT k FROM {new})")
+            if before:
+                self._q(f"CREATE OR REPLACE TEMP TABLE {IMAGES.format(index=index)} AS {old} "
+                        f"UNION ALL SELECT {columns} FROM {new} WHERE NOT gone")
+                self._q(f"CREATE OR REPLACE TEMP TABLE {LINEAGE.format(index=index)} AS "
+                        f"SELECT {_quote(KEY_COLUMN)}, {_quote(POSITION)}, {columns} FROM "
+                        f"{held} WHERE {_quote(KEY_COLUMN)} IN (SELECT k FROM {new})")
+            else:
+                self._q(f"CREATE OR REPLACE TEMP TABLE {LINEAGE.format(index=index)} AS "
+                        f"SELECT k AS {_quote(KEY_COLUMN)}, pos AS {_quote(POSITION)}, "
+                        f"{columns} FROM {new} WHERE NOT gone")
 
     def _write_base(self) -> None:
-        """The staged changes into the base tables: rows replaced, deletes leave a marker."""
+        """The gated changes into the base tables: rows replaced (the held rows deleted by
+        their row ids), deletes leave a marker."""
         for index, table in enumerate(self.plan.tables):
-            new = NEW.format(index=index)
+            new, held = NEW.format(index=index), HELD.format(index=index)
             names = [_quote(name) for name, _ in self.columns[table]]
-            self._q(f"DELETE FROM {_table_sql(table)} WHERE {_quote(KEY_COLUMN)} "
-                            f"IN (SELECT k FROM {new})")
+            self._q(f"DELETE FROM {_table_sql(table)} WHERE rowid IN (SELECT {ROWID} FROM "
+                    f"{held} WHERE {_quote(KEY_COLUMN)} IN (SELECT k FROM {new}))")
             self._q(f"DELETE FROM _cdc_gone WHERE tbl = ? AND k IN (SELECT k FROM {new})",
-                            [str(table)])
+                    [str(table)])
             self._q(f"INSERT INTO {_table_sql(table)} ({_quote(KEY_COLUMN)}, "
-                            f"{_quote(POSITION)}" + "".join(f", {n}" for n in names)
-                            + ") SELECT k, pos" + "".join(f", {n}" for n in names)
-                            + f" FROM {new} WHERE NOT gone")
+                    f"{_quote(POSITION)}" + "".join(f", {n}" for n in names)
+                    + ") SELECT k, pos" + "".join(f", {n}" for n in names)
+                    + f" FROM {new} WHERE NOT gone")
             self._q(f"INSERT INTO _cdc_gone SELECT ?, k, pos FROM {new} WHERE gone",
-                            [str(table)])
+                    [str(table)])
 
     def _distinct_affected(self) -> list[tuple[Any, ...]]:
         self._q(f"CREATE OR REPLACE TEMP TABLE {AFFECTED} AS "
@@ -348,53 +400,54 @@ class ViewState:
         types = [kind for _, kind in self._output]
         return names, types, cursor.fetchall()
 
-    @staticmethod
-    def _encode(names: Sequence[str], values: Sequence[Any]) -> str:
-        """``{name: value}`` as compact JSON of the JSON forms (what ``json.dumps`` with
-        ``separators=(",", ":")`` gives: built here per value for speed)."""
-        parts = []
-        for name, value in zip(names, values, strict=True):
-            kind = type(value)
-            if kind is int:
-                text = str(value)
-            elif kind is str:
-                text = _STRING(value)
-            elif value is None:
-                text = "null"
-            elif kind is bool:
-                text = "true" if value else "false"
-            elif kind is float and math.isfinite(value):
-                text = float.__repr__(value)
-            else:  # decimals, dates, times, NaN...
-                text = _COMPACT.encode(json_form(value))
-            parts.append(f"{_STRING(name)}:{text}")
-        return "{" + ",".join(parts) + "}"
+    def _forms(self, names: Sequence[str], types: Sequence[str]
+               ) -> Callable[[Sequence[Any]], dict[str, Any]]:
+        """A function from a result row (of :meth:`_run`) to ``{name: JSON form}``: columns
+        whose values already are their JSON form (integers, text, booleans, decimals as text)
+        are taken as they are, the others through :func:`json_form`."""
+        converted = [i for i, kind in enumerate(types)
+                     if kind.upper().split("(")[0] not in _AS_IS]
+        if not converted:
+            return lambda values: dict(zip(names, values, strict=True))
+
+        def forms(values: Sequence[Any]) -> dict[str, Any]:
+            row = dict(zip(names, values, strict=True))
+            for i in converted:
+                row[names[i]] = json_form(values[i])
+            return row
+        return forms
 
     def _key_text(self, values: Sequence[Any]) -> str:
+        """The key's JSON text (compact, as ``json.dumps`` gives it)."""
+        if len(values) == 1 and type(values[0]) is int:  # the common case, directly
+            return f"{self._key_prefix}{values[0]}}}"
         if None in values:
             raise ViewError(f"view {self.plan.name} produced a row whose key "
                             f"({', '.join(self.plan.key)}) holds NULL",
                             "key columns must never be NULL: filter such rows out in the view's "
                             "SQL (WHERE ... IS NOT NULL), or key the view differently")
-        return self._encode(self.plan.key, values)
+        return "".join(_ENCODE({name: json_form(value) for name, value
+                                in zip(self.plan.key, values, strict=True)}, 0))
 
     def _diff(self, result: tuple[list[str], list[str], list[tuple[Any, ...]]],
               affected: list[tuple[Any, ...]] | None
-              ) -> tuple[dict[str, str], list[str]]:
-        """The rows to upsert (key -> row JSON) and the keys to delete, comparing ``result``
-        with the view's rows (all of them when ``affected`` is None)."""
+              ) -> tuple[dict[str, tuple[str, dict[str, Any]]], list[str]]:
+        """The rows to upsert (key -> (row JSON, row)) and the keys to delete, comparing
+        ``result`` with the view's rows (all of them when ``affected`` is None)."""
         import pyarrow as pa
 
         names, types, rows = result
         positions = [names.index(column) for column in self.plan.key]
-        fresh: dict[str, str] = {}
-        for row in rows:
-            key = self._key_text([row[i] for i in positions])
+        forms = self._forms(names, types)
+        fresh: dict[str, tuple[str, dict[str, Any]]] = {}
+        for values in rows:
+            row = forms(values)
+            key = self._key_text([values[i] for i in positions])
             if key in fresh:
                 raise ViewError(f"view {self.plan.name}: two rows have the key {key}",
                                 f"the view's key ({', '.join(self.plan.key)}) must identify one "
                                 "row: add the missing GROUP BY or join columns to the key")
-            fresh[key] = self._encode(names, row)
+            fresh[key] = ("".join(_ENCODE(row, 0)), row)
         if affected is None:
             held = dict(self._q("SELECT k, row FROM _cdc_view"))
         else:
@@ -402,10 +455,10 @@ class ViewState:
             self.db.register("_cdc_keys", pa.table({"k": pa.array(keys, pa.string())}))
             try:
                 held = dict(self._q("SELECT v.k, v.row FROM _cdc_view v "
-                                            "JOIN _cdc_keys USING (k)"))
+                                    "JOIN _cdc_keys USING (k)"))
             finally:
                 self.db.unregister("_cdc_keys")
-        upserts = {key: row for key, row in fresh.items() if held.get(key) != row}
+        upserts = {key: new for key, new in fresh.items() if held.get(key) != new[0]}
         deletes = [key for key in held if key not in fresh]
         return upserts, deletes
 
@@ -415,26 +468,28 @@ class ViewState:
         self.set_meta("position", position.hex())
         return position
 
-    def _record(self, upserts: Mapping[str, str], deletes: Sequence[str],
-                position: bytes) -> None:
-        """The view's new rows, and the outbox."""
+    def _record(self, upserts: Mapping[str, tuple[str, dict[str, Any]]],
+                deletes: Sequence[str], position: bytes) -> list[ViewChange]:
+        """The view's new rows, and the outbox; the outbox's new changes."""
         import pyarrow as pa
 
         keys = [*upserts, *deletes]
         if not keys:
-            return
-        rows = [*upserts.values(), *([None] * len(deletes))]
+            return []
+        rows = [text for text, _ in upserts.values()] + [None] * len(deletes)
         self.db.register("_cdc_out", pa.table({
             "seq": pa.array(range(len(keys)), pa.int64()), "k": pa.array(keys, pa.string()),
             "row": pa.array(rows, pa.string())}))
         try:
             self._q("DELETE FROM _cdc_view WHERE k IN (SELECT k FROM _cdc_out)")
             self._q("INSERT INTO _cdc_view SELECT k, row FROM _cdc_out "
-                            "WHERE row IS NOT NULL")
+                    "WHERE row IS NOT NULL")
             self._q("INSERT INTO _cdc_outbox SELECT seq, k, row, ? FROM _cdc_out",
-                            [position])
+                    [position])
         finally:
             self.db.unregister("_cdc_out")
+        return [*(ViewChange(key, position, row) for key, (_, row) in upserts.items()),
+                *(ViewChange(key, position, None) for key in deletes)]
 
     # ------------------------------------------------------------------------- reading
     def rows(self) -> dict[str, dict[str, Any]]:
@@ -444,10 +499,10 @@ class ViewState:
 
     def recompute(self) -> dict[str, dict[str, Any]]:
         """The view computed whole from the state now (what the rows must equal)."""
-        names, _, rows = self._run(self.plan.full_sql)
+        names, types, rows = self._run(self.plan.full_sql)
         positions = [names.index(column) for column in self.plan.key]
-        return {self._key_text([row[i] for i in positions]): json.loads(self._encode(names, row))
-                for row in rows}
+        forms = self._forms(names, types)
+        return {self._key_text([row[i] for i in positions]): forms(row) for row in rows}
 
 
 
