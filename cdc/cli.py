@@ -410,6 +410,29 @@ def capture_cmd(config_path: str | None, sources: tuple[str, ...],
             metrics.stop()
 
 
+@main.command("snapshot")
+@config_option
+@click.option("--source", "source_name", default=None,
+              help="The source (default: the only one).")
+@click.option("--table", "tables", multiple=True, required=True,
+              help="A captured table (schema.table) to snapshot again while capture streams "
+                   "(repeatable).")
+@click.option("--wait/--no-wait", default=False,
+              help="Show the snapshot's progress until it is done (capture must be running).")
+@friendly_errors
+def snapshot_cmd(config_path: str | None, source_name: str | None, tables: tuple[str, ...],
+                 wait: bool) -> None:
+    """Snapshot tables while `cdc capture` keeps streaming: chunks by primary key between
+    watermarks in the source's own log, no lock, no new slot (docs/capture.md)."""
+    from cdc.snapshots import request_snapshot, wait_for_snapshots
+
+    config = _load(config_path)
+    console = make_console()
+    request = request_snapshot(config, source_name, tables, console)
+    if wait:
+        wait_for_snapshots(config, request, console)
+
+
 @main.command("apply")
 @config_option
 @click.option("--follower", "followers", multiple=True,

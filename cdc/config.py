@@ -249,6 +249,8 @@ class SourceConfig(_Strict):
     columns: dict[str, ColumnSettings] = Field(default_factory=dict)
     #: name of the environment variable holding the key of ``hash`` transforms (never logged)
     hash_key_env: str | None = None
+    #: rows per chunk of an incremental snapshot (``cdc snapshot``, cdc/incremental.py)
+    snapshot_chunk_size: int = Field(1024, ge=1, le=1_000_000)
 
     @field_validator("name")
     @classmethod

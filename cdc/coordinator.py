@@ -40,7 +40,8 @@ from cdc.avro import EventCodec
 from cdc.columns import ColumnPolicies
 from cdc.config import Config, SourceConfig
 from cdc.errors import CdcError, ConfigError, LogUnavailable
-from cdc.events import ChangeEvent, TableId, TableSchema
+from cdc.events import ChangeEvent, TableId, TableSchema, topic_name
+from cdc.incremental import IncrementalSnapshots, SnapshotQueue, TableProgress
 from cdc.log.base import ChangeLogReader, ChangeLogWriter
 from cdc.log.open import open_writer
 from cdc.observe import NO_OBSERVER, CaptureObserver
@@ -52,6 +53,7 @@ from cdc.source import (
     EncodedBatch,
     SnapshotSource,
     StreamingSource,
+    Watermark,
     connector_for,
 )
 from cdc.status import StatusFile
@@ -237,6 +239,8 @@ class StreamRunner:
                                      image_cache_bytes=source_config.image_cache,
                                      columns=source_config.column_policies())
         self.observer = self.dispatcher.observer = observer
+        #: incremental snapshots (``cdc snapshot``, tables new to the log)
+        self.snapshots = self._incremental()
         self._unavailable_base: int | None = None
         self.status = StatusFile(config.log_path, self.name)
         self.last_offset: SourceOffset | None = None
@@ -287,12 +291,36 @@ class StreamRunner:
 
     _streamed_recently = False
 
+    def _incremental(self) -> IncrementalSnapshots | None:
+        """The source's incremental snapshots (cdc/incremental.py), if its connector has them."""
+        if not self.connector.incremental_snapshots:
+            return None
+        source = self.source_config
+        columns = self.dispatcher.columns
+        observer, name = self.observer, self.name
+
+        def hashed(schema: TableSchema) -> bool:  # its log keys cannot be looked up
+            policy = columns.get(schema.table) if columns is not None else None
+            return policy is not None and policy.transforms_key(schema.key)
+
+        def progressed(table: str, progress: TableProgress) -> None:
+            observer.snapshot_progress(name, table, progress.rows, progress.estimated)
+
+        return IncrementalSnapshots(
+            name, [TableId.parse(t) for t in source.tables],
+            SnapshotQueue(self.config.log_path, name), None, source.snapshot_chunk_size,
+            self.dispatcher.codec.key_bytes, lambda topic: live_keys(self.writer, topic),
+            hashed, progressed)
+
     def _session(self) -> None:
         offset = self.stored_offset()
         self.dispatcher.resync()
         if self._unavailable_base is None:
             self._unavailable_base = offset.unavailable_images
             self.last_offset = offset
+        if self.snapshots is not None:
+            self.snapshots.resume({"snapshots": offset.snapshots})
+            self._new_tables()
         stream = self.connector.stream(offset, self.dispatcher.codec)
         try:
             log.info("source %s: streaming from %s", self.name, stream.describe())
@@ -301,24 +329,47 @@ class StreamRunner:
         finally:
             stream.close()
 
+    def _new_tables(self) -> None:
+        """Tables in ``tables`` the log has never seen get an incremental snapshot."""
+        assert self.snapshots is not None
+        known = {info.name for info in self.writer.topics()}
+        new = [t for t in (TableId.parse(text) for text in self.source_config.tables)
+               if topic_name(self.name, t) not in known and str(t) not in self.snapshots.running]
+        if new:
+            log.info("source %s: %s not in the log yet: snapshotting incrementally", self.name,
+                     ", ".join(map(str, new)))
+            self.snapshots.add(new, "new-tables")
+
     def _pump(self, stream: StreamingSource) -> None:
         dispatcher = self.dispatcher
         add, checkpoint_type, event_type = dispatcher.add, Checkpoint, ChangeEvent
         heartbeat_at = time.monotonic()
         interval = self.source_config.heartbeat_interval
+        snapshots = self.snapshots
         for item in stream.items(idle_timeout=min(self.config.log.commit_interval, 0.2)
                                  or 0.05):
             kind = item.__class__
             if kind is event_type:
+                if snapshots is not None and snapshots.watching:
+                    snapshots.saw(item)  # type: ignore[arg-type]
                 add(item)  # type: ignore[arg-type]
             elif kind is checkpoint_type:
                 dispatcher.checkpoint(
                     self._counted(item.offset))  # type: ignore[union-attr,arg-type]
+                if snapshots is not None:
+                    self._snapshot_step(stream, snapshots)
             elif kind is EncodedBatch:
                 batch: EncodedBatch = item  # type: ignore[assignment]
+                if snapshots is not None and snapshots.watching:
+                    snapshots.saw(batch)
                 if batch.offset is not None:
                     batch.offset = self._counted(batch.offset)
                 dispatcher.add_batch(batch)
+            elif kind is Watermark and snapshots is not None:
+                snapshots.reached(item, add,  # type: ignore[arg-type]
+                                  dispatcher.add_tombstone)
+            if item is None and snapshots is not None:
+                self._snapshot_step(stream, snapshots)
             if item is None:
                 self._flush(stream)
                 self.observer.idle(self.name)
@@ -331,8 +382,16 @@ class StreamRunner:
                 heartbeat_at = time.monotonic()
         self._flush(stream)
 
+    def _snapshot_step(self, stream: StreamingSource, snapshots: IncrementalSnapshots) -> None:
+        """Between transactions: take new requests, open the next snapshot window."""
+        snapshots.poll()
+        snapshots.step(stream)
+
     def _counted(self, offset: SourceOffset) -> SourceOffset:
-        """``offset`` with the count of changes whose images could not be completed."""
+        """``offset`` with the count of changes whose images could not be completed, and the
+        incremental snapshots' progress."""
+        if self.snapshots is not None and self.snapshots.tracking:
+            offset = offset.replace(snapshots=self.snapshots.progress())
         unavailable = self.dispatcher.stats.unavailable
         if not unavailable:
             return offset  # it carries the stored count already
@@ -345,6 +404,8 @@ class StreamRunner:
             stream.confirm(committed)  # only now: the log holds everything up to it
             self._streamed_recently = True
             self.observer.durable(self.name, committed)
+            if self.snapshots is not None:
+                self.snapshots.durable(committed.snapshots)
         self._status("streaming")
 
     def _status(self, state: str, force: bool = False) -> None:

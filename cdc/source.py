@@ -51,12 +51,12 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from cdc.errors import ConfigError
+from cdc.errors import CdcError, ConfigError
 from cdc.events import ChangeEvent, TableId, TableSchema
 from cdc.offsets import SourceOffset
 from cdc.position import Position
@@ -100,7 +100,17 @@ class EncodedBatch:
     ts_ms: int = 0
 
 
-StreamItem = ChangeEvent | EncodedBatch | Checkpoint | None
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """The stream passed a watermark capture wrote (:meth:`StreamingSource.watermark`), in
+    commit order. ``position(i)`` is the position of the ``i``-th (from 1) record capture adds at
+    this point: after everything yielded before the watermark, before everything after it."""
+
+    payload: str
+    position: Callable[[int], Position]
+
+
+StreamItem = ChangeEvent | EncodedBatch | Checkpoint | Watermark | None
 
 
 @dataclass(frozen=True)
@@ -191,6 +201,34 @@ class StreamingSource(ABC):
     def describe(self) -> str:
         """Where the stream started, for the log."""
         return ""
+
+    # -- incremental snapshots (cdc/incremental.py); a connector without them keeps these ----
+    def watermark(self, payload: str) -> None:
+        """Write ``payload`` into the source's own log now, committed on its own: the stream
+        yields it back as a :class:`Watermark` after every change committed before this call
+        and before every change committed after it returns."""
+        raise CdcError("this connector has no incremental snapshots",
+                          "use `cdc bootstrap` to snapshot its tables again")
+
+    def chunk(self, table: TableId, after: Sequence[str] | None, size: int
+              ) -> tuple[TableSchema, list[ChangeEvent], list[str] | None]:
+        """Up to ``size`` rows of ``table`` whose key is greater than ``after`` (key column
+        texts as this method returned them; None: from the first row), in key order, read now
+        (committed data): the table's schema, op ``r`` events whose positions the caller sets,
+        and the last row's key texts (None when fewer than ``size`` rows were left)."""
+        raise CdcError("this connector has no incremental snapshots")
+
+    def estimate_rows(self, table: TableId) -> int | None:
+        """About how many rows ``table`` has (progress and ETA), or None."""
+        return None
+
+    def schema_of(self, table: TableId) -> TableSchema:
+        """``table``'s schema as this session knows it now."""
+        raise CdcError("this connector has no incremental snapshots")
+
+    def absent(self, table: TableId, keys: Sequence[bytes]) -> list[bytes]:
+        """Those of ``keys`` (log key bytes) that no row of ``table`` has now."""
+        raise CdcError("this connector has no incremental snapshots")
 
     @abstractmethod
     def close(self) -> None:
@@ -286,6 +324,8 @@ class Connector(ABC):
     kind: ClassVar[str]
     #: its offset type
     offset_type: ClassVar[type[SourceOffset]]
+    #: whether its streams take incremental snapshots (:meth:`StreamingSource.watermark`)
+    incremental_snapshots: ClassVar[bool] = False
 
     def __init__(self, config: SourceConfig) -> None:
         self.config = config

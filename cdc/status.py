@@ -120,6 +120,10 @@ def source_status(config: Config, source: SourceConfig,
     row["events"] = live.get("events") if live else None
     row["last_error"] = live.get("last_error") if live else None
     row["unavailable_images"] = int((stored or {}).get("unavailable_images", 0))
+    from cdc.incremental import progress_of
+    from cdc.snapshots import describe_progress
+
+    row["snapshots"] = {table: describe_progress(p) for table, p in progress_of(stored).items()}
     row["warnings"] = []
     try:
         connector = connector_for(source)
@@ -261,5 +265,12 @@ def print_status(status: dict[str, Any], console: Console) -> None:
         if row.get("last_error"):
             warnings.append(f"{row['follower']}: {row['last_error']}")
     console.print(table)
+    for row in status["sources"]:
+        for name, snap in (row.get("snapshots") or {}).items():
+            eta = f", about {snap['eta_s']:.0f} s left" if snap.get("eta_s") is not None else ""
+            of = f" of ~{snap['estimated']:,}" if snap.get("estimated") else ""
+            console.print(f"snapshot {row['source']} {name}: {snap['phase']}, "
+                          f"{snap['rows']:,}{of} rows, {snap['rows_per_s']:,.0f} rows/s{eta}, "
+                          f"{snap['tombstones']:,} tombstoned", highlight=False)
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)

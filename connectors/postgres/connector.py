@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +92,7 @@ class PostgresConnector(Connector):
 
     kind = "postgres"
     offset_type = PostgresOffset
+    incremental_snapshots = True
 
     def __init__(self, config: SourceConfig) -> None:
         super().__init__(config)
@@ -190,8 +191,12 @@ class PostgresStreaming(StreamingSource):
         self.config = config
         self.offset = offset
         self.pg = PostgresSource(config).stream(offset.lsn, status_interval=5.0)
+        self._leader: Any = None
         try:
             _check_slot(config, self.pg.catalog_conn, offset.lsn)
+            # a table newly added to `tables` joins the stream before its incremental snapshot
+            catalog.ensure_publication(self.pg.catalog_conn, config.publication_name,
+                                       self.pg.source.tables)
         except BaseException:
             self.pg.close()
             raise
@@ -211,11 +216,35 @@ class PostgresStreaming(StreamingSource):
         assert isinstance(offset, PostgresOffset)
         self.pg.confirm(offset.lsn)  # only now: the log holds everything up to it
 
+    def watermark(self, payload: str) -> None:
+        self.pg.watermark(payload)
+
+    def chunk(self, table: TableId, after: Sequence[str] | None, size: int
+              ) -> tuple[TableSchema, list[ChangeEvent], list[str] | None]:
+        return self.pg.chunk(table, after, size)
+
+    def absent(self, table: TableId, keys: Sequence[bytes]) -> list[bytes]:
+        if self._leader is None:
+            from connectors.postgres.checksum import PostgresLeader
+
+            self._leader = PostgresLeader(self.config)
+        gone = self._leader.absent(table, [key.decode() for key in keys])
+        return [text.encode() for text in gone]
+
+    def estimate_rows(self, table: TableId) -> int | None:
+        return self.pg.source.count_rows(self.pg.catalog_conn, table) or None
+
+    def schema_of(self, table: TableId) -> TableSchema:
+        return self.pg.captured[table].schema
+
     def heartbeat(self) -> None:
         self.pg.catalog_conn.execute("SELECT pg_logical_emit_message(false, %s, %s)",
                                      (HEARTBEAT_PREFIX, str(int(time.time() * 1000))))
 
     def close(self) -> None:
+        if self._leader is not None:
+            with contextlib.suppress(Exception):
+                self._leader.close()
         _close(self.pg)
 
 

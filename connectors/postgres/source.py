@@ -14,9 +14,10 @@ transaction already covered, so nothing is delivered twice unless it was never c
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,9 @@ from psycopg import pq
 
 from cdc.config import SourceConfig
 from cdc.events import ChangeEvent, Column, Op, TableId, TableSchema, TransactionInfo
+from cdc.incremental import PREFIX as WATERMARK_PREFIX
 from cdc.position import Position, format_lsn
+from cdc.source import Watermark
 from connectors.postgres import catalog, pgoutput, rowcodec
 from connectors.postgres.connection import SourceError, connect, describe
 from connectors.postgres.replication import ReplicationStream, quote_ident
@@ -169,6 +172,12 @@ class PostgresSource:
         return PostgresStream(self, resume_lsn, status_interval)
 
 
+def _snapshot_position(commit_lsn: int, ordinal: int) -> Position:
+    """The position of the ``ordinal``-th row logged at a watermark committed at
+    ``commit_lsn``: after every change committed before it, before every one after."""
+    return Position.postgres(commit_lsn, ordinal, snapshot=True)
+
+
 def _unchanged_toast(captured: CapturedTable, change: pgoutput.Update) -> tuple[str, ...]:
     """Columns whose values PostgreSQL did not send (TOASTed and unchanged by the update)."""
     if pgoutput.UNCHANGED_TOAST not in change.new:
@@ -215,6 +224,8 @@ class PostgresStream:
                                         status_interval)
         self.relations: dict[int, CapturedTable] = {}
         self.last_message_at = time.monotonic()
+        self._key_type_cache: dict[TableId, list[str]] = {}
+        self._synchronous = False
 
     def close(self) -> None:
         for conn in (self.replication_conn, self.catalog_conn):
@@ -262,12 +273,71 @@ class PostgresStream:
                 if decoded.prefix == HEARTBEAT_PREFIX and txn is None:
                     # every transaction committed before the heartbeat was sent before it
                     yield Checkpoint(decoded.lsn)
+                elif decoded.prefix == WATERMARK_PREFIX and txn is not None and not skipping:
+                    yield Watermark(decoded.content.decode(errors="replace"),
+                                    functools.partial(_snapshot_position, txn.commit_lsn))
             elif skipping or txn is None:
                 continue
             elif isinstance(decoded, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
                 yield from self._row_change(decoded, txn, message.start_lsn)
             elif isinstance(decoded, pgoutput.Truncate):
                 yield from self._truncate(decoded, txn, message.start_lsn)
+
+    # -- incremental snapshots (cdc/incremental.py) ------------------------------------------
+    def watermark(self, payload: str) -> None:
+        """A transactional logical message of its own: the stream yields it in commit order."""
+        if not self._synchronous:  # flushed at commit, so the stream sees it at once (with
+            # synchronous_commit off it would wait for the WAL writer: wal_writer_delay)
+            self.catalog_conn.execute("SET synchronous_commit TO on")
+            self._synchronous = True
+        self.catalog_conn.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                                  (WATERMARK_PREFIX, payload))
+
+    def chunk(self, table: TableId, after: Sequence[str] | None, size: int
+              ) -> tuple[TableSchema, list[ChangeEvent], list[str] | None]:
+        """Up to ``size`` rows with a key above ``after`` (key texts), in key order, read with
+        COPY and decoded exactly as the bootstrap decodes rows."""
+        captured = self.captured[table]
+        schema = captured.schema
+        key = ", ".join(quote_ident(k) for k in schema.key)
+        columns = ", ".join(quote_ident(c.name) for c in schema.columns)
+        where, params = "", None
+        if after is not None:  # placeholders: every other % doubled
+            casts = ", ".join(f"%s::{kind.replace('%', '%%')}"
+                              for kind in self._key_types(table))
+            key, columns = key.replace("%", "%%"), columns.replace("%", "%%")
+            where, params = f"WHERE ({key}) > ({casts})", tuple(after)
+        name = catalog.qualified(table)
+        name = name if params is None else name.replace("%", "%%")
+        query = (f"COPY (SELECT {columns} FROM {name} {where} ORDER BY {key} "
+                 f"LIMIT {int(size)}) TO STDOUT")
+        ts_ms = int(time.time() * 1000)
+        info = {"snapshot": "incremental", "lsn": None, "txId": None, "sequence": None}
+        placeholder = Position.postgres(0, 0, snapshot=True)
+        indexes = [[c.name for c in schema.columns].index(k) for k in schema.key]
+        events: list[ChangeEvent] = []
+        values: tuple[Any, ...] = ()
+        with self.catalog_conn.cursor() as cursor, cursor.copy(query, params) as copy:
+            for values in copy.rows():
+                if len(values) != len(captured.plan):
+                    captured.row(values)  # raises, naming the problem
+                events.append(ChangeEvent(schema, Op.READ, placeholder, ts_ms,
+                                          source_info=dict(info),
+                                          raw=rowcodec.TextRows(captured, None, values)))
+        last = [str(values[i]) for i in indexes] if len(events) == size else None
+        return schema, events, last
+
+    def _key_types(self, table: TableId) -> list[str]:
+        """The SQL types of ``table``'s key columns, in key order (for the chunks' bounds)."""
+        found = self._key_type_cache.get(table)
+        if found is None:
+            schema = self.captured[table].schema
+            rows = dict(self.catalog_conn.execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                "WHERE attrelid = %s::regclass AND attname = ANY(%s) AND NOT attisdropped",
+                (catalog.qualified(table), list(schema.key))).fetchall())
+            found = self._key_type_cache[table] = [str(rows[k]) for k in schema.key]
+        return found
 
     def _relation(self, relation: pgoutput.Relation) -> CapturedTable:
         table = TableId(relation.namespace, relation.name)
