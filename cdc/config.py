@@ -348,6 +348,26 @@ class MySqlSourceConfig(SourceConfig):
     #: read timeout on the replication connection; the server sends a heartbeat event at half
     #: of it when idle
     read_timeout: Duration = Field(30.0, gt=1)
+    #: the table incremental snapshots write their watermarks to (``database.table``; default:
+    #: ``cdc_signal`` in the database of the first captured table). Capture creates it if it
+    #: may; it must not be one of ``tables``
+    signal_table: str | None = None
+
+    @model_validator(mode="after")
+    def _signal_not_captured(self) -> MySqlSourceConfig:
+        if self.signal_table is not None:
+            SourceConfig._tables_ok([self.signal_table])
+            if self.signal_table in self.tables:
+                raise ValueError("signal_table is one of tables: it holds capture's own "
+                                 "watermarks, so it must not be captured")
+        return self
+
+    @property
+    def signal_table_id(self) -> TableId:
+        """Where incremental snapshots write their watermarks (see ``signal_table``)."""
+        if self.signal_table is not None:
+            return TableId.parse(self.signal_table)
+        return TableId(TableId.parse(self.tables[0]).schema, "cdc_signal")
 
     @property
     def replica_id(self) -> int:

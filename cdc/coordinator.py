@@ -383,9 +383,17 @@ class StreamRunner:
         self._flush(stream)
 
     def _snapshot_step(self, stream: StreamingSource, snapshots: IncrementalSnapshots) -> None:
-        """Between transactions: take new requests, open the next snapshot window."""
+        """Between transactions: take new requests, open the next snapshot window. A refusal
+        stops that table's snapshot alone; a lost connection reconnects as usual."""
         snapshots.poll()
-        snapshots.step(stream)
+        retryable: tuple[type[BaseException], ...] = (*self.connector.retryable(),
+                                                       LogUnavailable)
+        try:
+            snapshots.step(stream)
+        except retryable:
+            raise
+        except CdcError as exc:
+            snapshots.fail(exc)
 
     def _counted(self, offset: SourceOffset) -> SourceOffset:
         """``offset`` with the count of changes whose images could not be completed, and the

@@ -108,7 +108,7 @@ class TableProgress:
 
     request: str
     started_ms: int = field(default_factory=lambda: int(time.time() * 1000))
-    #: ``chunks``, then ``sweep``, then ``done``
+    #: ``chunks``, then ``sweep``, then ``done`` (or ``failed``, with ``error``)
     phase: str = "chunks"
     #: the key texts of the last logged chunk's last row (None: none yet)
     after: list[str] | None = None
@@ -119,10 +119,11 @@ class TableProgress:
     chunks: int = 0
     estimated: int | None = None
     finished_ms: int | None = None
+    error: str | None = None
 
     @property
     def active(self) -> bool:
-        return self.phase != "done"
+        return self.phase not in ("done", "failed")
 
     def dump(self) -> dict[str, Any]:
         return {name: value for name, value in self.__dict__.items() if value is not None}
@@ -276,6 +277,20 @@ class IncrementalSnapshots:
             window = self._sweep_window(stream, identifier, table, progress)
         stream.watermark(json.dumps({"window": identifier, "mark": "high"}))
         self.window = window
+
+    def fail(self, error: CdcError) -> None:
+        """The table being worked on cannot be snapshotted (a refusal, not a lost
+        connection): it stops with the error; capture and the other tables go on."""
+        self.window = None
+        name, progress = next(((n, p) for n, p in self.running.items() if p.active),
+                              ("", None))
+        if progress is None:
+            return
+        progress.phase, progress.finished_ms = "failed", int(time.time() * 1000)
+        progress.error = error.problem + (f" (fix: {error.fix})" if error.fix else "")
+        self._candidates.pop(name, None)
+        log.error("source %s: incremental snapshot of %s failed: %s", self.source, name,
+                  progress.error)
 
     def _sweep_window(self, stream: StreamingSource, identifier: str, table: TableId,
                       progress: TableProgress) -> _Window:

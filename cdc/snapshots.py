@@ -112,10 +112,18 @@ def wait_for_snapshots(config: Config, queued: Request, console: Console,
                            total=max(p.estimated or 0, p.rows) or None)
             if len(mine) == len(tables) and not any(p.active for p in mine.values()):
                 break
+            if not (read_status(config.log_path, source) or {}).get("running"):
+                raise CdcError(f"`cdc capture` of source {source} stopped before the snapshot "
+                               "ended (it resumes when capture starts again)",
+                               f"start `cdc capture --source {source}`")
             time.sleep(poll)
     for table, p in mine.items():
         console.print(f"{table}: {p.rows:,} rows in {p.chunks} chunks, {p.tombstones:,} keys "
-                      "tombstoned", highlight=False)
+                      "tombstoned" + (f"; [red]failed[/]: {p.error}" if p.error else ""),
+                      highlight=False)
+    failed = [t for t, p in mine.items() if p.phase == "failed"]
+    if failed:
+        raise CdcError(f"the snapshot of {', '.join(failed)} failed", "see above")
     return mine
 
 
@@ -130,4 +138,4 @@ def describe_progress(progress: TableProgress) -> dict[str, Any]:
     return {"request": progress.request, "phase": progress.phase, "rows": progress.rows,
             "estimated": progress.estimated, "chunks": progress.chunks,
             "tombstones": progress.tombstones, "rows_per_s": round(rate, 1),
-            "eta_s": None if left is None else round(left, 1)}
+            "eta_s": None if left is None else round(left, 1), "error": progress.error}

@@ -271,6 +271,8 @@ def print_status(status: dict[str, Any], console: Console) -> None:
             of = f" of ~{snap['estimated']:,}" if snap.get("estimated") else ""
             console.print(f"snapshot {row['source']} {name}: {snap['phase']}, "
                           f"{snap['rows']:,}{of} rows, {snap['rows_per_s']:,.0f} rows/s{eta}, "
-                          f"{snap['tombstones']:,} tombstoned", highlight=False)
+                          f"{snap['tombstones']:,} tombstoned"
+                          + (f" — {snap['error']}" if snap.get("error") else ""),
+                          highlight=False)
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)

@@ -12,13 +12,14 @@ and a real Redis, while capture streams a write load.
 * Afterwards the log's current rows equal the tables', and ``cdc verify`` of a Redis follower
   exits 0.
 * Requests refused with the fix: a table not captured, a snapshot of a table already under way,
-  a connector without incremental snapshots; a request with no daemon is queued and said so.
+  a request with no daemon is queued and said so.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,8 @@ class Churn:
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
         self.changes = 0
+        #: (time, table, op, key, rows changed) of every change (for a failure's report)
+        self.history: list[tuple[float, str, str, int, int]] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> Churn:
@@ -186,8 +189,8 @@ def test_incremental_snapshots_while_streaming_survive_sigkill_and_verify(
 
 
 def test_snapshot_requests_are_refused_with_the_fix(pg_db: Database, tmp_path: Path) -> None:
-    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    config = write_config(tmp_path, pg_db, ["public.t"])
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE u (id int PRIMARY KEY)")
+    config = write_config(tmp_path, pg_db, ["public.t", "public.u"])
     missing = cdc("snapshot", "--config", str(config), "--table", "public.nope")
     assert missing.returncode != 0, output(missing)
     assert "does not capture public.nope" in missing.stderr and "Traceback" not in missing.stderr
@@ -196,13 +199,125 @@ def test_snapshot_requests_are_refused_with_the_fix(pg_db: Database, tmp_path: P
     assert "no `cdc capture` is running" in queued.stdout and "starts when it" in queued.stdout
     twice = cdc("snapshot", "--config", str(config), "--table", "public.t")
     assert twice.returncode != 0 and "queued" in twice.stderr, output(twice)
-    waiting = cdc("snapshot", "--config", str(config), "--table", "public.t", "--wait")
+    waiting = cdc("snapshot", "--config", str(config), "--table", "public.u", "--wait")
     assert waiting.returncode != 0, output(waiting)
+    assert "no `cdc capture` is running for source" in waiting.stderr, output(waiting)
 
-    mysql = tmp_path / "my.yaml"
-    mysql.write_text(f"log:\n  path: {tmp_path / 'mylog'}\nsources:\n  - name: m\n"
-                     "    kind: mysql\n    dsn: mysql://u@127.0.0.1:1/d\n    tables: [d.t]\n")
-    refused = cdc("snapshot", "--config", str(mysql), "--table", "d.t")
-    assert refused.returncode != 0, output(refused)
-    assert "no incremental snapshots yet" in refused.stderr
-    assert "cdc bootstrap --source m" in refused.stderr
+
+
+def test_mariadb_incremental_snapshots_through_a_signal_table(
+        mysql_db: Any, tmp_path: Path, redis_url: str) -> None:
+    """The same on MariaDB: watermarks are rows of the signal table in the binlog. Without the
+    table (and no right to create it) the snapshot fails alone, naming the fix, while capture
+    streams on; with it, a new table and a re-snapshot of changes the binlog never saw
+    (``sql_log_bin = 0``) come out equal, across a SIGKILL."""
+    import os
+
+    from tests import mykit
+
+    db = mysql_db
+    os.environ.update(db.env())
+    db.execute("CREATE TABLE items (id int PRIMARY KEY, v int, note varchar(40))")
+    db.execute("CREATE TABLE extra (id int PRIMARY KEY, label varchar(20), n int)")
+    db.execute(f"INSERT INTO items SELECT seq, 1, CONCAT('n', seq) FROM seq_1_to_{ITEMS}")
+    db.execute(f"INSERT INTO extra SELECT seq, CONCAT('l', seq), 0 FROM seq_1_to_{EXTRA}")
+    followers = f"followers:\n  cache:\n    kind: redis\n    url: {redis_url}\n"
+    first = mykit.write_config(tmp_path, db, ["items"], extra=followers,
+                               snapshot_chunk_size=CHUNK)
+    booted = cdc("bootstrap", "--config", str(first))
+    assert booted.returncode == 0, output(booted)
+    config = mykit.write_config(tmp_path, db, ["items", "extra"], extra=followers,
+                                snapshot_chunk_size=CHUNK)
+    items, extra = db.table("items"), db.table("extra")
+    log = tmp_path / "log"
+    capture = Capture(config, tmp_path / "capture.log").start()
+    churn = MariaChurn(db).start()
+    applier = None
+    try:
+        wait_for(lambda: getattr(_progress(config, db.source, extra), "phase", "") == "failed",
+                 60, "the snapshot to fail for want of a signal table")
+        failed = _progress(config, db.source, extra)
+        assert "cannot create the signal table" in failed.error, failed
+        assert "GRANT INSERT, UPDATE" in failed.error and capture.alive()
+        db.execute(f"CREATE TABLE {db.name}.cdc_signal (id varchar(64) PRIMARY KEY, "
+                   "payload varchar(2048) NOT NULL)")
+        db.execute(f"GRANT INSERT, UPDATE ON {db.name}.cdc_signal TO '{db.user}'@'%'")
+        asked = cdc("snapshot", "--config", str(config), "--table", extra, "--wait",
+                    timeout=180)
+        assert asked.returncode == 0, output(asked)
+        assert f"{extra}: " in asked.stdout and "rows in" in asked.stdout
+
+        hidden = db.connect()  # changes the binlog never sees
+        with hidden.cursor() as cursor:
+            cursor.execute("SET SESSION sql_log_bin = 0")
+            cursor.execute(f"UPDATE items SET v = v + 100 WHERE id % 50 = 0 AND id <= {ITEMS}")
+            cursor.execute(f"DELETE FROM items WHERE id % 70 = 1 AND id <= {ITEMS}")
+        hidden.close()
+        asked = cdc("snapshot", "--config", str(config), "--table", items)
+        assert asked.returncode == 0, output(asked)
+        wait_for(lambda: getattr(_progress(config, db.source, items), "rows", 0) > 600,
+                 120, "a few chunks of the re-snapshot")
+        capture.kill()
+        before = _progress(config, db.source, items)
+        assert before.active, before
+        capture = Capture(config, tmp_path / "capture.log").start()
+        seen: list[int] = []
+
+        def done() -> bool:
+            progress = _progress(config, db.source, items)
+            seen.append(progress.rows)
+            return not progress.active
+
+        wait_for(done, 180, "the re-snapshot to finish after the restart")
+        assert min(seen) >= before.rows, (before, seen[:5])
+        assert _progress(config, db.source, items).phase == "done"
+        churn.finish()
+        mykit.wait_caught_up(db, log)
+        for table in ("items", "extra"):
+            held = latest_rows(read_topic(log, f"{db.source}.{db.table(table)}"))
+            keys = {f'{{"id":{row[0]}}}' for row in db.execute(f"SELECT id FROM {table}")}
+            stale = sorted(set(held) ^ keys)[:4]
+            assert set(held) == keys, (table, stale, [h for h in churn.history if h[1] == table
+                                                      and f'{{"id":{h[3]}}}' in stale])
+        applier = ApplyProcess(config, tmp_path / "apply.log")
+        verified = cdc("verify", "--config", str(config), "--follower", "cache",
+                       "--timeout", "180s", timeout=300)
+        assert verified.returncode == 0, output(verified) + applier.log_file.read_text()[-3000:]
+    finally:
+        churn.stop.set()
+        if applier is not None:
+            assert applier.terminate() == 0, applier.log_file.read_text()[-3000:]
+        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
+    assert "Traceback" not in (tmp_path / "capture.log").read_text()
+
+
+class MariaChurn(Churn):
+    """:class:`Churn` on MariaDB."""
+
+    def _run(self) -> None:
+        rng = random.Random(9)
+        try:
+            conn = self.db.connect()
+            with conn.cursor() as cursor:
+                while not self.stop.is_set():
+                    table, top = rng.choice([("items", ITEMS), ("extra", EXTRA)])
+                    key = rng.randint(1, top)
+                    roll = rng.random()
+                    column = "v" if table == "items" else "n"
+                    if roll < 0.6:
+                        op = "u"
+                        cursor.execute(f"UPDATE {table} SET {column} = {column} + 1 "
+                                       "WHERE id = %s", (key,))
+                    elif roll < 0.8:
+                        op = "d"
+                        cursor.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
+                    else:
+                        op = "c"
+                        cursor.execute(f"INSERT IGNORE INTO {table} (id, {column}) "
+                                       "VALUES (%s, 7)", (key,))
+                    self.history.append((time.time(), table, op, key, cursor.rowcount))
+                    self.changes += 1
+                    self.stop.wait(0.002)
+            conn.close()
+        except BaseException as exc:  # noqa: BLE001 - reported by finish()
+            self.errors.append(exc)

@@ -114,3 +114,22 @@ def test_drop_and_recreate_table_and_unrelated_ddl(mysql_db: MyDatabase, tmp_pat
     created = next(e for e in events if e.key == '{"id":7}' and e.op == "c")
     assert columns_of(created) == ["id", "w"]
     assert not read_topic(log, f"{db.source}.{db.name}.brand_new")
+
+
+def test_changes_after_unrelated_statements_are_still_captured(mysql_db: MyDatabase,
+                                                                tmp_path: Path) -> None:
+    """A statement that is no DML of a captured table (a CREATE TABLE of another table, a
+    GRANT) must not make capture forget the captured tables' table maps: the binlog library
+    sends a table id's map only once, so the changes after it were dropped without a word."""
+    db = mysql_db
+    db.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    db.execute("INSERT INTO t VALUES (1, 1)")
+    with capturing(db, tmp_path, ["t"]) as log:
+        db.execute("UPDATE t SET v = 2")  # capture maps t's table id
+        db.execute("CREATE TABLE unrelated (id INT PRIMARY KEY)")
+        db.execute(f"GRANT SELECT ON {db.name}.unrelated TO '{db.user}'@'%'")
+        db.execute("UPDATE t SET v = 3")
+        db.execute("INSERT INTO t VALUES (2, 5)")
+    events = read_topic(log, f"{db.source}.{db.name}.t")
+    assert normalised(events) == table_json(db, "t") == {
+        '{"id":1}': {"id": 1, "v": 3}, '{"id":2}': {"id": 2, "v": 5}}

@@ -98,6 +98,7 @@ class MySqlConnector(Connector):
 
     kind = "mysql"
     offset_type = MySqlOffset
+    incremental_snapshots = True
 
     def __init__(self, config: SourceConfig) -> None:
         super().__init__(config)

@@ -23,6 +23,7 @@ NOBLOB row image); a table-map event without column names.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -30,7 +31,7 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pymysql
@@ -53,17 +54,18 @@ from pymysqlreplication.row_event import (
 
 from cdc.avro import EventCodec
 from cdc.config import MySqlSourceConfig
-from cdc.events import ChangeEvent, Op, TableId, TransactionInfo
+from cdc.events import ChangeEvent, Op, TableId, TableSchema, TransactionInfo, encode_key
 from cdc.log.base import Record
 from cdc.offsets import SourceOffset
 from cdc.position import Position
-from cdc.source import Checkpoint, EncodedBatch, StreamingSource, StreamItem
+from cdc.source import Checkpoint, EncodedBatch, StreamingSource, StreamItem, Watermark
 from connectors.mysql import catalog
 from connectors.mysql.connection import (
     SourceError,
     SourceUnavailable,
     address,
     connect,
+    query,
     translate,
 )
 from connectors.mysql.connector import MySqlOffset, purge_warnings
@@ -141,6 +143,10 @@ class MySqlStreaming(StreamingSource):
         self.codec = None if os.environ.get("CDC_MYSQL_TYPED") == "1" else codec
         self.name = config.name
         self.tables = {TableId.parse(t) for t in config.tables}
+        #: where incremental snapshots write their watermarks (read back from the binlog)
+        self.signal = config.signal_table_id
+        self._snap: Any = None
+        self._snap_leader: Any = None
         self._queue: queue.Queue[Any] = queue.Queue(QUEUE_CHUNKS)
         self._stop = threading.Event()
         self._catalog = connect(config)
@@ -207,6 +213,98 @@ class MySqlStreaming(StreamingSource):
     def heartbeat(self) -> None:
         """Nothing to write: the server sends heartbeat events with its position when idle."""
 
+    # -- incremental snapshots (cdc/incremental.py) ------------------------------------------
+    def _snapshot_session(self) -> Any:
+        """The connection watermarks are written on (the capture thread's own; the signal
+        table created on first use)."""
+        if self._snap is None:
+            conn = connect(self.config)
+            table = catalog.qualified(self.signal)
+            try:
+                if not query(conn, "SELECT 1 FROM information_schema.tables WHERE "
+                                   "table_schema = %s AND table_name = %s",
+                             (self.signal.schema, self.signal.table)):
+                    query(conn, f"CREATE TABLE {table} (id VARCHAR(64) NOT NULL PRIMARY KEY, "
+                                "payload VARCHAR(2048) NOT NULL) ENGINE=InnoDB")
+            except pymysql.err.MySQLError as exc:
+                conn.close()
+                raise SourceError(
+                    f"source {self.name!r}: cannot create the signal table {self.signal} for "
+                    f"incremental snapshots: {translate(self.config, exc).problem}",
+                    f"have an admin run: CREATE TABLE {table} (id VARCHAR(64) NOT NULL PRIMARY "
+                    "KEY, payload VARCHAR(2048) NOT NULL) ENGINE=InnoDB; GRANT INSERT, UPDATE "
+                    f"ON {table} TO the capture user (or set signal_table)") from None
+            self._snap = conn
+        return self._snap
+
+    def _leader(self) -> Any:
+        if self._snap_leader is None:
+            from connectors.mysql.checksum import MySqlLeader
+
+            self._snap_leader = MySqlLeader(self.config)
+        return self._snap_leader
+
+    def watermark(self, payload: str) -> None:
+        """A row of the signal table, committed on its own: the binlog carries it in order."""
+        conn = self._snapshot_session()
+        try:
+            query(conn, f"INSERT INTO {catalog.qualified(self.signal)} (id, payload) VALUES "
+                        "(%s, %s) ON DUPLICATE KEY UPDATE payload = VALUES(payload)",
+                  (self.name[:64], payload))
+        except pymysql.err.MySQLError as exc:
+            raise translate(self.config, exc) from None
+
+    def chunk(self, table: TableId, after: Sequence[str] | None, size: int
+              ) -> tuple[TableSchema, list[ChangeEvent], list[str] | None]:
+        """Up to ``size`` rows past ``after`` (the last key's JSON text) in key order, read with
+        the snapshot's expressions and converters (keyset pagination as ``cdc verify``'s)."""
+        from connectors.mysql.types import snapshot_expression
+
+        leader = self._leader()
+        leader._tables.pop(table, None)  # described afresh: a DDL may have changed it
+        described = leader.table(table)
+        captured = described.captured
+        schema = captured.schema
+        where = ""
+        if after is not None:
+            values = leader._values(described, after[0])
+            if values is None:
+                raise SourceError(f"source {self.name!r}: the incremental snapshot of {table} "
+                                  f"cannot page past the key {after[0]}",
+                                  "give the table a key without zero dates")
+            where = f"WHERE {leader._compare(described, '>', values, alias='')}"
+        columns = ", ".join(snapshot_expression(c) for c in captured.columns)
+        sql = (f"SELECT {columns} FROM {catalog.qualified(table)} {where} "
+               f"ORDER BY {leader._order(described, alias='')} LIMIT {int(size)}")
+        ts_ms = int(time.time() * 1000)
+        info = {"snapshot": "incremental", "file": "", "pos": 0, "row": 0,
+                "server_id": self.server.server_id, "gtid": None, "thread": None,
+                "query": None}
+        placeholder = Position.mysql(0, 0, 0)
+        events = [ChangeEvent(schema, Op.READ, placeholder, ts_ms,
+                              after=captured.snapshot_row(values), source_info=dict(info))
+                  for values in leader._query(sql, table)]
+        last = None
+        if len(events) == size:
+            after_row = events[-1].after
+            assert after_row is not None
+            last = [encode_key(schema, schema.key_of(after_row)).decode()]
+        return schema, events, last
+
+    def absent(self, table: TableId, keys: Sequence[bytes]) -> list[bytes]:
+        gone = self._leader().absent(table, [key.decode() for key in keys])
+        return [str(text).encode() for text in gone]
+
+    def estimate_rows(self, table: TableId) -> int | None:
+        rows = self._leader()._query(
+            "SELECT table_rows FROM information_schema.tables WHERE table_schema = "
+            f"{self._leader().conn.escape(table.schema)} AND table_name = "
+            f"{self._leader().conn.escape(table.table)}", table)
+        return int(rows[0][0]) if rows and rows[0][0] else None
+
+    def schema_of(self, table: TableId) -> TableSchema:
+        return self._leader().table(table).captured.schema  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self._stop.set()
         self._reader.close()
@@ -214,8 +312,10 @@ class MySqlStreaming(StreamingSource):
             while True:
                 self._queue.get_nowait()  # unblock a reader waiting to put
         self._thread.join(timeout=5)
-        with contextlib.suppress(Exception):
-            self._catalog.close()
+        for conn in (self._catalog, self._snap, self._snap_leader):
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
 
 
 class BinlogReader:
@@ -367,7 +467,10 @@ class BinlogReader:
         if self.txn is not None and self.txn.gtid:
             _advance(self.gtids, self.txn.gtid)
         self.txn = None
-        self.by_table_id.clear()  # a DDL may change any table: read the next table maps afresh
+        # the table-id map is kept: a DDL that changes a table gives it a new table id (and a new
+        # table-map event); the library sends the map of an id it has seen only once
+        # (freeze_schema), so forgetting ours here would drop every later change of every
+        # captured table after any unrelated statement (a GRANT, a CREATE TABLE)
         items.append(Checkpoint(self._offset(event.packet.log_pos)))
         return items
 
@@ -405,6 +508,9 @@ class BinlogReader:
 
     def table_map(self, event: Any) -> None:
         table = TableId(event.schema, event.table)
+        if table == self.owner.signal:
+            self.by_table_id[event.table_id] = SIGNAL  # type: ignore[assignment]
+            return
         if table not in self.owner.tables:
             self.by_table_id[event.table_id] = None
             return
@@ -435,6 +541,8 @@ class BinlogReader:
         if captured is None:
             return []
         start = event.packet.log_pos - event.event_size
+        if captured is SIGNAL:
+            return self._watermarks(event, start)
         _whole(self, captured, event)  # before any decoding: a partial image misreads
         if self.fast is not None and captured.schema.table not in self.ruled:
             with contextlib.suppress(Fallback):
@@ -475,6 +583,21 @@ class BinlogReader:
                 else:
                     out.append(self._event(captured, Op.DELETE, image, None, start, ordinal,
                                            index, ts_ms, event, txn))
+        return out
+
+    def _watermarks(self, event: Any, start: int) -> list[StreamItem]:
+        """The signal table's rows: watermarks of incremental snapshots, at this event's
+        place (rows logged there take positions after it, before the next event)."""
+        out: list[StreamItem] = []
+        file_seq = self.file_seq
+        for row in event.rows:
+            values = row.get("after_values") or row.get("values") or {}
+            payload = values.get("payload")
+            if isinstance(payload, bytes):
+                payload = payload.decode(errors="replace")
+            if isinstance(payload, str):
+                out.append(Watermark(payload, functools.partial(_signal_position, file_seq,
+                                                                start)))
         return out
 
     def _info(self, event: Any, row: int, query: str | None = None) -> dict[str, Any]:
@@ -599,6 +722,14 @@ def _string(text: str) -> bytes:
     return _long(len(data)) + data
 
 
+
+
+#: the table map of the signal table (incremental snapshots' watermarks)
+SIGNAL = object()
+
+
+def _signal_position(file_seq: int, start: int, ordinal: int) -> Position:
+    return Position.mysql(file_seq, start, ordinal)
 
 
 class FastRows:
