@@ -167,6 +167,9 @@ def test_incremental_snapshots_while_streaming_survive_sigkill_and_verify(
         assert after.tombstones >= 40, after  # the deletes the log missed
         status = cdc("status", "--config", str(config), "--json")
         assert '"phase": "done"' in status.stdout, output(status)
+        shown = cdc("status", "--config", str(config))
+        assert f"snapshot {source} public.items: done, {after.rows:,}" in shown.stdout, \
+            output(shown)
 
         churn.finish()
         load.finish()
