@@ -335,3 +335,20 @@ def check_history(policy: TablePolicy | None, topic: str,
             f"remove the new rule, or rebuild the topic {topic}: capture into a new log "
             "(a new log.path, or a Kafka cluster without that topic) with `cdc bootstrap`, and "
             "rebuild the followers from it")
+
+
+def check_key(schema: TableSchema, logged: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse ``schema`` when its key columns differ from those the log's newest schema version
+    of the table was keyed by: records keyed the new way would never replace (or tombstone) the
+    ones keyed the old way, and followers would keep both."""
+    if not logged:
+        return
+    previous = list(logged[-1].get("cdc.key") or [])
+    if previous and previous != list(schema.key):
+        raise ConfigError(
+            f"table {schema.table}: the log keys it by ({', '.join(previous)}), the source now "
+            f"by ({', '.join(schema.key)}): new records would not replace the old ones",
+            f"restore the key (the source's keys: setting, or the primary key), or rebuild the "
+            f"topic {schema.topic}: capture into a new log (a new log.path, or a Kafka cluster "
+            "without that topic) with `cdc bootstrap`, and rebuild the followers from it")
+

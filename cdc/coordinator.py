@@ -37,7 +37,7 @@ from rich.progress import (
 from rich.text import Text
 
 from cdc.avro import EventCodec
-from cdc.columns import ColumnPolicies
+from cdc.columns import ColumnPolicies, check_key
 from cdc.config import Config, SourceConfig
 from cdc.errors import CdcError, ConfigError, LogUnavailable
 from cdc.events import ChangeEvent, TableId, TableSchema, topic_name
@@ -142,6 +142,8 @@ def bootstrap(config: Config, source_config: SourceConfig, writer: ChangeLogWrit
                                 image_cache_bytes=0,  # snapshot rows are never partial
                                 columns=columns)
         dispatcher.observer = observer
+        for schema in tables.values():  # an empty table too: capture then knows it was
+            dispatcher.ensure_topic(schema)  # bootstrapped (not new to the log)
         # committed first: a crash before the end leaves the source marked unfinished; the
         # snapshot's rows stay past the source's cut (unseen by followers) until it ends
         dispatcher.checkpoint(connector.bootstrapping_offset())
@@ -176,15 +178,15 @@ def bootstrap(config: Config, source_config: SourceConfig, writer: ChangeLogWrit
 
 def _check_columns(columns: ColumnPolicies | None, tables: dict[TableId, TableSchema],
                    codec: EventCodec) -> None:
-    """Refuse column rules that do not fit the tables, or that would hide what the log already
-    holds in clear (:mod:`cdc.columns`), before the snapshot changes anything."""
-    if columns is None:
-        return
+    """Refuse column rules that do not fit the tables, rules that would hide what the log
+    already holds in clear (:mod:`cdc.columns`), and keys that differ from the log's, before
+    the snapshot changes anything."""
     for table, schema in tables.items():
-        policy = columns.get(table)
-        if policy is not None:
-            policy.check(schema)
-    columns.check_log(codec.store)
+        policy = columns.get(table) if columns is not None else None
+        logged = policy.schema(schema) if policy is not None else schema
+        check_key(logged, [v.schema for v in codec.store.versions(f"{logged.topic}-value")])
+    if columns is not None:
+        columns.check_log(codec.store)
 
 
 def _snapshot_table(snap: SnapshotSource, table: TableId, schema: TableSchema,

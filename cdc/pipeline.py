@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.avro import EventCodec, Filler, TableCodec
-from cdc.columns import ColumnPolicies, check_history
+from cdc.columns import ColumnPolicies, check_history, check_key
 from cdc.errors import CdcError
 from cdc.events import ChangeEvent, Op, TableSchema
 from cdc.images import PreviousImages, may_be_partial
@@ -264,10 +264,11 @@ class Dispatcher:
     def ensure_topic(self, schema: TableSchema) -> None:
         topic = schema.topic
         if topic not in self._topics:
+            logged = [v.schema for v in self.codec.store.versions(f"{topic}-value")]
+            check_key(schema, logged)
             policy = self.columns.get(schema.table) if self.columns is not None else None
             if policy is not None:
-                check_history(policy, topic,
-                              [v.schema for v in self.codec.store.versions(f"{topic}-value")])
+                check_history(policy, topic, logged)
             info = self.log.ensure_topic(topic, {"source": self.source,
                                                  "table": str(schema.table),
                                                  "connector": schema.connector})

@@ -337,3 +337,26 @@ def test_a_kafka_log_holds_no_secret_either(kafka_broker: Any, pg_db: Database,
     finally:
         reader.close()
     _no_secret_anywhere(tmp_path / "capture.log")
+
+
+def test_a_changed_key_is_refused_until_the_topic_is_rebuilt(pg_db: Database,
+                                                             tmp_path: Path) -> None:
+    """Records keyed a new way would never replace those keyed the old way: bootstrap and
+    capture refuse a key that differs from the log's, naming both and the fix."""
+    pg_db.execute("CREATE TABLE nokey (code text NOT NULL, region text NOT NULL, n int); "
+                  "ALTER TABLE nokey REPLICA IDENTITY FULL")
+    pg_db.execute("INSERT INTO nokey VALUES ('a', 'x', 1)")
+    config = write_config(tmp_path, pg_db, ["public.nokey"], keys={"public.nokey": ["code"]})
+    booted = cdc("bootstrap", "--config", str(config))
+    assert booted.returncode == 0, output(booted)
+    config = write_config(tmp_path, pg_db, ["public.nokey"],
+                          keys={"public.nokey": ["code", "region"]})
+    again = cdc("bootstrap", "--config", str(config))
+    assert again.returncode != 0, output(again)
+    message = "the log keys it by (code), the source now by (code, region)"
+    assert message in again.stderr and "rebuild the topic" in again.stderr, output(again)
+    capture = Capture(config, tmp_path / "capture.log").start()
+    pg_db.execute("INSERT INTO nokey VALUES ('b', 'y', 2)")
+    assert capture.process is not None and capture.process.wait(60) != 0
+    text = (tmp_path / "capture.log").read_text()
+    assert message in text and "Traceback" not in text, text[-2000:]
