@@ -104,6 +104,16 @@ def _progress(config: Path, source: str, table: str) -> Any:
     return stored_progress(load_config(config), source).get(table)
 
 
+def _verified_by_redis(config: Path, tmp_path: Path) -> ApplyProcess:
+    """``cdc apply`` of the Redis follower started, then ``cdc verify`` of it exits 0; the
+    apply process (stop it at the end)."""
+    applier = ApplyProcess(config, tmp_path / "apply.log")
+    verified = cdc("verify", "--config", str(config), "--follower", "cache",
+                   "--timeout", "180s", timeout=300)
+    assert verified.returncode == 0, output(verified) + applier.log_file.read_text()[-3000:]
+    return applier
+
+
 def _equal(db: Database, log: Path, table: str) -> None:
     held = latest_rows(read_topic(log, f"{db.source}.public.{table}"))
     rows = table_rows(db, f"public.{table}")
@@ -176,10 +186,7 @@ def test_incremental_snapshots_while_streaming_survive_sigkill_and_verify(
         wait_caught_up(pg_db, log)
         for table in ("items", "extra"):
             _equal(pg_db, log, table)
-        applier = ApplyProcess(config, tmp_path / "apply.log")
-        verified = cdc("verify", "--config", str(config), "--follower", "cache",
-                       "--timeout", "180s", timeout=300)
-        assert verified.returncode == 0, output(verified) + applier.log_file.read_text()[-3000:]
+        applier = _verified_by_redis(config, tmp_path)
     finally:
         churn.stop.set()
         load.stop.set()
@@ -284,10 +291,7 @@ def test_mariadb_incremental_snapshots_through_a_signal_table(
             stale = sorted(set(held) ^ keys)[:4]
             assert set(held) == keys, (table, stale, [h for h in churn.history if h[1] == table
                                                       and f'{{"id":{h[3]}}}' in stale])
-        applier = ApplyProcess(config, tmp_path / "apply.log")
-        verified = cdc("verify", "--config", str(config), "--follower", "cache",
-                       "--timeout", "180s", timeout=300)
-        assert verified.returncode == 0, output(verified) + applier.log_file.read_text()[-3000:]
+        applier = _verified_by_redis(config, tmp_path)
     finally:
         churn.stop.set()
         if applier is not None:
