@@ -264,6 +264,10 @@ class IncrementalSnapshots:
         if progress is None:
             return
         table = TableId.parse(name)
+        if table not in self.tables:
+            self.fail(CdcError(f"{name} is no longer in the source's tables",
+                               "add it back and run `cdc snapshot` again, or leave it out"))
+            return
         self._windows += 1
         identifier = f"{progress.request}:{self._windows}:{uuid.uuid4().hex[:6]}"
         stream.watermark(json.dumps({"window": identifier, "mark": "low"}))

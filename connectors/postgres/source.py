@@ -317,13 +317,21 @@ class PostgresStream:
         indexes = [[c.name for c in schema.columns].index(k) for k in schema.key]
         events: list[ChangeEvent] = []
         values: tuple[Any, ...] = ()
-        with self.catalog_conn.cursor() as cursor, cursor.copy(query, params) as copy:
-            for values in copy.rows():
-                if len(values) != len(captured.plan):
-                    captured.row(values)  # raises, naming the problem
-                events.append(ChangeEvent(schema, Op.READ, placeholder, ts_ms,
-                                          source_info=dict(info),
-                                          raw=rowcodec.TextRows(captured, None, values)))
+        try:
+            with self.catalog_conn.cursor() as cursor, cursor.copy(query, params) as copy:
+                for values in copy.rows():
+                    if len(values) != len(captured.plan):
+                        captured.row(values)  # raises, naming the problem
+                    events.append(ChangeEvent(schema, Op.READ, placeholder, ts_ms,
+                                              source_info=dict(info),
+                                              raw=rowcodec.TextRows(captured, None, values)))
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            raise  # the connection went away: capture reconnects, the chunk is read again
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SourceError(f"source {self.source.name!r}: a chunk of {table} cannot be read: "
+                              f"{first}", f"if {table} was altered meanwhile, run `cdc snapshot "
+                              f"--table {table}` again") from None
         last = [str(values[i]) for i in indexes] if len(events) == size else None
         return schema, events, last
 
