@@ -370,3 +370,33 @@ def test_incremental_snapshots_over_a_kafka_log(kafka_broker: Any, pg_db: Databa
     finally:
         churn.stop.set()
         assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
+
+
+def test_a_snapshot_of_a_table_no_longer_captured_fails_alone(pg_db: Database,
+                                                              tmp_path: Path) -> None:
+    """Capture stopped mid-snapshot, the table taken out of ``tables``: restarted, capture
+    marks that snapshot failed with the fix and streams on."""
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE u (id int PRIMARY KEY)")
+    pg_db.execute("INSERT INTO u SELECT generate_series(1, 20000)")
+    both = write_config(tmp_path, pg_db, ["public.t", "public.u"], snapshot_chunk_size=50)
+    assert cdc("bootstrap", "--config", str(both)).returncode == 0
+    capture = Capture(both, tmp_path / "capture.log").start()
+    asked = cdc("snapshot", "--config", str(both), "--table", "public.u")
+    assert asked.returncode == 0, output(asked)
+    wait_for(lambda: getattr(_progress(both, pg_db.source, "public.u"), "rows", 0) > 0, 60,
+             "the snapshot to start")
+    capture.kill()
+    assert _progress(both, pg_db.source, "public.u").active
+    only_t = write_config(tmp_path, pg_db, ["public.t"], snapshot_chunk_size=50)
+    capture = Capture(only_t, tmp_path / "capture.log").start()
+    try:
+        wait_for(lambda: _progress(only_t, pg_db.source, "public.u").phase == "failed", 60,
+                 "the snapshot to fail")
+        failed = _progress(only_t, pg_db.source, "public.u")
+        assert "no longer in the source's tables" in (failed.error or ""), failed
+        pg_db.execute("INSERT INTO t VALUES (1)")
+        wait_caught_up(pg_db, tmp_path / "log")
+        assert '{"id":1}' in latest_rows(read_topic(tmp_path / "log",
+                                                    f"{pg_db.source}.public.t"))
+    finally:
+        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
