@@ -40,3 +40,22 @@ def resume_offsets(checkpoint: Path) -> dict[str, Any] | None:
         if isinstance(offset, dict) and "topics" in offset:
             return offset
     return None
+
+
+def remove_torn_writes(checkpoint: Path) -> list[str]:
+    """Delete the temporary files a killed query left in ``offsets/`` and ``commits/`` (Spark
+    writes ``.<batch>.<uuid>.tmp`` and renames it; a SIGKILL between the two leaves it). They
+    never hold data Spark reads, but Spark 4 refuses to start batch 0 while ``offsets/`` holds
+    anything (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``). The names removed."""
+    removed = []
+    for part in ("offsets", "commits"):
+        directory = checkpoint / part
+        if not directory.is_dir():
+            continue
+        for path in directory.iterdir():
+            name = path.name
+            if name.startswith(".") and (name.endswith(".tmp") or name.endswith(".tmp.crc")):
+                path.unlink(missing_ok=True)
+                removed.append(f"{part}/{name}")
+    return removed
+

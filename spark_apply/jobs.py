@@ -45,7 +45,7 @@ from cdc.log.base import stale_partitions
 from cdc.log.open import log_settings, must_read
 from cdc.transactions import is_transaction_topic
 from sinks.base import Sink
-from spark_apply.checkpoint import resume_offsets
+from spark_apply.checkpoint import remove_torn_writes, resume_offsets
 from spark_apply.latency import LatencyHistogram, format_seconds
 from spark_apply.tasks import FollowerHandle
 
@@ -469,6 +469,10 @@ class ApplyJob:
             raise CdcError(f"follower {name}: cannot create the checkpoint directory "
                            f"{checkpoint} ({exc.strerror})",
                            f"make it writable, or set followers.{name}.checkpoint") from None
+        torn = remove_torn_writes(checkpoint)
+        if torn:
+            log.warning("follower %s: removed %s left in its checkpoint by a killed run",
+                        name, ", ".join(torn))
         writer = (stream.writeStream.foreachBatch(handler)
                   .option("checkpointLocation", str(checkpoint))
                   .queryName(f"cdc-apply-{name}"))
