@@ -539,9 +539,12 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                 unknown = isinstance(exc, FutureTimeout) or isinstance(error, KafkaError) and \
                     error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
                                      KafkaError.LEADER_NOT_AVAILABLE)
-                if not unknown or time.monotonic() > deadline:
-                    raise kafka_error(f"describing topic {name}", error or "no answer within "
-                                      f"{TIMEOUT:.0f} s", self.where) from None
+                problem = kafka_error(f"describing topic {name}", error or "no answer within "
+                                      f"{TIMEOUT:.0f} s", self.where)
+                # a broker just killed (transport failure) is asked again too, as creating is
+                if time.monotonic() > deadline or not (
+                        unknown or isinstance(problem, LogUnavailable)):
+                    raise problem from None
                 time.sleep(0.1)
         if len(meta.partitions) != partitions:
             raise LogError(f"Kafka topic {name} has {len(meta.partitions)} partitions; the log "
