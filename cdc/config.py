@@ -283,9 +283,10 @@ class SourceConfig(_Strict):
         if unknown:
             raise ValueError(f"columns: names table(s) not in tables: {', '.join(unknown)} "
                              "(write them exactly as under tables)")
-        hashes = any(str(t).strip().startswith("hash")
-                     for rules in self.columns.values() for t in rules.transforms.values()
-                     if t is not None)
+        from cdc.columns import parse_transform
+
+        hashes = any(parse_transform(t).kind == "hash"
+                     for rules in self.columns.values() for t in rules.transforms.values())
         if hashes and not self.hash_key_env:
             raise ValueError("columns: a column is hashed, but hash_key_env is not set: name "
                              "the environment variable that holds the hash key")

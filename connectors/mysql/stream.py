@@ -336,7 +336,7 @@ class BinlogReader:
         self.txn: _Txn | None = None
         self.fast = FastRows(owner.codec) if owner.codec is not None else None
         #: tables with column rules take the typed path: the dispatcher transforms their events
-        self.ruled = {TableId.parse(t) for t in self.config.columns}
+        self.ruled = {t for t in owner.tables if self.config.has_column_rules(t)}
         #: rows events encoded by the fast path and by the typed path (a diagnostic)
         self.fast_events = self.typed_events = 0
         settings = address(self.config).settings()
