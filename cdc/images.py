@@ -6,8 +6,8 @@ Every event in the log must carry the whole row, because compaction throws older
 
 1. a bounded in-memory LRU of recent after images (``max_bytes`` of encoded values, kept as the
    logged bytes and decoded only when a change needs them);
-2. the dispatcher's records not yet in the log (``buffer()``: lists of records, oldest first:
-   a commit running in the background, the buffer), newest first;
+2. the latest image of every key whose record is not in the log yet (buffered, or in a commit
+   running in the background): a dict, never evicted, emptied as commits finish;
 3. the log: a per-partition index ``key -> offset of its latest record`` (and, for the local
    log, where its bytes are, so a lookup is one small read). Records this process appends are
    indexed as they are committed (:meth:`PreviousImages.appended`); older ones by reading the
@@ -52,20 +52,21 @@ def may_be_partial(schema: TableSchema) -> bool:
 
 
 _PARTIAL: dict[int, tuple[TableSchema, bool]] = {}
+_MISSING = object()
 
 
 class PreviousImages:
     """Finds the latest after image of a key (see the module docstring for where it looks)."""
 
     def __init__(self, log: ChangeLogReader, codec: EventCodec,
-                 buffer: Callable[[], Sequence[Sequence[Record]]],
                  max_bytes: int = 48 * 1024**2) -> None:
         self.log = log
         self.codec = codec
-        self.buffer = buffer
         self.max_bytes = max_bytes
         self._lru: OrderedDict[tuple[str, bytes], tuple[bytes | None, int]] = OrderedDict()
         self._bytes = 0
+        #: (topic, key) -> the latest value remembered whose record is not in the log yet
+        self._unlogged: dict[tuple[str, bytes], bytes | None] = {}
         self._index: dict[tuple[str, int], dict[bytes, IndexEntry]] = {}
         self._indexed_to: dict[tuple[str, int], int] = {}
         self.log_lookups = 0
@@ -84,6 +85,7 @@ class PreviousImages:
         deleted). It is decoded only if a later change needs it."""
         self._partial_topics.add(topic)
         entry = (topic, key)
+        self._unlogged[entry] = value
         old = self._lru.pop(entry, None)
         if old is not None:
             self._bytes -= old[1]
@@ -100,9 +102,14 @@ class PreviousImages:
         partial = self._partial_topics
         if not partial:
             return
+        unlogged = self._unlogged
+        missing = _MISSING
         # results may go on past ``records``: the transaction events the commit added
         for record, result in zip(records, results[:len(records)], strict=True):
             if record.topic in partial:
+                entry = (record.topic, record.key)
+                if unlogged.get(entry, missing) is record.value:  # not remembered again since
+                    del unlogged[entry]
                 where = (result.topic, result.partition)
                 index = self._appended.get(where)
                 if index is None:
@@ -114,6 +121,7 @@ class PreviousImages:
     def forget_all(self) -> None:
         """Drop the cache (after discarding records that were never made durable)."""
         self._lru.clear()
+        self._unlogged.clear()
         self._bytes = 0
 
     # -- looking up --------------------------------------------------------------------------
@@ -125,14 +133,14 @@ class PreviousImages:
         their newest entry is older than the change being filled. The log may also hold
         records a crashed run wrote *after* the point being replayed: those are skipped.
         """
-        cached = self._lru.get((topic, key))
+        entry = (topic, key)
+        cached = self._lru.get(entry)
         if cached is not None:
-            self._lru.move_to_end((topic, key))
+            self._lru.move_to_end(entry)
             return self._image_of(cached[0])
-        for chunk in reversed(self.buffer()):
-            for record in reversed(chunk):
-                if record.topic == topic and record.key == key:
-                    return self._image_of(record.value)
+        value = self._unlogged.get(entry, _MISSING)
+        if value is not _MISSING:
+            return self._image_of(value)  # type: ignore[arg-type]
         return self._from_log(topic, key, before)
 
     def _image_of(self, value: bytes | None) -> Image | None:

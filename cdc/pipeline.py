@@ -88,7 +88,7 @@ class Dispatcher:
         self._inflight: tuple[Future[list[AppendResult]], list[Record], SourceOffset | None
                               ] | None = None
         self._committer: ThreadPoolExecutor | None = None
-        self.images = PreviousImages(log, codec, self._unlogged, image_cache_bytes)
+        self.images = PreviousImages(log, codec, image_cache_bytes)
         self.transactions = TransactionEvents(source, codec.store)
         #: the source transaction being logged (its END not yet buffered)
         self._open: OpenTransaction | None = None
@@ -178,7 +178,7 @@ class Dispatcher:
             self._buffer.extend(records)
             self._tombstone_live_keys(event.schema, event.position)
             return records
-        if self.images.max_bytes and may_be_partial(event.schema):
+        if may_be_partial(event.schema):
             first = records[0]
             self.images.remember(first.topic, first.key,
                                  None if event.op is Op.DELETE else first.value)
@@ -232,7 +232,7 @@ class Dispatcher:
                                f"{schema.table} itself, but that table has column rules",
                                "report this bug; the rows were not logged")
             self.ensure_topic(schema)
-            if self.images.max_bytes and not batch.whole_rows and may_be_partial(schema):
+            if not batch.whole_rows and may_be_partial(schema):
                 for record in batch.records:
                     if record.topic == schema.topic:
                         self.images.remember(record.topic, record.key, record.value)
@@ -402,12 +402,6 @@ class Dispatcher:
         self._inflight = None
         self.images.appended(records, future.result())
         return offset
-
-    def _unlogged(self) -> list[list[Record]]:
-        """Records added but not yet committed, oldest first (a running commit, the buffer)."""
-        if self._inflight is None:
-            return [self._buffer]
-        return [self._inflight[1], self._buffer]
 
     def discard(self) -> None:
         """Forget what is buffered (it was never acknowledged; the source sends it again).
