@@ -22,7 +22,7 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -529,6 +529,36 @@ class EventCodec:
         if [n for n, _ in source if n in spec.varying] != list(spec.varying):
             return None
         return pieces[0], pieces[1], pieces[2]
+
+    def source_parts(self, codec: TableCodec, event: ChangeEvent, varying: Sequence[str]
+                     ) -> list[bytes] | None:
+        """For connectors that write whole envelopes themselves: the bytes of ``event``'s
+        ``source`` block between the ``varying`` fields (``len(varying) + 1`` pieces, in the
+        block's field order), written by the registered schema's writers; None when the codec
+        has no compiled writers, the envelope is not of the usual shape
+        (before, after, source, transaction, op, ts_ms, ts_us, ts_ns, unavailable_columns), or
+        the block's fields are not in ``varying``'s order."""
+        if codec.parts is None:
+            return None
+        spec = envelope_source(event.schema.connector)
+        envelope = codec.parts.get(f"{_namespace(codec.schema)}.Envelope")
+        record = spec.schema
+        source = codec.parts.get(f"{record.get('namespace')}.{record['name']}")
+        if envelope is None or source is None or [n for n, _ in envelope] != _ENVELOPE_FIELDS:
+            return None
+        if [n for n, _ in source if n in varying] != list(varying):
+            return None
+        block = self.source_block(event)
+        pieces: list[bytes] = []
+        current = bytearray()
+        for name, writer in source:
+            if name in varying:
+                pieces.append(bytes(current))
+                current = bytearray()
+            else:
+                writer(block[name], current)
+        pieces.append(bytes(current))
+        return pieces
 
     # -- records -----------------------------------------------------------------------------
     def key_bytes(self, event: ChangeEvent) -> bytes:

@@ -307,3 +307,96 @@ def test_pgoutput_tuples(impl: str) -> None:
     assert delete == pgoutput.Delete(77, values, False)
     with pytest.raises(pgoutput.DecodeError, match="unknown tuple column kind 'x'"):
         pgoutput.decode(b"I" + oid + b"N" + b"\x00\x01" + b"x")
+
+
+def _tuple_message(values: tuple[object, ...]) -> bytes:
+    out = bytearray(len(values).to_bytes(2, "big"))
+    for value in values:
+        if value is None:
+            out += b"n"
+        elif value is U:
+            out += b"u"
+        else:
+            data = str(value).encode()
+            out += b"t" + len(data).to_bytes(4, "big") + data
+    return bytes(out)
+
+
+def test_change_runs_encode_like_events(impl: str, codec: EventCodec) -> None:
+    """The stream's compiled loop (rowcodec.encode_changes: pgoutput bytes to log records)
+    writes exactly the records the event path writes for the same messages — inserts, plain
+    updates, deletes by key and by full old tuple, every type and edge value — and hands every
+    message it declines (unchanged TOAST, an old tuple on an update, a value the typed path
+    rejects) back unconsumed, with the transaction's counters where the event path has them."""
+    from connectors.postgres.replication import XLogData
+    from connectors.postgres.source import PostgresStream, _times, _Transaction, change_plan
+
+    encode_changes = (importlib.import_module("connectors.postgres._fast").encode_changes
+                      if impl == "compiled" else rowcodec.encode_changes)
+    captured = captured_table()
+    oid = 4242
+    stream = PostgresStream.__new__(PostgresStream)
+    stream.relations = {oid: captured}
+    plan = change_plan(codec, captured)
+    assert plan is not None
+    processed = 1_700_000_000_123
+    times = _times(processed)
+    messages = []
+    rng = random.Random(11)
+    key_only = tuple(None if i else "1" for i in range(len(COLUMNS)))
+    for n, values in enumerate(rows(400, seed=13)):
+        choice = rng.random()
+        if choice < 0.4:
+            payload = b"I" + oid.to_bytes(4, "big") + b"N" + _tuple_message(values)
+        elif choice < 0.6:
+            payload = b"U" + oid.to_bytes(4, "big") + b"N" + _tuple_message(values)
+        elif choice < 0.7:
+            toasted = tuple(U if i == 6 else v for i, v in enumerate(values))
+            payload = b"U" + oid.to_bytes(4, "big") + b"N" + _tuple_message(toasted)
+        elif choice < 0.75:
+            payload = (b"U" + oid.to_bytes(4, "big") + b"K" + _tuple_message(key_only) + b"N"
+                       + _tuple_message(values))
+        elif choice < 0.9:
+            keyed = tuple(v if i == 0 else None for i, v in enumerate(values))
+            payload = b"D" + oid.to_bytes(4, "big") + b"K" + _tuple_message(keyed)
+        else:
+            payload = b"D" + oid.to_bytes(4, "big") + b"O" + _tuple_message(values)
+        messages.append(XLogData(2**33 + 1000 * n, 0, payload))
+    expected_txn = _Transaction(987654, 2**34 + 17, 1_600_000_000_000)
+    actual_txn = _Transaction(987654, 2**34 + 17, 1_600_000_000_000)
+    expected: list[Any] = []
+    actual: list[Any] = []
+    compiled_changes = 0
+    index = 0
+    from cdc.log.base import Record
+    while index < len(messages):
+        touched: dict[Any, Any] = {}
+        stop, changes = encode_changes({oid: plan}, messages, index, actual_txn, actual, Record,
+                                       times, touched)
+        compiled_changes += changes
+        assert touched == ({captured.schema.table: captured.schema} if changes else {})
+        for message in messages[index:stop]:  # the event path, for the same messages
+            event = stream._fast_change(pgoutput.decode(message.payload), expected_txn,
+                                        message.start_lsn)
+            assert event is not None
+            event.processed_ms = processed
+            expected.extend(codec.records(event))
+        assert actual == expected
+        if stop == len(messages):
+            break
+        declined = messages[stop]  # the stream's event path takes it, on both sides
+        decoded = pgoutput.decode(declined.payload)
+        for txn, out in ((expected_txn, expected), (actual_txn, actual)):
+            event = stream._fast_change(decoded, txn, declined.start_lsn)
+            if event is None:  # an old tuple on an update: _row_change's case
+                event = next(stream._row_change(decoded, txn, declined.start_lsn))
+            event.processed_ms = processed
+            try:
+                out.extend(codec.records(event))
+            except EncodingError:
+                pass
+        index = stop + 1
+    assert actual == expected
+    assert (actual_txn.ordinal, actual_txn.per_table) == (expected_txn.ordinal,
+                                                          expected_txn.per_table)
+    assert compiled_changes >= 250  # most changes took the compiled loop

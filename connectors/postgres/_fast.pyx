@@ -212,20 +212,55 @@ cdef int _typed(tuple column, object text, bytearray out) except -1:
     return 0
 
 
+cdef inline object _str(object text, const char* s, Py_ssize_t n):
+    """The value as a str: ``text`` itself, or made from its UTF-8 bytes (raw messages)."""
+    if text is None:
+        return PyUnicode_DecodeUTF8(s, n, NULL)
+    return text
+
+
+cdef inline bint _ascii(const char* s, Py_ssize_t n):
+    cdef Py_ssize_t i
+    for i in range(n):
+        if <unsigned char>s[i] >= 0x80:
+            return False
+    return True
+
+
+cdef inline double _to_double(object text, const char* s, Py_ssize_t n) except? -1.0:
+    """A float's text (NUL-terminated copy: raw bytes are not)."""
+    cdef char buf[32]
+    if n > 30:
+        return float(_str(text, s, n))
+    memcpy(buf, s, n)
+    buf[n] = 0
+    return PyOS_string_to_double(buf, NULL, NULL)
+
+
 cdef int _column(tuple column, object text, bytearray out) except -1:
-    """One non-null, sent value."""
+    """One non-null, sent value (a str, or bytes for a binary one)."""
+    cdef const char* s
+    cdef Py_ssize_t n
+    if column[0] == GENERIC or type(text) is not str:
+        return _typed(column, text, out)
+    s = PyUnicode_AsUTF8AndSize(text, &n)
+    return _column_chars(column, text, s, n, out)
+
+
+cdef int _column_chars(tuple column, object text, const char* s, Py_ssize_t n,
+                       bytearray out) except -1:
+    """One non-null, sent value as UTF-8 bytes ``s[:n]``; ``text`` is its str, or None (then
+    made only if a typed step needs it)."""
     cdef int kind = column[0]
     cdef int prefix = column[1]
-    cdef Py_ssize_t n, i, digits, frac
-    cdef const char* s
+    cdef Py_ssize_t i, digits, frac
     cdef char buf[32]
     cdef long long v, days
     cdef unsigned long long u
     cdef int scale, size, high, low
     cdef double d
-    if kind == GENERIC or type(text) is not str:
-        return _typed(column, text, out)
-    s = PyUnicode_AsUTF8AndSize(text, &n)
+    if kind == GENERIC:
+        return _typed(column, _str(text, s, n), out)
     if kind == LONG:
         i = 1 if n > 0 and s[0] == 45 else 0
         if 0 < n - i <= 18 and _digits(s + i, n - i):
@@ -233,11 +268,13 @@ cdef int _column(tuple column, object text, bytearray out) except -1:
             if prefix >= 0:
                 _byte(out, prefix)
             return _long(out, -v if i else v)
-        v = int(text)  # 19 digits: Python checks the range
+        v = int(_str(text, s, n))  # 19 digits: Python checks the range
         if prefix >= 0:
             _byte(out, prefix)
         return _long(out, v)
     if kind == STRING:
+        if text is None and not _ascii(s, n):
+            PyUnicode_DecodeUTF8(s, n, NULL)  # raises on bytes that are not UTF-8
         if prefix >= 0:
             _byte(out, prefix)
         return _blob(out, s, n)
@@ -255,7 +292,7 @@ cdef int _column(tuple column, object text, bytearray out) except -1:
             if prefix >= 0:
                 _byte(out, prefix)
             return _blob(out, buf, 27)
-        return _typed(column, text, out)
+        return _typed(column, _str(text, s, n), out)
     if kind == DECIMAL:
         scale = column[3]
         i = 1 if n > 0 and s[0] == 45 else 0
@@ -294,19 +331,19 @@ cdef int _column(tuple column, object text, bytearray out) except -1:
         if _is_special(s, n):
             _byte(out, column[2])
             return _blob(out, s, n)
-        return _typed(column, text, out)
+        return _typed(column, _str(text, s, n), out)
     if kind == BOOL:
         if prefix >= 0:
             _byte(out, prefix)
         return _byte(out, 1 if n == 1 and s[0] == 116 else 0)
     if kind == DOUBLE:
-        d = float(text) if n > 30 else PyOS_string_to_double(s, NULL, NULL)
+        d = _to_double(text, s, n)
         PyFloat_Pack8(d, buf, 1)
         if prefix >= 0:
             _byte(out, prefix)
         return _put(out, buf, 8)
     if kind == FLOAT:
-        d = float(text) if n > 30 else PyOS_string_to_double(s, NULL, NULL)
+        d = _to_double(text, s, n)
         PyFloat_Pack4(d, buf, 1)
         if prefix >= 0:
             _byte(out, prefix)
@@ -316,7 +353,7 @@ cdef int _column(tuple column, object text, bytearray out) except -1:
             if prefix >= 0:
                 _byte(out, prefix)
             return _long(out, _date_days(s))
-        return _typed(column, text, out)
+        return _typed(column, _str(text, s, n), out)
     if kind == TIMESTAMP:
         if (n == 19 or 21 <= n <= 26) and _date_shape(s) and s[10] == 32 and _time_shape(s + 11) \
                 and (n == 19 or (s[19] == 46 and _digits(s + 20, n - 20))):
@@ -326,31 +363,31 @@ cdef int _column(tuple column, object text, bytearray out) except -1:
             if prefix >= 0:
                 _byte(out, prefix)
             return _long(out, v)
-        return _typed(column, text, out)
+        return _typed(column, _str(text, s, n), out)
     if kind == UUID:
         if _canonical_uuid(s, n):
             if prefix >= 0:
                 _byte(out, prefix)
             return _blob(out, s, n)
-        return _typed(column, text, out)
+        return _typed(column, _str(text, s, n), out)
     if kind == NUMERIC_TEXT:
         if _plain_numeric(s, n):
             if prefix >= 0:
                 _byte(out, prefix)
             return _blob(out, s, n)
-        return _typed(column, text, out)
+        return _typed(column, _str(text, s, n), out)
     if kind == BYTEA:
         if n >= 2 and s[0] == 92 and s[1] == 120 and n % 2 == 0:
             for i in range(2, n):
                 if _hex(s[i]) < 0:
-                    return _typed(column, text, out)
+                    return _typed(column, _str(text, s, n), out)
             if prefix >= 0:
                 _byte(out, prefix)
             _long(out, (n - 2) // 2)
             for i in range(2, n, 2):
                 _byte(out, (_hex(s[i]) << 4) | _hex(s[i + 1]))
             return 0
-        return _typed(column, text, out)
+        return _typed(column, _str(text, s, n), out)
     raise ValueError(f"unknown kind {kind}")
 
 
@@ -465,3 +502,232 @@ def parse_tuple(bytes data, Py_ssize_t at):
         else:
             return None, at  # the caller's own parser explains
     return tuple(values), at
+
+
+# ------------------------------------------------------------ replication messages -> records
+# Compiled twin of rowcodec.encode_changes (see there for the contract).
+
+from libc.stdlib cimport malloc, free
+from libc.stdio cimport snprintf
+from cpython.bytearray cimport PyByteArray_FromStringAndSize
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
+cdef inline unsigned int _be32(const unsigned char* p):
+    return (<unsigned int>p[0] << 24) | (<unsigned int>p[1] << 16) | (<unsigned int>p[2] << 8) | p[3]
+
+
+cdef Py_ssize_t _scan(const unsigned char* s, Py_ssize_t size, Py_ssize_t at, Py_ssize_t width,
+                      Py_ssize_t* starts, Py_ssize_t* lens):
+    """The fields of a TupleData at ``at`` of exactly ``width`` text or null columns (``lens[i]``
+    -1 for null); -1 for anything else (unchanged TOAST, binary, malformed: the typed path)."""
+    cdef Py_ssize_t count, i, length
+    cdef unsigned char kind
+    if at + 2 > size:
+        return -1
+    count = (s[at] << 8) | s[at + 1]
+    if count != width:
+        return -1
+    at += 2
+    for i in range(count):
+        if at >= size:
+            return -1
+        kind = s[at]
+        at += 1
+        if kind == 0x74:  # text
+            if at + 4 > size:
+                return -1
+            length = <Py_ssize_t>_be32(s + at)
+            at += 4
+            if length < 0 or at + length > size:
+                return -1
+            starts[i] = at
+            lens[i] = length
+            at += length
+        elif kind == 0x6E:  # null
+            lens[i] = -1
+        else:
+            return -1
+    return at
+
+
+cdef int _row_chars(tuple plan, const char* s, Py_ssize_t* starts, Py_ssize_t* lens,
+                    bytearray out) except -1:
+    cdef Py_ssize_t i
+    for i in range(len(plan)):
+        if lens[i] < 0:
+            _null(<tuple>plan[i], out)
+        else:
+            _column_chars(<tuple>plan[i], None, s + starts[i], lens[i], out)
+    return 0
+
+
+cdef bytes _key_chars(tuple plan, const char* s, Py_ssize_t* starts, Py_ssize_t* lens):
+    """key_json of a raw tuple (same bytes)."""
+    cdef bytearray out = bytearray()
+    cdef tuple column
+    cdef int kind
+    cdef const char* p
+    cdef const char* v
+    cdef Py_ssize_t n, i, index
+    for column in plan:
+        p = PyUnicode_AsUTF8AndSize(column[0], &n)
+        _put(out, p, n)
+        index = column[1]
+        kind = column[2]
+        n = lens[index]
+        v = s + starts[index]
+        if n < 0:
+            _put(out, b"null", 4)
+        elif kind == LONG:
+            i = 1 if n > 0 and v[0] == 45 else 0
+            if 0 < n - i <= 18 and _digits(v + i, n - i) and (v[i] != 48 or n - i == 1) \
+                    and not (i and n == 2 and v[1] == 48):
+                _put(out, v, n)
+            else:
+                _text(out, str(int(PyUnicode_DecodeUTF8(v, n, NULL))))
+        elif kind == STRING:
+            _text(out, _dumps(PyUnicode_DecodeUTF8(v, n, NULL), ensure_ascii=False))
+        else:
+            ctype = column[4]
+            _text(out, _dumps(ctype.to_json(ctype.to_avro(column[3](
+                PyUnicode_DecodeUTF8(v, n, NULL)))), separators=(",", ":"), ensure_ascii=False))
+    _put(out, b"}", 1)
+    return bytes(out)
+
+
+cdef inline int _text(bytearray out, str text) except -1:
+    cdef Py_ssize_t n
+    cdef const char* p = PyUnicode_AsUTF8AndSize(text, &n)
+    return _put(out, p, n)
+
+
+cdef inline int _bytes_to(bytearray out, bytes data) except -1:
+    return _put(out, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+
+
+cdef inline int _opt_long(bytearray out, long long value) except -1:
+    _byte(out, 2)
+    return _long(out, value)
+
+
+cdef bytes _position(unsigned long long lsn, unsigned long long ordinal):
+    cdef unsigned char buf[25]
+    cdef int i
+    buf[0] = 1
+    for i in range(8):
+        buf[1 + i] = (lsn >> (56 - 8 * i)) & 0xFF
+        buf[9 + i] = 0
+        buf[17 + i] = (ordinal >> (56 - 8 * i)) & 0xFF
+    buf[16] = 1  # phase: streamed
+    return PyBytes_FromStringAndSize(<const char*>buf, 25)
+
+
+def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list records, record,
+                   bytes times, dict touched):
+    """See rowcodec.encode_changes."""
+    cdef Py_ssize_t i = start, count = len(messages), size, at, width, most = 0
+    cdef const unsigned char* s
+    cdef Py_ssize_t* starts = NULL
+    cdef Py_ssize_t* lens = NULL
+    cdef long long ordinal = txn.ordinal, per, events = 0
+    cdef long long commit_ms = txn.commit_ms, xid = txn.xid
+    cdef unsigned long long commit_lsn = txn.commit_lsn, lsn
+    cdef bytes commit_text = txn.commit_text.encode()
+    cdef bytes txn_prefix = txn.txn_prefix
+    cdef dict per_table = txn.per_table
+    cdef char lsn_text[40]
+    cdef int lsn_n
+    cdef unsigned char kind
+    cdef tuple plan
+    cdef bytearray out
+    cdef bytes key, value, position
+    for plan in plans.values():
+        if plan is not None and <Py_ssize_t>plan[8] > most:
+            most = plan[8]
+    starts = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
+    lens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
+    if starts == NULL or lens == NULL:
+        free(starts)
+        free(lens)
+        raise MemoryError()
+    try:
+        while i < count:
+            message = messages[i]
+            payload = <bytes>message[2]
+            s = <const unsigned char*>PyBytes_AS_STRING(payload)
+            size = PyBytes_GET_SIZE(payload)
+            if size < 7:
+                break
+            kind = s[0]
+            if kind != 0x49 and kind != 0x55 and kind != 0x44:  # I, U, D
+                break
+            plan = plans.get(_be32(s + 1))
+            if plan is None:
+                break
+            width = plan[8]
+            if kind == 0x44:
+                if s[5] != 0x4B and s[5] != 0x4F:
+                    break
+            elif s[5] != 0x4E:  # an update with an old tuple (key change, FULL identity)
+                break
+            if _scan(s, size, 6, width, starts, lens) < 0:
+                break
+            lsn = <unsigned long long>message[0]
+            try:
+                out = PyByteArray_FromStringAndSize(PyBytes_AS_STRING(plan[3]),
+                                                    PyBytes_GET_SIZE(plan[3]))
+                if kind == 0x44:
+                    _byte(out, 2)
+                    _row_chars(<tuple>plan[1], <const char*>s, starts, lens, out)
+                    _byte(out, 0)
+                else:
+                    _byte(out, 0)
+                    _byte(out, 2)
+                    _row_chars(<tuple>plan[1], <const char*>s, starts, lens, out)
+                key = _key_chars(<tuple>plan[2], <const char*>s, starts, lens)
+            except Exception:  # the typed path decides (and explains)
+                break
+            table = plan[7]
+            per = per_table.get(table, 0) + 1
+            ordinal += 1
+            per_table[table] = per
+            # the source block
+            _bytes_to(out, <bytes>plan[4])
+            _long(out, commit_ms)
+            _bytes_to(out, <bytes>plan[5])
+            lsn_n = snprintf(lsn_text, 40, "%llX/%llX", <unsigned long long>(lsn >> 32),
+                             <unsigned long long>(lsn & 0xFFFFFFFFULL))
+            _byte(out, 2)
+            _long(out, PyBytes_GET_SIZE(commit_text) + lsn_n + 7)
+            _put(out, b'["', 2)
+            _bytes_to(out, commit_text)
+            _put(out, b'","', 3)
+            _put(out, lsn_text, lsn_n)
+            _put(out, b'"]', 2)
+            _opt_long(out, commit_ms * 1000)
+            _opt_long(out, commit_ms * 1000000)
+            _bytes_to(out, <bytes>plan[6])
+            _opt_long(out, xid)
+            _opt_long(out, <long long>lsn)
+            _byte(out, 0)  # xmin
+            # the transaction block, op, processing times, unavailable columns
+            _bytes_to(out, txn_prefix)
+            _long(out, ordinal)
+            _long(out, per)
+            _put(out, b"\x02c" if kind == 0x49 else b"\x02u" if kind == 0x55 else b"\x02d", 2)
+            _bytes_to(out, times)
+            _byte(out, 0)
+            value = bytes(out)
+            position = _position(commit_lsn, <unsigned long long>ordinal)
+            topic = plan[0]
+            records.append(record(topic, key, value, position))
+            if kind == 0x44:
+                records.append(record(topic, key, None, position))
+            touched[table] = plan[9]
+            events += 1
+            i += 1
+    finally:
+        free(starts)
+        free(lens)
+        txn.ordinal = ordinal
+    return i, events

@@ -107,7 +107,7 @@ class PostgresConnector(Connector):
 
     def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:
         assert isinstance(offset, PostgresOffset)
-        return PostgresStreaming(self.pg_config, offset)
+        return PostgresStreaming(self.pg_config, offset, codec)
 
     def bootstrapping_offset(self) -> SourceOffset:
         return PostgresOffset(state=BOOTSTRAPPING, slot=self.pg_config.slot_name,
@@ -187,10 +187,11 @@ class PostgresSnapshot(SnapshotSource):
 class PostgresStreaming(StreamingSource):
     """A ``START_REPLICATION`` session from a stored offset, after checking the slot."""
 
-    def __init__(self, config: PostgresSourceConfig, offset: PostgresOffset) -> None:
+    def __init__(self, config: PostgresSourceConfig, offset: PostgresOffset,
+                 codec: EventCodec | None = None) -> None:
         self.config = config
         self.offset = offset
-        self.pg = PostgresSource(config).stream(offset.lsn, status_interval=5.0)
+        self.pg = PostgresSource(config).stream(offset.lsn, status_interval=5.0, codec=codec)
         self._leader: Any = None
         try:
             _check_slot(config, self.pg.catalog_conn, offset.lsn)

@@ -85,40 +85,55 @@ class ReplicationStream:
         self.streaming = True
 
     def messages(self, timeout: float = 1.0) -> Iterator[XLogData | None]:
-        """XLogData messages as they arrive; ``None`` after ``timeout`` seconds of silence.
+        """XLogData messages as they arrive; ``None`` after ``timeout`` seconds of silence."""
+        for batch in self.batches(timeout):
+            if batch is None:
+                yield None
+            else:
+                yield from batch
+
+    def batches(self, timeout: float = 1.0, limit: int = 2048
+                ) -> Iterator[list[XLogData] | None]:
+        """XLogData messages in lists of what arrived together (at most ``limit``, in order);
+        ``None`` after ``timeout`` seconds of silence.
 
         Keepalives are answered here (with the current flush LSN); status updates are also sent
         every ``status_interval`` seconds.
         """
         pgconn = self.pgconn
         while True:
-            size, data = pgconn.get_copy_data(1)
-            if size > 0:
-                kind = data[0]
-                if kind == 0x77:  # 'w'
-                    start, wal_end, _ = _XLOG.unpack_from(data, 1)
-                    if wal_end > self.received_lsn:
-                        self.received_lsn = wal_end
-                    yield XLogData(start, wal_end, bytes(data[25:]))
-                elif kind == 0x6B:  # 'k'
-                    wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
-                    if reply:
-                        self.send_status(force=True)
-                self._maybe_status()
-                continue
-            if size == 0:
-                self._maybe_status()
-                ready, _, _ = select.select([pgconn.socket], [], [], timeout)
-                if not ready:
-                    yield None
+            batch: list[XLogData] = []
+            while len(batch) < limit:
+                size, data = pgconn.get_copy_data(1)
+                if size > 0:
+                    kind = data[0]
+                    if kind == 0x77:  # 'w'
+                        start, wal_end, _ = _XLOG.unpack_from(data, 1)
+                        if wal_end > self.received_lsn:
+                            self.received_lsn = wal_end
+                        batch.append(XLogData(start, wal_end, bytes(data[25:])))
+                    elif kind == 0x6B:  # 'k'
+                        wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
+                        if reply:
+                            self.send_status(force=True)
                     continue
-                pgconn.consume_input()
+                if size == 0:
+                    break
+                # -1: the copy ended; -2: an error
+                message = pgconn.error_message.decode(errors="replace").strip()
+                raise ReplicationError(
+                    f"the replication stream ended: {message or 'server closed it'}",
+                    "capture reconnects by itself; if the slot was dropped, run `cdc bootstrap` "
+                    "again")
+            self._maybe_status()
+            if batch:
+                yield batch
                 continue
-            # -1: the copy ended; -2: an error
-            message = pgconn.error_message.decode(errors="replace").strip()
-            raise ReplicationError(f"the replication stream ended: {message or 'server closed it'}",
-                                   "capture reconnects by itself; if the slot was dropped, "
-                                   "run `cdc bootstrap` again")
+            ready, _, _ = select.select([pgconn.socket], [], [], timeout)
+            if not ready:
+                yield None
+                continue
+            pgconn.consume_input()
 
     def finish(self, timeout: float = 5.0) -> bool:
         """End the stream politely: a last status update, then ``CopyDone``, then drain what the

@@ -357,6 +357,118 @@ class TextRows:
         return True
 
 
+# ------------------------------------------------------------ replication messages -> records
+
+#: a relation's plan for :func:`encode_changes`: (topic, row plan, key plan, envelope header,
+#: source block bytes before ``ts_ms``, between ``ts_ms`` and ``sequence``, between ``ts_ns``
+#: and ``txId``, table id, column count, table schema)
+ChangePlan = tuple[str, tuple[Column, ...], tuple[KeyColumn, ...], bytes, bytes, bytes, bytes,
+                   Any, int, Any]
+_OP_BYTES = {0x49: b"\x02c", 0x55: b"\x02u", 0x44: b"\x02d"}
+_POSITION = __import__("struct").Struct(">BQQQ").pack
+
+
+def _raw_tuple(data: bytes, at: int, width: int) -> list[str | None] | None:
+    """A TupleData of exactly ``width`` text or null columns; None for anything else."""
+    if at + 2 > len(data) or int.from_bytes(data[at:at + 2], "big") != width:
+        return None
+    at += 2
+    values: list[str | None] = []
+    for _ in range(width):
+        if at >= len(data):
+            return None
+        kind = data[at]
+        at += 1
+        if kind == 0x74:
+            length = int.from_bytes(data[at:at + 4], "big")
+            if at + 4 + length > len(data):
+                return None
+            values.append(data[at + 4:at + 4 + length].decode())
+            at += 4 + length
+        elif kind == 0x6E:
+            values.append(None)
+        else:
+            return None
+    return values
+
+
+def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any], start: int,
+                   txn: Any, records: list[Any], record: Callable[..., Any], times: bytes,
+                   touched: dict[Any, Any]) -> tuple[int, int]:
+    """Encode the run of row changes at ``messages[start:]`` straight into log records.
+
+    ``messages`` are XLogData tuples ``(start LSN, wal end, pgoutput payload)`` of the open
+    transaction ``txn`` (the stream's ``_Transaction``: its ``ordinal`` is advanced here, its
+    ``per_table`` counts too). Inserts, deletes and plain updates (no old tuple) of a relation
+    with a plan in ``plans`` (by relation oid) whose tuples hold only text and null values are
+    encoded exactly as the event path encodes them (:meth:`cdc.avro.EventCodec.records` of the
+    stream's ``ChangeEvent``, processing times ``times``), appended to ``records`` (made by
+    ``record(topic, key, value, position)``; a delete adds its tombstone), and their tables'
+    schemas put in ``touched``. Stops at the first message that is anything else — another
+    kind, a relation without a plan, unchanged TOAST values, an old tuple on an update, a value
+    the fast kinds decline and whose typed steps fail — without consuming it.
+
+    Returns ``(index of the first message not consumed, changes encoded)``.
+    """
+    index = start
+    events = 0
+    while index < len(messages):
+        lsn, _, data = messages[index]
+        kind = data[0] if len(data) >= 7 else 0
+        if kind not in _OP_BYTES:
+            break
+        plan = plans.get(int.from_bytes(data[1:5], "big"))
+        if plan is None:
+            break
+        topic, row, key_plan, header, head, middle, tail, table, width, schema = plan
+        if (kind == 0x44) != (data[5] in (0x4B, 0x4F)) or (kind != 0x44 and data[5] != 0x4E):
+            break
+        values = _raw_tuple(data, 6, width)
+        if values is None:
+            break
+        out = bytearray(header)
+        try:
+            if kind == 0x44:
+                out.append(2)
+                encode_row(row, values, out, None)
+                out.append(0)
+            else:
+                out += b"\x00\x02"
+                encode_row(row, values, out, None)
+            key = key_json(key_plan, values)
+        except Exception:  # noqa: BLE001 - the typed path decides (and explains)
+            break
+        per = txn.per_table[table] = txn.per_table.get(table, 0) + 1
+        txn.ordinal += 1
+        out += head
+        _write_long(txn.commit_ms, out)
+        out += middle
+        out.append(2)
+        _write_text(f'["{txn.commit_text}","{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"]', out)
+        for number in (txn.commit_ms * 1000, txn.commit_ms * 1_000_000):
+            out.append(2)
+            _write_long(number, out)
+        out += tail
+        for number in (txn.xid, lsn):
+            out.append(2)
+            _write_long(number, out)
+        out.append(0)  # xmin
+        out += txn.txn_prefix
+        _write_long(txn.ordinal, out)
+        _write_long(per, out)
+        out += _OP_BYTES[kind]
+        out += times
+        out.append(0)  # no unavailable columns
+        position = _POSITION(1, txn.commit_lsn, 1, txn.ordinal)
+        records.append(record(topic, key, bytes(out), position))
+        if kind == 0x44:
+            records.append(record(topic, key, None, position))
+        touched[table] = schema
+        events += 1
+        index += 1
+    return index, events
+
+
 def _pure() -> bool:
     return os.environ.get("CDC_PURE_PYTHON", "") == "1"
 
@@ -367,6 +479,7 @@ def implementation() -> str:
 
 
 ENCODE_ROW: Callable[..., None] = encode_row
+ENCODE_CHANGES: Callable[..., tuple[int, int]] = encode_changes
 ENCODE_ROW_FILLED: Callable[..., None] = encode_row_filled
 KEY_JSON: Callable[..., bytes] = key_json
 IMPLEMENTATION = "pure"
@@ -374,7 +487,8 @@ FALLBACKS: Callable[[], int] = fallbacks
 
 
 def _bind() -> None:
-    global UNCHANGED, ENCODE_ROW, ENCODE_ROW_FILLED, KEY_JSON, IMPLEMENTATION, FALLBACKS
+    global UNCHANGED, ENCODE_ROW, ENCODE_ROW_FILLED, KEY_JSON, IMPLEMENTATION, FALLBACKS, \
+        ENCODE_CHANGES
     from connectors.postgres import pgoutput
 
     UNCHANGED = pgoutput.UNCHANGED_TOAST
@@ -388,6 +502,7 @@ def _bind() -> None:
     ENCODE_ROW, ENCODE_ROW_FILLED, KEY_JSON = _fast.encode_row, _fast.encode_row_filled, \
         _fast.key_json
     FALLBACKS = _fast.fallbacks
+    ENCODE_CHANGES = _fast.encode_changes
     IMPLEMENTATION = "compiled"
 
 

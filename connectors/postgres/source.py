@@ -24,11 +24,13 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
+from cdc.avro import EventCodec, write_long
 from cdc.config import SourceConfig
 from cdc.events import ChangeEvent, Column, Op, TableId, TableSchema, TransactionInfo
 from cdc.incremental import PREFIX as WATERMARK_PREFIX
+from cdc.log.base import Record
 from cdc.position import Position, format_lsn
-from cdc.source import Watermark
+from cdc.source import EncodedBatch, Watermark
 from connectors.postgres import catalog, pgoutput, rowcodec
 from connectors.postgres.connection import SourceError, connect, describe
 from connectors.postgres.replication import ReplicationStream, quote_ident
@@ -36,6 +38,8 @@ from connectors.postgres.types import PgType, pg_type
 
 HEARTBEAT_PREFIX = "cdc-heartbeat"
 UNCHANGED = pgoutput.UNCHANGED_TOAST
+#: the source block's fields the compiled change encoder writes itself (rowcodec.ChangePlan)
+VARYING_SOURCE_FIELDS = ("ts_ms", "sequence", "ts_us", "ts_ns", "txId", "lsn", "xmin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,14 +172,41 @@ class PostgresSource:
         return max(int(row[0]), 0) if row and row[0] is not None else 0
 
     # -- streaming ---------------------------------------------------------------------------
-    def stream(self, resume_lsn: int, status_interval: float = 10.0) -> PostgresStream:
-        return PostgresStream(self, resume_lsn, status_interval)
+    def stream(self, resume_lsn: int, status_interval: float = 10.0,
+               codec: EventCodec | None = None) -> PostgresStream:
+        return PostgresStream(self, resume_lsn, status_interval, codec)
 
 
 def _snapshot_position(commit_lsn: int, ordinal: int) -> Position:
     """The position of the ``ordinal``-th row logged at a watermark committed at
     ``commit_lsn``: after every change committed before it, before every one after."""
     return Position.postgres(commit_lsn, ordinal, snapshot=True)
+
+
+def change_plan(codec: EventCodec, captured: CapturedTable) -> rowcodec.ChangePlan | None:
+    """A table's plan for rowcodec.encode_changes, or None (its changes then take the event
+    path): a column type without compiled writers, or an envelope not of the usual shape."""
+    schema = captured.schema
+    table = codec.table(schema)
+    row = captured.row_plan(table)
+    probe = ChangeEvent(schema, Op.CREATE, Position.postgres(0, 0), 0, after={},
+                        source_info={"txId": 0, "lsn": 0, "snapshot": "false"})
+    pieces = codec.source_parts(table, probe, VARYING_SOURCE_FIELDS)
+    if row is None or pieces is None or any(pieces[2:4] + pieces[5:]):
+        return None
+    return (schema.topic, row, captured.key_plan(), table.header, pieces[0], pieces[1],
+            pieces[4], schema.table, len(schema.columns), schema)
+
+
+def _times(now_ms: int | None = None) -> bytes:
+    """The envelope's processing times (ts_ms, ts_us, ts_ns) of changes encoded at
+    ``now_ms`` (default: now)."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    out = bytearray()
+    for value in (now, now * 1000, now * 1_000_000):
+        out.append(2)
+        write_long(value, out)
+    return bytes(out)
 
 
 def _unchanged_toast(captured: CapturedTable, change: pgoutput.Update) -> tuple[str, ...]:
@@ -204,17 +235,29 @@ class _Transaction:
     per_table: dict[TableId, int] = field(default_factory=dict)
     commit_text: str = ""
     txn_id: str = ""
+    #: the envelope's transaction block up to its counters (union branch and id)
+    txn_prefix: bytes = b""
 
     def __post_init__(self) -> None:
         self.commit_text = format_lsn(self.commit_lsn)
         self.txn_id = f"{self.xid}:{self.commit_lsn}"
+        data = self.txn_id.encode()
+        prefix = bytearray(b"\x02")
+        write_long(len(data), prefix)
+        self.txn_prefix = bytes(prefix) + data
 
 
 class PostgresStream:
     """A live ``START_REPLICATION`` session decoded into events and checkpoints."""
 
-    def __init__(self, source: PostgresSource, resume_lsn: int, status_interval: float) -> None:
+    def __init__(self, source: PostgresSource, resume_lsn: int, status_interval: float,
+                 codec: EventCodec | None = None) -> None:
         self.source = source
+        #: with a codec, runs of plain row changes are encoded here into log records
+        #: (rowcodec.encode_changes) and yielded as EncodedBatch es
+        self.codec = codec
+        #: relation oid -> its plan for encode_changes (None: its changes take the event path)
+        self.plans: dict[int, rowcodec.ChangePlan | None] = {}
         self.resume_lsn = resume_lsn
         self.catalog_conn = source.connect()
         self.captured = source.check(self.catalog_conn)
@@ -237,51 +280,83 @@ class PostgresStream:
         self.stream.confirm(lsn)
         self.stream.send_status(force=True)
 
-    def events(self, idle_timeout: float = 0.5) -> Iterator[ChangeEvent | Checkpoint | None]:
-        """Decoded changes, a :class:`Checkpoint` after each transaction, ``None`` when idle."""
+    def events(self, idle_timeout: float = 0.5
+               ) -> Iterator[ChangeEvent | EncodedBatch | Checkpoint | Watermark | None]:
+        """Decoded changes (runs of plain row changes already encoded, as
+        :class:`EncodedBatch` es, when the stream has a codec), a :class:`Checkpoint` after each
+        transaction, ``None`` when idle."""
         self.stream.start()
         txn: _Transaction | None = None
         skipping = False
         decode, fast = pgoutput.decode, self._fast_change
         insert, update, delete = pgoutput.Insert, pgoutput.Update, pgoutput.Delete
-        for message in self.stream.messages(idle_timeout):
-            if message is None:
+        plans = self.plans
+        encode = rowcodec.ENCODE_CHANGES if self.codec is not None else None
+        for batch in self.stream.batches(idle_timeout):
+            if batch is None:
                 yield None
                 continue
-            decoded = decode(message.payload)
-            kind = decoded.__class__
-            if kind is insert or kind is update or kind is delete:
-                if skipping or txn is None:
+            index, count = 0, len(batch)
+            times = _times()
+            while index < count:
+                if encode is not None and txn is not None and not skipping and plans:
+                    records: list[Record] = []
+                    touched: dict[TableId, TableSchema] = {}
+                    index, changes = encode(plans, batch, index, txn, records, Record, times,
+                                            touched)
+                    if changes:
+                        yield EncodedBatch(records, list(touched.values()), changes,
+                                           transaction=txn.txn_id, ts_ms=txn.commit_ms)
+                    if index >= count:
+                        break
+                message = batch[index]
+                index += 1
+                decoded = decode(message.payload)
+                kind = decoded.__class__
+                if kind is insert or kind is update or kind is delete:
+                    if skipping or txn is None:
+                        continue
+                    event = fast(decoded, txn, message.start_lsn)  # type: ignore[arg-type]
+                    if event is None:
+                        yield from self._row_change(decoded, txn,  # type: ignore[arg-type]
+                                                    message.start_lsn)
+                    else:
+                        yield event
+                    oid = decoded.relation_oid  # type: ignore[union-attr]
+                    if encode is not None and oid not in plans:
+                        # only now: the dispatcher has checked and registered its schema
+                        plans[oid] = self._change_plan(oid)
                     continue
-                event = fast(decoded, txn, message.start_lsn)  # type: ignore[arg-type]
-                if event is None:
-                    yield from self._row_change(decoded, txn,  # type: ignore[arg-type]
-                                                message.start_lsn)
-                else:
-                    yield event
-                continue
-            if isinstance(decoded, pgoutput.Begin):
-                skipping = decoded.final_lsn < self.resume_lsn
-                txn = _Transaction(decoded.xid, decoded.final_lsn, decoded.commit_time // 1000)
-            elif isinstance(decoded, pgoutput.Commit):
-                if not skipping:
-                    yield Checkpoint(decoded.end_lsn)
-                txn, skipping = None, False
-            elif isinstance(decoded, pgoutput.Relation):
-                self.relations[decoded.oid] = self._relation(decoded)
-            elif isinstance(decoded, pgoutput.Message):
-                if decoded.prefix == HEARTBEAT_PREFIX and txn is None:
-                    # every transaction committed before the heartbeat was sent before it
-                    yield Checkpoint(decoded.lsn)
-                elif decoded.prefix == WATERMARK_PREFIX and txn is not None and not skipping:
-                    yield Watermark(decoded.content.decode(errors="replace"),
-                                    functools.partial(_snapshot_position, txn.commit_lsn))
-            elif skipping or txn is None:
-                continue
-            elif isinstance(decoded, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
-                yield from self._row_change(decoded, txn, message.start_lsn)
-            elif isinstance(decoded, pgoutput.Truncate):
-                yield from self._truncate(decoded, txn, message.start_lsn)
+                if isinstance(decoded, pgoutput.Begin):
+                    skipping = decoded.final_lsn < self.resume_lsn
+                    txn = _Transaction(decoded.xid, decoded.final_lsn,
+                                       decoded.commit_time // 1000)
+                elif isinstance(decoded, pgoutput.Commit):
+                    if not skipping:
+                        yield Checkpoint(decoded.end_lsn)
+                    txn, skipping = None, False
+                elif isinstance(decoded, pgoutput.Relation):
+                    self.relations[decoded.oid] = self._relation(decoded)
+                    plans.pop(decoded.oid, None)
+                elif isinstance(decoded, pgoutput.Message):
+                    if decoded.prefix == HEARTBEAT_PREFIX and txn is None:
+                        # every transaction committed before the heartbeat was sent before it
+                        yield Checkpoint(decoded.lsn)
+                    elif decoded.prefix == WATERMARK_PREFIX and txn is not None and not skipping:
+                        yield Watermark(decoded.content.decode(errors="replace"),
+                                        functools.partial(_snapshot_position, txn.commit_lsn))
+                elif skipping or txn is None:
+                    continue
+                elif isinstance(decoded, pgoutput.Truncate):
+                    yield from self._truncate(decoded, txn, message.start_lsn)
+
+    def _change_plan(self, oid: int) -> rowcodec.ChangePlan | None:
+        captured = self.relations.get(oid)
+        if captured is None or self.codec is None:
+            return None
+        if self.source.config.has_column_rules(captured.schema.table):
+            return None  # cdc/columns.py transforms its events first
+        return change_plan(self.codec, captured)
 
     # -- incremental snapshots (cdc/incremental.py) ------------------------------------------
     def watermark(self, payload: str) -> None:
