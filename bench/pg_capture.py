@@ -1076,13 +1076,23 @@ def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
 # ------------------------------------------------------------------------------ main
 
 
+#: short names for ``--only``
+STEP_NAMES = {RECV: ("recvlogical",), OURS: ("capture",), DBZ: ("debezium",), COPY: ("copy",),
+              BOOT: ("bootstrap",), INCR: ("incremental",), RAW: ("diagnostics",),
+              DECODE: ("diagnostics",), COPYROWS: ("diagnostics",)}
+
+
 def run(bench: Bench) -> int:
     args = bench.args
     console = bench.console
     setup(bench)
     load(bench)
 
-    def step(measure: Callable[[Bench], Result], name: str) -> Result:
+    only = set(args.only.split(",")) if args.only else None
+
+    def step(measure: Callable[[Bench], Result], name: str) -> Result | None:
+        if only is not None and not only & {name, *STEP_NAMES.get(name, ())}:
+            return None
         try:
             result = measure(bench)
         except Exception as exc:  # noqa: BLE001 - one tool failing must not hide the others
@@ -1137,6 +1147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=200_000, help="rows inserted (200,000)")
     parser.add_argument("--batch", type=int, default=1_000, help="rows a transaction (1,000)")
+    parser.add_argument("--only", default="", help="run only these measurements (comma list of "
+                        "recvlogical, capture, debezium, copy, bootstrap, incremental, "
+                        "diagnostics)")
     parser.add_argument("--updates", type=float, default=0.1,
                         help="then update this fraction of the rows (0.1)")
     parser.add_argument("--no-debezium", action="store_true", help="skip Debezium")

@@ -150,7 +150,9 @@ def test_background_flush_returns_offsets_once_durable(tmp_path: Path) -> None:
                 assert log.source_offsets()["shop"]["batch"] >= offset["batch"]
             running = dispatcher._inflight
             assert running is not None and running[2] == {"batch": batch}
-            assert dispatcher._unlogged()[0] is running[1]  # visible to image lookups
+            images = dispatcher.images  # its records stay visible to image lookups
+            partial = [r for r in running[1] if r.topic in images._partial_topics]
+            assert partial and all((r.topic, r.key) in images._unlogged for r in partial)
         assert returned == [None, {"batch": 0}, {"batch": 1}, {"batch": 2}, {"batch": 3}]
         assert dispatcher.flush() == {"batch": 4}
         stored = dict(log.source_offsets()["shop"])
@@ -160,3 +162,33 @@ def test_background_flush_returns_offsets_once_durable(tmp_path: Path) -> None:
         assert cut["shop.public.orders"] == {str(p): end for p, end in ends.items()}
         assert sum(log.end_offsets("shop.public.orders").values()) == dispatcher.stats.records
         assert dispatcher._inflight is None
+
+
+def test_framing_a_commit_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """frame_records and locate (one call per commit) place and frame exactly as the pure
+    ones: the same partitions, offsets, blobs and locations, tombstones and empty keys too."""
+    from cdc.log.base import AppendResult
+
+    fast, pure = _compiled(), _pure(monkeypatch, segment)
+    rng = random.Random(21)
+    records = [Record(rng.choice(["a", "b.c"]), rng.randbytes(rng.randrange(0, 40)),
+                      None if rng.random() < 0.1 else rng.randbytes(rng.randrange(0, 3000)),
+                      rng.randbytes(25)) for _ in range(2000)]
+    results = []
+    for kernel in (fast, pure):
+        offsets = {"a": [5, 0, 7], "b.c": [100]}
+        blobs: dict[tuple[str, int], bytearray] = {}
+        placed = kernel.frame_records(records, offsets, 1_700_000_000_000, blobs, AppendResult)
+        bases = {where: (f"file-{where}", 1000 * len(where[0])) for where in blobs}
+        results.append((offsets, blobs, placed, kernel.locate(placed, bases, AppendResult)))
+    assert results[0] == results[1]
+    offsets, blobs, placed, located = results[0]
+    assert sum(offsets["a"]) - 12 + offsets["b.c"][0] - 100 == len(records)
+    for record, where in zip(records, located, strict=True):  # each location holds its record
+        blob = blobs[(where.topic, where.partition)]
+        start = where.location[1] - 1000 * len(where.topic)
+        framed = bytes(blob[start:start + where.location[2]])
+        assert framed == segment.encode_record_bytes(where.offset, 1_700_000_000_000,
+                                                     record.key, record.value, record.position)
+    with pytest.raises(KeyError):
+        fast.frame_records([Record("nowhere", b"k", b"v", b"p")], {}, 0, {}, AppendResult)

@@ -152,3 +152,80 @@ def parse_records(bytes buffer, Py_ssize_t cursor, long long buffer_start, bint 
                     position, buffer_start + cursor, size))
         cursor += size
     return out, cursor, -1
+
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+
+
+def frame_records(list records, dict offsets, long long now_ms, dict blobs, result):
+    """See segment.frame_records."""
+    cdef list out = []
+    cdef list parts
+    cdef bytearray blob
+    cdef Py_ssize_t key_len, pos_len, value_len, length, size, at
+    cdef const char* value_data
+    cdef char* p
+    cdef int attributes
+    cdef uint32_t partition
+    cdef long long offset
+    for record in records:
+        topic = record[0]
+        key = <bytes>record[1]
+        value = record[2]
+        position = <bytes>record[3]
+        parts = offsets[topic]
+        key_len = PyBytes_GET_SIZE(key)
+        partition = (_murmur2(<const unsigned char*>PyBytes_AS_STRING(key), key_len)
+                     & 0x7FFFFFFF) % <uint32_t>len(parts)
+        offset = parts[partition]
+        parts[partition] = offset + 1
+        where = (topic, partition)
+        found = blobs.get(where)
+        if found is None:
+            found = blobs[where] = bytearray()
+        blob = <bytearray>found
+        pos_len = PyBytes_GET_SIZE(position)
+        attributes = 0
+        value_len = 0
+        value_data = NULL
+        if value is None:
+            attributes = 1
+        else:
+            value_data = PyBytes_AS_STRING(<bytes>value)
+            value_len = PyBytes_GET_SIZE(<bytes>value)
+        if pos_len > 0xFFFF or key_len > 0xFFFFFFFF or value_len > 0xFFFFFFFF:
+            raise OverflowError("a record part is too long for the segment format")
+        length = 27 + 4 + pos_len + key_len + value_len
+        size = 4 + length
+        at = PyByteArray_GET_SIZE(blob)
+        PyByteArray_Resize(blob, at + size)
+        p = PyByteArray_AS_STRING(blob) + at
+        _u32(p, <uint32_t>length)
+        _u64(p + 8, offset)
+        _u64(p + 16, now_ms)
+        p[24] = <char>attributes
+        p[25] = <char>(pos_len & 0xFF)
+        p[26] = <char>((pos_len >> 8) & 0xFF)
+        _u32(p + 27, <uint32_t>key_len)
+        _u32(p + 31, <uint32_t>value_len)
+        memcpy(p + 35, PyBytes_AS_STRING(position), pos_len)
+        memcpy(p + 35 + pos_len, PyBytes_AS_STRING(key), key_len)
+        if value_len:
+            memcpy(p + 35 + pos_len + key_len, value_data, value_len)
+        _u32(p + 4, <uint32_t>crc32(0, <const unsigned char*>(p + 8), <unsigned int>(length - 4)))
+        out.append(result(topic, partition, offset, (at, size)))
+    return out
+
+
+def locate(list placed, dict bases, result):
+    """See segment.locate."""
+    cdef list out = []
+    cdef tuple inside, base
+    for item in placed:
+        topic = item[0]
+        partition = item[1]
+        inside = <tuple>item[3]
+        base = <tuple>bases[(topic, partition)]
+        out.append(result(topic, partition, item[2],
+                          (base[0], <long long>base[1] + <long long>inside[0], inside[1])))
+    return out

@@ -50,12 +50,12 @@ from cdc.log.base import (
     StoredRecord,
     TopicInfo,
 )
-from cdc.log.partitioner import partition_for
 from cdc.log.schemas import SchemaStore
 from cdc.log.segment import (
     READ_CHUNK,
-    encode_record_bytes,
+    frame_records,
     list_segments,
+    locate,
     parse_record,
     scan,
     scan_batches,
@@ -550,66 +550,54 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         state = self.state()
         new = copy.deepcopy(state)
         now_ms = int(time.time() * 1000)
-        placed: list[tuple[str, int, int]] = []  # (topic, partition, offset) per record
-        pieces: dict[tuple[str, int], list[bytes]] = {}
-        indices: dict[tuple[str, int], list[int]] = {}  # record indices per partition
-        self._place(records, new, now_ms, placed, pieces, indices)
+        blobs: dict[tuple[str, int], bytearray] = {}  # framed records per partition
+        placed = self._place(records, new, now_ms, blobs)
         if finish is not None:
-            more, offsets = finish([AppendResult(*where) for where in placed])
+            more, offsets = finish(placed)
             if offsets is not None:
                 source_offsets = offsets
             if more:
-                self._place(more, new, now_ms, placed, pieces, indices)
-        return self._write_placed(state, new, placed, pieces, indices, source_offsets)
+                placed += self._place(more, new, now_ms, blobs)
+        return self._write_placed(state, new, placed, blobs, source_offsets)
 
     def _place(self, records: Sequence[Record], new: LogState, now_ms: int,
-               placed: list[tuple[str, int, int]], pieces: dict[tuple[str, int], list[bytes]],
-               indices: dict[tuple[str, int], list[int]]) -> None:
-        """Give each record its partition and offset (in ``new``) and its framed bytes."""
+               blobs: dict[tuple[str, int], bytearray]) -> list[AppendResult]:
+        """Give each record its partition and offset (in ``new``) and append its framed bytes
+        to its partition's blob; locations are (start in the blob, size) for now."""
         topics = new.topics
-        for index, record in enumerate(records, len(placed)):
-            topic = topics.get(record.topic)
-            if topic is None:
-                raise LogError(f"append to unknown topic {record.topic!r}",
-                               "call ensure_topic() first (this is a bug in the caller)")
-            partition = partition_for(record.key, topic.info.partitions)
-            part = topic.parts[partition]
-            offset = part.next_offset
-            part.next_offset += 1
-            where = (record.topic, partition)
-            chunk = pieces.get(where)
-            if chunk is None:
-                chunk = pieces[where] = []
-                indices[where] = []
-            chunk.append(encode_record_bytes(offset, now_ms, record.key, record.value,
-                                             record.position))
-            indices[where].append(index)
-            placed.append((record.topic, partition, offset))
+        offsets = {name: [part.next_offset for part in topic.parts]
+                   for name, topic in topics.items()}
+        try:
+            placed: list[AppendResult] = frame_records(
+                records if isinstance(records, list) else list(records), offsets, now_ms, blobs,
+                AppendResult)
+        except KeyError as exc:
+            raise LogError(f"append to unknown topic {exc.args[0]!r}",
+                           "call ensure_topic() first (this is a bug in the caller)") from None
+        for name, parts in offsets.items():
+            for part, next_offset in zip(topics[name].parts, parts, strict=True):
+                part.next_offset = next_offset
+        return placed
 
-    def _write_placed(self, state: LogState, new: LogState, placed: list[tuple[str, int, int]],
-                      pieces: dict[tuple[str, int], list[bytes]],
-                      indices: dict[tuple[str, int], list[int]],
+    def _write_placed(self, state: LogState, new: LogState, placed: list[AppendResult],
+                      blobs: dict[tuple[str, int], bytearray],
                       source_offsets: Mapping[str, Any] | None) -> list[AppendResult]:
         """Write the placed records, sync them and commit ``new`` with ``source_offsets``."""
-        locations: list[Location | None] = [None] * len(placed)
         written: list[tuple[str, int, int, int]] = []  # topic, partition, fd, committed bytes
         new_dirs: list[Path] = []
+        bases: dict[tuple[str, int], tuple[Path, int]] = {}
         try:
-            for (topic_name, partition), chunks in pieces.items():
+            for (topic_name, partition), data in blobs.items():
                 part = new.topics[topic_name].parts[partition]
                 old = state.topics[topic_name].parts[partition]
                 fd, rolled = self._active_fd(topic_name, partition, old, part)
                 if rolled:
                     new_dirs.append(topic_dir(self.path, topic_name) / str(partition))
-                data = b"".join(chunks)
                 written.append((topic_name, partition, fd, part.active_bytes))
                 _write_all(fd, data, part.active_bytes)
-                path = topic_dir(self.path, topic_name) / str(partition) / segment_name(
-                    part.active_base)
-                at = part.active_bytes
-                for index, framed in zip(indices[(topic_name, partition)], chunks, strict=True):
-                    locations[index] = (path, at, len(framed))
-                    at += len(framed)
+                bases[(topic_name, partition)] = (
+                    topic_dir(self.path, topic_name) / str(partition)
+                    / segment_name(part.active_base), part.active_bytes)
                 part.active_bytes += len(data)
             if self.fsync:
                 self._sync([fd for _, _, fd, _ in written], new_dirs)
@@ -619,8 +607,7 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         except OSError as exc:
             self._undo(state, written)
             raise storage_error("append to the change log", exc) from None
-        return [AppendResult(topic_name, partition, offset, location) for (
-            topic_name, partition, offset), location in zip(placed, locations, strict=True)]
+        return locate(placed, bases, AppendResult)
 
     def _active_fd(self, topic: str, partition: int, old: PartitionState,
                    part: PartitionState) -> tuple[int, bool]:
@@ -725,7 +712,7 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         self.close()
 
 
-def _write_all(fd: int, data: bytes, at: int) -> None:
+def _write_all(fd: int, data: bytes | bytearray, at: int) -> None:
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, at)

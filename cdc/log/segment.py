@@ -29,11 +29,13 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cdc.errors import LogCorruptError
+from cdc.log.partitioner import partition_for
 
 HEADER = struct.Struct("<IIqqBHII")
 PREFIX = struct.Struct("<II")
@@ -97,6 +99,42 @@ def encode_record_bytes(offset: int, timestamp_ms: int, key: bytes, value: bytes
     return b"".join(encode_record(offset, timestamp_ms, key, value, position))
 
 
+def frame_records(records: Sequence[Any], offsets: dict[str, list[int]], now_ms: int,
+                  blobs: dict[tuple[str, int], bytearray], result: Callable[..., Any]
+                  ) -> list[Any]:
+    """Place and frame a commit's records, in order: a record of topic ``t`` goes to partition
+    :func:`~cdc.log.partitioner.partition_for` ``(key, len(offsets[t]))`` at offset
+    ``offsets[t][partition]`` (advanced in place), and its framed bytes
+    (:func:`encode_record_bytes`, timestamp ``now_ms``) are appended to ``blobs[(t, partition)]``
+    (made when missing). Returns ``result(topic, partition, offset, (start in the blob,
+    size))`` per record; a topic missing from ``offsets`` raises KeyError."""
+    out = []
+    for topic, key, value, position in records:
+        parts = offsets[topic]
+        partition = partition_for(key, len(parts))
+        offset = parts[partition]
+        parts[partition] = offset + 1
+        blob = blobs.get((topic, partition))
+        if blob is None:
+            blob = blobs[(topic, partition)] = bytearray()
+        framed = encode_record_bytes(offset, now_ms, key, value, position)
+        out.append(result(topic, partition, offset, (len(blob), len(framed))))
+        blob += framed
+    return out
+
+
+def locate(placed: Sequence[Any], bases: dict[tuple[str, int], tuple[Any, int]],
+           result: Callable[..., Any]) -> list[Any]:
+    """``placed`` (from :func:`frame_records`) with each location made absolute:
+    ``(file, base + start, size)`` where ``bases[(topic, partition)] = (file, base)`` is where
+    that blob was written."""
+    out = []
+    for topic, partition, offset, (start, size) in placed:
+        file, base = bases[(topic, partition)]
+        out.append(result(topic, partition, offset, (file, base + start, size)))
+    return out
+
+
 #: one parsed record: (offset, timestamp_ms, key, value or None, position, start byte in the
 #: segment, size in bytes)
 RecordTuple = tuple[int, int, bytes, "bytes | None", bytes, int, int]
@@ -137,6 +175,8 @@ if os.environ.get("CDC_PURE_PYTHON", "") != "1":
     with contextlib.suppress(ImportError):
         from cdc.log._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore] # noqa: F401
             encode_record_bytes,
+            frame_records,
+            locate,
             parse_records,
         )
 
