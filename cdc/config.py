@@ -178,6 +178,8 @@ class LogConfig(_Strict):
     commit_interval: Duration = Field(0.05, ge=0, le=60)
     #: ... and a group never holds more than this many records
     commit_max_records: int = Field(20_000, ge=1)
+    #: ... nor more than this many bytes of record values (capture's memory stays bounded)
+    commit_max_bytes: Size = Field(16 * 1024**2, ge=4096)
     #: tombstones stay this long after they were appended, then compaction drops them
     tombstone_retention: Duration = Field(24 * 3600.0, ge=0)
     #: false only for throwaway logs: appends are then not fsynced

@@ -4,8 +4,8 @@ Sources hand it events and checkpoints; it encodes events as records, buffers th
 them to the log together with the newest source offset whose changes are all in the commit.
 Only after :meth:`Dispatcher.flush` returns may the source be told that the offset is durable.
 
-Memory stays bounded: the buffer is flushed when it holds ``max_records`` records even in the
-middle of a transaction. Such a flush carries the *previous* checkpoint as source offset, so a
+Memory stays bounded: the buffer is flushed when it holds ``max_records`` records (or ``max_bytes``
+of record values) even in the middle of a transaction. Such a flush carries the *previous* checkpoint as source offset, so a
 crash replays the transaction from its start; the replayed records carry the same positions,
 which followers' version gates ignore.
 
@@ -71,15 +71,17 @@ class Dispatcher:
     def __init__(self, log: ChangeLogWriter, codec: EventCodec, source: str,
                  max_records: int = 20_000, interval: float = 0.05,
                  image_cache_bytes: int = 48 * 1024**2,
-                 columns: ColumnPolicies | None = None) -> None:
+                 columns: ColumnPolicies | None = None, max_bytes: int = 16 * 1024**2) -> None:
         self.log = log
         #: the source's column filters and transforms, applied before anything is encoded
         self.columns = columns
         self.codec = codec
         self.source = source
         self.max_records = max_records
+        self.max_bytes = max_bytes
         self.interval = interval
         self._buffer: list[Record] = []
+        self._buffered_bytes = 0  # of the buffered records' values
         self._pending_offset: SourceOffset | None = None
         self._oldest: float | None = None
         self._topics: dict[str, int] = {}  # topic -> partitions
@@ -174,6 +176,7 @@ class Dispatcher:
         if self._oldest is None:
             self._oldest = time.monotonic()
         self.stats.events += 1
+        self._buffered_bytes += sum(len(r.value) for r in records if r.value is not None)
         if event.op is Op.TRUNCATE:
             self._buffer.extend(records)
             self._tombstone_live_keys(event.schema, event.position)
@@ -246,6 +249,7 @@ class Dispatcher:
             for topic, count in counts.items():
                 self._begin(batch.transaction, batch.ts_ms, first, tables[topic], count)
         self._buffer.extend(batch.records)
+        self._buffered_bytes += sum(len(r.value) for r in batch.records if r.value is not None)
         self.stats.events += batch.events
         if self._oldest is None:
             self._oldest = time.monotonic()
@@ -291,7 +295,7 @@ class Dispatcher:
         and no commit is running (while one runs, the next keeps filling: a log whose commits
         take longer than ``interval`` — Kafka's round trips — gets larger commits instead of
         a capture thread waiting)."""
-        if len(self._buffer) >= self.max_records:
+        if len(self._buffer) >= self.max_records or self._buffered_bytes >= self.max_bytes:
             return True
         if self._inflight is not None and not self._inflight[0].done():
             return False
@@ -318,6 +322,7 @@ class Dispatcher:
         self.stats.records += len(records)
         self.stats.commits += 1
         self._buffer = []
+        self._buffered_bytes = 0
         self._markers = []
         self._pending_offset = None
         self._oldest = None
@@ -415,6 +420,7 @@ class Dispatcher:
         finally:
             self.images.forget_all()  # it may hold images of what is discarded
             self._buffer = []
+            self._buffered_bytes = 0
             self._markers = []
             self._open = None
             self._pending_offset = None
