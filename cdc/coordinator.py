@@ -17,8 +17,8 @@ nothing, and whatever is delivered twice carries the same position as its first 
 
 from __future__ import annotations
 
-import logging
 import gc
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -443,9 +443,6 @@ def _long_lived_heap() -> None:
     """Capture allocates a few short-lived container objects per change (records, tuples)
     and keeps large long-lived ones (image caches, key indexes): collect the young generation
     less often, and leave what start-up made out of every collection."""
-    import os
-    if os.environ.get("CDC_GC_DEFAULT") == "1":
-        return
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)
