@@ -4,10 +4,10 @@ Sources hand it events and checkpoints; it encodes events as records, buffers th
 them to the log together with the newest source offset whose changes are all in the commit.
 Only after :meth:`Dispatcher.flush` returns may the source be told that the offset is durable.
 
-Memory stays bounded: the buffer is flushed when it holds ``max_records`` records (or ``max_bytes``
-of record values) even in the middle of a transaction. Such a flush carries the *previous* checkpoint as source offset, so a
-crash replays the transaction from its start; the replayed records carry the same positions,
-which followers' version gates ignore.
+Memory stays bounded: the buffer is flushed when it holds ``max_records`` records (or
+``max_bytes`` of record values) even in the middle of a transaction. Such a flush carries the
+*previous* checkpoint as source offset, so a crash replays the transaction from its start; the
+replayed records carry the same positions, which followers' version gates ignore.
 
 Transaction boundaries (:mod:`cdc.transactions`): a streamed change that starts a source
 transaction logs a BEGIN event; the checkpoint that ends it logs the END event in the same
