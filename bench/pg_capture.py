@@ -591,7 +591,7 @@ def measure_capture(bench: Bench, source: str, profile_to: Path | None = None) -
 
 def measure_receive_only(bench: Bench) -> Result:
     """psycopg's replication receive with no decoding: the ceiling of a Python consumer."""
-    from cdc.config import SourceConfig
+    from cdc.config import PostgresSourceConfig as SourceConfig
     from connectors.postgres.connection import connect
     from connectors.postgres.replication import ReplicationStream
 
@@ -629,7 +629,7 @@ def measure_receive_only(bench: Bench) -> Result:
 
 def measure_decode(bench: Bench) -> Result:
     """Receive + our pgoutput decode + typed rows (ChangeEvents), without encoding or the log."""
-    from cdc.config import SourceConfig
+    from cdc.config import PostgresSourceConfig as SourceConfig
     from cdc.events import ChangeEvent
     from connectors.postgres.source import PostgresSource
 
