@@ -11,8 +11,8 @@ Every event in the log must carry the whole row, because compaction throws older
 3. the log: a per-partition index ``key -> offset of its latest record`` (and, for the local
    log, where its bytes are, so a lookup is one small read). Records this process appends are
    indexed as they are committed (:meth:`PreviousImages.appended`); older ones by reading the
-   partition, once, the first time one of its keys misses the cache. About 200 bytes of memory
-   per key of a table that can have partial changes.
+   partition, once, the first time one of its keys misses the cache (:class:`KeyIndex`: about
+   32 bytes of memory per key of a table that can have partial changes, compiled).
 
 Images are kept in Avro form (as encoded, by Avro field name) with their schema id, so a value
 is re-encoded exactly as it was read. A value is taken only from a column of the same name and
@@ -21,6 +21,8 @@ the same type; anything else is reported as unavailable, never silently NULL.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,6 +57,34 @@ _PARTIAL: dict[int, tuple[TableSchema, bool]] = {}
 _MISSING = object()
 
 
+class KeyIndex:
+    """Where the latest record of each key of one partition is: ``key -> (offset, location)``
+    (location: what the log's ``read_at`` takes, or None).
+
+    The compiled twin (``cdc/_fast.pyx``) keeps 64-bit hashes of the keys, about 32 bytes a key
+    (a million keys of a table whose updates may need previous images fit in ~50 MB); its
+    ``get`` may then answer for another key with the same hash, so callers check the key of the
+    record they read (this pure one answers for the key itself only).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[bytes, IndexEntry] = {}
+
+    def put(self, key: bytes, offset: int, location: Any) -> None:
+        self._entries[key] = (offset, location)
+
+    def get(self, key: bytes) -> IndexEntry | None:
+        return self._entries.get(key)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+    with contextlib.suppress(ImportError):  # the compiled twin, when built
+        from cdc._fast import KeyIndex  # type: ignore[import-not-found,no-redef,assignment,unused-ignore] # noqa: F811
+
+
 class PreviousImages:
     """Finds the latest after image of a key (see the module docstring for where it looks)."""
 
@@ -67,13 +97,13 @@ class PreviousImages:
         self._bytes = 0
         #: (topic, key) -> the latest value remembered whose record is not in the log yet
         self._unlogged: dict[tuple[str, bytes], bytes | None] = {}
-        self._index: dict[tuple[str, int], dict[bytes, IndexEntry]] = {}
+        self._index: dict[tuple[str, int], KeyIndex] = {}
         self._indexed_to: dict[tuple[str, int], int] = {}
         self.log_lookups = 0
         self.log_scans = 0
         self._partial_topics: set[str] = set()
         #: keys appended by this process: (topic, partition) -> key -> (offset, location)
-        self._appended: dict[tuple[str, int], dict[bytes, IndexEntry]] = {}
+        self._appended: dict[tuple[str, int], KeyIndex] = {}
         #: (topic, partition) -> the first offset this process appended there: the log is
         #: read (for older keys) only below it
         self._read_limit: dict[tuple[str, int], int] = {}
@@ -113,10 +143,10 @@ class PreviousImages:
                 where = (result.topic, result.partition)
                 index = self._appended.get(where)
                 if index is None:
-                    index = self._appended[where] = {}
+                    index = self._appended[where] = KeyIndex()
                     # older records (other runs) are read from the log up to here
                     self._read_limit[where] = result.offset
-                index[record.key] = (result.offset, result.location)
+                index.put(record.key, result.offset, result.location)
 
     def forget_all(self) -> None:
         """Drop the cache (after discarding records that were never made durable)."""
@@ -156,7 +186,8 @@ class PreviousImages:
         self.log_lookups += 1
         partition = partition_for(key, len(ends))
         where = (topic, partition)
-        found = self._appended.get(where, {}).get(key)
+        appended = self._appended.get(where)
+        found = appended.get(key) if appended is not None else None
         if found is None:
             end = min(ends[partition], self._read_limit.get(where, ends[partition]))
             found = self._catch_up(topic, partition, end).get(key)
@@ -185,11 +216,13 @@ class PreviousImages:
                 best = (record.position, record.value)
         return None if best is None else self._image_of(best[1])
 
-    def _catch_up(self, topic: str, partition: int, end: int) -> dict[bytes, IndexEntry]:
+    def _catch_up(self, topic: str, partition: int, end: int) -> KeyIndex:
         """The partition's index, extended with the records committed since the last call
         (``end``: the partition's end offset now)."""
         where = (topic, partition)
-        index = self._index.setdefault(where, {})
+        index = self._index.get(where)
+        if index is None:
+            index = self._index[where] = KeyIndex()
         start = self._indexed_to.get(where, 0)
         if start >= end:
             return index
@@ -200,11 +233,11 @@ class PreviousImages:
                 if not batch:
                     break
                 for record, place in batch:
-                    index[record.key] = (record.offset, place)
+                    index.put(record.key, record.offset, place)
                 start = batch[-1][0].offset + 1
         else:
             for record in self.log.iter_partition(topic, partition, start):
-                index[record.key] = (record.offset, None)
+                index.put(record.key, record.offset, None)
                 start = record.offset + 1
         self._indexed_to[where] = start
         return index

@@ -192,3 +192,37 @@ def test_framing_a_commit_matches(monkeypatch: pytest.MonkeyPatch) -> None:
                                                      record.key, record.value, record.position)
     with pytest.raises(KeyError):
         fast.frame_records([Record("nowhere", b"k", b"v", b"p")], {}, 0, {}, AppendResult)
+
+
+def test_key_index_answers_like_a_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled KeyIndex (previous images' per-partition index) gives the pure one's answers
+    for every key put, across growth, overwrites and entries without a location, and nothing for
+    keys never put; it stays small (the point of it)."""
+    import tracemalloc
+
+    from cdc import images
+
+    try:
+        compiled = importlib.import_module("cdc._fast").KeyIndex
+    except (ImportError, AttributeError):
+        if shutil.which("gcc") or shutil.which("cc"):
+            pytest.fail("cdc/_fast is not built although a C compiler is here")
+        pytest.skip("no C compiler")
+    pure = _pure(monkeypatch, images).KeyIndex
+    rng = random.Random(4)
+    keys = list({rng.randbytes(rng.randrange(1, 30)) for _ in range(30_000)})
+    fast_index, pure_index = compiled(), pure()
+    paths = [Path(f"/log/t/0/{n:020d}.seg") for n in range(5)]
+    for n, key in enumerate(keys + keys[:5000]):  # the last 5,000 are overwritten
+        location = None if n % 7 == 0 else (rng.choice(paths), rng.randrange(2**39),
+                                            rng.randrange(1, 2**31))
+        fast_index.put(key, n, location)
+        pure_index.put(key, n, location)
+    assert len(fast_index) == len(pure_index) == len(keys)
+    for key in keys:
+        assert fast_index.get(key) == pure_index.get(key)
+    assert fast_index.get(b"never put") is None
+    big = compiled()
+    for n in range(100_000):
+        big.put(b"k%d" % n, n, (paths[0], n * 100, 100))
+    assert len(big) == 100_000 and big.get(b"k99999") == (99_999, (paths[0], 9_999_900, 100))
