@@ -198,7 +198,6 @@ def test_key_index_answers_like_a_dict(monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled KeyIndex (previous images' per-partition index) gives the pure one's answers
     for every key put, across growth, overwrites and entries without a location, and nothing for
     keys never put; it stays small (the point of it)."""
-    import tracemalloc
 
     from cdc import images
 

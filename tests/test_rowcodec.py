@@ -399,3 +399,72 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec) -> None:
     assert (actual_txn.ordinal, actual_txn.per_table) == (expected_txn.ordinal,
                                                           expected_txn.per_table)
     assert compiled_changes >= 250  # most changes took the compiled loop
+
+
+def _copy_text(value: object) -> bytes:
+    if value is None:
+        return b"\\N"
+    text = str(value).replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+    return text.replace("\r", "\\r").encode()
+
+
+def test_copy_rows_encode_like_snapshot_events(impl: str, codec: EventCodec) -> None:
+    """The snapshot's compiled loop (rowcodec.encode_copy: COPY text bytes to log records)
+    writes exactly the records of the snapshot's events for the same rows — every type and edge
+    value, escapes, NULLs — and stops, without consuming it, at a row cut short and at a row it
+    declines (another column count, a value the typed path rejects)."""
+    from connectors.postgres.source import _times, copy_plan
+
+    encode_copy = (importlib.import_module("connectors.postgres._fast").encode_copy
+                   if impl == "compiled" else rowcodec.encode_copy)
+    captured = captured_table()
+    lsn, ts_ms, processed = 2**35 + 99, 1_650_000_000_000, 1_700_000_000_321
+    info = {"snapshot": "true", "lsn": lsn, "txId": None, "sequence": f'[null,"8/63"]'}
+    plan = copy_plan(codec, captured, lsn, ts_ms, info)
+    assert plan is not None
+    times = _times(processed)
+    lines = [b"\t".join(_copy_text(v) for v in values) for values in rows(400, seed=17)]
+    lines[10] = lines[10] + b"\textra"  # a column too many
+    lines.append(b"\t".join(_copy_text(v) for v in ("7", "1", "2", "t", "1.5", "0.1",
+                                                    "tab\there\nnew\\line", *COLUMNS[7][3][:1],
+                                                    *(None for _ in COLUMNS[8:]))))
+    data = b"".join(line + b"\n" for line in lines) + b"42\tcut sh"
+    expected: list[Any] = []
+    number = 1000
+    for line in lines:
+        values = rowcodec.copy_fields(line)
+        number += 1
+        if len(values) != len(COLUMNS):
+            continue
+        event = ChangeEvent(captured.schema, Op.READ, Position.postgres(lsn, number,
+                                                                        snapshot=True),
+                            ts_ms, source_info=info, processed_ms=processed,
+                            raw=rowcodec.TextRows(captured, None, values))
+        with contextlib.suppress(EncodingError):
+            expected.extend(codec.records(event))
+    actual: list[Any] = []
+    at, number, compiled_rows = 0, 1000, 0
+    while True:
+        records: list[Any] = []
+        at, number = encode_copy(plan, data, at, number, records, Record, times)
+        compiled_rows += len(records)
+        actual.extend(records)
+        end = data.find(b"\n", at)
+        if end < 0:
+            break
+        values = rowcodec.copy_fields(data[at:end])  # declined: the event path, as capture does
+        number += 1
+        at = end + 1
+        if len(values) != len(COLUMNS):
+            continue
+        event = ChangeEvent(captured.schema, Op.READ, Position.postgres(lsn, number,
+                                                                        snapshot=True),
+                            ts_ms, source_info=info, processed_ms=processed,
+                            raw=rowcodec.TextRows(captured, None, values))
+        with contextlib.suppress(EncodingError):
+            actual.extend(codec.records(event))
+    assert data[at:] == b"42\tcut sh"  # the row cut short is left for the next call
+    assert number == 1000 + len(lines)
+    assert actual == expected
+    assert compiled_rows >= 300
+    assert rowcodec.copy_fields(lines[-1])[6] == "tab\there\nnew\\line"

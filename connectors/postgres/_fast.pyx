@@ -517,7 +517,7 @@ cdef inline unsigned int _be32(const unsigned char* p):
 
 
 cdef Py_ssize_t _scan(const unsigned char* s, Py_ssize_t size, Py_ssize_t at, Py_ssize_t width,
-                      Py_ssize_t* starts, Py_ssize_t* lens):
+                      const char** ptrs, Py_ssize_t* lens):
     """The fields of a TupleData at ``at`` of exactly ``width`` text or null columns (``lens[i]``
     -1 for null); -1 for anything else (unchanged TOAST, binary, malformed: the typed path)."""
     cdef Py_ssize_t count, i, length
@@ -540,7 +540,7 @@ cdef Py_ssize_t _scan(const unsigned char* s, Py_ssize_t size, Py_ssize_t at, Py
             at += 4
             if length < 0 or at + length > size:
                 return -1
-            starts[i] = at
+            ptrs[i] = <const char*>s + at
             lens[i] = length
             at += length
         elif kind == 0x6E:  # null
@@ -550,18 +550,17 @@ cdef Py_ssize_t _scan(const unsigned char* s, Py_ssize_t size, Py_ssize_t at, Py
     return at
 
 
-cdef int _row_chars(tuple plan, const char* s, Py_ssize_t* starts, Py_ssize_t* lens,
-                    bytearray out) except -1:
+cdef int _row_chars(tuple plan, const char** ptrs, Py_ssize_t* lens, bytearray out) except -1:
     cdef Py_ssize_t i
     for i in range(len(plan)):
         if lens[i] < 0:
             _null(<tuple>plan[i], out)
         else:
-            _column_chars(<tuple>plan[i], None, s + starts[i], lens[i], out)
+            _column_chars(<tuple>plan[i], None, ptrs[i], lens[i], out)
     return 0
 
 
-cdef bytes _key_chars(tuple plan, const char* s, Py_ssize_t* starts, Py_ssize_t* lens):
+cdef bytes _key_chars(tuple plan, const char** ptrs, Py_ssize_t* lens):
     """key_json of a raw tuple (same bytes)."""
     cdef bytearray out = bytearray()
     cdef tuple column
@@ -575,7 +574,7 @@ cdef bytes _key_chars(tuple plan, const char* s, Py_ssize_t* starts, Py_ssize_t*
         index = column[1]
         kind = column[2]
         n = lens[index]
-        v = s + starts[index]
+        v = ptrs[index]
         if n < 0:
             _put(out, b"null", 4)
         elif kind == LONG:
@@ -627,7 +626,7 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
     """See rowcodec.encode_changes."""
     cdef Py_ssize_t i = start, count = len(messages), size, at, width, most = 0
     cdef const unsigned char* s
-    cdef Py_ssize_t* starts = NULL
+    cdef const char** ptrs = NULL
     cdef Py_ssize_t* lens = NULL
     cdef long long ordinal = txn.ordinal, per, events = 0
     cdef long long commit_ms = txn.commit_ms, xid = txn.xid
@@ -644,10 +643,10 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
     for plan in plans.values():
         if plan is not None and <Py_ssize_t>plan[8] > most:
             most = plan[8]
-    starts = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
+    ptrs = <const char**>malloc(sizeof(const char*) * (most + 1))
     lens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
-    if starts == NULL or lens == NULL:
-        free(starts)
+    if ptrs == NULL or lens == NULL:
+        free(ptrs)
         free(lens)
         raise MemoryError()
     try:
@@ -670,7 +669,7 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
                     break
             elif s[5] != 0x4E:  # an update with an old tuple (key change, FULL identity)
                 break
-            if _scan(s, size, 6, width, starts, lens) < 0:
+            if _scan(s, size, 6, width, ptrs, lens) < 0:
                 break
             lsn = <unsigned long long>message[0]
             try:
@@ -678,13 +677,13 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
                                                     PyBytes_GET_SIZE(plan[3]))
                 if kind == 0x44:
                     _byte(out, 2)
-                    _row_chars(<tuple>plan[1], <const char*>s, starts, lens, out)
+                    _row_chars(<tuple>plan[1], ptrs, lens, out)
                     _byte(out, 0)
                 else:
                     _byte(out, 0)
                     _byte(out, 2)
-                    _row_chars(<tuple>plan[1], <const char*>s, starts, lens, out)
-                key = _key_chars(<tuple>plan[2], <const char*>s, starts, lens)
+                    _row_chars(<tuple>plan[1], ptrs, lens, out)
+                key = _key_chars(<tuple>plan[2], ptrs, lens)
             except Exception:  # the typed path decides (and explains)
                 break
             table = plan[7]
@@ -727,7 +726,153 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
             events += 1
             i += 1
     finally:
-        free(starts)
+        free(ptrs)
         free(lens)
         txn.ordinal = ordinal
     return i, events
+
+
+# ------------------------------------------------------------------- COPY text rows -> records
+# Compiled twin of rowcodec.encode_copy (see there for the contract).
+
+from libc.string cimport memchr
+from libc.stdlib cimport realloc
+
+
+cdef inline int _octal(unsigned char c):
+    return c - 48 if 48 <= c <= 55 else -1
+
+
+cdef Py_ssize_t _unescape(const unsigned char* s, Py_ssize_t n, char* out):
+    """COPY text format's backslash escapes decoded into ``out`` (at least ``n`` bytes)."""
+    cdef Py_ssize_t i = 0, o = 0, k
+    cdef int value, digit
+    cdef unsigned char c
+    while i < n:
+        c = s[i]
+        if c != 92 or i + 1 >= n:
+            out[o] = <char>c
+            o += 1
+            i += 1
+            continue
+        c = s[i + 1]
+        i += 2
+        if c == 98:
+            out[o] = 8
+        elif c == 102:
+            out[o] = 12
+        elif c == 110:
+            out[o] = 10
+        elif c == 114:
+            out[o] = 13
+        elif c == 116:
+            out[o] = 9
+        elif c == 118:
+            out[o] = 11
+        elif _octal(c) >= 0:
+            value = _octal(c)
+            k = 0
+            while k < 2 and i < n and _octal(s[i]) >= 0:
+                value = value * 8 + _octal(s[i])
+                i += 1
+                k += 1
+            out[o] = <char>(value & 0xFF)
+        elif c == 120 and i < n and _hex(<char>s[i]) >= 0:
+            value = _hex(<char>s[i])
+            i += 1
+            if i < n and _hex(<char>s[i]) >= 0:
+                value = value * 16 + _hex(<char>s[i])
+                i += 1
+            out[o] = <char>value
+        else:
+            out[o] = <char>c
+        o += 1
+    return o
+
+
+def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list records, record,
+                bytes times):
+    """See rowcodec.encode_copy."""
+    cdef const unsigned char* s = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(data), at = start, end, field, i, n
+    cdef Py_ssize_t width = plan[5]
+    cdef const unsigned char* line_end
+    cdef const unsigned char* tab
+    cdef const char** ptrs = <const char**>malloc(sizeof(const char*) * (width + 1))
+    cdef Py_ssize_t* lens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (width + 1))
+    cdef char* scratch = NULL
+    cdef Py_ssize_t scratch_size = 0, used
+    cdef unsigned long long lsn = plan[6]
+    cdef bytearray out
+    cdef bytes key, position
+    cdef long long rows = 0
+    topic = plan[0]
+    if ptrs == NULL or lens == NULL:
+        free(ptrs)
+        free(lens)
+        raise MemoryError()
+    try:
+        while at < size:
+            line_end = <const unsigned char*>memchr(s + at, 10, size - at)
+            if line_end == NULL:
+                break  # a row cut short: the caller keeps it for the next call
+            end = line_end - s
+            if scratch_size < end - at:
+                scratch_size = (end - at) * 2 + 64
+                scratch = <char*>realloc(scratch, scratch_size)
+                if scratch == NULL:
+                    raise MemoryError()
+            used = 0
+            field = 0
+            i = at
+            while True:
+                tab = <const unsigned char*>memchr(s + i, 9, end - i)
+                n = (tab - s if tab != NULL else end) - i
+                if field < width:
+                    if n == 2 and s[i] == 92 and s[i + 1] == 78:  # \N
+                        lens[field] = -1
+                    elif memchr(s + i, 92, n) != NULL:
+                        lens[field] = _unescape(s + i, n, scratch + used)
+                        ptrs[field] = scratch + used
+                        used += lens[field]
+                    else:
+                        ptrs[field] = <const char*>s + i
+                        lens[field] = n
+                field += 1
+                if tab == NULL:
+                    break
+                i = tab - s + 1
+            if field != width:
+                break  # the event path explains
+            try:
+                out = PyByteArray_FromStringAndSize(PyBytes_AS_STRING(plan[3]),
+                                                    PyBytes_GET_SIZE(plan[3]))
+                _put(out, b"\x00\x02", 2)
+                _row_chars(<tuple>plan[1], ptrs, lens, out)
+                key = _key_chars(<tuple>plan[2], ptrs, lens)
+            except Exception:  # the event path decides (and explains)
+                break
+            _bytes_to(out, <bytes>plan[4])
+            _bytes_to(out, times)
+            _byte(out, 0)
+            number += 1
+            position = _snapshot_position(lsn, <unsigned long long>number)
+            records.append(record(topic, key, bytes(out), position))
+            rows += 1
+            at = end + 1
+    finally:
+        free(ptrs)
+        free(lens)
+        free(scratch)
+    return at, number
+
+
+cdef bytes _snapshot_position(unsigned long long lsn, unsigned long long number):
+    cdef unsigned char buf[25]
+    cdef int i
+    buf[0] = 1
+    for i in range(8):
+        buf[1 + i] = (lsn >> (56 - 8 * i)) & 0xFF
+        buf[9 + i] = 0
+        buf[17 + i] = (number >> (56 - 8 * i)) & 0xFF
+    return PyBytes_FromStringAndSize(<const char*>buf, 25)

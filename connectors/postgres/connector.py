@@ -103,7 +103,7 @@ class PostgresConnector(Connector):
         return ENVELOPE
 
     def snapshot(self, codec: EventCodec | None = None) -> SnapshotSource:
-        return PostgresSnapshot(self.pg_config)
+        return PostgresSnapshot(self.pg_config, codec)
 
     def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:
         assert isinstance(offset, PostgresOffset)
@@ -152,9 +152,9 @@ def _bytes(value: int) -> str:
 class PostgresSnapshot(SnapshotSource):
     """A fresh slot and its exported snapshot (``snapshot.py`` states the contract)."""
 
-    def __init__(self, config: PostgresSourceConfig) -> None:
+    def __init__(self, config: PostgresSourceConfig, codec: EventCodec | None = None) -> None:
         self.config = config
-        self.session = SnapshotSession(PostgresSource(config))
+        self.session = SnapshotSession(PostgresSource(config), codec)
         self.tables: dict[TableId, TableSchema] = {}
 
     def check(self) -> dict[TableId, TableSchema]:

@@ -469,6 +469,69 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
     return index, events
 
 
+# ------------------------------------------------------------------- COPY text rows -> records
+
+#: a table's plan for :func:`encode_copy`: (topic, row plan, key plan, envelope header, the
+#: envelope's bytes from its ``source`` block through ``op`` (the same for every row of a
+#: snapshot), column count, the snapshot's LSN)
+CopyPlan = tuple[str, tuple[Column, ...], tuple[KeyColumn, ...], bytes, bytes, int, int]
+_COPY_ESCAPE = re.compile(rb"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{1,2})|(.))", re.DOTALL)
+_COPY_LETTERS = {b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t", b"v": b"\v"}
+
+
+def _copy_unescape(match: re.Match[bytes]) -> bytes:
+    octal, hexa, other = match.groups()
+    if octal is not None:
+        return bytes([int(octal, 8) & 0xFF])
+    if hexa is not None:
+        return bytes([int(hexa, 16)])
+    return _COPY_LETTERS.get(other, other)  # type: ignore[no-any-return]
+
+
+def copy_fields(line: bytes) -> tuple[str | None, ...]:
+    """One row of ``COPY ... TO STDOUT`` (text format, without its newline) as text values."""
+    return tuple(None if field == b"\\N" else _COPY_ESCAPE.sub(_copy_unescape, field).decode()
+                 for field in line.split(b"\t"))
+
+
+def encode_copy(plan: CopyPlan, data: bytes, start: int, number: int, records: list[Any],
+                record: Callable[..., Any], times: bytes) -> tuple[int, int]:
+    """Encode the complete rows of ``data[start:]`` (COPY text format) as snapshot records.
+
+    Each row gets the next row ``number`` (from ``number + 1``) and position
+    ``(LSN, snapshot, number)``, and is encoded exactly as the event path encodes the snapshot's
+    ``ChangeEvent`` of it (processing times ``times``); records are appended to ``records``,
+    made by ``record(topic, key, value, position)``. Stops at the first row that is cut short
+    (its bytes are the next call's) or that the compiled loop declines — another column count,
+    a value the fast kinds decline and whose typed steps fail — without consuming it.
+
+    Returns ``(index of the first byte not consumed, the last row number used)``.
+    """
+    topic, row, key_plan, header, tail, width, lsn = plan
+    at = start
+    while at < len(data):
+        end = data.find(b"\n", at)
+        if end < 0:
+            break
+        try:
+            values = copy_fields(data[at:end])
+            if len(values) != width:
+                break
+            out = bytearray(header)
+            out += b"\x00\x02"
+            encode_row(row, values, out, None)
+            key = key_json(key_plan, values)
+        except Exception:  # noqa: BLE001 - the event path decides (and explains)
+            break
+        out += tail
+        out += times
+        out.append(0)
+        number += 1
+        records.append(record(topic, key, bytes(out), _POSITION(1, lsn, 0, number)))
+        at = end + 1
+    return at, number
+
+
 def _pure() -> bool:
     return os.environ.get("CDC_PURE_PYTHON", "") == "1"
 
@@ -480,6 +543,7 @@ def implementation() -> str:
 
 ENCODE_ROW: Callable[..., None] = encode_row
 ENCODE_CHANGES: Callable[..., tuple[int, int]] = encode_changes
+ENCODE_COPY: Callable[..., tuple[int, int]] = encode_copy
 ENCODE_ROW_FILLED: Callable[..., None] = encode_row_filled
 KEY_JSON: Callable[..., bytes] = key_json
 IMPLEMENTATION = "pure"
@@ -488,7 +552,7 @@ FALLBACKS: Callable[[], int] = fallbacks
 
 def _bind() -> None:
     global UNCHANGED, ENCODE_ROW, ENCODE_ROW_FILLED, KEY_JSON, IMPLEMENTATION, FALLBACKS, \
-        ENCODE_CHANGES
+        ENCODE_CHANGES, ENCODE_COPY
     from connectors.postgres import pgoutput
 
     UNCHANGED = pgoutput.UNCHANGED_TOAST
@@ -503,6 +567,7 @@ def _bind() -> None:
         _fast.key_json
     FALLBACKS = _fast.fallbacks
     ENCODE_CHANGES = _fast.encode_changes
+    ENCODE_COPY = _fast.encode_copy
     IMPLEMENTATION = "compiled"
 
 

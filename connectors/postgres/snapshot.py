@@ -22,8 +22,10 @@ from typing import Any
 
 import psycopg
 
+from cdc.avro import EventCodec
 from cdc.events import ChangeEvent, TableId
 from cdc.position import format_lsn
+from cdc.source import EncodedBatch
 from connectors.postgres import catalog
 from connectors.postgres.connection import SourceError
 from connectors.postgres.source import CapturedTable, PostgresSource
@@ -32,8 +34,9 @@ from connectors.postgres.source import CapturedTable, PostgresSource
 class SnapshotSession:
     """``with SnapshotSession(source) as snap: for table in snap.tables: snap.rows(table)``."""
 
-    def __init__(self, source: PostgresSource) -> None:
+    def __init__(self, source: PostgresSource, codec: EventCodec | None = None) -> None:
         self.source = source
+        self.codec = codec
         self.consistent_lsn = 0
         self.snapshot_name = ""
         self.ts_ms = 0
@@ -91,14 +94,14 @@ class SnapshotSession:
             f"SELECT count(*) FROM {catalog.qualified(table)}").fetchone()
         return int(counted[0]) if counted else None
 
-    def rows(self, table: TableId) -> Iterator[ChangeEvent]:
-        """Every row of ``table`` in the snapshot, as op ``r`` events."""
+    def rows(self, table: TableId) -> Iterator[ChangeEvent | EncodedBatch]:
+        """Every row of ``table`` in the snapshot, as op ``r`` events (or already encoded)."""
         assert self._reader is not None
         captured = self.tables[table]
-        for event in self.source.snapshot_rows(self._reader, captured, self.consistent_lsn,
-                                               self._row_number, self.ts_ms):
-            self._row_number += 1
-            yield event
+        for item in self.source.snapshot_rows(self._reader, captured, self.consistent_lsn,
+                                              self._row_number, self.ts_ms, self.codec):
+            self._row_number += item.events if isinstance(item, EncodedBatch) else 1
+            yield item
 
     def next_row_number(self) -> int:
         """Claim a position ordinal for a record the caller makes itself (a vanished key)."""

@@ -39,6 +39,8 @@ from connectors.postgres.types import PgType, pg_type
 HEARTBEAT_PREFIX = "cdc-heartbeat"
 UNCHANGED = pgoutput.UNCHANGED_TOAST
 #: the source block's fields the compiled change encoder writes itself (rowcodec.ChangePlan)
+#: COPY bytes handed to the compiled row loop at a time
+COPY_BATCH_BYTES = 1024 * 1024
 VARYING_SOURCE_FIELDS = ("ts_ms", "sequence", "ts_us", "ts_ns", "txId", "lsn", "xmin")
 
 
@@ -143,19 +145,28 @@ class PostgresSource:
         return (int(high, 16) << 32) | int(low, 16), snapshot
 
     def snapshot_rows(self, conn: psycopg.Connection[Any], captured: CapturedTable,
-                      consistent_lsn: int, first_row: int, ts_ms: int
-                      ) -> Iterator[ChangeEvent]:
+                      consistent_lsn: int, first_row: int, ts_ms: int,
+                      codec: EventCodec | None = None) -> Iterator[ChangeEvent | EncodedBatch]:
         """Every row of a table as op ``r`` events, read with COPY inside the open snapshot
-        transaction of ``conn``. Row numbers continue from ``first_row``."""
+        transaction of ``conn``. Row numbers continue from ``first_row``. With a codec, rows
+        are encoded straight from COPY's bytes into log records (rowcodec.encode_copy) and
+        yielded as EncodedBatch es; a row that loop declines is yielded as an event."""
         schema = captured.schema
         columns = ", ".join(quote_ident(c.name) for c in schema.columns)
         query = f"COPY (SELECT {columns} FROM {catalog.qualified(schema.table)}) TO STDOUT"
-        number = first_row
         source_info = {"snapshot": "true", "lsn": consistent_lsn, "txId": None,
                        "sequence": json.dumps([None, format_lsn(consistent_lsn)])}
-        width = len(captured.plan)
-        text_rows = rowcodec.TextRows
+        plan = None
+        if codec is not None and not self.config.has_column_rules(schema.table):
+            plan = copy_plan(codec, captured, consistent_lsn, ts_ms, source_info)
         with conn.cursor() as cursor, cursor.copy(query) as copy:
+            if plan is not None:
+                yield from self._encoded_copy(copy, plan, captured, first_row, ts_ms,
+                                              source_info, consistent_lsn)
+                return
+            number = first_row
+            width = len(captured.plan)
+            text_rows = rowcodec.TextRows
             for values in copy.rows():
                 number += 1
                 if len(values) != width:
@@ -164,6 +175,46 @@ class PostgresSource:
                                   Position.postgres(consistent_lsn, number, snapshot=True),
                                   ts_ms, source_info=source_info,
                                   raw=text_rows(captured, None, values))
+
+    def _encoded_copy(self, copy: Any, plan: rowcodec.CopyPlan, captured: CapturedTable,
+                      number: int, ts_ms: int, source_info: dict[str, Any], lsn: int
+                      ) -> Iterator[ChangeEvent | EncodedBatch]:
+        """COPY's bytes, about a megabyte at a time, through rowcodec.encode_copy."""
+        encode, schema = rowcodec.ENCODE_COPY, captured.schema
+        rest = b""
+        ended = False
+        while not ended:
+            pending = [rest]
+            size = 0
+            while size < COPY_BATCH_BYTES:
+                chunk = copy.read()
+                if not chunk:
+                    ended = True
+                    break
+                pending.append(bytes(chunk))
+                size += len(chunk)
+            data = b"".join(pending)
+            at, times = 0, _times()
+            while True:
+                records: list[Record] = []
+                at, number = encode(plan, data, at, number, records, Record, times)
+                if records:
+                    yield EncodedBatch(records, (schema,), len(records))
+                end = data.find(b"\n", at)
+                if end < 0:
+                    break
+                values = rowcodec.copy_fields(data[at:end])  # declined: the event path
+                if len(values) != len(captured.plan):
+                    captured.row(values)  # raises, naming the problem
+                number += 1
+                yield ChangeEvent(schema, Op.READ, Position.postgres(lsn, number, snapshot=True),
+                                  ts_ms, source_info=source_info,
+                                  raw=rowcodec.TextRows(captured, None, values))
+                at = end + 1
+            rest = data[at:]
+        if rest:
+            raise SourceError(f"source {self.name!r}: the COPY of {schema.table} ended inside "
+                              "a row", "run `cdc bootstrap` again; report it if it repeats")
 
     def count_rows(self, conn: psycopg.Connection[Any], table: TableId) -> int:
         """An estimate of a table's row count, for progress bars."""
@@ -196,6 +247,22 @@ def change_plan(codec: EventCodec, captured: CapturedTable) -> rowcodec.ChangePl
         return None
     return (schema.topic, row, captured.key_plan(), table.header, pieces[0], pieces[1],
             pieces[4], schema.table, len(schema.columns), schema)
+
+
+def copy_plan(codec: EventCodec, captured: CapturedTable, lsn: int, ts_ms: int,
+              source_info: dict[str, Any]) -> rowcodec.CopyPlan | None:
+    """A table's plan for rowcodec.encode_copy (snapshot rows at ``lsn``), or None (its rows
+    then take the event path)."""
+    schema = captured.schema
+    table = codec.table(schema)
+    row = captured.row_plan(table)
+    probe = ChangeEvent(schema, Op.READ, Position.postgres(lsn, 0, snapshot=True), ts_ms,
+                        after={}, source_info=source_info)
+    pieces = codec.source_parts(table, probe, ())
+    if row is None or pieces is None:
+        return None
+    return (schema.topic, row, captured.key_plan(), table.header,
+            pieces[0] + b"\x00\x02r", len(schema.columns), lsn)
 
 
 def _times(now_ms: int | None = None) -> bytes:
