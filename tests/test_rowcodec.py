@@ -419,7 +419,7 @@ def test_copy_rows_encode_like_snapshot_events(impl: str, codec: EventCodec) -> 
                    if impl == "compiled" else rowcodec.encode_copy)
     captured = captured_table()
     lsn, ts_ms, processed = 2**35 + 99, 1_650_000_000_000, 1_700_000_000_321
-    info = {"snapshot": "true", "lsn": lsn, "txId": None, "sequence": f'[null,"8/63"]'}
+    info = {"snapshot": "true", "lsn": lsn, "txId": None, "sequence": '[null,"8/63"]'}
     plan = copy_plan(codec, captured, lsn, ts_ms, info)
     assert plan is not None
     times = _times(processed)
