@@ -121,14 +121,16 @@ class Dispatcher:
         self._open = None
         self._markers = []
 
-    def _begin(self, txn_id: str, ts_ms: int, position: Position, table: str,
+    def _begin(self, txn_id: str, ts_ms: int, position: Position | bytes, table: str,
                count: int = 1) -> None:
-        """Count a streamed change of transaction ``txn_id``, starting it if it is new."""
+        """Count a streamed change of transaction ``txn_id`` (its first change at
+        ``position``), starting it if it is new."""
         txn = self._open
         if txn is None or txn.id != txn_id:
             if txn is None:
                 self._ensure_transaction_topic()
-            txn = self._open = OpenTransaction(txn_id, ts_ms, position.to_bytes())
+            txn = self._open = OpenTransaction(
+                txn_id, ts_ms, position if isinstance(position, bytes) else position.to_bytes())
             self._newest_commit_ms = ts_ms
             self._markers.append((len(self._buffer), BEGIN, txn, txn.position))
         txn.counts[table] = txn.counts.get(table, 0) + count
@@ -245,7 +247,7 @@ class Dispatcher:
             for record in batch.records:
                 if record.value is not None:
                     counts[record.topic] = counts.get(record.topic, 0) + 1
-            first = Position.from_bytes(batch.records[0].position)
+            first = batch.records[0].position
             for topic, count in counts.items():
                 self._begin(batch.transaction, batch.ts_ms, first, tables[topic], count)
         self._buffer.extend(batch.records)

@@ -166,7 +166,8 @@ def test_background_flush_returns_offsets_once_durable(tmp_path: Path) -> None:
 
 def test_framing_a_commit_matches(monkeypatch: pytest.MonkeyPatch) -> None:
     """frame_records and locate (one call per commit) place and frame exactly as the pure
-    ones: the same partitions, offsets, blobs and locations, tombstones and empty keys too."""
+    ones: the same partitions, offsets, blobs and locations, tombstones and empty keys too;
+    blobs kept from an earlier commit are reused (and replaced when a view still holds one)."""
     from cdc.log.base import AppendResult
 
     fast, pure = _compiled(), _pure(monkeypatch, segment)
@@ -176,22 +177,28 @@ def test_framing_a_commit_matches(monkeypatch: pytest.MonkeyPatch) -> None:
                       rng.randbytes(25)) for _ in range(2000)]
     results = []
     for kernel in (fast, pure):
-        offsets = {"a": [5, 0, 7], "b.c": [100]}
-        blobs: dict[tuple[str, int], bytearray] = {}
-        placed = kernel.frame_records(records, offsets, 1_700_000_000_000, blobs, AppendResult)
-        bases = {where: (f"file-{where}", 1000 * len(where[0])) for where in blobs}
-        results.append((offsets, blobs, placed, kernel.locate(placed, bases, AppendResult)))
-    assert results[0] == results[1]
-    offsets, blobs, placed, located = results[0]
+        blobs: dict[tuple[str, int], bytearray] = {("a", 1): bytearray(b"x" * 100)}
+        held = memoryview(blobs[("a", 1)])  # a view still alive: that blob cannot grow
+        for commit in range(2):  # the second commit reuses the first one's blobs
+            offsets = {"a": [5, 0, 7], "b.c": [100]}
+            used: dict[tuple[str, int], int] = {}
+            placed = kernel.frame_records(records, offsets, 1_700_000_000_000 + commit, blobs,
+                                          used, AppendResult)
+            bases = {where: (f"file-{where}", 1000 * len(where[0])) for where in used}
+            written = {where: bytes(blobs[where][:length]) for where, length in used.items()}
+            results.append((commit, offsets, written, placed,
+                            kernel.locate(placed, bases, AppendResult)))
+        held.release()
+    assert results[:2] == results[2:]
+    _, offsets, written, placed, located = results[1]
     assert sum(offsets["a"]) - 12 + offsets["b.c"][0] - 100 == len(records)
     for record, where in zip(records, located, strict=True):  # each location holds its record
-        blob = blobs[(where.topic, where.partition)]
         start = where.location[1] - 1000 * len(where.topic)
-        framed = bytes(blob[start:start + where.location[2]])
-        assert framed == segment.encode_record_bytes(where.offset, 1_700_000_000_000,
+        framed = written[(where.topic, where.partition)][start:start + where.location[2]]
+        assert framed == segment.encode_record_bytes(where.offset, 1_700_000_000_001,
                                                      record.key, record.value, record.position)
     with pytest.raises(KeyError):
-        fast.frame_records([Record("nowhere", b"k", b"v", b"p")], {}, 0, {}, AppendResult)
+        fast.frame_records([Record("nowhere", b"k", b"v", b"p")], {}, 0, {}, {}, AppendResult)
 
 
 def test_key_index_answers_like_a_dict(monkeypatch: pytest.MonkeyPatch) -> None:

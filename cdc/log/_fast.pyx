@@ -154,15 +154,16 @@ def parse_records(bytes buffer, Py_ssize_t cursor, long long buffer_start, bint 
     return out, cursor, -1
 
 
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytearray cimport (PyByteArray_AS_STRING, PyByteArray_FromStringAndSize,
+                                 PyByteArray_GET_SIZE, PyByteArray_Resize)
 
 
-def frame_records(list records, dict offsets, long long now_ms, dict blobs, result):
+def frame_records(list records, dict offsets, long long now_ms, dict blobs, dict used, result):
     """See segment.frame_records."""
     cdef list out = []
     cdef list parts
     cdef bytearray blob
-    cdef Py_ssize_t key_len, pos_len, value_len, length, size, at
+    cdef Py_ssize_t key_len, pos_len, value_len, length, size, at, have
     cdef const char* value_data
     cdef char* p
     cdef int attributes
@@ -197,8 +198,16 @@ def frame_records(list records, dict offsets, long long now_ms, dict blobs, resu
             raise OverflowError("a record part is too long for the segment format")
         length = 27 + 4 + pos_len + key_len + value_len
         size = 4 + length
-        at = PyByteArray_GET_SIZE(blob)
-        PyByteArray_Resize(blob, at + size)
+        at = used.get(where, 0)
+        have = PyByteArray_GET_SIZE(blob)
+        if at + size > have:  # grow geometrically; the bytes past ``used`` are scratch
+            try:
+                PyByteArray_Resize(blob, max(at + size, 2 * have, 65536))
+            except BufferError:  # a view of it is still alive somewhere: use a new one
+                blob = PyByteArray_FromStringAndSize(PyByteArray_AS_STRING(blob), at)
+                PyByteArray_Resize(blob, max(at + size, 2 * have, 65536))
+                blobs[where] = blob
+        used[where] = at + size
         p = PyByteArray_AS_STRING(blob) + at
         _u32(p, <uint32_t>length)
         _u64(p + 8, offset)

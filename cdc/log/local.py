@@ -63,6 +63,8 @@ from cdc.log.segment import (
 )
 
 STATE_FILE = "state.json"
+#: the framing blobs an appender keeps between commits (beyond this they are let go)
+BLOB_CACHE_BYTES = 64 * 1024**2
 #: a read from an arbitrary offset starts at the nearest of every so many records seen before
 MARK_EVERY = 16
 #: bytes read at a time by reads of a few records (e.g. one previous image); larger reads use
@@ -428,6 +430,8 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         self._mutex = threading.Lock()
         self._fds: dict[tuple[str, int], tuple[int, int]] = {}  # -> (fd, segment base)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cdc-fsync")
+        #: framing buffers per partition, kept between commits (segment.frame_records)
+        self._blobs: dict[tuple[str, int], bytearray] = {}
         self._closed = False
         self._recovered = False
         try:
@@ -550,27 +554,32 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         state = self.state()
         new = copy.deepcopy(state)
         now_ms = int(time.time() * 1000)
-        blobs: dict[tuple[str, int], bytearray] = {}  # framed records per partition
-        placed = self._place(records, new, now_ms, blobs)
+        used: dict[tuple[str, int], int] = {}  # bytes of framed records per partition's blob
+        placed = self._place(records, new, now_ms, used)
         if finish is not None:
             more, offsets = finish(placed)
             if offsets is not None:
                 source_offsets = offsets
             if more:
-                placed += self._place(more, new, now_ms, blobs)
-        return self._write_placed(state, new, placed, blobs, source_offsets)
+                placed += self._place(more, new, now_ms, used)
+        try:
+            return self._write_placed(state, new, placed, used, source_offsets)
+        finally:
+            if sum(map(len, self._blobs.values())) > BLOB_CACHE_BYTES:
+                self._blobs.clear()
 
     def _place(self, records: Sequence[Record], new: LogState, now_ms: int,
-               blobs: dict[tuple[str, int], bytearray]) -> list[AppendResult]:
-        """Give each record its partition and offset (in ``new``) and append its framed bytes
-        to its partition's blob; locations are (start in the blob, size) for now."""
+               used: dict[tuple[str, int], int]) -> list[AppendResult]:
+        """Give each record its partition and offset (in ``new``) and write its framed bytes
+        into its partition's blob (``self._blobs``, ``used`` bytes of it so far); locations are
+        (start in the blob, size) for now."""
         topics = new.topics
         offsets = {name: [part.next_offset for part in topic.parts]
                    for name, topic in topics.items()}
         try:
             placed: list[AppendResult] = frame_records(
-                records if isinstance(records, list) else list(records), offsets, now_ms, blobs,
-                AppendResult)
+                records if isinstance(records, list) else list(records), offsets, now_ms,
+                self._blobs, used, AppendResult)
         except KeyError as exc:
             raise LogError(f"append to unknown topic {exc.args[0]!r}",
                            "call ensure_topic() first (this is a bug in the caller)") from None
@@ -580,14 +589,15 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         return placed
 
     def _write_placed(self, state: LogState, new: LogState, placed: list[AppendResult],
-                      blobs: dict[tuple[str, int], bytearray],
+                      used: dict[tuple[str, int], int],
                       source_offsets: Mapping[str, Any] | None) -> list[AppendResult]:
         """Write the placed records, sync them and commit ``new`` with ``source_offsets``."""
         written: list[tuple[str, int, int, int]] = []  # topic, partition, fd, committed bytes
         new_dirs: list[Path] = []
         bases: dict[tuple[str, int], tuple[Path, int]] = {}
         try:
-            for (topic_name, partition), data in blobs.items():
+            for (topic_name, partition), length in used.items():
+                data = memoryview(self._blobs[(topic_name, partition)])[:length]
                 part = new.topics[topic_name].parts[partition]
                 old = state.topics[topic_name].parts[partition]
                 fd, rolled = self._active_fd(topic_name, partition, old, part)
@@ -712,7 +722,7 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         self.close()
 
 
-def _write_all(fd: int, data: bytes | bytearray, at: int) -> None:
+def _write_all(fd: int, data: bytes | bytearray | memoryview, at: int) -> None:
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, at)

@@ -100,26 +100,38 @@ def encode_record_bytes(offset: int, timestamp_ms: int, key: bytes, value: bytes
 
 
 def frame_records(records: Sequence[Any], offsets: dict[str, list[int]], now_ms: int,
-                  blobs: dict[tuple[str, int], bytearray], result: Callable[..., Any]
-                  ) -> list[Any]:
+                  blobs: dict[tuple[str, int], bytearray], used: dict[tuple[str, int], int],
+                  result: Callable[..., Any]) -> list[Any]:
     """Place and frame a commit's records, in order: a record of topic ``t`` goes to partition
     :func:`~cdc.log.partitioner.partition_for` ``(key, len(offsets[t]))`` at offset
     ``offsets[t][partition]`` (advanced in place), and its framed bytes
-    (:func:`encode_record_bytes`, timestamp ``now_ms``) are appended to ``blobs[(t, partition)]``
-    (made when missing). Returns ``result(topic, partition, offset, (start in the blob,
-    size))`` per record; a topic missing from ``offsets`` raises KeyError."""
+    (:func:`encode_record_bytes`, timestamp ``now_ms``) are written into
+    ``blobs[(t, partition)]`` (made when missing) at ``used[(t, partition)]`` (0 when missing;
+    advanced). A blob may be longer than what is used: kept from one commit to the next, it is
+    grown only when too small, so its memory is not faulted in again for every commit.
+    Returns ``result(topic, partition, offset, (start in the blob, size))`` per record; a topic
+    missing from ``offsets`` raises KeyError."""
     out = []
     for topic, key, value, position in records:
         parts = offsets[topic]
         partition = partition_for(key, len(parts))
         offset = parts[partition]
         parts[partition] = offset + 1
-        blob = blobs.get((topic, partition))
+        where = (topic, partition)
+        blob = blobs.get(where)
         if blob is None:
-            blob = blobs[(topic, partition)] = bytearray()
+            blob = blobs[where] = bytearray()
         framed = encode_record_bytes(offset, now_ms, key, value, position)
-        out.append(result(topic, partition, offset, (len(blob), len(framed))))
-        blob += framed
+        at = used.get(where, 0)
+        if at + len(framed) > len(blob):  # grow geometrically; past ``used`` is scratch
+            grown = bytes(max(at + len(framed), 2 * len(blob), 65536) - len(blob))
+            try:
+                blob.extend(grown)
+            except BufferError:  # a view of it is still alive somewhere: use a new one
+                blob = blobs[where] = bytearray(blob) + grown
+        blob[at:at + len(framed)] = framed
+        used[where] = at + len(framed)
+        out.append(result(topic, partition, offset, (at, len(framed))))
     return out
 
 

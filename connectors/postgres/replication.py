@@ -118,6 +118,11 @@ class ReplicationStream:
                             self.send_status(force=True)
                     continue
                 if size == 0:
+                    # more may wait in the socket: take it too (bigger batches, less overhead
+                    # per batch), as long as reading it does not block
+                    if len(batch) < limit and select.select([pgconn.socket], [], [], 0)[0]:
+                        pgconn.consume_input()
+                        continue
                     break
                 # -1: the copy ended; -2: an error
                 message = pgconn.error_message.decode(errors="replace").strip()

@@ -269,11 +269,17 @@ def _times(now_ms: int | None = None) -> bytes:
     """The envelope's processing times (ts_ms, ts_us, ts_ns) of changes encoded at
     ``now_ms`` (default: now)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
+    if _TIMES[0] == now:
+        return _TIMES[1]
     out = bytearray()
     for value in (now, now * 1000, now * 1_000_000):
         out.append(2)
         write_long(value, out)
-    return bytes(out)
+    _TIMES[:] = [now, bytes(out)]
+    return _TIMES[1]  # type: ignore[return-value]
+
+
+_TIMES: list[Any] = [-1, b""]
 
 
 def _unchanged_toast(captured: CapturedTable, change: pgoutput.Update) -> tuple[str, ...]:
