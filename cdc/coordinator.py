@@ -327,6 +327,7 @@ class StreamRunner:
             self._new_tables()
         stream = self.connector.stream(offset, self.dispatcher.codec)
         try:
+            stream.use_previous_images(self.dispatcher.images.latest_value)
             log.info("source %s: streaming from %s", self.name, stream.describe())
             self._streamed_recently = False
             self._pump(stream)

@@ -163,14 +163,19 @@ class PreviousImages:
         their newest entry is older than the change being filled. The log may also hold
         records a crashed run wrote *after* the point being replayed: those are skipped.
         """
+        return self._image_of(self.latest_value(topic, key, before))
+
+    def latest_value(self, topic: str, key: bytes, before: bytes) -> bytes | None:
+        """The value (as logged) of ``key``'s latest record older than position ``before``;
+        ``None`` if it has none (unknown, or deleted: a tombstone). See :meth:`latest`."""
         entry = (topic, key)
         cached = self._lru.get(entry)
         if cached is not None:
             self._lru.move_to_end(entry)
-            return self._image_of(cached[0])
+            return cached[0]
         value = self._unlogged.get(entry, _MISSING)
         if value is not _MISSING:
-            return self._image_of(value)  # type: ignore[arg-type]
+            return value  # type: ignore[return-value]
         return self._from_log(topic, key, before)
 
     def _image_of(self, value: bytes | None) -> Image | None:
@@ -179,7 +184,7 @@ class PreviousImages:
         schema_id, after = self.codec.decode_after(value)
         return None if after is None else (schema_id, after)
 
-    def _from_log(self, topic: str, key: bytes, before: bytes) -> Image | None:
+    def _from_log(self, topic: str, key: bytes, before: bytes) -> bytes | None:
         ends = self.log.end_offsets(topic)
         if not ends:
             return None
@@ -198,14 +203,14 @@ class PreviousImages:
             record = self.log.read_at(topic, partition, where)  # type: ignore[attr-defined]
             if record is not None and record.offset == offset and record.key == key:
                 if record.position < before:
-                    return self._image_of(record.value)
+                    return record.value  # type: ignore[no-any-return]
                 return self._scan_for(topic, partition, key, before)
         for record in self.log.read(topic, partition, offset, 1):
             if record.offset == offset and record.key == key and record.position < before:
-                return self._image_of(record.value)
+                return record.value
         return self._scan_for(topic, partition, key, before)
 
-    def _scan_for(self, topic: str, partition: int, key: bytes, before: bytes) -> Image | None:
+    def _scan_for(self, topic: str, partition: int, key: bytes, before: bytes) -> bytes | None:
         """The slow way, for replays after a crash: the key's newest record before ``before``
         found by reading the whole partition."""
         self.log_scans += 1
@@ -214,7 +219,7 @@ class PreviousImages:
             if record.key == key and record.position < before and (
                     best is None or record.position >= best[0]):
                 best = (record.position, record.value)
-        return None if best is None else self._image_of(best[1])
+        return None if best is None else best[1]
 
     def _catch_up(self, topic: str, partition: int, end: int) -> KeyIndex:
         """The partition's index, extended with the records committed since the last call

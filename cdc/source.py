@@ -35,8 +35,10 @@ Contracts, stated exactly:
 * **Batches.** A source may yield an :class:`EncodedBatch` instead of one
   :class:`~cdc.events.ChangeEvent` per change: its records are already encoded (key, value,
   position), in position order, for row changes only (c/u/d/r and a delete's tombstone). A
-  TRUNCATE, and any change whose image must be completed from the log (PostgreSQL's unchanged
-  TOAST values), is always a :class:`~cdc.events.ChangeEvent`.
+  TRUNCATE is always a :class:`~cdc.events.ChangeEvent`, and so is any change whose image must
+  be completed from the log (PostgreSQL's unchanged TOAST values) — unless the source completes
+  it itself through :meth:`StreamingSource.use_previous_images`, every missing value found, and
+  writes exactly the record the event path would.
 * **Errors.** Exceptions in :meth:`Connector.retryable` mean "the server or network went away":
   the runner discards what it buffered (never confirmed), waits with backoff and streams again
   from the stored offset. Any other exception stops capture of that source; a
@@ -201,6 +203,15 @@ class StreamingSource(ABC):
     def describe(self) -> str:
         """Where the stream started, for the log."""
         return ""
+
+    def use_previous_images(self, previous: Callable[[str, bytes, bytes], bytes | None]
+                            ) -> None:
+        """Offered by the runner before :meth:`items`: ``previous(topic, key, position)`` is
+        the value (as logged) of ``key``'s latest record before ``position`` (a position's
+        bytes) in the log and in everything yielded and consumed so far; None when there is
+        none (unknown key, or deleted). Records a source encodes itself but has not yielded yet
+        are not in it: the source looks those up itself. The default ignores the offer."""
+        return None
 
     # -- incremental snapshots (cdc/incremental.py); a connector without them keeps these ----
     def watermark(self, payload: str) -> None:

@@ -324,18 +324,23 @@ def _tuple_message(values: tuple[object, ...]) -> bytes:
     return bytes(out)
 
 
-def test_change_runs_encode_like_events(impl: str, codec: EventCodec) -> None:
+@pytest.mark.parametrize("with_images", [False, True])
+def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: Path,
+                                        with_images: bool) -> None:
     """The stream's compiled loop (rowcodec.encode_changes: pgoutput bytes to log records)
     writes exactly the records the event path writes for the same messages — inserts, plain
-    updates, deletes by key and by full old tuple, every type and edge value — and hands every
-    message it declines (unchanged TOAST, an old tuple on an update, a value the typed path
-    rejects) back unconsumed, with the transaction's counters where the event path has them."""
+    updates, deletes by key and by full old tuple, every type and edge value, and (given the
+    previous images) updates with unchanged TOAST values filled from the key's latest image —
+    and hands every message it declines (unchanged values without images, an old tuple on an
+    update, a value the typed path rejects) back unconsumed, with the transaction's counters
+    where the event path has them."""
     from connectors.postgres.replication import XLogData
     from connectors.postgres.source import PostgresStream, _times, _Transaction, change_plan
 
     encode_changes = (importlib.import_module("connectors.postgres._fast").encode_changes
                       if impl == "compiled" else rowcodec.encode_changes)
-    captured = captured_table()
+    columns = FLAT if with_images else COLUMNS  # fills need columns stepped over in place
+    captured = captured_table(columns)
     oid = 4242
     stream = PostgresStream.__new__(PostgresStream)
     stream.relations = {oid: captured}
@@ -345,15 +350,20 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec) -> None:
     times = _times(processed)
     messages = []
     rng = random.Random(11)
-    key_only = tuple(None if i else "1" for i in range(len(COLUMNS)))
-    for n, values in enumerate(rows(400, seed=13)):
+    key_only = tuple(None if i else "1" for i in range(len(columns)))
+    inserted: list[tuple[object, ...]] = []
+    for n, full in enumerate(rows(400, seed=13)):
+        values = tuple(v for v, c in zip(full, COLUMNS, strict=True) if c in columns)
         choice = rng.random()
         if choice < 0.4:
             payload = b"I" + oid.to_bytes(4, "big") + b"N" + _tuple_message(values)
+            inserted.append(values)
         elif choice < 0.6:
             payload = b"U" + oid.to_bytes(4, "big") + b"N" + _tuple_message(values)
-        elif choice < 0.7:
-            toasted = tuple(U if i == 6 else v for i, v in enumerate(values))
+        elif choice < 0.7:  # a row inserted before, its text column unchanged
+            earlier = inserted[rng.randrange(len(inserted))] if inserted else values
+            toasted = tuple(U if i == 6 else v for i, v in enumerate(
+                (earlier[0], *values[1:])))
             payload = b"U" + oid.to_bytes(4, "big") + b"N" + _tuple_message(toasted)
         elif choice < 0.75:
             payload = (b"U" + oid.to_bytes(4, "big") + b"K" + _tuple_message(key_only) + b"N"
@@ -368,12 +378,35 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec) -> None:
     actual_txn = _Transaction(987654, 2**34 + 17, 1_600_000_000_000)
     expected: list[Any] = []
     actual: list[Any] = []
-    compiled_changes = 0
+    # each side has its own previous images, fed as the dispatcher feeds them
+    from cdc.images import PreviousImages
+    from cdc.log.local import LocalChangeLog
+    sides = {}
+    for side in ("expected", "actual"):
+        sides[side] = PreviousImages(LocalChangeLog(tmp_path / side, partitions=2), codec)
+
+    def event_records(event: ChangeEvent, side: str) -> list[Any]:
+        images = sides[side]
+        fill = None
+        if event.unchanged and with_images:
+            fill = images.filler(event.schema.topic, codec.key_bytes(event), event.unchanged,
+                                 event.position.to_bytes())
+        out = codec.records(event, fill)
+        images.remember(out[0].topic, out[0].key, None if event.op is Op.DELETE
+                        else out[0].value)
+        return out
+
+    compiled_changes = filled = 0
     index = 0
     while index < len(messages):
         touched: dict[Any, Any] = {}
-        stop, changes = encode_changes({oid: plan}, messages, index, actual_txn, actual, Record,
-                                       times, touched)
+        made: list[Any] = []
+        stop, changes = encode_changes(
+            {oid: plan}, messages, index, actual_txn, made, Record, times, touched,
+            sides["actual"].latest_value if with_images else None, {})
+        actual.extend(made)
+        for record in made:  # as Dispatcher.add_batch does
+            sides["actual"].remember(record.topic, record.key, record.value)
         compiled_changes += changes
         assert touched == ({captured.schema.table: captured.schema} if changes else {})
         for message in messages[index:stop]:  # the event path, for the same messages
@@ -381,24 +414,27 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec) -> None:
                                         message.start_lsn)
             assert event is not None
             event.processed_ms = processed
-            expected.extend(codec.records(event))
+            filled += bool(event.unchanged)
+            expected.extend(event_records(event, "expected"))
         assert actual == expected
         if stop == len(messages):
             break
         declined = messages[stop]  # the stream's event path takes it, on both sides
         decoded = pgoutput.decode(declined.payload)
-        for txn, out in ((expected_txn, expected), (actual_txn, actual)):
+        for txn, out, side in ((expected_txn, expected, "expected"),
+                               (actual_txn, actual, "actual")):
             event = stream._fast_change(decoded, txn, declined.start_lsn)
             if event is None:  # an old tuple on an update: _row_change's case
                 event = next(stream._row_change(decoded, txn, declined.start_lsn))
             event.processed_ms = processed
             with contextlib.suppress(EncodingError):  # rejected on both sides alike
-                out.extend(codec.records(event))
+                out.extend(event_records(event, side))
         index = stop + 1
     assert actual == expected
     assert (actual_txn.ordinal, actual_txn.per_table) == (expected_txn.ordinal,
                                                           expected_txn.per_table)
     assert compiled_changes >= 250  # most changes took the compiled loop
+    assert (filled >= 15) == with_images  # and with images, the unchanged TOAST ones too
 
 
 def _copy_text(value: object) -> bytes:

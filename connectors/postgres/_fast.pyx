@@ -518,8 +518,9 @@ cdef inline unsigned int _be32(const unsigned char* p):
 
 cdef Py_ssize_t _scan(const unsigned char* s, Py_ssize_t size, Py_ssize_t at, Py_ssize_t width,
                       const char** ptrs, Py_ssize_t* lens):
-    """The fields of a TupleData at ``at`` of exactly ``width`` text or null columns (``lens[i]``
-    -1 for null); -1 for anything else (unchanged TOAST, binary, malformed: the typed path)."""
+    """The fields of a TupleData at ``at`` of exactly ``width`` text, null or unchanged TOAST
+    columns (``lens[i]`` -1 for null, -2 for unchanged); -1 for anything else (binary,
+    malformed: the typed path)."""
     cdef Py_ssize_t count, i, length
     cdef unsigned char kind
     if at + 2 > size:
@@ -545,6 +546,8 @@ cdef Py_ssize_t _scan(const unsigned char* s, Py_ssize_t size, Py_ssize_t at, Py
             at += length
         elif kind == 0x6E:  # null
             lens[i] = -1
+        elif kind == 0x75:  # unchanged TOAST
+            lens[i] = -2
         else:
             return -1
     return at
@@ -558,6 +561,99 @@ cdef int _row_chars(tuple plan, const char** ptrs, Py_ssize_t* lens, bytearray o
         else:
             _column_chars(<tuple>plan[i], None, ptrs[i], lens[i], out)
     return 0
+
+
+cdef int _row_filled(tuple plan, const char** ptrs, Py_ssize_t* lens, const char** old,
+                     Py_ssize_t* old_lens, bytearray out) except -1:
+    """_row_chars, unchanged columns (``lens[i]`` -2) copied from ``old``'s field bytes."""
+    cdef Py_ssize_t i
+    for i in range(len(plan)):
+        if lens[i] == -2:
+            _put(out, old[i], old_lens[i])
+        elif lens[i] < 0:
+            _null(<tuple>plan[i], out)
+        else:
+            _column_chars(<tuple>plan[i], None, ptrs[i], lens[i], out)
+    return 0
+
+
+cdef inline const unsigned char* _read_long(const unsigned char* p, const unsigned char* end,
+                                            long long* value):
+    """A zig-zag varint at ``p``; NULL when it runs past ``end``."""
+    cdef unsigned long long n = 0
+    cdef int shift = 0
+    while p < end and shift <= 63:
+        n |= (<unsigned long long>(p[0] & 0x7F)) << shift
+        shift += 7
+        if p[0] < 0x80:
+            value[0] = <long long>((n >> 1) ^ (-(n & 1)))
+            return p + 1
+        p += 1
+    return NULL
+
+
+cdef const unsigned char* _skip(tuple column, const unsigned char* p, const unsigned char* end):
+    """Just past one field's bytes (rowcodec._skip); NULL when they do not fit."""
+    cdef long long branch, size
+    cdef int code
+    if column[0]:
+        p = _read_long(p, end, &branch)
+        if p == NULL or branch < 0 or branch >= len(column) - 1:
+            return NULL
+        code = column[1 + branch]
+    else:
+        code = column[1]
+    if code == 1:
+        p = _read_long(p, end, &size)
+    elif code == 5:
+        p = _read_long(p, end, &size)
+        if p == NULL or size < 0 or size > end - p:
+            return NULL
+        p += size
+    elif code == 2:
+        p += 1
+    elif code == 3:
+        p += 4
+    elif code == 4:
+        p += 8
+    if p == NULL or p > end:
+        return NULL
+    return p
+
+
+cdef bint _after_fields(tuple skips, bytes value, const char** old, Py_ssize_t* old_lens):
+    """rowcodec.after_fields into ``old``/``old_lens``; False when there are none."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(value)
+    cdef const unsigned char* end = p + PyBytes_GET_SIZE(value)
+    cdef const unsigned char* start
+    cdef long long branch
+    cdef Py_ssize_t i
+    if end - p < 6:
+        return False
+    p = _read_long(p + 5, end, &branch)
+    if p == NULL:
+        return False
+    if branch == 1:
+        for i in range(len(skips)):
+            p = _skip(<tuple>skips[i], p, end)
+            if p == NULL:
+                return False
+    elif branch != 0:
+        return False
+    p = _read_long(p, end, &branch)
+    if p == NULL or branch != 1:
+        return False
+    for i in range(len(skips)):
+        start = p
+        p = _skip(<tuple>skips[i], p, end)
+        if p == NULL:
+            return False
+        old[i] = <const char*>start
+        old_lens[i] = p - start
+    return True
+
+
+cdef object _NOT_RECENT = object()
 
 
 cdef bytes _key_chars(tuple plan, const char** ptrs, Py_ssize_t* lens):
@@ -575,7 +671,7 @@ cdef bytes _key_chars(tuple plan, const char** ptrs, Py_ssize_t* lens):
         kind = column[2]
         n = lens[index]
         v = ptrs[index]
-        if n < 0:
+        if n < 0:  # null (or unchanged: encode_changes declines those keys)
             _put(out, b"null", 4)
         elif kind == LONG:
             i = 1 if n > 0 and v[0] == 45 else 0
@@ -621,13 +717,46 @@ cdef bytes _position(unsigned long long lsn, unsigned long long ordinal):
     return PyBytes_FromStringAndSize(<const char*>buf, 25)
 
 
+cdef object _fill_from(tuple plan, Py_ssize_t* lens, bytes key, unsigned long long commit_lsn,
+                      long long ordinal, previous, dict recent, const char** old,
+                      Py_ssize_t* old_lens):
+    """rowcodec._unchanged_from: the key's latest after image's fields into ``old``; returns
+    the value they point into (keep it alive while they are used), or None."""
+    cdef tuple key_plan = plan[2]
+    cdef bytes header = plan[3]
+    cdef Py_ssize_t i
+    skips = plan[10]
+    if skips is None or previous is None or recent is None:
+        return None
+    for column in key_plan:
+        if lens[<Py_ssize_t>column[1]] == -2:
+            return None
+    topic = plan[0]
+    found = recent.get((topic, key), _NOT_RECENT)
+    if found is _NOT_RECENT:
+        found = previous(topic, key, _position(commit_lsn, <unsigned long long>(ordinal + 1)))
+    if type(found) is not bytes or PyBytes_GET_SIZE(<bytes>found) < 5 or not memcmp_(
+            PyBytes_AS_STRING(<bytes>found), PyBytes_AS_STRING(header), 5):
+        return None
+    if not _after_fields(<tuple>skips, <bytes>found, old, old_lens):
+        return None
+    for i in range(len(skips)):  # a null there reads as "not available" on the event path
+        if lens[i] == -2 and old_lens[i] == 1 and old[i][0] == 0 and (<tuple>skips[i])[0] \
+                and (<tuple>skips[i])[1] == 0:
+            return None
+    return found
+
+
 def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list records, record,
-                   bytes times, dict touched):
+                   bytes times, dict touched, previous=None, dict recent=None):
     """See rowcodec.encode_changes."""
     cdef Py_ssize_t i = start, count = len(messages), size, at, width, most = 0
     cdef const unsigned char* s
     cdef const char** ptrs = NULL
     cdef Py_ssize_t* lens = NULL
+    cdef const char** old = NULL
+    cdef Py_ssize_t* old_lens = NULL
+    cdef bint unchanged
     cdef long long ordinal = txn.ordinal, per, events = 0
     cdef long long commit_ms = txn.commit_ms, xid = txn.xid
     cdef unsigned long long commit_lsn = txn.commit_lsn, lsn
@@ -645,9 +774,13 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
             most = plan[8]
     ptrs = <const char**>malloc(sizeof(const char*) * (most + 1))
     lens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
-    if ptrs == NULL or lens == NULL:
+    old = <const char**>malloc(sizeof(const char*) * (most + 1))
+    old_lens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
+    if ptrs == NULL or lens == NULL or old == NULL or old_lens == NULL:
         free(ptrs)
         free(lens)
+        free(old)
+        free(old_lens)
         raise MemoryError()
     try:
         while i < count:
@@ -671,19 +804,36 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
                 break
             if _scan(s, size, 6, width, ptrs, lens) < 0:
                 break
+            unchanged = False
+            for at in range(width):
+                if lens[at] == -2:
+                    unchanged = True
+                    break
             lsn = <unsigned long long>message[0]
             try:
+                key = _key_chars(<tuple>plan[2], ptrs, lens)
+                keep = None  # the previous value ``old`` points into
+                if unchanged:
+                    if kind != 0x55:
+                        break
+                    keep = _fill_from(plan, lens, key, commit_lsn, ordinal, previous, recent,
+                                      old, old_lens)
+                    if keep is None:
+                        break
                 out = PyByteArray_FromStringAndSize(PyBytes_AS_STRING(plan[3]),
                                                     PyBytes_GET_SIZE(plan[3]))
                 if kind == 0x44:
                     _byte(out, 2)
                     _row_chars(<tuple>plan[1], ptrs, lens, out)
                     _byte(out, 0)
+                elif unchanged:
+                    _byte(out, 0)
+                    _byte(out, 2)
+                    _row_filled(<tuple>plan[1], ptrs, lens, old, old_lens, out)
                 else:
                     _byte(out, 0)
                     _byte(out, 2)
                     _row_chars(<tuple>plan[1], ptrs, lens, out)
-                key = _key_chars(<tuple>plan[2], ptrs, lens)
             except Exception:  # the typed path decides (and explains)
                 break
             table = plan[7]
@@ -720,6 +870,8 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
             position = _position(commit_lsn, <unsigned long long>ordinal)
             topic = plan[0]
             records.append(record(topic, key, value, position))
+            if recent is not None:
+                recent[(topic, key)] = None if kind == 0x44 else value
             if kind == 0x44:
                 records.append(record(topic, key, None, position))
             touched[table] = plan[9]
@@ -728,6 +880,8 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
     finally:
         free(ptrs)
         free(lens)
+        free(old)
+        free(old_lens)
         txn.ordinal = ordinal
     return i, events
 

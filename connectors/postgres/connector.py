@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,6 +212,10 @@ class PostgresStreaming(StreamingSource):
                 yield Checkpoint(base.replace(lsn=item.lsn))  # type: ignore[union-attr]
             else:
                 yield item  # type: ignore[misc]
+
+    def use_previous_images(self, previous: Callable[[str, bytes, bytes], bytes | None]
+                            ) -> None:
+        self.pg.previous = previous
 
     def confirm(self, offset: SourceOffset) -> None:
         assert isinstance(offset, PostgresOffset)

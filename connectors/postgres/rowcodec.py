@@ -361,15 +361,105 @@ class TextRows:
 
 #: a relation's plan for :func:`encode_changes`: (topic, row plan, key plan, envelope header,
 #: source block bytes before ``ts_ms``, between ``ts_ms`` and ``sequence``, between ``ts_ns``
-#: and ``txId``, table id, column count, table schema)
+#: and ``txId``, table id, column count, table schema, :func:`skip_plan` of its values or None)
 ChangePlan = tuple[str, tuple[Column, ...], tuple[KeyColumn, ...], bytes, bytes, bytes, bytes,
-                   Any, int, Any]
+                   Any, int, Any, Any]
 _OP_BYTES = {0x49: b"\x02c", 0x55: b"\x02u", 0x44: b"\x02d"}
 _POSITION = __import__("struct").Struct(">BQQQ").pack
 
 
-def _raw_tuple(data: bytes, at: int, width: int) -> list[str | None] | None:
-    """A TupleData of exactly ``width`` text or null columns; None for anything else."""
+#: how a value's Avro bytes are skipped over (rowcodec.skip_plan): per union branch or type
+SKIP_NOTHING, SKIP_VARINT, SKIP_BYTE, SKIP_4, SKIP_8, SKIP_BLOB = 0, 1, 2, 3, 4, 5
+_SKIPS = {"null": SKIP_NOTHING, "boolean": SKIP_BYTE, "int": SKIP_VARINT, "long": SKIP_VARINT,
+          "float": SKIP_4, "double": SKIP_8, "string": SKIP_BLOB, "bytes": SKIP_BLOB}
+
+
+def _skip_code(avro_type: Any) -> int | None:
+    if isinstance(avro_type, dict):
+        if avro_type.get("type") == "enum":
+            return SKIP_VARINT
+        return _skip_code(avro_type.get("type"))
+    return _SKIPS.get(avro_type) if isinstance(avro_type, str) else None
+
+
+def skip_plan(value_fields: Sequence[dict[str, Any]]) -> tuple[tuple[int, ...], ...] | None:
+    """How to step over each field of a ``Value`` record's bytes: ``(0, code)`` for a plain
+    type, ``(1, code of branch 0, code of branch 1, ...)`` for a union; None when a field is of
+    a type not stepped over this way (records, arrays, maps, fixed)."""
+    out = []
+    for field in value_fields:
+        kind = field["type"]
+        codes = [_skip_code(branch) for branch in kind] if isinstance(kind, list) else [
+            _skip_code(kind)]
+        if None in codes:
+            return None
+        out.append((int(isinstance(kind, list)), *codes))  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def _read_long(data: bytes, at: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError("a varint past the end")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return (value >> 1) ^ -(value & 1), at
+
+
+def _skip(column: tuple[int, ...], data: bytes, at: int) -> int:
+    """The index just past one field's bytes at ``at`` (ValueError if they do not fit)."""
+    if column[0]:
+        branch, at = _read_long(data, at)
+        if not 0 <= branch < len(column) - 1:
+            raise ValueError("a union branch out of range")
+        code = column[1 + branch]
+    else:
+        code = column[1]
+    if code == SKIP_VARINT:
+        _, at = _read_long(data, at)
+    elif code == SKIP_BLOB:
+        size, at = _read_long(data, at)
+        if size < 0:
+            raise ValueError("a negative length")
+        at += size
+    else:
+        at += (0, 0, 1, 4, 8)[code]
+    if at > len(data):
+        raise ValueError("a value past the end")
+    return at
+
+
+def after_fields(skips: tuple[tuple[int, ...], ...], value: bytes) -> list[bytes] | None:
+    """The Avro bytes of each field of a logged envelope's ``after`` image (union branch
+    included), or None when it has none (a delete) or does not parse."""
+    try:
+        at = 5
+        branch, at = _read_long(value, at)
+        if branch == 1:  # a before image: step over it
+            for column in skips:
+                at = _skip(column, value, at)
+        elif branch != 0:
+            return None
+        branch, at = _read_long(value, at)
+        if branch != 1:
+            return None
+        fields = []
+        for column in skips:
+            end = _skip(column, value, at)
+            fields.append(value[at:end])
+            at = end
+        return fields
+    except (ValueError, IndexError):
+        return None
+
+
+def _raw_tuple(data: bytes, at: int, width: int) -> list[Any] | None:
+    """A TupleData of exactly ``width`` text, null or unchanged-TOAST columns; None for
+    anything else."""
     if at + 2 > len(data) or int.from_bytes(data[at:at + 2], "big") != width:
         return None
     at += 2
@@ -387,6 +477,8 @@ def _raw_tuple(data: bytes, at: int, width: int) -> list[str | None] | None:
             at += 4 + length
         elif kind == 0x6E:
             values.append(None)
+        elif kind == 0x75:
+            values.append(UNCHANGED)
         else:
             return None
     return values
@@ -394,7 +486,10 @@ def _raw_tuple(data: bytes, at: int, width: int) -> list[str | None] | None:
 
 def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any], start: int,
                    txn: Any, records: list[Any], record: Callable[..., Any], times: bytes,
-                   touched: dict[Any, Any]) -> tuple[int, int]:
+                   touched: dict[Any, Any],
+                   previous: Callable[[str, bytes, bytes], bytes | None] | None = None,
+                   recent: dict[tuple[str, bytes], bytes | None] | None = None
+                   ) -> tuple[int, int]:
     """Encode the run of row changes at ``messages[start:]`` straight into log records.
 
     ``messages`` are XLogData tuples ``(start LSN, wal end, pgoutput payload)`` of the open
@@ -404,9 +499,18 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
     encoded exactly as the event path encodes them (:meth:`cdc.avro.EventCodec.records` of the
     stream's ``ChangeEvent``, processing times ``times``), appended to ``records`` (made by
     ``record(topic, key, value, position)``; a delete adds its tombstone), and their tables'
-    schemas put in ``touched``. Stops at the first message that is anything else — another
-    kind, a relation without a plan, unchanged TOAST values, an old tuple on an update, a value
-    the fast kinds decline and whose typed steps fail — without consuming it.
+    schemas put in ``touched``.
+
+    An update with unchanged TOAST values is encoded too when every one of them is found: the
+    key's latest value is looked up in ``recent`` (``(topic, key) -> value``, None for a
+    delete: the records this call made, kept up to date here), else by ``previous(topic, key,
+    position)`` (see :meth:`cdc.source.StreamingSource.use_previous_images`); it must be of the
+    same schema, and its ``after`` image's fields are copied as they are (the plan's
+    :func:`skip_plan` steps over them).
+
+    Stops at the first message that is anything else — another kind, a relation without a
+    plan, an old tuple on an update, unchanged values not found, a value the fast kinds decline
+    and whose typed steps fail — without consuming it.
 
     Returns ``(index of the first message not consumed, changes encoded)``.
     """
@@ -420,7 +524,7 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
         plan = plans.get(int.from_bytes(data[1:5], "big"))
         if plan is None:
             break
-        topic, row, key_plan, header, head, middle, tail, table, width, schema = plan
+        topic, row, key_plan, header, head, middle, tail, table, width, schema, skips = plan
         if (kind == 0x44) != (data[5] in (0x4B, 0x4F)) or (kind != 0x44 and data[5] != 0x4E):
             break
         values = _raw_tuple(data, 6, width)
@@ -428,14 +532,26 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
             break
         out = bytearray(header)
         try:
+            key = key_json(key_plan, values)
+            old: list[bytes] | None = None
+            if UNCHANGED in values:
+                old = _unchanged_from(plan, values, key, txn, previous, recent)
+                if old is None:
+                    break
             if kind == 0x44:
                 out.append(2)
                 encode_row(row, values, out, None)
                 out.append(0)
             else:
                 out += b"\x00\x02"
-                encode_row(row, values, out, None)
-            key = key_json(key_plan, values)
+                if old is None:
+                    encode_row(row, values, out, None)
+                else:
+                    for column, text, field in zip(row, values, old, strict=True):
+                        if text is UNCHANGED:
+                            out += field
+                        else:
+                            encode_row((column,), (text,), out, None)
         except Exception:  # noqa: BLE001 - the typed path decides (and explains)
             break
         per = txn.per_table[table] = txn.per_table.get(table, 0) + 1
@@ -460,13 +576,43 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
         out += times
         out.append(0)  # no unavailable columns
         position = _POSITION(1, txn.commit_lsn, 1, txn.ordinal)
-        records.append(record(topic, key, bytes(out), position))
+        value = bytes(out)
+        records.append(record(topic, key, value, position))
+        if recent is not None:
+            recent[(topic, key)] = None if kind == 0x44 else value
         if kind == 0x44:
             records.append(record(topic, key, None, position))
         touched[table] = schema
         events += 1
         index += 1
     return index, events
+
+
+def _unchanged_from(plan: ChangePlan, values: Sequence[Any], key: bytes, txn: Any,
+                    previous: Callable[[str, bytes, bytes], bytes | None] | None,
+                    recent: dict[tuple[str, bytes], bytes | None] | None
+                    ) -> list[bytes] | None:
+    """The ``after`` fields of the key's latest value, when they can fill ``values``'
+    unchanged columns (see encode_changes); None otherwise."""
+    topic, key_plan, header, skips = plan[0], plan[2], plan[3], plan[10]
+    if skips is None or previous is None or recent is None:
+        return None
+    if any(values[column[1]] is UNCHANGED for column in key_plan):
+        return None
+    found = recent.get((topic, key), _NOT_RECENT)
+    if found is _NOT_RECENT:
+        found = previous(topic, key, _POSITION(1, txn.commit_lsn, 1, txn.ordinal + 1))
+    if not isinstance(found, bytes) or found[:5] != header:
+        return None
+    fields = after_fields(skips, found)
+    if fields is None or any(  # a null there reads as "not available" on the event path
+            text is UNCHANGED and field == b"\x00" and column[0] and column[1] == SKIP_NOTHING
+            for text, field, column in zip(values, fields, skips, strict=True)):
+        return None
+    return fields
+
+
+_NOT_RECENT = object()
 
 
 # ------------------------------------------------------------------- COPY text rows -> records

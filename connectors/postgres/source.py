@@ -246,7 +246,8 @@ def change_plan(codec: EventCodec, captured: CapturedTable) -> rowcodec.ChangePl
     if row is None or pieces is None or any(pieces[2:4] + pieces[5:]):
         return None
     return (schema.topic, row, captured.key_plan(), table.header, pieces[0], pieces[1],
-            pieces[4], schema.table, len(schema.columns), schema)
+            pieces[4], schema.table, len(schema.columns), schema,
+            rowcodec.skip_plan(table.value_fields))
 
 
 def copy_plan(codec: EventCodec, captured: CapturedTable, lsn: int, ts_ms: int,
@@ -331,6 +332,9 @@ class PostgresStream:
         self.codec = codec
         #: relation oid -> its plan for encode_changes (None: its changes take the event path)
         self.plans: dict[int, rowcodec.ChangePlan | None] = {}
+        #: the runner's previous images (StreamingSource.use_previous_images): with them,
+        #: updates with unchanged TOAST values are encoded here too
+        self.previous: Any = None
         self.resume_lsn = resume_lsn
         self.catalog_conn = source.connect()
         self.captured = source.check(self.catalog_conn)
@@ -376,7 +380,7 @@ class PostgresStream:
                     records: list[Record] = []
                     touched: dict[TableId, TableSchema] = {}
                     index, changes = encode(plans, batch, index, txn, records, Record, times,
-                                            touched)
+                                            touched, self.previous, {})
                     if changes:
                         yield EncodedBatch(records, list(touched.values()), changes,
                                            transaction=txn.txn_id, ts_ms=txn.commit_ms)
