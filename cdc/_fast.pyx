@@ -317,6 +317,7 @@ cdef class KeyIndex:
     cdef Py_ssize_t capacity, count
     cdef list files
     cdef dict file_ids
+    cdef object last_path, last_id
 
     def __cinit__(self):
         self.capacity = 0
@@ -371,10 +372,14 @@ cdef class KeyIndex:
         cdef Py_ssize_t slot
         if location is not None:
             path, start, length = location
-            found = self.file_ids.get(path)
-            if found is None:
-                found = self.file_ids[path] = len(self.files)
-                self.files.append(path)
+            if path is self.last_path:  # the usual case: a commit's records share one object
+                found = self.last_id
+            else:
+                found = self.file_ids.get(path)
+                if found is None:
+                    found = self.file_ids[path] = len(self.files)
+                    self.files.append(path)
+                self.last_path, self.last_id = path, found
             file_id = <uint64_t>found
             at = <uint64_t>start
             size = <uint32_t>length

@@ -408,7 +408,7 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: 
         for record in made:  # as Dispatcher.add_batch does
             sides["actual"].remember(record.topic, record.key, record.value)
         compiled_changes += changes
-        assert touched == ({captured.schema.table: captured.schema} if changes else {})
+        assert touched == ({captured.schema.topic: captured.schema} if changes else {})
         for message in messages[index:stop]:  # the event path, for the same messages
             event = stream._fast_change(pgoutput.decode(message.payload), expected_txn,
                                         message.start_lsn)

@@ -222,7 +222,7 @@ def frame_records(list records, dict offsets, long long now_ms, dict blobs, dict
         if value_len:
             memcpy(p + 35 + pos_len + key_len, value_data, value_len)
         _u32(p + 4, <uint32_t>crc32(0, <const unsigned char*>(p + 8), <unsigned int>(length - 4)))
-        out.append(result(topic, partition, offset, (at, size)))
+        out.append(tuple.__new__(result, (topic, partition, offset, (at, size))))
     return out
 
 
@@ -235,6 +235,6 @@ def locate(list placed, dict bases, result):
         partition = item[1]
         inside = <tuple>item[3]
         base = <tuple>bases[(topic, partition)]
-        out.append(result(topic, partition, item[2],
-                          (base[0], <long long>base[1] + <long long>inside[0], inside[1])))
+        out.append(tuple.__new__(result, (topic, partition, item[2], (
+            base[0], <long long>base[1] + <long long>inside[0], inside[1]))))
     return out

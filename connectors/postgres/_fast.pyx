@@ -705,6 +705,10 @@ cdef inline int _opt_long(bytearray out, long long value) except -1:
     return _long(out, value)
 
 
+#: encode_changes' scratch buffer starts over past this size
+DEF SCRATCH_BYTES = 8 * 1024 * 1024
+
+
 cdef bytes _position(unsigned long long lsn, unsigned long long ordinal):
     cdef unsigned char buf[25]
     cdef int i
@@ -757,6 +761,8 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
     cdef const char** old = NULL
     cdef Py_ssize_t* old_lens = NULL
     cdef bint unchanged
+    cdef Py_ssize_t begin = 0
+    cdef bytearray out = bytearray()  # values are written here, one after the other
     cdef long long ordinal = txn.ordinal, per, events = 0
     cdef long long commit_ms = txn.commit_ms, xid = txn.xid
     cdef unsigned long long commit_lsn = txn.commit_lsn, lsn
@@ -767,7 +773,6 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
     cdef int lsn_n
     cdef unsigned char kind
     cdef tuple plan
-    cdef bytearray out
     cdef bytes key, value, position
     for plan in plans.values():
         if plan is not None and <Py_ssize_t>plan[8] > most:
@@ -820,8 +825,10 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
                                       old, old_lens)
                     if keep is None:
                         break
-                out = PyByteArray_FromStringAndSize(PyBytes_AS_STRING(plan[3]),
-                                                    PyBytes_GET_SIZE(plan[3]))
+                if PyByteArray_GET_SIZE(out) > SCRATCH_BYTES:
+                    out = bytearray()  # values are copied out of it: start a new one
+                begin = PyByteArray_GET_SIZE(out)
+                _bytes_to(out, <bytes>plan[3])
                 if kind == 0x44:
                     _byte(out, 2)
                     _row_chars(<tuple>plan[1], ptrs, lens, out)
@@ -835,11 +842,12 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
                     _byte(out, 2)
                     _row_chars(<tuple>plan[1], ptrs, lens, out)
             except Exception:  # the typed path decides (and explains)
+                PyByteArray_Resize(out, begin)
                 break
-            table = plan[7]
-            per = per_table.get(table, 0) + 1
+            topic = plan[0]
+            per = per_table.get(topic, 0) + 1
             ordinal += 1
-            per_table[table] = per
+            per_table[topic] = per
             # the source block
             _bytes_to(out, <bytes>plan[4])
             _long(out, commit_ms)
@@ -866,15 +874,15 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
             _put(out, b"\x02c" if kind == 0x49 else b"\x02u" if kind == 0x55 else b"\x02d", 2)
             _bytes_to(out, times)
             _byte(out, 0)
-            value = bytes(out)
+            value = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(out) + begin,
+                                              PyByteArray_GET_SIZE(out) - begin)
             position = _position(commit_lsn, <unsigned long long>ordinal)
-            topic = plan[0]
-            records.append(record(topic, key, value, position))
+            records.append(tuple.__new__(record, (topic, key, value, position)))
             if recent is not None:
                 recent[(topic, key)] = None if kind == 0x44 else value
             if kind == 0x44:
-                records.append(record(topic, key, None, position))
-            touched[table] = plan[9]
+                records.append(tuple.__new__(record, (topic, key, None, position)))
+            touched[topic] = plan[9]
             events += 1
             i += 1
     finally:
@@ -1011,7 +1019,7 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
             _byte(out, 0)
             number += 1
             position = _snapshot_position(lsn, <unsigned long long>number)
-            records.append(record(topic, key, bytes(out), position))
+            records.append(tuple.__new__(record, (topic, key, bytes(out), position)))
             rows += 1
             at = end + 1
     finally:

@@ -494,12 +494,12 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
 
     ``messages`` are XLogData tuples ``(start LSN, wal end, pgoutput payload)`` of the open
     transaction ``txn`` (the stream's ``_Transaction``: its ``ordinal`` is advanced here, its
-    ``per_table`` counts too). Inserts, deletes and plain updates (no old tuple) of a relation
+    ``per_table`` counts (by topic) too). Inserts, deletes and plain updates (no old tuple) of a relation
     with a plan in ``plans`` (by relation oid) whose tuples hold only text and null values are
     encoded exactly as the event path encodes them (:meth:`cdc.avro.EventCodec.records` of the
     stream's ``ChangeEvent``, processing times ``times``), appended to ``records`` (made by
     ``record(topic, key, value, position)``; a delete adds its tombstone), and their tables'
-    schemas put in ``touched``.
+    schemas put in ``touched`` (by topic).
 
     An update with unchanged TOAST values is encoded too when every one of them is found: the
     key's latest value is looked up in ``recent`` (``(topic, key) -> value``, None for a
@@ -554,7 +554,7 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
                             encode_row((column,), (text,), out, None)
         except Exception:  # noqa: BLE001 - the typed path decides (and explains)
             break
-        per = txn.per_table[table] = txn.per_table.get(table, 0) + 1
+        per = txn.per_table[topic] = txn.per_table.get(topic, 0) + 1
         txn.ordinal += 1
         out += head
         _write_long(txn.commit_ms, out)
@@ -582,7 +582,7 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
             recent[(topic, key)] = None if kind == 0x44 else value
         if kind == 0x44:
             records.append(record(topic, key, None, position))
-        touched[table] = schema
+        touched[topic] = schema
         events += 1
         index += 1
     return index, events

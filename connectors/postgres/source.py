@@ -306,7 +306,8 @@ class _Transaction:
     commit_lsn: int
     commit_ms: int
     ordinal: int = 0
-    per_table: dict[TableId, int] = field(default_factory=dict)
+    #: changes per table so far, by the table's topic
+    per_table: dict[str, int] = field(default_factory=dict)
     commit_text: str = ""
     txn_id: str = ""
     #: the envelope's transaction block up to its counters (union branch and id)
@@ -378,7 +379,7 @@ class PostgresStream:
             while index < count:
                 if encode is not None and txn is not None and not skipping and plans:
                     records: list[Record] = []
-                    touched: dict[TableId, TableSchema] = {}
+                    touched: dict[str, TableSchema] = {}
                     index, changes = encode(plans, batch, index, txn, records, Record, times,
                                             touched, self.previous, {})
                     if changes:
@@ -519,7 +520,7 @@ class PostgresStream:
                unchanged: tuple[str, ...] = (), raw: rowcodec.TextRows | None = None
                ) -> ChangeEvent:
         txn.ordinal += 1
-        table = captured.schema.table
+        table = captured.schema.topic
         txn.per_table[table] = txn.per_table.get(table, 0) + 1
         return ChangeEvent(
             captured.schema, op, Position.postgres(txn.commit_lsn, txn.ordinal), txn.commit_ms,
@@ -555,7 +556,7 @@ class PostgresStream:
         if image is None or len(image) != len(captured.plan):
             return None  # _row_change says what is wrong
         txn.ordinal += 1
-        table = captured.schema.table
+        table = captured.schema.topic
         per_table = txn.per_table[table] = txn.per_table.get(table, 0) + 1
         return ChangeEvent(
             captured.schema, op, Position.postgres(txn.commit_lsn, txn.ordinal), txn.commit_ms,
