@@ -496,8 +496,9 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
     transaction ``txn`` (the stream's ``_Transaction``: its ``ordinal`` is advanced here, its
     ``per_table`` counts by topic too). Inserts, deletes and plain updates (no old tuple) of a
     relation with a plan in ``plans`` (by relation oid) whose tuples hold only text and null
-    values are encoded exactly as the event path encodes them (:meth:`cdc.avro.EventCodec.records` of the
-    stream's ``ChangeEvent``, processing times ``times``), appended to ``records`` (made by
+    values are encoded exactly as the event path encodes them
+    (:meth:`cdc.avro.EventCodec.records` of the stream's ``ChangeEvent``, processing times
+    ``times``), appended to ``records`` (made by
     ``record(topic, key, value, position)``; a delete adds its tombstone), and their tables'
     schemas put in ``touched`` (by topic).
 
