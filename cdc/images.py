@@ -126,27 +126,54 @@ class PreviousImages:
             _, (_, evicted) = self._lru.popitem(last=False)
             self._bytes -= evicted
 
+    def remember_all(self, records: Sequence[Record], topics: set[str]) -> None:
+        """:meth:`remember` each of ``records`` whose topic is in ``topics``, in order."""
+        self._partial_topics.update(topics)
+        lru, unlogged, overhead = self._lru, self._unlogged, ENTRY_OVERHEAD
+        added = 0
+        for topic, key, value, _ in records:
+            if topic not in topics:
+                continue
+            entry = (topic, key)
+            unlogged[entry] = value
+            old = lru.pop(entry, None)
+            if old is not None:
+                added -= old[1]
+            size = overhead if value is None else overhead + len(value)
+            lru[entry] = (value, size)
+            added += size
+        self._bytes += added
+        while self._bytes > self.max_bytes and lru:
+            _, (_, evicted) = lru.popitem(last=False)
+            self._bytes -= evicted
+
     def appended(self, records: Sequence[Record], results: Sequence[AppendResult]) -> None:
         """``records`` are now in the log at ``results``: index the keys of tables whose images
         this cache keeps, so later lookups need not read the log to find them."""
         partial = self._partial_topics
         if not partial:
             return
-        unlogged = self._unlogged
+        unlogged, indexes = self._unlogged, self._appended
         missing = _MISSING
+        where: tuple[str, int] | None = None
+        index: KeyIndex | None = None
         # results may go on past ``records``: the transaction events the commit added
-        for record, result in zip(records, results[:len(records)], strict=True):
-            if record.topic in partial:
-                entry = (record.topic, record.key)
-                if unlogged.get(entry, missing) is record.value:  # not remembered again since
-                    del unlogged[entry]
-                where = (result.topic, result.partition)
-                index = self._appended.get(where)
+        for (topic, key, value, _), (_, partition, offset, location) in zip(
+                records, results[:len(records)], strict=True):
+            if topic not in partial:
+                continue
+            entry = (topic, key)
+            if unlogged.get(entry, missing) is value:  # not remembered again since
+                del unlogged[entry]
+            if where is None or where[0] != topic or where[1] != partition:
+                where = (topic, partition)
+                index = indexes.get(where)
                 if index is None:
-                    index = self._appended[where] = KeyIndex()
+                    index = indexes[where] = KeyIndex()
                     # older records (other runs) are read from the log up to here
-                    self._read_limit[where] = result.offset
-                index.put(record.key, result.offset, result.location)
+                    self._read_limit[where] = offset
+            assert index is not None
+            index.put(key, offset, location)
 
     def forget_all(self) -> None:
         """Drop the cache (after discarding records that were never made durable)."""

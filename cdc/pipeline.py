@@ -231,6 +231,7 @@ class Dispatcher:
 
     def add_batch(self, batch: EncodedBatch) -> None:
         """Buffer a source's already-encoded records (and its checkpoint, if it has one)."""
+        partial: set[str] = set()
         for schema in batch.schemas:
             if self.columns is not None and self.columns.get(schema.table) is not None:
                 raise CdcError(f"source {self.source!r}: the connector encoded rows of "
@@ -238,26 +239,32 @@ class Dispatcher:
                                "report this bug; the rows were not logged")
             self.ensure_topic(schema)
             if not batch.whole_rows and may_be_partial(schema):
-                for record in batch.records:
-                    if record.topic == schema.topic:
-                        self.images.remember(record.topic, record.key, record.value)
-        if batch.transaction is not None and batch.records:
-            tables = {schema.topic: str(schema.table) for schema in batch.schemas}
-            counts: dict[str, int] = {}
-            for record in batch.records:
-                if record.value is not None:
-                    counts[record.topic] = counts.get(record.topic, 0) + 1
-            first = batch.records[0].position
-            for topic, count in counts.items():
-                self._begin(batch.transaction, batch.ts_ms, first, tables[topic], count)
-        self._buffer.extend(batch.records)
-        self._buffered_bytes += sum(len(r.value) for r in batch.records if r.value is not None)
+                partial.add(schema.topic)
+        records = batch.records
+        if partial:
+            self.images.remember_all(records, partial)
+        self._buffered_bytes += sum([len(r.value) for r in records if r.value is not None])
+        if batch.transaction is not None and records:
+            first = records[0].position
+            if len(batch.schemas) == 1:  # every change has one record with a value
+                schema = batch.schemas[0]
+                self._begin(batch.transaction, batch.ts_ms, first, str(schema.table),
+                            batch.events)
+            else:
+                tables = {schema.topic: str(schema.table) for schema in batch.schemas}
+                counts: dict[str, int] = {}
+                for record in records:
+                    if record.value is not None:
+                        counts[record.topic] = counts.get(record.topic, 0) + 1
+                for topic, count in counts.items():
+                    self._begin(batch.transaction, batch.ts_ms, first, tables[topic], count)
+        self._buffer.extend(records)
         self.stats.events += batch.events
         if self._oldest is None:
             self._oldest = time.monotonic()
         if batch.offset is not None:
             self._pending_offset = batch.offset
-            self._boundary(batch.records[-1].position if batch.records else None)
+            self._boundary(records[-1].position if records else None)
 
     def add_tombstone(self, schema: TableSchema, key: bytes, position: Position) -> None:
         """Buffer a tombstone for ``key`` of ``schema``'s table (a row known only by its key)."""
