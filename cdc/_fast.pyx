@@ -410,3 +410,31 @@ cdef class KeyIndex:
 
     def __len__(self):
         return self.count
+
+
+# ------------------------------------------------------------------ transaction ends
+# Compiled twin of cdc/transactions.py's advance (same dicts).
+
+cdef list _PARTITION_NAMES = [str(n) for n in range(4096)]
+
+
+def advance(dict ends, results):
+    """See cdc.transactions.advance."""
+    cdef dict parts
+    cdef long long offset
+    last_topic = None
+    parts = None
+    for result in results:
+        topic = result[0]
+        if topic is not last_topic:
+            found = ends.get(topic)
+            if found is None:
+                found = ends[topic] = {}
+            parts = <dict>found
+            last_topic = topic
+        partition = result[1]
+        name = _PARTITION_NAMES[partition] if 0 <= partition < 4096 else str(partition)
+        offset = result[2]
+        current = parts.get(name)
+        if current is None or <long long>current <= offset:
+            parts[name] = offset + 1

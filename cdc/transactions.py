@@ -18,8 +18,10 @@ framing under the subject ``<source>.transaction-value``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,6 +135,11 @@ def advance(ends: Ends, results: Sequence[AppendResult]) -> None:
         key = str(result.partition)
         if parts.get(key, 0) <= result.offset:
             parts[key] = result.offset + 1
+
+
+if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+    with contextlib.suppress(ImportError):  # the compiled twin (cdc/_fast.pyx), when built
+        from cdc._fast import advance  # type: ignore[import-not-found,no-redef,unused-ignore] # noqa: F811
 
 
 def touched(results: Sequence[AppendResult]) -> Ends:

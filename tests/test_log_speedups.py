@@ -232,3 +232,28 @@ def test_key_index_answers_like_a_dict(monkeypatch: pytest.MonkeyPatch) -> None:
     for n in range(100_000):
         big.put(b"k%d" % n, n, (paths[0], n * 100, 100))
     assert len(big) == 100_000 and big.get(b"k99999") == (99_999, (paths[0], 9_999_900, 100))
+
+
+def test_transaction_ends_advance_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled transactions.advance moves the ends exactly as the pure one does."""
+    from cdc import transactions
+    from cdc.log.base import AppendResult
+
+    try:
+        compiled = importlib.import_module("cdc._fast").advance
+    except (ImportError, AttributeError):
+        if shutil.which("gcc") or shutil.which("cc"):
+            pytest.fail("cdc/_fast is not built although a C compiler is here")
+        pytest.skip("no C compiler")
+    pure = _pure(monkeypatch, transactions).advance
+    rng = random.Random(8)
+    results = [AppendResult(rng.choice(["a", "b"]), rng.choice([0, 1, 7, 5000]),
+                            rng.randrange(10_000)) for _ in range(3000)]
+    fast_ends: dict[str, dict[str, int]] = {"a": {"1": 9_999}}
+    pure_ends: dict[str, dict[str, int]] = {"a": {"1": 9_999}}
+    for start in range(0, 3000, 700):
+        compiled(fast_ends, results[start:start + 700])
+        pure(pure_ends, results[start:start + 700])
+        assert fast_ends == pure_ends
+    assert fast_ends["b"]["5000"] == 1 + max(r.offset for r in results
+                                             if (r.topic, r.partition) == ("b", 5000))
