@@ -92,7 +92,7 @@ SEED_TABLE = "public.bench_seed"  # that source's table before the bench table i
 RECV_SLOT = "bench_recv"  # pg_recvlogical
 DBZ_SLOT = "bench_dbz"  # Debezium
 RAW_SLOT = "bench_raw"  # diagnostic: psycopg receive only
-DECODE_SLOT = "bench_decode"  # diagnostic: receive + decode + typed rows
+DECODE_SLOT = "bench_decode"  # diagnostic: receive + decode into events (raw rows, no Avro)
 COMMIT_INTERVAL_MS = 50  # log.commit_interval's default (cdc/config.py)
 TEXT_BYTES = 2048
 
@@ -135,7 +135,7 @@ COPY = "psql COPY TO STDOUT"
 BOOT = "cdc bootstrap"
 INCR = "cdc capture: incremental snapshot"
 RAW = "psycopg receive only (diagnostic)"
-DECODE = "receive + decode + typed rows (diagnostic)"
+DECODE = "receive + decode into events (diagnostic)"
 COPYROWS = "psycopg COPY rows(), text (diagnostic)"
 
 
