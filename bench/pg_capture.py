@@ -628,7 +628,7 @@ def measure_receive_only(bench: Bench) -> Result:
 
 
 def measure_decode(bench: Bench) -> Result:
-    """Receive + our pgoutput decode + typed rows (ChangeEvents), without encoding or the log."""
+    """Receive + our pgoutput decode into ChangeEvents (raw text rows), without Avro or the log."""
     from cdc.config import PostgresSourceConfig as SourceConfig
     from cdc.events import ChangeEvent
     from connectors.postgres.source import PostgresSource
