@@ -95,11 +95,27 @@ class SourceOffset:
         return values
 
     def replace(self, **changes: Any) -> Self:
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` (field values), as :func:`dataclasses.replace` makes it,
+        without calling ``__init__`` again: it is made once per source transaction."""
+        cls = type(self)
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = frozenset(f.name for f in dataclasses.fields(cls)
+                                                  if f.init)
+        if (not changes.keys() <= names or not hasattr(self, "__dict__")
+                or hasattr(cls, "__post_init__")):
+            return dataclasses.replace(self, **changes)
+        new = object.__new__(cls)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
     @property
     def streaming(self) -> bool:
         return self.state == STREAMING
+
+
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
 
 
 def _json(value: Any) -> Any:
