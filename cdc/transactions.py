@@ -29,6 +29,7 @@ from typing import Any
 import fastavro
 
 from cdc.avro import MAGIC, fixed_schema
+from cdc.avrowriter import Unsupported, Writer, compile_parts
 from cdc.log.base import AppendResult, Record, SchemaRegistry
 
 #: the suffix of a source's transaction topic
@@ -85,6 +86,11 @@ class TransactionEvents:
         self._parsed = fastavro.parse_schema(self.schema)
         self._store = store
         self._header: bytes | None = None
+        self._writer: Writer | None
+        try:  # the project's compiled writer: fastavro's bytes, a fraction of its time
+            self._writer = compile_parts(self.schema)[0]
+        except Unsupported:
+            self._writer = None
 
     def _frame(self) -> bytes:
         if self._header is None:
@@ -101,10 +107,14 @@ class TransactionEvents:
             value["data_collections"] = [{"data_collection": name, "event_count": count}
                                          for name, count in sorted(txn.counts.items())]
             value["ends"] = ends or {}
+        key = json.dumps({"id": txn.id}, separators=(",", ":")).encode()
+        if self._writer is not None:
+            data = bytearray(self._frame())
+            self._writer(value, data)
+            return Record(self.topic, key, bytes(data), position)
         out = io.BytesIO()
         out.write(self._frame())
         fastavro.schemaless_writer(out, self._parsed, value)
-        key = json.dumps({"id": txn.id}, separators=(",", ":")).encode()
         return Record(self.topic, key, out.getvalue(), position)
 
     def decode(self, value: bytes) -> dict[str, Any]:

@@ -156,3 +156,23 @@ def test_spark_batches_hold_whole_transactions(spark: Any, captured: tuple[Datab
             assert len(rows) <= 7 or len(per_txn) == 1
     assert seen == sizes  # every transaction once
     assert streamed_batches >= 15
+
+
+def test_transaction_events_are_fastavros_bytes(tmp_path: Path) -> None:
+    """Transaction events are written by the project's compiled Avro writer: the bytes are
+    fastavro's, for BEGIN and END, with and without tables and ends."""
+    from cdc.log.schemas import SchemaStore
+    from cdc.transactions import BEGIN, END, OpenTransaction, TransactionEvents
+
+    events = TransactionEvents("shop", SchemaStore(tmp_path, writable=True))
+    assert events._writer is not None
+    cases = [(BEGIN, {}, None), (END, {}, {}),
+             (END, {"public.a": 3, "public.é": 2**40}, {"shop.public.a": {"0": 5, "7": 10**12}})]
+    for status, counts, ends in cases:
+        txn = OpenTransaction("12:3456789", 1_700_000_000_123, b"\x01" * 25, dict(counts))
+        compiled = events.record(status, txn, b"pos", ends)
+        writer, events._writer = events._writer, None
+        try:
+            assert events.record(status, txn, b"pos", ends) == compiled
+        finally:
+            events._writer = writer
