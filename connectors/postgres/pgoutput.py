@@ -26,8 +26,9 @@ _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
-_BEGIN = struct.Struct(">QqI")
-_COMMIT = struct.Struct(">BQQq")
+#: Begin: final LSN, commit time, xid; Commit: flags, commit LSN, end LSN, commit time
+BEGIN = _BEGIN = struct.Struct(">QqI")
+COMMIT = _COMMIT = struct.Struct(">BQQq")
 
 #: marker for a TOASTed column whose value did not change (pgoutput sends no bytes for it)
 UNCHANGED_TOAST = object()

@@ -370,6 +370,8 @@ class PostgresStream:
         insert, update, delete = pgoutput.Insert, pgoutput.Update, pgoutput.Delete
         plans = self.plans
         encode = rowcodec.ENCODE_CHANGES if self.codec is not None else None
+        begin_struct, commit_struct = pgoutput.BEGIN, pgoutput.COMMIT
+        epoch = pgoutput.PG_EPOCH_MICROS
         for batch in self.stream.batches(idle_timeout):
             if batch is None:
                 yield None
@@ -389,7 +391,18 @@ class PostgresStream:
                         break
                 message = batch[index]
                 index += 1
-                decoded = decode(message.payload)
+                payload = message.payload
+                if payload[0] == 0x42:  # Begin and Commit, without the decoder's objects
+                    final_lsn, commit_time, xid = begin_struct.unpack_from(payload, 1)
+                    skipping = final_lsn < self.resume_lsn
+                    txn = _Transaction(xid, final_lsn, (commit_time + epoch) // 1000)
+                    continue
+                if payload[0] == 0x43:
+                    if not skipping:
+                        yield Checkpoint(commit_struct.unpack_from(payload, 1)[2])
+                    txn, skipping = None, False
+                    continue
+                decoded = decode(payload)
                 kind = decoded.__class__
                 if kind is insert or kind is update or kind is delete:
                     if skipping or txn is None:
@@ -405,15 +418,7 @@ class PostgresStream:
                         # only now: the dispatcher has checked and registered its schema
                         plans[oid] = self._change_plan(oid)
                     continue
-                if isinstance(decoded, pgoutput.Begin):
-                    skipping = decoded.final_lsn < self.resume_lsn
-                    txn = _Transaction(decoded.xid, decoded.final_lsn,
-                                       decoded.commit_time // 1000)
-                elif isinstance(decoded, pgoutput.Commit):
-                    if not skipping:
-                        yield Checkpoint(decoded.end_lsn)
-                    txn, skipping = None, False
-                elif isinstance(decoded, pgoutput.Relation):
+                if isinstance(decoded, pgoutput.Relation):
                     self.relations[decoded.oid] = self._relation(decoded)
                     plans.pop(decoded.oid, None)
                 elif isinstance(decoded, pgoutput.Message):
