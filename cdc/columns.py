@@ -188,6 +188,25 @@ class TablePolicy:
         assert key is not None
         return lambda value: hmac_hex(key, value_text(ctype, value))
 
+    def projection(self, schema: TableSchema) -> list[tuple[int, str | None, Any]] | None:
+        """For connectors that encode rows themselves: per column of :meth:`schema`
+        ``(schema)``, in order, the index of its source column in ``schema``, its transform's
+        kind (None: kept as it is) and argument; None when a transform needs the typed value
+        (``hash``: those tables take the event path)."""
+        transforms = self.rules.transforms or {}
+        out: list[tuple[int, str | None, Any]] = []
+        for index, column in enumerate(schema.columns):
+            if not self.rules.kept(column.name):
+                continue
+            transform = transforms.get(column.name)
+            if transform is None:
+                out.append((index, None, None))
+            elif transform.kind == "hash":
+                return None
+            else:
+                out.append((index, transform.kind, transform.argument))
+        return out
+
     def produced(self, schema: TableSchema) -> bool:
         """Whether ``schema`` is one this policy made (its events are transformed already)."""
         return self._outputs.get(id(schema)) is schema

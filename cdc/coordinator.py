@@ -328,6 +328,8 @@ class StreamRunner:
         stream = self.connector.stream(offset, self.dispatcher.codec)
         try:
             stream.use_previous_images(self.dispatcher.images.latest_value)
+            if self.dispatcher.columns is not None:
+                stream.use_column_rules(self.dispatcher.columns)
             log.info("source %s: streaming from %s", self.name, stream.describe())
             self._streamed_recently = False
             self._pump(stream)

@@ -233,9 +233,10 @@ class Dispatcher:
         """Buffer a source's already-encoded records (and its checkpoint, if it has one)."""
         partial: set[str] = set()
         for schema in batch.schemas:
-            if self.columns is not None and self.columns.get(schema.table) is not None:
+            policy = self.columns.get(schema.table) if self.columns is not None else None
+            if policy is not None and not policy.produced(schema):
                 raise CdcError(f"source {self.source!r}: the connector encoded rows of "
-                               f"{schema.table} itself, but that table has column rules",
+                               f"{schema.table} itself, not as its column rules make them",
                                "report this bug; the rows were not logged")
             self.ensure_topic(schema)
             if not batch.whole_rows and may_be_partial(schema):

@@ -213,6 +213,14 @@ class StreamingSource(ABC):
         are not in it: the source looks those up itself. The default ignores the offer."""
         return None
 
+    def use_column_rules(self, columns: Any) -> None:
+        """Offered by the runner before :meth:`items`: its column rules
+        (:class:`cdc.columns.ColumnPolicies`). A source may then encode rows of tables with
+        rules itself, as :meth:`cdc.columns.TablePolicy.schema` and its transforms make them,
+        in that policy's output schema (the only one the runner accepts for such a table). The
+        default ignores the offer: those tables' changes come as events."""
+        return None
+
     # -- incremental snapshots (cdc/incremental.py); a connector without them keeps these ----
     def watermark(self, payload: str) -> None:
         """Write ``payload`` into the source's own log now, committed on its own: the stream

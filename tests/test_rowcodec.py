@@ -324,16 +324,19 @@ def _tuple_message(values: tuple[object, ...]) -> bytes:
     return bytes(out)
 
 
-@pytest.mark.parametrize("with_images", [False, True])
+@pytest.mark.parametrize(("with_images", "with_rules"), [(False, False), (True, False),
+                                                        (True, True)])
 def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: Path,
-                                        with_images: bool) -> None:
+                                        with_images: bool, with_rules: bool) -> None:
     """The stream's compiled loop (rowcodec.encode_changes: pgoutput bytes to log records)
     writes exactly the records the event path writes for the same messages — inserts, plain
     updates, deletes by key and by full old tuple, every type and edge value, and (given the
     previous images) updates with unchanged TOAST values filled from the key's latest image —
     and hands every message it declines (unchanged values without images, an old tuple on an
     update, a value the typed path rejects) back unconsumed, with the transaction's counters
-    where the event path has them."""
+    where the event path has them. With column rules (a column left out, others masked,
+    nulled, truncated to characters of multi-byte text), the records are the event path's after
+    the dispatcher's transform."""
     from connectors.postgres.replication import XLogData
     from connectors.postgres.source import PostgresStream, _times, _Transaction, change_plan
 
@@ -344,7 +347,15 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: 
     oid = 4242
     stream = PostgresStream.__new__(PostgresStream)
     stream.relations = {oid: captured}
-    plan = change_plan(codec, captured)
+    policy = None
+    if with_rules:
+        from cdc.columns import ColumnPolicies
+        policies = ColumnPolicies.from_settings("src", {str(captured.schema.table): {
+            "exclude": ["js"], "transforms": {"t": "truncate(3)", "vc": "mask(x·x)", "u": "null",
+                                              "b": "mask"}}}, None)
+        assert policies is not None
+        policy = policies.get(captured.schema.table)
+    plan = change_plan(codec, captured, policy)
     assert plan is not None
     processed = 1_700_000_000_123
     times = _times(processed)
@@ -386,6 +397,8 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: 
         sides[side] = PreviousImages(LocalChangeLog(tmp_path / side, partitions=2), codec)
 
     def event_records(event: ChangeEvent, side: str) -> list[Any]:
+        if policy is not None:  # as Dispatcher.add transforms it
+            event = policy.event(event)
         images = sides[side]
         fill = None
         if event.unchanged and with_images:
@@ -408,7 +421,8 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: 
         for record in made:  # as Dispatcher.add_batch does
             sides["actual"].remember(record.topic, record.key, record.value)
         compiled_changes += changes
-        assert touched == ({captured.schema.topic: captured.schema} if changes else {})
+        logged = captured.schema if policy is None else policy.schema(captured.schema)
+        assert touched == ({captured.schema.topic: logged} if changes else {})
         for message in messages[index:stop]:  # the event path, for the same messages
             event = stream._fast_change(pgoutput.decode(message.payload), expected_txn,
                                         message.start_lsn)

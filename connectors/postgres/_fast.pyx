@@ -721,6 +721,38 @@ cdef bytes _position(unsigned long long lsn, unsigned long long ordinal):
     return PyBytes_FromStringAndSize(<const char*>buf, 25)
 
 
+cdef Py_ssize_t _ruled(tuple rules, const char** ptrs, Py_ssize_t* lens, const char** out,
+                      Py_ssize_t* out_lens):
+    """rowcodec._ruled for every logged column: the transformed spans into ``out``; returns
+    their count."""
+    cdef Py_ssize_t j = 0, index, n, i, chars, limit
+    cdef int code
+    cdef const unsigned char* v
+    cdef unsigned char c
+    for rule in rules:
+        index = rule[0]
+        code = rule[1]
+        n = lens[index]
+        out[j] = ptrs[index]
+        out_lens[j] = n
+        if n >= 0 and code == 1:
+            out_lens[j] = -1
+        elif n >= 0 and code == 2:
+            out[j] = PyBytes_AS_STRING(<bytes>rule[2])
+            out_lens[j] = PyBytes_GET_SIZE(<bytes>rule[2])
+        elif n >= 0 and code == 3:  # the first ``limit`` characters of UTF-8 text
+            limit = rule[2]
+            v = <const unsigned char*>ptrs[index]
+            i = chars = 0
+            while i < n and chars < limit:
+                c = v[i]
+                i += 1 if c < 0x80 else 2 if (c >> 5) == 6 else 3 if (c >> 4) == 14 else 4
+                chars += 1
+            out_lens[j] = i if i < n else n
+        j += 1
+    return j
+
+
 cdef object _fill_from(tuple plan, Py_ssize_t* lens, bytes key, unsigned long long commit_lsn,
                       long long ordinal, previous, dict recent, const char** old,
                       Py_ssize_t* old_lens):
@@ -760,6 +792,10 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
     cdef Py_ssize_t* lens = NULL
     cdef const char** old = NULL
     cdef Py_ssize_t* old_lens = NULL
+    cdef const char** rptrs = NULL  # the logged columns, after column rules
+    cdef Py_ssize_t* rlens = NULL
+    cdef const char** cptrs
+    cdef Py_ssize_t* clens
     cdef bint unchanged
     cdef Py_ssize_t begin = 0
     cdef bytearray out = bytearray()  # values are written here, one after the other
@@ -781,11 +817,16 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
     lens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
     old = <const char**>malloc(sizeof(const char*) * (most + 1))
     old_lens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
-    if ptrs == NULL or lens == NULL or old == NULL or old_lens == NULL:
+    rptrs = <const char**>malloc(sizeof(const char*) * (most + 1))
+    rlens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
+    if ptrs == NULL or lens == NULL or old == NULL or old_lens == NULL or rptrs == NULL \
+            or rlens == NULL:
         free(ptrs)
         free(lens)
         free(old)
         free(old_lens)
+        free(rptrs)
+        free(rlens)
         raise MemoryError()
     try:
         while i < count:
@@ -809,19 +850,24 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
                 break
             if _scan(s, size, 6, width, ptrs, lens) < 0:
                 break
+            if plan[11] is not None:  # column rules: the logged columns, transformed
+                width = _ruled(<tuple>plan[11], ptrs, lens, rptrs, rlens)
+                cptrs, clens = rptrs, rlens
+            else:
+                cptrs, clens = ptrs, lens
             unchanged = False
             for at in range(width):
-                if lens[at] == -2:
+                if clens[at] == -2:
                     unchanged = True
                     break
             lsn = <unsigned long long>message[0]
             try:
-                key = _key_chars(<tuple>plan[2], ptrs, lens)
+                key = _key_chars(<tuple>plan[2], cptrs, clens)
                 keep = None  # the previous value ``old`` points into
                 if unchanged:
                     if kind != 0x55:
                         break
-                    keep = _fill_from(plan, lens, key, commit_lsn, ordinal, previous, recent,
+                    keep = _fill_from(plan, clens, key, commit_lsn, ordinal, previous, recent,
                                       old, old_lens)
                     if keep is None:
                         break
@@ -831,16 +877,16 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
                 _bytes_to(out, <bytes>plan[3])
                 if kind == 0x44:
                     _byte(out, 2)
-                    _row_chars(<tuple>plan[1], ptrs, lens, out)
+                    _row_chars(<tuple>plan[1], cptrs, clens, out)
                     _byte(out, 0)
                 elif unchanged:
                     _byte(out, 0)
                     _byte(out, 2)
-                    _row_filled(<tuple>plan[1], ptrs, lens, old, old_lens, out)
+                    _row_filled(<tuple>plan[1], cptrs, clens, old, old_lens, out)
                 else:
                     _byte(out, 0)
                     _byte(out, 2)
-                    _row_chars(<tuple>plan[1], ptrs, lens, out)
+                    _row_chars(<tuple>plan[1], cptrs, clens, out)
             except Exception:  # the typed path decides (and explains)
                 PyByteArray_Resize(out, begin)
                 break
@@ -890,6 +936,8 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
         free(lens)
         free(old)
         free(old_lens)
+        free(rptrs)
+        free(rlens)
         txn.ordinal = ordinal
     return i, events
 

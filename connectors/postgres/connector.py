@@ -217,6 +217,9 @@ class PostgresStreaming(StreamingSource):
                             ) -> None:
         self.pg.previous = previous
 
+    def use_column_rules(self, columns: Any) -> None:
+        self.pg.columns = columns
+
     def confirm(self, offset: SourceOffset) -> None:
         assert isinstance(offset, PostgresOffset)
         self.pg.confirm(offset.lsn)  # only now: the log holds everything up to it

@@ -361,9 +361,11 @@ class TextRows:
 
 #: a relation's plan for :func:`encode_changes`: (topic, row plan, key plan, envelope header,
 #: source block bytes before ``ts_ms``, between ``ts_ms`` and ``sequence``, between ``ts_ns``
-#: and ``txId``, table id, column count, table schema, :func:`skip_plan` of its values or None)
+#: and ``txId``, table id, column count (of the tuples), the table schema logged,
+#: :func:`skip_plan` of its values or None, and the column rules or None: per logged column
+#: ``(index in the tuple, code, argument)`` (see :func:`_ruled`)
 ChangePlan = tuple[str, tuple[Column, ...], tuple[KeyColumn, ...], bytes, bytes, bytes, bytes,
-                   Any, int, Any, Any]
+                   Any, int, Any, Any, Any]
 _OP_BYTES = {0x49: b"\x02c", 0x55: b"\x02u", 0x44: b"\x02d"}
 _POSITION = __import__("struct").Struct(">BQQQ").pack
 
@@ -525,12 +527,14 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
         plan = plans.get(int.from_bytes(data[1:5], "big"))
         if plan is None:
             break
-        topic, row, key_plan, header, head, middle, tail, table, width, schema, skips = plan
+        topic, row, key_plan, header, head, middle, tail, _, width, schema, _, rules = plan
         if (kind == 0x44) != (data[5] in (0x4B, 0x4F)) or (kind != 0x44 and data[5] != 0x4E):
             break
         values = _raw_tuple(data, 6, width)
         if values is None:
             break
+        if rules is not None:
+            values = [_ruled(values[index], code, argument) for index, code, argument in rules]
         out = bytearray(header)
         try:
             key = key_json(key_plan, values)
@@ -587,6 +591,19 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
         events += 1
         index += 1
     return index, events
+
+
+def _ruled(text: Any, code: int, argument: Any) -> Any:
+    """A column rule (cdc/columns.py) applied to one text value: 0 keep, 1 null, 2 mask (with
+    ``argument``'s UTF-8 text), 3 truncate to ``argument`` characters; NULL and unchanged
+    TOAST values stay as they are (as the event path leaves them)."""
+    if code == 0 or text is None or text is UNCHANGED:
+        return text
+    if code == 1:
+        return None
+    if code == 2:
+        return argument.decode()
+    return text[:argument]
 
 
 def _unchanged_from(plan: ChangePlan, values: Sequence[Any], key: bytes, txn: Any,

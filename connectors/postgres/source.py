@@ -234,20 +234,44 @@ def _snapshot_position(commit_lsn: int, ordinal: int) -> Position:
     return Position.postgres(commit_lsn, ordinal, snapshot=True)
 
 
-def change_plan(codec: EventCodec, captured: CapturedTable) -> rowcodec.ChangePlan | None:
+def change_plan(codec: EventCodec, captured: CapturedTable, policy: Any = None
+                ) -> rowcodec.ChangePlan | None:
     """A table's plan for rowcodec.encode_changes, or None (its changes then take the event
-    path): a column type without compiled writers, or an envelope not of the usual shape."""
-    schema = captured.schema
+    path): a column type without compiled writers, an envelope not of the usual shape, or
+    column rules (``policy``, a :class:`cdc.columns.TablePolicy`) that need typed values."""
+    schema, parsers, projection = captured.schema, list(captured.parsers), None
+    if policy is not None:
+        rules = policy.projection(schema)
+        if rules is None:
+            return None
+        text = pg_type(25, -1, {})  # a masked value is text
+        parsers = [text if kind == "mask" else parsers[index] for index, kind, _ in rules]
+        projection = tuple((index, _RULE_CODES[kind],
+                            argument.encode() if isinstance(argument, str) else argument or 0)
+                           for index, kind, argument in rules)
+        schema = policy.schema(schema)
     table = codec.table(schema)
-    row = captured.row_plan(table)
+    if projection is None:
+        row = captured.row_plan(table)
+        key = captured.key_plan()
+    elif table.value_writers is None:
+        return None
+    else:
+        types = [c.type for c in schema.columns]
+        row = rowcodec.row_plan(parsers, table.value_fields, table.value_writers, types)
+        key = rowcodec.key_plan([c.name for c in schema.columns], schema.key, parsers, types)
     probe = ChangeEvent(schema, Op.CREATE, Position.postgres(0, 0), 0, after={},
                         source_info={"txId": 0, "lsn": 0, "snapshot": "false"})
     pieces = codec.source_parts(table, probe, VARYING_SOURCE_FIELDS)
     if row is None or pieces is None or any(pieces[2:4] + pieces[5:]):
         return None
-    return (schema.topic, row, captured.key_plan(), table.header, pieces[0], pieces[1],
-            pieces[4], schema.table, len(schema.columns), schema,
-            rowcodec.skip_plan(table.value_fields))
+    return (schema.topic, row, key, table.header, pieces[0], pieces[1], pieces[4],
+            schema.table, len(captured.schema.columns), schema,
+            rowcodec.skip_plan(table.value_fields), projection)
+
+
+#: rowcodec.encode_changes' codes of column rules (cdc/columns.py transforms)
+_RULE_CODES = {None: 0, "null": 1, "mask": 2, "truncate": 3}
 
 
 def copy_plan(codec: EventCodec, captured: CapturedTable, lsn: int, ts_ms: int,
@@ -336,6 +360,9 @@ class PostgresStream:
         #: the runner's previous images (StreamingSource.use_previous_images): with them,
         #: updates with unchanged TOAST values are encoded here too
         self.previous: Any = None
+        #: the runner's column rules (StreamingSource.use_column_rules): with them, tables
+        #: with rules are encoded here too (as the rules say)
+        self.columns: Any = None
         self.resume_lsn = resume_lsn
         self.catalog_conn = source.connect()
         self.captured = source.check(self.catalog_conn)
@@ -437,9 +464,12 @@ class PostgresStream:
         captured = self.relations.get(oid)
         if captured is None or self.codec is None:
             return None
+        policy = None
         if self.source.config.has_column_rules(captured.schema.table):
-            return None  # cdc/columns.py transforms its events first
-        return change_plan(self.codec, captured)
+            if self.columns is None:
+                return None  # cdc/columns.py transforms its events first
+            policy = self.columns.get(captured.schema.table)
+        return change_plan(self.codec, captured, policy)
 
     # -- incremental snapshots (cdc/incremental.py) ------------------------------------------
     def watermark(self, payload: str) -> None:
