@@ -438,3 +438,28 @@ def advance(dict ends, results):
         current = parts.get(name)
         if current is None or <long long>current <= offset:
             parts[name] = offset + 1
+
+
+def index_appended(records, results, set topics, dict indexes, dict read_limit, make):
+    """See cdc.images.index_appended."""
+    cdef Py_ssize_t i, count = len(records)
+    cdef KeyIndex index = None
+    last_topic = None
+    last_partition = None
+    for i in range(count):
+        record = records[i]
+        topic = record[0]
+        if topic not in topics:
+            continue
+        result = results[i]
+        partition = result[1]
+        offset = result[2]
+        if index is None or topic is not last_topic or partition != last_partition:
+            where = (topic, partition)
+            found = indexes.get(where)
+            if found is None:
+                found = indexes[where] = make()
+                read_limit[where] = offset  # older records (other runs) are read up to here
+            index = <KeyIndex?>found
+            last_topic, last_partition = topic, partition
+        index.put(record[1], offset, result[3])

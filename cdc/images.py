@@ -85,6 +85,34 @@ if os.environ.get("CDC_PURE_PYTHON", "") != "1":
         from cdc._fast import KeyIndex  # type: ignore[import-not-found,no-redef,assignment,unused-ignore] # noqa: F811
 
 
+def index_appended(records: Sequence[Record], results: Sequence[AppendResult],
+                   topics: set[str], indexes: dict[tuple[str, int], Any],
+                   read_limit: dict[tuple[str, int], int], make: Callable[[], Any]) -> None:
+    """Put each of ``records`` of ``topics`` into ``indexes[(topic, partition)]`` (a
+    :class:`KeyIndex`, made with ``make()`` when missing: then ``read_limit[(topic,
+    partition)]`` is set to that first record's offset) at its result's offset and location.
+    ``results`` may go on past ``records`` (the transaction events a commit added)."""
+    where: tuple[str, int] | None = None
+    index: Any = None
+    for (topic, key, _, _), (_, partition, offset, location) in zip(
+            records, results[:len(records)], strict=True):
+        if topic not in topics:
+            continue
+        if where is None or where[0] != topic or where[1] != partition:
+            where = (topic, partition)
+            index = indexes.get(where)
+            if index is None:
+                index = indexes[where] = make()
+                read_limit[where] = offset  # older records (other runs) are read up to here
+        index.put(key, offset, location)
+
+
+INDEX_APPENDED: Callable[..., None] = index_appended
+if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+    with contextlib.suppress(ImportError):  # the compiled twin, when built
+        from cdc._fast import index_appended as INDEX_APPENDED  # type: ignore[import-not-found,no-redef,unused-ignore] # noqa: N812
+
+
 class PreviousImages:
     """Finds the latest after image of a key (see the module docstring for where it looks)."""
 
@@ -93,10 +121,13 @@ class PreviousImages:
         self.log = log
         self.codec = codec
         self.max_bytes = max_bytes
+        #: values read from the log by lookups (hot keys): (topic, key) -> (value, size)
         self._lru: OrderedDict[tuple[str, bytes], tuple[bytes | None, int]] = OrderedDict()
         self._bytes = 0
-        #: (topic, key) -> the latest value remembered whose record is not in the log yet
-        self._unlogged: dict[tuple[str, bytes], bytes | None] = {}
+        #: topic -> key -> the latest value remembered since the last commit started, and
+        #: those of the commit running now: neither is in the log yet
+        self._buffered: dict[str, dict[bytes, bytes | None]] = {}
+        self._committing: dict[str, dict[bytes, bytes | None]] = {}
         self._index: dict[tuple[str, int], KeyIndex] = {}
         self._indexed_to: dict[tuple[str, int], int] = {}
         self.log_lookups = 0
@@ -111,74 +142,63 @@ class PreviousImages:
 
     # -- keeping the cache -------------------------------------------------------------------
     def remember(self, topic: str, key: bytes, value: bytes | None) -> None:
-        """``value`` (the record as logged) is now the latest of ``key`` (``None``: the key was
-        deleted). It is decoded only if a later change needs it."""
+        """``value`` (the record as logged, not yet in the log) is now the latest of ``key``
+        (``None``: the key was deleted). It is decoded only if a later change needs it."""
         self._partial_topics.add(topic)
-        entry = (topic, key)
-        self._unlogged[entry] = value
-        old = self._lru.pop(entry, None)
+        found = self._buffered.get(topic)
+        if found is None:
+            found = self._buffered[topic] = {}
+        found[key] = value
+        if self._lru:
+            self._lru_drop(topic, key)
+
+    def remember_all(self, records: Sequence[Record], topics: set[str]) -> None:
+        """:meth:`remember` each of ``records`` whose topic is in ``topics``, in order."""
+        self._partial_topics.update(topics)
+        for topic in topics:
+            found = self._buffered.get(topic)
+            if found is None:
+                found = self._buffered[topic] = {}
+            found.update([(r[1], r[2]) for r in records if r[0] == topic])
+        if self._lru:
+            for record in records:
+                if record[0] in topics:
+                    self._lru_drop(record[0], record[1])
+
+    def _lru_drop(self, topic: str, key: bytes) -> None:
+        old = self._lru.pop((topic, key), None)
         if old is not None:
             self._bytes -= old[1]
+
+    def _lru_keep(self, topic: str, key: bytes, value: bytes | None) -> None:
+        """A value read from the log (the key's latest): kept for the next lookup."""
+        if not self.max_bytes:
+            return
         size = ENTRY_OVERHEAD + (0 if value is None else len(value))
-        self._lru[entry] = (value, size)
+        self._lru[(topic, key)] = (value, size)
         self._bytes += size
         while self._bytes > self.max_bytes and self._lru:
             _, (_, evicted) = self._lru.popitem(last=False)
             self._bytes -= evicted
 
-    def remember_all(self, records: Sequence[Record], topics: set[str]) -> None:
-        """:meth:`remember` each of ``records`` whose topic is in ``topics``, in order."""
-        self._partial_topics.update(topics)
-        lru, unlogged, overhead = self._lru, self._unlogged, ENTRY_OVERHEAD
-        added = 0
-        for topic, key, value, _ in records:
-            if topic not in topics:
-                continue
-            entry = (topic, key)
-            unlogged[entry] = value
-            old = lru.pop(entry, None)
-            if old is not None:
-                added -= old[1]
-            size = overhead if value is None else overhead + len(value)
-            lru[entry] = (value, size)
-            added += size
-        self._bytes += added
-        while self._bytes > self.max_bytes and lru:
-            _, (_, evicted) = lru.popitem(last=False)
-            self._bytes -= evicted
+    def committing(self) -> None:
+        """What was remembered so far goes into a commit now (its records are in the log once
+        :meth:`appended` is called for it; one commit runs at a time)."""
+        self._committing, self._buffered = self._buffered, {}
 
     def appended(self, records: Sequence[Record], results: Sequence[AppendResult]) -> None:
-        """``records`` are now in the log at ``results``: index the keys of tables whose images
-        this cache keeps, so later lookups need not read the log to find them."""
-        partial = self._partial_topics
-        if not partial:
-            return
-        unlogged, indexes = self._unlogged, self._appended
-        missing = _MISSING
-        where: tuple[str, int] | None = None
-        index: KeyIndex | None = None
-        # results may go on past ``records``: the transaction events the commit added
-        for (topic, key, value, _), (_, partition, offset, location) in zip(
-                records, results[:len(records)], strict=True):
-            if topic not in partial:
-                continue
-            entry = (topic, key)
-            if unlogged.get(entry, missing) is value:  # not remembered again since
-                del unlogged[entry]
-            if where is None or where[0] != topic or where[1] != partition:
-                where = (topic, partition)
-                index = indexes.get(where)
-                if index is None:
-                    index = indexes[where] = KeyIndex()
-                    # older records (other runs) are read from the log up to here
-                    self._read_limit[where] = offset
-            assert index is not None
-            index.put(key, offset, location)
+        """``records`` (the running commit's) are now in the log at ``results``: index the keys
+        of tables whose images this cache keeps, so later lookups find them in the log."""
+        self._committing = {}
+        if self._partial_topics:
+            INDEX_APPENDED(records, results, self._partial_topics, self._appended,
+                           self._read_limit, KeyIndex)
 
     def forget_all(self) -> None:
         """Drop the cache (after discarding records that were never made durable)."""
         self._lru.clear()
-        self._unlogged.clear()
+        self._buffered.clear()
+        self._committing.clear()
         self._bytes = 0
 
     # -- looking up --------------------------------------------------------------------------
@@ -195,15 +215,20 @@ class PreviousImages:
     def latest_value(self, topic: str, key: bytes, before: bytes) -> bytes | None:
         """The value (as logged) of ``key``'s latest record older than position ``before``;
         ``None`` if it has none (unknown, or deleted: a tombstone). See :meth:`latest`."""
+        for pending in (self._buffered, self._committing):
+            found = pending.get(topic)
+            if found is not None:
+                value = found.get(key, _MISSING)
+                if value is not _MISSING:
+                    return value  # type: ignore[return-value]
         entry = (topic, key)
         cached = self._lru.get(entry)
         if cached is not None:
             self._lru.move_to_end(entry)
             return cached[0]
-        value = self._unlogged.get(entry, _MISSING)
-        if value is not _MISSING:
-            return value  # type: ignore[return-value]
-        return self._from_log(topic, key, before)
+        value = self._from_log(topic, key, before)
+        self._lru_keep(topic, key, value)
+        return value
 
     def _image_of(self, value: bytes | None) -> Image | None:
         if value is None:

@@ -337,6 +337,7 @@ class Dispatcher:
         self._pending_offset = None
         self._oldest = None
         newest, self._newest_commit_ms = self._newest_commit_ms, None
+        self.images.committing()
         if wait:
             self.images.appended(records, self._append(records, offsets, finish, newest))
             return offset if offset is not None else done

@@ -152,7 +152,7 @@ def test_background_flush_returns_offsets_once_durable(tmp_path: Path) -> None:
             assert running is not None and running[2] == {"batch": batch}
             images = dispatcher.images  # its records stay visible to image lookups
             partial = [r for r in running[1] if r.topic in images._partial_topics]
-            assert partial and all((r.topic, r.key) in images._unlogged for r in partial)
+            assert partial and all(r.key in images._committing[r.topic] for r in partial)
         assert returned == [None, {"batch": 0}, {"batch": 1}, {"batch": 2}, {"batch": 3}]
         assert dispatcher.flush() == {"batch": 4}
         stored = dict(log.source_offsets()["shop"])
