@@ -337,7 +337,7 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: 
     where the event path has them. With column rules (a column left out, others masked,
     nulled, truncated to characters of multi-byte text), the records are the event path's after
     the dispatcher's transform."""
-    from connectors.postgres.replication import XLogData
+    from connectors.postgres.replication import xlog_data
     from connectors.postgres.source import PostgresStream, _times, _Transaction, change_plan
 
     encode_changes = (importlib.import_module("connectors.postgres._fast").encode_changes
@@ -384,7 +384,8 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: 
             payload = b"D" + oid.to_bytes(4, "big") + b"K" + _tuple_message(keyed)
         else:
             payload = b"D" + oid.to_bytes(4, "big") + b"O" + _tuple_message(values)
-        messages.append(XLogData(2**33 + 1000 * n, 0, payload))
+        header = (2**33 + 1000 * n).to_bytes(8, "big") + bytes(16)  # start LSN, end, time
+        messages.append(b"w" + header + payload)  # as received (batches(raw=True))
     expected_txn = _Transaction(987654, 2**34 + 17, 1_600_000_000_000)
     actual_txn = _Transaction(987654, 2**34 + 17, 1_600_000_000_000)
     expected: list[Any] = []
@@ -423,7 +424,7 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: 
         compiled_changes += changes
         logged = captured.schema if policy is None else policy.schema(captured.schema)
         assert touched == ({captured.schema.topic: logged} if changes else {})
-        for message in messages[index:stop]:  # the event path, for the same messages
+        for message in map(xlog_data, messages[index:stop]):  # the event path, the same ones
             event = stream._fast_change(pgoutput.decode(message.payload), expected_txn,
                                         message.start_lsn)
             assert event is not None
@@ -433,7 +434,7 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: 
         assert actual == expected
         if stop == len(messages):
             break
-        declined = messages[stop]  # the stream's event path takes it, on both sides
+        declined = xlog_data(messages[stop])  # the stream's event path takes it, on both sides
         decoded = pgoutput.decode(declined.payload)
         for txn, out, side in ((expected_txn, expected, "expected"),
                                (actual_txn, actual, "actual")):

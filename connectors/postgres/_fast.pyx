@@ -830,12 +830,11 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
         raise MemoryError()
     try:
         while i < count:
-            message = messages[i]
-            payload = <bytes>message[2]
-            s = <const unsigned char*>PyBytes_AS_STRING(payload)
-            size = PyBytes_GET_SIZE(payload)
-            if size < 7:
+            message = <bytes>messages[i]  # XLogData: 'w', start LSN, WAL end, time, pgoutput
+            if PyBytes_GET_SIZE(message) < 32:
                 break
+            s = <const unsigned char*>PyBytes_AS_STRING(message) + 25
+            size = PyBytes_GET_SIZE(message) - 25
             kind = s[0]
             if kind != 0x49 and kind != 0x55 and kind != 0x44:  # I, U, D
                 break
@@ -860,7 +859,7 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
                 if clens[at] == -2:
                     unchanged = True
                     break
-            lsn = <unsigned long long>message[0]
+            lsn = (<unsigned long long>_be32(s - 24) << 32) | _be32(s - 20)
             try:
                 key = _key_chars(<tuple>plan[2], cptrs, clens)
                 keep = None  # the previous value ``old`` points into

@@ -16,7 +16,7 @@ import select
 import struct
 import time
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import pq
@@ -40,6 +40,12 @@ class XLogData(NamedTuple):
     start_lsn: int
     wal_end: int
     payload: bytes
+
+
+def xlog_data(raw: bytes) -> XLogData:
+    """A raw XLogData message (``batches(raw=True)``) as the tuple."""
+    start, wal_end, _ = _XLOG.unpack_from(raw, 1)
+    return XLogData(start, wal_end, raw[25:])
 
 
 def _now_pg_micros() -> int:
@@ -92,10 +98,12 @@ class ReplicationStream:
             else:
                 yield from batch
 
-    def batches(self, timeout: float = 1.0, limit: int = 2048
-                ) -> Iterator[list[XLogData] | None]:
+    def batches(self, timeout: float = 1.0, limit: int = 2048, raw: bool = False
+                ) -> Iterator[list[Any] | None]:
         """XLogData messages in lists of what arrived together (at most ``limit``, in order);
-        ``None`` after ``timeout`` seconds of silence.
+        ``None`` after ``timeout`` seconds of silence. ``raw``: each message as the bytes
+        received (``w``, start LSN, WAL end, send time, then the pgoutput message at byte 25:
+        :func:`xlog_data` makes the tuple) instead of an :class:`XLogData`.
 
         Keepalives are answered here (with the current flush LSN); status updates are also sent
         every ``status_interval`` seconds.
@@ -111,7 +119,8 @@ class ReplicationStream:
                         start, wal_end, _ = _XLOG.unpack_from(data, 1)
                         if wal_end > self.received_lsn:
                             self.received_lsn = wal_end
-                        batch.append(XLogData(start, wal_end, bytes(data[25:])))
+                        batch.append(bytes(data) if raw else
+                                     XLogData(start, wal_end, bytes(data[25:])))
                     elif kind == 0x6B:  # 'k'
                         wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
                         if reply:

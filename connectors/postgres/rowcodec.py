@@ -494,7 +494,8 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
                    ) -> tuple[int, int]:
     """Encode the run of row changes at ``messages[start:]`` straight into log records.
 
-    ``messages`` are XLogData tuples ``(start LSN, wal end, pgoutput payload)`` of the open
+    ``messages`` are XLogData messages as received (``w``, start LSN, WAL end, send time, the
+    pgoutput message: :meth:`ReplicationStream.batches` with ``raw``) of the open
     transaction ``txn`` (the stream's ``_Transaction``: its ``ordinal`` is advanced here, its
     ``per_table`` counts by topic too). Inserts, deletes and plain updates (no old tuple) of a
     relation with a plan in ``plans`` (by relation oid) whose tuples hold only text and null
@@ -520,7 +521,8 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
     index = start
     events = 0
     while index < len(messages):
-        lsn, _, data = messages[index]
+        raw = messages[index]  # XLogData: 'w', start LSN, WAL end, send time, pgoutput
+        lsn, data = int.from_bytes(raw[1:9], "big"), raw[25:]
         kind = data[0] if len(data) >= 7 else 0
         if kind not in _OP_BYTES:
             break

@@ -33,7 +33,7 @@ from cdc.position import Position, format_lsn
 from cdc.source import EncodedBatch, Watermark
 from connectors.postgres import catalog, pgoutput, rowcodec
 from connectors.postgres.connection import SourceError, connect, describe
-from connectors.postgres.replication import ReplicationStream, quote_ident
+from connectors.postgres.replication import ReplicationStream, quote_ident, xlog_data
 from connectors.postgres.types import PgType, pg_type
 
 HEARTBEAT_PREFIX = "cdc-heartbeat"
@@ -399,7 +399,7 @@ class PostgresStream:
         encode = rowcodec.ENCODE_CHANGES if self.codec is not None else None
         begin_struct, commit_struct = pgoutput.BEGIN, pgoutput.COMMIT
         epoch = pgoutput.PG_EPOCH_MICROS
-        for batch in self.stream.batches(idle_timeout):
+        for batch in self.stream.batches(idle_timeout, raw=True):
             if batch is None:
                 yield None
                 continue
@@ -416,7 +416,7 @@ class PostgresStream:
                                            transaction=txn.txn_id, ts_ms=txn.commit_ms)
                     if index >= count:
                         break
-                message = batch[index]
+                message = xlog_data(batch[index])
                 index += 1
                 payload = message.payload
                 if payload[0] == 0x42:  # Begin and Commit, without the decoder's objects
