@@ -136,7 +136,8 @@ def test_sigkill_during_compaction_keeps_the_log_whole(tmp_path: Path) -> None:
 
     rnd = random.Random(5)
     interrupted = 0
-    for _ in range(10):
+    lasts = 0.2  # how long a whole compaction of one round takes here: measured first
+    for round_ in range(11):
         add_versions(40_000)  # fresh garbage, so every compaction has real work to do
         truth = snapshot()
         child = subprocess.Popen([sys.executable, "-c", COMPACT_ONCE, str(log_dir)],
@@ -144,9 +145,14 @@ def test_sigkill_during_compaction_keeps_the_log_whole(tmp_path: Path) -> None:
                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "START"
-        time.sleep(rnd.uniform(0.0, 0.2))
-        child.send_signal(signal.SIGKILL)
-        interrupted += "DONE" not in child.stdout.read()
+        started = time.monotonic()
+        if round_ == 0:  # calibration: let it finish, so the kills below land inside one
+            assert child.stdout.read().strip() == "DONE"
+            lasts = time.monotonic() - started
+        else:
+            time.sleep(rnd.uniform(0.05, 0.9) * lasts)
+            child.send_signal(signal.SIGKILL)
+            interrupted += "DONE" not in child.stdout.read()
         child.wait()
         assert snapshot() == truth
     assert interrupted >= 5, "most kills should land inside the compaction"
