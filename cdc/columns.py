@@ -188,11 +188,11 @@ class TablePolicy:
         assert key is not None
         return lambda value: hmac_hex(key, value_text(ctype, value))
 
-    def projection(self, schema: TableSchema) -> list[tuple[int, str | None, Any]] | None:
+    def projection(self, schema: TableSchema) -> list[tuple[int, str | None, Any]]:
         """For connectors that encode rows themselves: per column of :meth:`schema`
         ``(schema)``, in order, the index of its source column in ``schema``, its transform's
-        kind (None: kept as it is) and argument; None when a transform needs the typed value
-        (``hash``: those tables take the event path)."""
+        kind (None: kept as it is) and argument — for ``hash``, the function of the column's
+        typed (parsed) value that gives the logged text."""
         transforms = self.rules.transforms or {}
         out: list[tuple[int, str | None, Any]] = []
         for index, column in enumerate(schema.columns):
@@ -202,7 +202,7 @@ class TablePolicy:
             if transform is None:
                 out.append((index, None, None))
             elif transform.kind == "hash":
-                return None
+                out.append((index, "hash", self._function(column.type, transform)))
             else:
                 out.append((index, transform.kind, transform.argument))
         return out

@@ -327,7 +327,8 @@ def _tuple_message(values: tuple[object, ...]) -> bytes:
 @pytest.mark.parametrize(("with_images", "with_rules"), [(False, False), (True, False),
                                                         (True, True)])
 def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: Path,
-                                        with_images: bool, with_rules: bool) -> None:
+                                        monkeypatch: pytest.MonkeyPatch, with_images: bool,
+                                        with_rules: bool) -> None:
     """The stream's compiled loop (rowcodec.encode_changes: pgoutput bytes to log records)
     writes exactly the records the event path writes for the same messages — inserts, plain
     updates, deletes by key and by full old tuple, every type and edge value, and (given the
@@ -335,8 +336,8 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: 
     and hands every message it declines (unchanged values without images, an old tuple on an
     update, a value the typed path rejects) back unconsumed, with the transaction's counters
     where the event path has them. With column rules (a column left out, others masked,
-    nulled, truncated to characters of multi-byte text), the records are the event path's after
-    the dispatcher's transform."""
+    nulled, truncated to characters of multi-byte text, hashed — the key too), the records are
+    the event path's after the dispatcher's transform."""
     from connectors.postgres.replication import xlog_data
     from connectors.postgres.source import PostgresStream, _times, _Transaction, change_plan
 
@@ -350,9 +351,11 @@ def test_change_runs_encode_like_events(impl: str, codec: EventCodec, tmp_path: 
     policy = None
     if with_rules:
         from cdc.columns import ColumnPolicies
+        monkeypatch.setenv("CDC_TEST_HASH_KEY", "a secret")
         policies = ColumnPolicies.from_settings("src", {str(captured.schema.table): {
             "exclude": ["js"], "transforms": {"t": "truncate(3)", "vc": "mask(x·x)", "u": "null",
-                                              "b": "mask"}}}, None)
+                                              "b": "mask", "id": "hash", "f8": "hash",
+                                              "tz": "hash"}}}, "CDC_TEST_HASH_KEY")
         assert policies is not None
         policy = policies.get(captured.schema.table)
     plan = change_plan(codec, captured, policy)

@@ -722,9 +722,9 @@ cdef bytes _position(unsigned long long lsn, unsigned long long ordinal):
 
 
 cdef Py_ssize_t _ruled(tuple rules, const char** ptrs, Py_ssize_t* lens, const char** out,
-                      Py_ssize_t* out_lens):
-    """rowcodec._ruled for every logged column: the transformed spans into ``out``; returns
-    their count."""
+                      Py_ssize_t* out_lens, list keep) except -1:
+    """rowcodec._ruled for every logged column: the transformed spans into ``out`` (hashes
+    kept alive in ``keep``); returns their count."""
     cdef Py_ssize_t j = 0, index, n, i, chars, limit
     cdef int code
     cdef const unsigned char* v
@@ -740,6 +740,10 @@ cdef Py_ssize_t _ruled(tuple rules, const char** ptrs, Py_ssize_t* lens, const c
         elif n >= 0 and code == 2:
             out[j] = PyBytes_AS_STRING(<bytes>rule[2])
             out_lens[j] = PyBytes_GET_SIZE(<bytes>rule[2])
+        elif n >= 0 and code == 4:  # hash: the function of the value's text
+            hashed = rule[2](PyUnicode_DecodeUTF8(ptrs[index], n, NULL))
+            keep.append(hashed)
+            out[j] = PyUnicode_AsUTF8AndSize(hashed, &out_lens[j])
         elif n >= 0 and code == 3:  # the first ``limit`` characters of UTF-8 text
             limit = rule[2]
             v = <const unsigned char*>ptrs[index]
@@ -850,7 +854,11 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
             if _scan(s, size, 6, width, ptrs, lens) < 0:
                 break
             if plan[11] is not None:  # column rules: the logged columns, transformed
-                width = _ruled(<tuple>plan[11], ptrs, lens, rptrs, rlens)
+                hashes = []
+                try:
+                    width = _ruled(<tuple>plan[11], ptrs, lens, rptrs, rlens, hashes)
+                except Exception:  # the event path decides (and explains)
+                    break
                 cptrs, clens = rptrs, rlens
             else:
                 cptrs, clens = ptrs, lens

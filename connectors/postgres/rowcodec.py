@@ -536,7 +536,11 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
         if values is None:
             break
         if rules is not None:
-            values = [_ruled(values[index], code, argument) for index, code, argument in rules]
+            try:
+                values = [_ruled(values[index], code, argument)
+                          for index, code, argument in rules]
+            except Exception:  # noqa: BLE001 - the typed path decides (and explains)
+                break
         out = bytearray(header)
         try:
             key = key_json(key_plan, values)
@@ -597,14 +601,17 @@ def encode_changes(plans: dict[int, ChangePlan | None], messages: Sequence[Any],
 
 def _ruled(text: Any, code: int, argument: Any) -> Any:
     """A column rule (cdc/columns.py) applied to one text value: 0 keep, 1 null, 2 mask (with
-    ``argument``'s UTF-8 text), 3 truncate to ``argument`` characters; NULL and unchanged
-    TOAST values stay as they are (as the event path leaves them)."""
+    ``argument``'s UTF-8 text), 3 truncate to ``argument`` characters, 4 hash (``argument`` of
+    the text); NULL and unchanged TOAST values stay as they are (as the event path leaves
+    them)."""
     if code == 0 or text is None or text is UNCHANGED:
         return text
     if code == 1:
         return None
     if code == 2:
         return argument.decode()
+    if code == 4:
+        return argument(text)
     return text[:argument]
 
 

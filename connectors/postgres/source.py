@@ -242,13 +242,11 @@ def change_plan(codec: EventCodec, captured: CapturedTable, policy: Any = None
     schema, parsers, projection = captured.schema, list(captured.parsers), None
     if policy is not None:
         rules = policy.projection(schema)
-        if rules is None:
-            return None
-        text = pg_type(25, -1, {})  # a masked value is text
-        parsers = [text if kind == "mask" else parsers[index] for index, kind, _ in rules]
-        projection = tuple((index, _RULE_CODES[kind],
-                            argument.encode() if isinstance(argument, str) else argument or 0)
-                           for index, kind, argument in rules)
+        text = pg_type(25, -1, {})  # a masked or hashed value is text
+        parsers = [text if kind in ("mask", "hash") else parsers[index]
+                   for index, kind, _ in rules]
+        projection = tuple((index, _RULE_CODES[kind], _rule_argument(
+            kind, argument, captured.parsers[index])) for index, kind, argument in rules)
         schema = policy.schema(schema)
     table = codec.table(schema)
     if projection is None:
@@ -271,7 +269,19 @@ def change_plan(codec: EventCodec, captured: CapturedTable, policy: Any = None
 
 
 #: rowcodec.encode_changes' codes of column rules (cdc/columns.py transforms)
-_RULE_CODES = {None: 0, "null": 1, "mask": 2, "truncate": 3}
+_RULE_CODES = {None: 0, "null": 1, "mask": 2, "truncate": 3, "hash": 4}
+
+
+def _rule_argument(kind: str | None, argument: Any, parser: PgType) -> Any:
+    """A rule's argument as rowcodec._ruled takes it: the mask's UTF-8 bytes, the characters
+    truncate keeps, or for hash the function of a value's text (parsed as the event path
+    parses it) that gives the logged text."""
+    if kind == "mask":
+        return str(argument).encode()
+    if kind == "hash":
+        parse = parser.parse
+        return lambda text: argument(parse(text))
+    return argument or 0
 
 
 def copy_plan(codec: EventCodec, captured: CapturedTable, lsn: int, ts_ms: int,
