@@ -143,6 +143,8 @@ def bootstrap(config: Config, source_config: SourceConfig, writer: ChangeLogWrit
                                 image_cache_bytes=0,  # snapshot rows are never partial
                                 columns=columns)
         dispatcher.observer = observer
+        if columns is not None:
+            snap.use_column_rules(columns)
         for schema in tables.values():  # an empty table too: capture then knows it was
             dispatcher.ensure_topic(schema)  # bootstrapped (not new to the log)
         # committed first: a crash before the end leaves the source marked unfinished; the

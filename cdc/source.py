@@ -173,6 +173,11 @@ class SnapshotSource(ABC):
         """Things the user should know that do not stop the bootstrap."""
         return []
 
+    def use_column_rules(self, columns: Any) -> None:
+        """Offered by the runner before :meth:`rows`: its column rules, as for
+        :meth:`StreamingSource.use_column_rules`. The default ignores the offer."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """End the snapshot transaction and close connections. Safe to call twice."""

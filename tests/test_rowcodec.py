@@ -462,11 +462,15 @@ def _copy_text(value: object) -> bytes:
     return text.replace("\r", "\\r").encode()
 
 
-def test_copy_rows_encode_like_snapshot_events(impl: str, codec: EventCodec) -> None:
+@pytest.mark.parametrize("with_rules", [False, True])
+def test_copy_rows_encode_like_snapshot_events(impl: str, codec: EventCodec,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               with_rules: bool) -> None:
     """The snapshot's compiled loop (rowcodec.encode_copy: COPY text bytes to log records)
     writes exactly the records of the snapshot's events for the same rows — every type and edge
     value, escapes, NULLs — and stops, without consuming it, at a row cut short and at a row it
-    declines (another column count, a value the typed path rejects)."""
+    declines (another column count, a value the typed path rejects); with column rules, those
+    of the dispatcher's transform."""
     from connectors.postgres.source import _times, copy_plan
 
     encode_copy = (importlib.import_module("connectors.postgres._fast").encode_copy
@@ -474,8 +478,21 @@ def test_copy_rows_encode_like_snapshot_events(impl: str, codec: EventCodec) -> 
     captured = captured_table()
     lsn, ts_ms, processed = 2**35 + 99, 1_650_000_000_000, 1_700_000_000_321
     info = {"snapshot": "true", "lsn": lsn, "txId": None, "sequence": '[null,"8/63"]'}
-    plan = copy_plan(codec, captured, lsn, ts_ms, info)
+    policy = None
+    if with_rules:
+        from cdc.columns import ColumnPolicies
+        monkeypatch.setenv("CDC_TEST_HASH_KEY", "another secret")
+        policies = ColumnPolicies.from_settings("src", {str(captured.schema.table): {
+            "include": ["id", "i2", "t", "vc", "n", "tz", "dt", "by"],
+            "transforms": {"t": "truncate(2)", "vc": "mask", "n": "null", "id": "hash",
+                           "tz": "hash"}}}, "CDC_TEST_HASH_KEY")
+        assert policies is not None
+        policy = policies.get(captured.schema.table)
+    plan = copy_plan(codec, captured, lsn, ts_ms, info, policy)
     assert plan is not None
+
+    def records_of(event: ChangeEvent) -> list[Any]:
+        return codec.records(event if policy is None else policy.event(event))
     times = _times(processed)
     lines = [b"\t".join(_copy_text(v) for v in values) for values in rows(400, seed=17)]
     lines[10] = lines[10] + b"\textra"  # a column too many
@@ -495,7 +512,7 @@ def test_copy_rows_encode_like_snapshot_events(impl: str, codec: EventCodec) -> 
                             ts_ms, source_info=info, processed_ms=processed,
                             raw=rowcodec.TextRows(captured, None, values))
         with contextlib.suppress(EncodingError):
-            expected.extend(codec.records(event))
+            expected.extend(records_of(event))
     actual: list[Any] = []
     at, number, compiled_rows = 0, 1000, 0
     while True:
@@ -516,7 +533,7 @@ def test_copy_rows_encode_like_snapshot_events(impl: str, codec: EventCodec) -> 
                             ts_ms, source_info=info, processed_ms=processed,
                             raw=rowcodec.TextRows(captured, None, values))
         with contextlib.suppress(EncodingError):
-            actual.extend(codec.records(event))
+            actual.extend(records_of(event))
     assert data[at:] == b"42\tcut sh"  # the row cut short is left for the next call
     assert number == 1000 + len(lines)
     assert actual == expected

@@ -1017,6 +1017,10 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
     cdef const unsigned char* tab
     cdef const char** ptrs = <const char**>malloc(sizeof(const char*) * (width + 1))
     cdef Py_ssize_t* lens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (width + 1))
+    cdef const char** rptrs = <const char**>malloc(sizeof(const char*) * (width + 1))
+    cdef Py_ssize_t* rlens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (width + 1))
+    cdef const char** cptrs
+    cdef Py_ssize_t* clens
     cdef char* scratch = NULL
     cdef Py_ssize_t scratch_size = 0, used
     cdef unsigned long long lsn = plan[6]
@@ -1024,9 +1028,11 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
     cdef bytes key, position
     cdef long long rows = 0
     topic = plan[0]
-    if ptrs == NULL or lens == NULL:
+    if ptrs == NULL or lens == NULL or rptrs == NULL or rlens == NULL:
         free(ptrs)
         free(lens)
+        free(rptrs)
+        free(rlens)
         raise MemoryError()
     try:
         while at < size:
@@ -1062,11 +1068,16 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
             if field != width:
                 break  # the event path explains
             try:
+                cptrs, clens = ptrs, lens
+                if plan[8] is not None:  # column rules: the logged columns, transformed
+                    hashes = []
+                    _ruled(<tuple>plan[8], ptrs, lens, rptrs, rlens, hashes)
+                    cptrs, clens = rptrs, rlens
                 out = PyByteArray_FromStringAndSize(PyBytes_AS_STRING(plan[3]),
                                                     PyBytes_GET_SIZE(plan[3]))
                 _put(out, b"\x00\x02", 2)
-                _row_chars(<tuple>plan[1], ptrs, lens, out)
-                key = _key_chars(<tuple>plan[2], ptrs, lens)
+                _row_chars(<tuple>plan[1], cptrs, clens, out)
+                key = _key_chars(<tuple>plan[2], cptrs, clens)
             except Exception:  # the event path decides (and explains)
                 break
             _bytes_to(out, <bytes>plan[4])
@@ -1080,6 +1091,8 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
     finally:
         free(ptrs)
         free(lens)
+        free(rptrs)
+        free(rlens)
         free(scratch)
     return at, number
 

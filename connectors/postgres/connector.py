@@ -169,6 +169,9 @@ class PostgresSnapshot(SnapshotSource):
     def estimate_rows(self, table: TableId) -> int | None:
         return self.session.estimate_rows(table)
 
+    def use_column_rules(self, columns: Any) -> None:
+        self.session.columns = columns
+
     def rows(self, table: TableId) -> Iterator[ChangeEvent | EncodedBatch]:
         return self.session.rows(table)
 

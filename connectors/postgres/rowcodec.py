@@ -646,8 +646,10 @@ _NOT_RECENT = object()
 
 #: a table's plan for :func:`encode_copy`: (topic, row plan, key plan, envelope header, the
 #: envelope's bytes from its ``source`` block through ``op`` (the same for every row of a
-#: snapshot), column count, the snapshot's LSN)
-CopyPlan = tuple[str, tuple[Column, ...], tuple[KeyColumn, ...], bytes, bytes, int, int]
+#: snapshot), column count (of COPY's rows), the snapshot's LSN, the table schema logged, and
+#: the column rules or None (as in :data:`ChangePlan`)
+CopyPlan = tuple[str, tuple[Column, ...], tuple[KeyColumn, ...], bytes, bytes, int, int, Any,
+                 Any]
 _COPY_ESCAPE = re.compile(rb"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{1,2})|(.))", re.DOTALL)
 _COPY_LETTERS = {b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t", b"v": b"\v"}
 
@@ -680,16 +682,19 @@ def encode_copy(plan: CopyPlan, data: bytes, start: int, number: int, records: l
 
     Returns ``(index of the first byte not consumed, the last row number used)``.
     """
-    topic, row, key_plan, header, tail, width, lsn = plan
+    topic, row, key_plan, header, tail, width, lsn, _, rules = plan
     at = start
     while at < len(data):
         end = data.find(b"\n", at)
         if end < 0:
             break
         try:
-            values = copy_fields(data[at:end])
+            values: Sequence[Any] = copy_fields(data[at:end])
             if len(values) != width:
                 break
+            if rules is not None:
+                values = [_ruled(values[index], code, argument)
+                          for index, code, argument in rules]
             out = bytearray(header)
             out += b"\x00\x02"
             encode_row(row, values, out, None)

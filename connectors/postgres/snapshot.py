@@ -37,6 +37,9 @@ class SnapshotSession:
     def __init__(self, source: PostgresSource, codec: EventCodec | None = None) -> None:
         self.source = source
         self.codec = codec
+        #: the runner's column rules (SnapshotSource.use_column_rules), applied by the
+        #: compiled COPY loop as the dispatcher would
+        self.columns: Any = None
         self.consistent_lsn = 0
         self.snapshot_name = ""
         self.ts_ms = 0
@@ -99,7 +102,8 @@ class SnapshotSession:
         assert self._reader is not None
         captured = self.tables[table]
         for item in self.source.snapshot_rows(self._reader, captured, self.consistent_lsn,
-                                              self._row_number, self.ts_ms, self.codec):
+                                              self._row_number, self.ts_ms, self.codec,
+                                              self.columns):
             self._row_number += item.events if isinstance(item, EncodedBatch) else 1
             yield item
 

@@ -146,19 +146,23 @@ class PostgresSource:
 
     def snapshot_rows(self, conn: psycopg.Connection[Any], captured: CapturedTable,
                       consistent_lsn: int, first_row: int, ts_ms: int,
-                      codec: EventCodec | None = None) -> Iterator[ChangeEvent | EncodedBatch]:
+                      codec: EventCodec | None = None, columns: Any = None
+                      ) -> Iterator[ChangeEvent | EncodedBatch]:
         """Every row of a table as op ``r`` events, read with COPY inside the open snapshot
         transaction of ``conn``. Row numbers continue from ``first_row``. With a codec, rows
         are encoded straight from COPY's bytes into log records (rowcodec.encode_copy) and
-        yielded as EncodedBatch es; a row that loop declines is yielded as an event."""
+        yielded as EncodedBatch es (with the runner's column rules, ``columns``, applied as the
+        dispatcher would); a row that loop declines is yielded as an event."""
         schema = captured.schema
-        columns = ", ".join(quote_ident(c.name) for c in schema.columns)
-        query = f"COPY (SELECT {columns} FROM {catalog.qualified(schema.table)}) TO STDOUT"
+        selected = ", ".join(quote_ident(c.name) for c in schema.columns)
+        query = f"COPY (SELECT {selected} FROM {catalog.qualified(schema.table)}) TO STDOUT"
         source_info = {"snapshot": "true", "lsn": consistent_lsn, "txId": None,
                        "sequence": json.dumps([None, format_lsn(consistent_lsn)])}
         plan = None
-        if codec is not None and not self.config.has_column_rules(schema.table):
-            plan = copy_plan(codec, captured, consistent_lsn, ts_ms, source_info)
+        ruled = self.config.has_column_rules(schema.table)
+        if codec is not None and (not ruled or columns is not None):
+            plan = copy_plan(codec, captured, consistent_lsn, ts_ms, source_info,
+                             columns.get(schema.table) if ruled else None)
         with conn.cursor() as cursor, cursor.copy(query) as copy:
             if plan is not None:
                 yield from self._encoded_copy(copy, plan, captured, first_row, ts_ms,
@@ -199,7 +203,7 @@ class PostgresSource:
                 records: list[Record] = []
                 at, number = encode(plan, data, at, number, records, Record, times)
                 if records:
-                    yield EncodedBatch(records, (schema,), len(records))
+                    yield EncodedBatch(records, (plan[7],), len(records))
                 end = data.find(b"\n", at)
                 if end < 0:
                     break
@@ -234,30 +238,40 @@ def _snapshot_position(commit_lsn: int, ordinal: int) -> Position:
     return Position.postgres(commit_lsn, ordinal, snapshot=True)
 
 
+def _logged_plans(codec: EventCodec, captured: CapturedTable, policy: Any
+                  ) -> tuple[TableSchema, Any, Any, Any, Any] | None:
+    """What a compiled loop needs to write a table's rows as logged: (the schema logged, its
+    table codec, row plan, key plan, the column rules for rowcodec._ruled or None). With
+    ``policy`` (a :class:`cdc.columns.TablePolicy`) the schema is the rules' output and the
+    plans are for its columns; None when the codec has no compiled writers for it."""
+    if policy is None:
+        table = codec.table(captured.schema)
+        return captured.schema, table, captured.row_plan(table), captured.key_plan(), None
+    rules = policy.projection(captured.schema)
+    text = pg_type(25, -1, {})  # a masked or hashed value is text
+    parsers = [text if kind in ("mask", "hash") else captured.parsers[index]
+               for index, kind, _ in rules]
+    projection = tuple((index, _RULE_CODES[kind], _rule_argument(
+        kind, argument, captured.parsers[index])) for index, kind, argument in rules)
+    schema = policy.schema(captured.schema)
+    table = codec.table(schema)
+    if table.value_writers is None:
+        return None
+    types = [c.type for c in schema.columns]
+    row = rowcodec.row_plan(parsers, table.value_fields, table.value_writers, types)
+    key = rowcodec.key_plan([c.name for c in schema.columns], schema.key, parsers, types)
+    return schema, table, row, key, projection
+
+
 def change_plan(codec: EventCodec, captured: CapturedTable, policy: Any = None
                 ) -> rowcodec.ChangePlan | None:
     """A table's plan for rowcodec.encode_changes, or None (its changes then take the event
-    path): a column type without compiled writers, an envelope not of the usual shape, or
-    column rules (``policy``, a :class:`cdc.columns.TablePolicy`) that need typed values."""
-    schema, parsers, projection = captured.schema, list(captured.parsers), None
-    if policy is not None:
-        rules = policy.projection(schema)
-        text = pg_type(25, -1, {})  # a masked or hashed value is text
-        parsers = [text if kind in ("mask", "hash") else parsers[index]
-                   for index, kind, _ in rules]
-        projection = tuple((index, _RULE_CODES[kind], _rule_argument(
-            kind, argument, captured.parsers[index])) for index, kind, argument in rules)
-        schema = policy.schema(schema)
-    table = codec.table(schema)
-    if projection is None:
-        row = captured.row_plan(table)
-        key = captured.key_plan()
-    elif table.value_writers is None:
+    path): a column type without compiled writers, or an envelope not of the usual shape.
+    ``policy``: the table's column rules (:class:`cdc.columns.TablePolicy`), if it has any."""
+    logged = _logged_plans(codec, captured, policy)
+    if logged is None:
         return None
-    else:
-        types = [c.type for c in schema.columns]
-        row = rowcodec.row_plan(parsers, table.value_fields, table.value_writers, types)
-        key = rowcodec.key_plan([c.name for c in schema.columns], schema.key, parsers, types)
+    schema, table, row, key, projection = logged
     probe = ChangeEvent(schema, Op.CREATE, Position.postgres(0, 0), 0, after={},
                         source_info={"txId": 0, "lsn": 0, "snapshot": "false"})
     pieces = codec.source_parts(table, probe, VARYING_SOURCE_FIELDS)
@@ -285,19 +299,20 @@ def _rule_argument(kind: str | None, argument: Any, parser: PgType) -> Any:
 
 
 def copy_plan(codec: EventCodec, captured: CapturedTable, lsn: int, ts_ms: int,
-              source_info: dict[str, Any]) -> rowcodec.CopyPlan | None:
+              source_info: dict[str, Any], policy: Any = None) -> rowcodec.CopyPlan | None:
     """A table's plan for rowcodec.encode_copy (snapshot rows at ``lsn``), or None (its rows
-    then take the event path)."""
-    schema = captured.schema
-    table = codec.table(schema)
-    row = captured.row_plan(table)
+    then take the event path). ``policy``: the table's column rules, if it has any."""
+    logged = _logged_plans(codec, captured, policy)
+    if logged is None:
+        return None
+    schema, table, row, key, projection = logged
     probe = ChangeEvent(schema, Op.READ, Position.postgres(lsn, 0, snapshot=True), ts_ms,
                         after={}, source_info=source_info)
     pieces = codec.source_parts(table, probe, ())
     if row is None or pieces is None:
         return None
-    return (schema.topic, row, captured.key_plan(), table.header,
-            pieces[0] + b"\x00\x02r", len(schema.columns), lsn)
+    return (schema.topic, row, key, table.header, pieces[0] + b"\x00\x02r",
+            len(captured.schema.columns), lsn, schema, projection)
 
 
 def _times(now_ms: int | None = None) -> bytes:
