@@ -9,6 +9,7 @@ import struct
 import zlib
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,17 @@ def _compiled() -> ModuleType:
             pytest.fail("cdc/log/_fast is not built although a C compiler is here: run "
                         "`make setup` (pip install -e .) and check its output")
         pytest.skip("no C compiler: the compiled log kernels are not built")
+
+
+def _compiled_core(name: str) -> Any:
+    """``name`` of the compiled core kernels (cdc/_fast.pyx)."""
+    try:
+        return getattr(importlib.import_module("cdc._fast"), name)
+    except (ImportError, AttributeError):
+        if shutil.which("gcc") or shutil.which("cc"):
+            pytest.fail("cdc/_fast is not built although a C compiler is here: run "
+                        "`make setup` (pip install -e .) and check its output")
+        pytest.skip("no C compiler: the compiled kernels are not built")
 
 
 def _pure(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> ModuleType:
@@ -208,12 +220,7 @@ def test_key_index_answers_like_a_dict(monkeypatch: pytest.MonkeyPatch) -> None:
 
     from cdc import images
 
-    try:
-        compiled = importlib.import_module("cdc._fast").KeyIndex
-    except (ImportError, AttributeError):
-        if shutil.which("gcc") or shutil.which("cc"):
-            pytest.fail("cdc/_fast is not built although a C compiler is here")
-        pytest.skip("no C compiler")
+    compiled = _compiled_core("KeyIndex")
     pure = _pure(monkeypatch, images).KeyIndex
     rng = random.Random(4)
     keys = list({rng.randbytes(rng.randrange(1, 30)) for _ in range(30_000)})
@@ -239,12 +246,7 @@ def test_transaction_ends_advance_alike(monkeypatch: pytest.MonkeyPatch) -> None
     from cdc import transactions
     from cdc.log.base import AppendResult
 
-    try:
-        compiled = importlib.import_module("cdc._fast").advance
-    except (ImportError, AttributeError):
-        if shutil.which("gcc") or shutil.which("cc"):
-            pytest.fail("cdc/_fast is not built although a C compiler is here")
-        pytest.skip("no C compiler")
+    compiled = _compiled_core("advance")
     pure = _pure(monkeypatch, transactions).advance
     rng = random.Random(8)
     results = [AppendResult(rng.choice(["a", "b"]), rng.choice([0, 1, 7, 5000]),

@@ -500,19 +500,23 @@ def test_copy_rows_encode_like_snapshot_events(impl: str, codec: EventCodec,
                                                     "tab\there\nnew\\line", *COLUMNS[7][3][:1],
                                                     *(None for _ in COLUMNS[8:]))))
     data = b"".join(line + b"\n" for line in lines) + b"42\tcut sh"
+    def event_records(values: tuple[str | None, ...], number: int) -> list[Any]:
+        """The snapshot event of a row through the dispatcher's steps ([] if rejected)."""
+        if len(values) != len(COLUMNS):
+            return []
+        event = ChangeEvent(captured.schema, Op.READ,
+                            Position.postgres(lsn, number, snapshot=True), ts_ms,
+                            source_info=info, processed_ms=processed,
+                            raw=rowcodec.TextRows(captured, None, values))
+        with contextlib.suppress(EncodingError):
+            return records_of(event)
+        return []
+
     expected: list[Any] = []
     number = 1000
     for line in lines:
-        values = rowcodec.copy_fields(line)
         number += 1
-        if len(values) != len(COLUMNS):
-            continue
-        event = ChangeEvent(captured.schema, Op.READ, Position.postgres(lsn, number,
-                                                                        snapshot=True),
-                            ts_ms, source_info=info, processed_ms=processed,
-                            raw=rowcodec.TextRows(captured, None, values))
-        with contextlib.suppress(EncodingError):
-            expected.extend(records_of(event))
+        expected.extend(event_records(rowcodec.copy_fields(line), number))
     actual: list[Any] = []
     at, number, compiled_rows = 0, 1000, 0
     while True:
@@ -523,17 +527,9 @@ def test_copy_rows_encode_like_snapshot_events(impl: str, codec: EventCodec,
         end = data.find(b"\n", at)
         if end < 0:
             break
-        values = rowcodec.copy_fields(data[at:end])  # declined: the event path, as capture does
-        number += 1
+        number += 1  # declined: the event path, as capture does
+        actual.extend(event_records(rowcodec.copy_fields(data[at:end]), number))
         at = end + 1
-        if len(values) != len(COLUMNS):
-            continue
-        event = ChangeEvent(captured.schema, Op.READ, Position.postgres(lsn, number,
-                                                                        snapshot=True),
-                            ts_ms, source_info=info, processed_ms=processed,
-                            raw=rowcodec.TextRows(captured, None, values))
-        with contextlib.suppress(EncodingError):
-            actual.extend(records_of(event))
     assert data[at:] == b"42\tcut sh"  # the row cut short is left for the next call
     assert number == 1000 + len(lines)
     assert actual == expected

@@ -67,40 +67,41 @@ cdef inline void _u64(char* p, int64_t value):
         p[i] = <char>((v >> (8 * i)) & 0xFF)
 
 
-def encode_record_bytes(long long offset, long long timestamp_ms, bytes key, value,
-                        bytes position):
-    """One framed record as a single bytes object (see segment.encode_record_bytes)."""
-    cdef Py_ssize_t key_len = PyBytes_GET_SIZE(key)
-    cdef Py_ssize_t pos_len = PyBytes_GET_SIZE(position)
-    cdef Py_ssize_t value_len = 0
-    cdef int attributes = 0
-    cdef const char* value_data = NULL
-    if value is None:
-        attributes = 1
-    else:
-        value_data = PyBytes_AS_STRING(<bytes>value)
-        value_len = PyBytes_GET_SIZE(<bytes>value)
+cdef inline Py_ssize_t _framed_size(bytes key, value, bytes position) except -1:
+    """The framed size of a record (and the check that its parts fit the format)."""
+    cdef Py_ssize_t key_len = PyBytes_GET_SIZE(key), pos_len = PyBytes_GET_SIZE(position)
+    cdef Py_ssize_t value_len = 0 if value is None else PyBytes_GET_SIZE(<bytes>value)
     if pos_len > 0xFFFF or key_len > 0xFFFFFFFF or value_len > 0xFFFFFFFF:
         raise OverflowError("a record part is too long for the segment format")
-    cdef Py_ssize_t length = 27 + 4 + pos_len + key_len + value_len  # crc + body header + parts
-    out = PyBytes_FromStringAndSize(NULL, 4 + length)
-    cdef char* p = PyBytes_AS_STRING(out)
-    _u32(p, <uint32_t>length)
+    return 4 + 27 + 4 + pos_len + key_len + value_len  # length, crc, body header, parts
+
+
+cdef void _frame_into(char* p, Py_ssize_t size, long long offset, long long timestamp_ms,
+                      bytes key, value, bytes position):
+    """One framed record (segment.encode_record) written at ``p`` (``size`` bytes)."""
+    cdef Py_ssize_t key_len = PyBytes_GET_SIZE(key), pos_len = PyBytes_GET_SIZE(position)
+    cdef Py_ssize_t value_len = 0 if value is None else PyBytes_GET_SIZE(<bytes>value)
+    _u32(p, <uint32_t>(size - 4))
     _u64(p + 8, offset)
     _u64(p + 16, timestamp_ms)
-    p[24] = <char>attributes
+    p[24] = <char>(1 if value is None else 0)
     p[25] = <char>(pos_len & 0xFF)
     p[26] = <char>((pos_len >> 8) & 0xFF)
     _u32(p + 27, <uint32_t>key_len)
     _u32(p + 31, <uint32_t>value_len)
-    cdef Py_ssize_t at = 35
-    memcpy(p + at, PyBytes_AS_STRING(position), pos_len)
-    at += pos_len
-    memcpy(p + at, PyBytes_AS_STRING(key), key_len)
-    at += key_len
+    memcpy(p + 35, PyBytes_AS_STRING(position), pos_len)
+    memcpy(p + 35 + pos_len, PyBytes_AS_STRING(key), key_len)
     if value_len:
-        memcpy(p + at, value_data, value_len)
-    _u32(p + 4, <uint32_t>crc32(0, <const unsigned char*>(p + 8), <unsigned int>(length - 4)))
+        memcpy(p + 35 + pos_len + key_len, PyBytes_AS_STRING(<bytes>value), value_len)
+    _u32(p + 4, <uint32_t>crc32(0, <const unsigned char*>(p + 8), <unsigned int>(size - 8)))
+
+
+def encode_record_bytes(long long offset, long long timestamp_ms, bytes key, value,
+                        bytes position):
+    """One framed record as a single bytes object (see segment.encode_record_bytes)."""
+    cdef Py_ssize_t size = _framed_size(key, value, position)
+    out = PyBytes_FromStringAndSize(NULL, size)
+    _frame_into(PyBytes_AS_STRING(out), size, offset, timestamp_ms, key, value, position)
     return out
 
 
@@ -163,21 +164,15 @@ def frame_records(list records, dict offsets, long long now_ms, dict blobs, dict
     cdef list out = []
     cdef list parts
     cdef bytearray blob
-    cdef Py_ssize_t key_len, pos_len, value_len, length, size, at, have
-    cdef const char* value_data
-    cdef char* p
-    cdef int attributes
+    cdef Py_ssize_t size, at, have
     cdef uint32_t partition
     cdef long long offset
     for record in records:
         topic = record[0]
         key = <bytes>record[1]
-        value = record[2]
-        position = <bytes>record[3]
         parts = offsets[topic]
-        key_len = PyBytes_GET_SIZE(key)
-        partition = (_murmur2(<const unsigned char*>PyBytes_AS_STRING(key), key_len)
-                     & 0x7FFFFFFF) % <uint32_t>len(parts)
+        partition = (_murmur2(<const unsigned char*>PyBytes_AS_STRING(key),
+                              PyBytes_GET_SIZE(key)) & 0x7FFFFFFF) % <uint32_t>len(parts)
         offset = parts[partition]
         parts[partition] = offset + 1
         where = (topic, partition)
@@ -185,19 +180,7 @@ def frame_records(list records, dict offsets, long long now_ms, dict blobs, dict
         if found is None:
             found = blobs[where] = bytearray()
         blob = <bytearray>found
-        pos_len = PyBytes_GET_SIZE(position)
-        attributes = 0
-        value_len = 0
-        value_data = NULL
-        if value is None:
-            attributes = 1
-        else:
-            value_data = PyBytes_AS_STRING(<bytes>value)
-            value_len = PyBytes_GET_SIZE(<bytes>value)
-        if pos_len > 0xFFFF or key_len > 0xFFFFFFFF or value_len > 0xFFFFFFFF:
-            raise OverflowError("a record part is too long for the segment format")
-        length = 27 + 4 + pos_len + key_len + value_len
-        size = 4 + length
+        size = _framed_size(key, record[2], <bytes>record[3])
         at = used.get(where, 0)
         have = PyByteArray_GET_SIZE(blob)
         if at + size > have:  # grow geometrically; the bytes past ``used`` are scratch
@@ -208,20 +191,8 @@ def frame_records(list records, dict offsets, long long now_ms, dict blobs, dict
                 PyByteArray_Resize(blob, max(at + size, 2 * have, 65536))
                 blobs[where] = blob
         used[where] = at + size
-        p = PyByteArray_AS_STRING(blob) + at
-        _u32(p, <uint32_t>length)
-        _u64(p + 8, offset)
-        _u64(p + 16, now_ms)
-        p[24] = <char>attributes
-        p[25] = <char>(pos_len & 0xFF)
-        p[26] = <char>((pos_len >> 8) & 0xFF)
-        _u32(p + 27, <uint32_t>key_len)
-        _u32(p + 31, <uint32_t>value_len)
-        memcpy(p + 35, PyBytes_AS_STRING(position), pos_len)
-        memcpy(p + 35 + pos_len, PyBytes_AS_STRING(key), key_len)
-        if value_len:
-            memcpy(p + 35 + pos_len + key_len, value_data, value_len)
-        _u32(p + 4, <uint32_t>crc32(0, <const unsigned char*>(p + 8), <unsigned int>(length - 4)))
+        _frame_into(PyByteArray_AS_STRING(blob) + at, size, offset, now_ms, key, record[2],
+                    <bytes>record[3])
         out.append(tuple.__new__(result, (topic, partition, offset, (at, size))))
     return out
 

@@ -709,7 +709,9 @@ cdef inline int _opt_long(bytearray out, long long value) except -1:
 DEF SCRATCH_BYTES = 8 * 1024 * 1024
 
 
-cdef bytes _position(unsigned long long lsn, unsigned long long ordinal):
+cdef bytes _pg_position(unsigned long long lsn, int phase, unsigned long long ordinal):
+    """Position.postgres(lsn, ordinal).to_bytes(): tag 1, then lsn, phase, ordinal (big
+    endian)."""
     cdef unsigned char buf[25]
     cdef int i
     buf[0] = 1
@@ -717,8 +719,12 @@ cdef bytes _position(unsigned long long lsn, unsigned long long ordinal):
         buf[1 + i] = (lsn >> (56 - 8 * i)) & 0xFF
         buf[9 + i] = 0
         buf[17 + i] = (ordinal >> (56 - 8 * i)) & 0xFF
-    buf[16] = 1  # phase: streamed
+    buf[16] = phase
     return PyBytes_FromStringAndSize(<const char*>buf, 25)
+
+
+cdef inline bytes _position(unsigned long long lsn, unsigned long long ordinal):
+    return _pg_position(lsn, 1, ordinal)  # a streamed change
 
 
 cdef Py_ssize_t _ruled(tuple rules, const char** ptrs, Py_ssize_t* lens, const char** out,
@@ -798,6 +804,7 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
     cdef Py_ssize_t* old_lens = NULL
     cdef const char** rptrs = NULL  # the logged columns, after column rules
     cdef Py_ssize_t* rlens = NULL
+    cdef void** block
     cdef const char** cptrs
     cdef Py_ssize_t* clens
     cdef bint unchanged
@@ -817,21 +824,12 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
     for plan in plans.values():
         if plan is not None and <Py_ssize_t>plan[8] > most:
             most = plan[8]
-    ptrs = <const char**>malloc(sizeof(const char*) * (most + 1))
-    lens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
-    old = <const char**>malloc(sizeof(const char*) * (most + 1))
-    old_lens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
-    rptrs = <const char**>malloc(sizeof(const char*) * (most + 1))
-    rlens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (most + 1))
-    if ptrs == NULL or lens == NULL or old == NULL or old_lens == NULL or rptrs == NULL \
-            or rlens == NULL:
-        free(ptrs)
-        free(lens)
-        free(old)
-        free(old_lens)
-        free(rptrs)
-        free(rlens)
+    block = <void**>malloc(sizeof(void*) * 6 * (most + 1))  # six arrays of column spans
+    if block == NULL:
         raise MemoryError()
+    ptrs, lens = <const char**>block, <Py_ssize_t*>(block + (most + 1))
+    old, old_lens = <const char**>(block + 2 * (most + 1)), <Py_ssize_t*>(block + 3 * (most + 1))
+    rptrs, rlens = <const char**>(block + 4 * (most + 1)), <Py_ssize_t*>(block + 5 * (most + 1))
     try:
         while i < count:
             message = <bytes>messages[i]  # XLogData: 'w', start LSN, WAL end, time, pgoutput
@@ -939,12 +937,7 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
             events += 1
             i += 1
     finally:
-        free(ptrs)
-        free(lens)
-        free(old)
-        free(old_lens)
-        free(rptrs)
-        free(rlens)
+        free(block)
         txn.ordinal = ordinal
     return i, events
 
@@ -1015,10 +1008,11 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
     cdef Py_ssize_t width = plan[5]
     cdef const unsigned char* line_end
     cdef const unsigned char* tab
-    cdef const char** ptrs = <const char**>malloc(sizeof(const char*) * (width + 1))
-    cdef Py_ssize_t* lens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (width + 1))
-    cdef const char** rptrs = <const char**>malloc(sizeof(const char*) * (width + 1))
-    cdef Py_ssize_t* rlens = <Py_ssize_t*>malloc(sizeof(Py_ssize_t) * (width + 1))
+    cdef void** block = <void**>malloc(sizeof(void*) * 4 * (width + 1))  # column spans
+    cdef const char** ptrs = <const char**>block
+    cdef Py_ssize_t* lens = <Py_ssize_t*>(block + (width + 1))
+    cdef const char** rptrs = <const char**>(block + 2 * (width + 1))
+    cdef Py_ssize_t* rlens = <Py_ssize_t*>(block + 3 * (width + 1))
     cdef const char** cptrs
     cdef Py_ssize_t* clens
     cdef char* scratch = NULL
@@ -1028,11 +1022,7 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
     cdef bytes key, position
     cdef long long rows = 0
     topic = plan[0]
-    if ptrs == NULL or lens == NULL or rptrs == NULL or rlens == NULL:
-        free(ptrs)
-        free(lens)
-        free(rptrs)
-        free(rlens)
+    if block == NULL:
         raise MemoryError()
     try:
         while at < size:
@@ -1084,25 +1074,12 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
             _bytes_to(out, times)
             _byte(out, 0)
             number += 1
-            position = _snapshot_position(lsn, <unsigned long long>number)
+            position = _pg_position(lsn, 0, <unsigned long long>number)  # a snapshot row
             records.append(tuple.__new__(record, (topic, key, bytes(out), position)))
             rows += 1
             at = end + 1
     finally:
-        free(ptrs)
-        free(lens)
-        free(rptrs)
-        free(rlens)
+        free(block)
         free(scratch)
     return at, number
 
-
-cdef bytes _snapshot_position(unsigned long long lsn, unsigned long long number):
-    cdef unsigned char buf[25]
-    cdef int i
-    buf[0] = 1
-    for i in range(8):
-        buf[1 + i] = (lsn >> (56 - 8 * i)) & 0xFF
-        buf[9 + i] = 0
-        buf[17 + i] = (number >> (56 - 8 * i)) & 0xFF
-    return PyBytes_FromStringAndSize(<const char*>buf, 25)
