@@ -4,10 +4,12 @@ partially (PostgreSQL does not send TOASTed values an UPDATE left unchanged).
 Every event in the log must carry the whole row, because compaction throws older events away.
 :class:`PreviousImages` answers "what was the last after image of this key?" from, in order:
 
-1. a bounded in-memory LRU of recent after images (``max_bytes`` of encoded values, kept as the
-   logged bytes and decoded only when a change needs them);
-2. the latest image of every key whose record is not in the log yet (buffered, or in a commit
-   running in the background): a dict, never evicted, emptied as commits finish;
+1. the latest value of every key whose record is not in the log yet: those remembered since
+   the last commit started, then those of the commit running in the background (two dicts; the
+   second is dropped whole when its commit is durable);
+2. a bounded in-memory LRU (``max_bytes`` of encoded values, kept as the logged bytes and
+   decoded only when a change needs them) of values lookups read from the log — and, for a log
+   without reads by location (Kafka, where a lookup is a round trip), of every value committed;
 3. the log: a per-partition index ``key -> offset of its latest record`` (and, for the local
    log, where its bytes are, so a lookup is one small read). Records this process appends are
    indexed as they are committed (:meth:`PreviousImages.appended`); older ones by reading the
@@ -121,7 +123,10 @@ class PreviousImages:
         self.log = log
         self.codec = codec
         self.max_bytes = max_bytes
-        #: values read from the log by lookups (hot keys): (topic, key) -> (value, size)
+        #: whether a record can be read back with one read by its location (the local log)
+        self._cheap_reads = hasattr(log, "read_at")
+        #: values read from the log by lookups (hot keys), and on a log without cheap reads
+        #: every committed one: (topic, key) -> (value, size)
         self._lru: OrderedDict[tuple[str, bytes], tuple[bytes | None, int]] = OrderedDict()
         self._bytes = 0
         #: topic -> key -> the latest value remembered since the last commit started, and
@@ -188,8 +193,15 @@ class PreviousImages:
 
     def appended(self, records: Sequence[Record], results: Sequence[AppendResult]) -> None:
         """``records`` (the running commit's) are now in the log at ``results``: index the keys
-        of tables whose images this cache keeps, so later lookups find them in the log."""
-        self._committing = {}
+        of tables whose images this cache keeps, so later lookups find them in the log. A log
+        without reads by location (Kafka: a lookup there is a round trip to a broker) keeps
+        their values in the LRU instead, as the hot keys they are likely to be."""
+        committed, self._committing = self._committing, {}
+        if not self._cheap_reads:
+            for topic, values in committed.items():
+                for key, value in values.items():
+                    self._lru_drop(topic, key)
+                    self._lru_keep(topic, key, value)
         if self._partial_topics:
             INDEX_APPENDED(records, results, self._partial_topics, self._appended,
                            self._read_limit, KeyIndex)
