@@ -1083,3 +1083,72 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
         free(scratch)
     return at, number
 
+
+
+# ------------------------------------------------------------------- replication stream drain
+# libpq's own functions, from the libpq psycopg loaded (replication.bind_libpq finds it): a
+# PGconn must only ever be handled by the library that made it.
+
+ctypedef int (*_GetCopyData)(void* conn, char** buffer, int async_) noexcept nogil
+ctypedef int (*_ConsumeInput)(void* conn) noexcept nogil
+ctypedef void (*_FreeMem)(void* ptr) noexcept nogil
+
+cdef _GetCopyData _pq_get_copy_data = NULL
+cdef _ConsumeInput _pq_consume_input = NULL
+cdef _FreeMem _pq_freemem = NULL
+
+# drain's answers (replication.DRAIN_*)
+DEF DRAIN_IDLE = 0
+DEF DRAIN_REPLY = 1
+DEF DRAIN_ENDED = 2
+DEF DRAIN_BROKEN = 3
+
+
+def bind_libpq(size_t get_copy_data, size_t consume_input, size_t freemem):
+    """Take the addresses of libpq's ``PQgetCopyData``, ``PQconsumeInput`` and ``PQfreemem``."""
+    global _pq_get_copy_data, _pq_consume_input, _pq_freemem
+    _pq_get_copy_data = <_GetCopyData>get_copy_data
+    _pq_consume_input = <_ConsumeInput>consume_input
+    _pq_freemem = <_FreeMem>freemem
+
+
+cdef inline unsigned long long _be64(const unsigned char* p) noexcept nogil:
+    cdef unsigned long long value = 0
+    cdef int i
+    for i in range(8):
+        value = (value << 8) | p[i]
+    return value
+
+
+def drain(size_t conn, list batch, Py_ssize_t limit, unsigned long long received):
+    """See replication.drain_copy_data (the same contract)."""
+    cdef char* buffer = NULL
+    cdef int size
+    cdef bint consumed = False
+    cdef unsigned long long wal_end
+    cdef void* pgconn = <void*>conn
+    if _pq_get_copy_data == NULL:
+        raise RuntimeError("libpq is not bound (bind_libpq)")
+    while len(batch) < limit:
+        size = _pq_get_copy_data(pgconn, &buffer, 1)
+        if size > 0:
+            consumed = False
+            try:
+                if buffer[0] == 0x77 and size >= 25:  # 'w'
+                    wal_end = _be64(<const unsigned char*>buffer + 9)
+                    if wal_end > received:
+                        received = wal_end
+                    batch.append(buffer[:size])
+                elif buffer[0] == 0x6B and size >= 18 and buffer[17]:  # 'k', reply requested
+                    return DRAIN_REPLY, received
+            finally:
+                _pq_freemem(buffer)
+            continue
+        if size < 0:
+            return DRAIN_ENDED, received
+        if consumed:
+            return DRAIN_IDLE, received
+        if not _pq_consume_input(pgconn):
+            return DRAIN_BROKEN, received
+        consumed = True
+    return DRAIN_IDLE, received

@@ -12,10 +12,12 @@ already durable in the change log.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import select
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import psycopg
@@ -28,6 +30,10 @@ from connectors.postgres.pgoutput import PG_EPOCH_MICROS
 _XLOG = struct.Struct(">QQq")
 _KEEPALIVE = struct.Struct(">QqB")
 _STATUS = struct.Struct(">cQQQqB")
+
+
+#: what a drain of the copy stream ended at (ReplicationStream._drain)
+DRAIN_IDLE, DRAIN_REPLY, DRAIN_ENDED, DRAIN_BROKEN = 0, 1, 2, 3
 
 
 class ReplicationError(CdcError):
@@ -46,6 +52,50 @@ def xlog_data(raw: bytes) -> XLogData:
     """A raw XLogData message (``batches(raw=True)``) as the tuple."""
     start, wal_end, _ = _XLOG.unpack_from(raw, 1)
     return XLogData(start, wal_end, raw[25:])
+
+
+def compiled_drain(pgconn: Any) -> Callable[..., tuple[int, int]] | None:
+    """The compiled drain (``connectors/postgres/_fast.pyx``), bound to the libpq that made
+    ``pgconn``; None where it cannot be (not built, ``CDC_PURE_PYTHON=1``, or that libpq is
+    not found in this process: then :meth:`ReplicationStream._drain` runs)."""
+    if os.environ.get("CDC_PURE_PYTHON", "") == "1" or not getattr(pgconn, "pgconn_ptr", None):
+        return None
+    try:
+        from connectors.postgres import _fast  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    if not hasattr(_fast, "drain"):  # an extension built before the drain was
+        return None
+    if not _LIBPQ:
+        _LIBPQ.append(_find_libpq())
+    functions = _LIBPQ[0]
+    if functions is None:
+        return None
+    _fast.bind_libpq(*functions)
+    return _fast.drain  # type: ignore[no-any-return]
+
+
+_LIBPQ: list[tuple[int, int, int] | None] = []
+
+
+def _find_libpq() -> tuple[int, int, int] | None:
+    """The addresses of ``PQgetCopyData``, ``PQconsumeInput`` and ``PQfreemem`` in the one
+    libpq this process has loaded (psycopg's), or None when there is not exactly one."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps
+                     if "/libpq" in line and ".so" in line.rsplit("/", 1)[-1]}
+    except OSError:
+        return None
+    if len(paths) != 1:
+        return None
+    try:
+        library = ctypes.CDLL(paths.pop())
+        return tuple(  # type: ignore[return-value]
+            ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0
+            for name in ("PQgetCopyData", "PQconsumeInput", "PQfreemem"))
+    except (OSError, AttributeError):
+        return None
 
 
 def _now_pg_micros() -> int:
@@ -109,36 +159,27 @@ class ReplicationStream:
         every ``status_interval`` seconds.
         """
         pgconn = self.pgconn
+        drain = None if not raw else compiled_drain(pgconn)
         while True:
-            batch: list[XLogData] = []
-            while len(batch) < limit:
-                size, data = pgconn.get_copy_data(1)
-                if size > 0:
-                    kind = data[0]
-                    if kind == 0x77:  # 'w'
-                        start, wal_end, _ = _XLOG.unpack_from(data, 1)
-                        if wal_end > self.received_lsn:
-                            self.received_lsn = wal_end
-                        batch.append(bytes(data) if raw else
-                                     XLogData(start, wal_end, bytes(data[25:])))
-                    elif kind == 0x6B:  # 'k'
-                        wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
-                        if reply:
-                            self.send_status(force=True)
+            batch: list[Any] = []
+            while True:
+                if drain is not None:
+                    status, self.received_lsn = drain(pgconn.pgconn_ptr, batch, limit,
+                                                      self.received_lsn)
+                else:
+                    status = self._drain(batch, limit, raw)
+                if status == DRAIN_REPLY:
+                    self.send_status(force=True)
                     continue
-                if size == 0:
-                    # more may wait in the socket: take it too (bigger batches, less overhead
-                    # per batch), as long as reading it does not block
-                    if len(batch) < limit and select.select([pgconn.socket], [], [], 0)[0]:
-                        pgconn.consume_input()
-                        continue
-                    break
-                # -1: the copy ended; -2: an error
-                message = pgconn.error_message.decode(errors="replace").strip()
-                raise ReplicationError(
-                    f"the replication stream ended: {message or 'server closed it'}",
-                    "capture reconnects by itself; if the slot was dropped, run `cdc bootstrap` "
-                    "again")
+                if status == DRAIN_ENDED:
+                    message = pgconn.error_message.decode(errors="replace").strip()
+                    raise ReplicationError(
+                        f"the replication stream ended: {message or 'server closed it'}",
+                        "capture reconnects by itself; if the slot was dropped, run "
+                        "`cdc bootstrap` again")
+                if status == DRAIN_BROKEN:
+                    pgconn.consume_input()  # raises the connection's error
+                break
             self._maybe_status()
             if batch:
                 yield batch
@@ -148,6 +189,43 @@ class ReplicationStream:
                 yield None
                 continue
             pgconn.consume_input()
+
+    def _drain(self, batch: list[Any], limit: int, raw: bool) -> int:
+        """Append the XLogData messages libpq holds or the socket already has to ``batch``
+        (as bytes when ``raw``, else as :class:`XLogData`), at most ``limit`` in all; stop
+        when reading more would block (``DRAIN_IDLE``), at a keepalive that asks for a reply
+        (``DRAIN_REPLY``: answer, then drain again), when the copy ended or failed
+        (``DRAIN_ENDED``) or the socket read failed (``DRAIN_BROKEN``). The compiled twin
+        (``connectors/postgres/_fast.pyx``: ``drain``) calls libpq itself and only knows
+        ``raw``."""
+        pgconn = self.pgconn
+        consumed = False
+        while len(batch) < limit:
+            size, data = pgconn.get_copy_data(1)
+            if size > 0:
+                consumed = False
+                kind = data[0]
+                if kind == 0x77:  # 'w'
+                    start, wal_end, _ = _XLOG.unpack_from(data, 1)
+                    if wal_end > self.received_lsn:
+                        self.received_lsn = wal_end
+                    batch.append(bytes(data) if raw else
+                                 XLogData(start, wal_end, bytes(data[25:])))
+                elif kind == 0x6B and _KEEPALIVE.unpack_from(data, 1)[2]:  # 'k', reply asked
+                    return DRAIN_REPLY
+                continue
+            if size < 0:  # -1: the copy ended; -2: an error
+                return DRAIN_ENDED
+            if consumed:  # libpq read what the socket had: no whole message more
+                return DRAIN_IDLE
+            # more may wait in the socket: take it too (bigger batches, less overhead per
+            # batch); libpq's socket never blocks, so this reads only what is there
+            try:
+                pgconn.consume_input()
+            except psycopg.OperationalError:
+                return DRAIN_BROKEN
+            consumed = True
+        return DRAIN_IDLE
 
     def finish(self, timeout: float = 5.0) -> bool:
         """End the stream politely: a last status update, then ``CopyDone``, then drain what the
