@@ -49,6 +49,26 @@ def _pure(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> ModuleType:
     return copy
 
 
+def test_the_folded_crc32_is_zlibs() -> None:
+    """Framing and verification checksum with cdc/log/crc32_fold.h: it must be zlib's CRC-32
+    at every length (the fold takes runs of 64+ bytes, in 16-byte steps, zlib the rest), every
+    alignment and every starting value; on a CPU without PCLMULQDQ it is zlib itself."""
+    fast = _compiled()
+    rng = random.Random(5)
+    data = rng.randbytes(40_000)
+    lengths = list(range(0, 300)) + [rng.randrange(300, 40_000 - 16) for _ in range(200)]
+    for length in lengths:
+        for start in (0, 1, 5, 8, 13):
+            chunk = data[start:start + length]
+            for value in (0, 0xFFFFFFFF, rng.getrandbits(32)):
+                assert fast.crc32(chunk, value) == zlib.crc32(chunk, value), (length, start)
+    assert fast.crc32(bytearray(b"x" * 100)) == zlib.crc32(b"x" * 100)
+    assert fast.crc32(memoryview(data)[3:3000]) == zlib.crc32(data[3:3000])
+    # chained as framing chains it: one call over the record equals the pieces in turn
+    assert fast.crc32(data[1000:2000], fast.crc32(data[:1000])) == zlib.crc32(data[:2000])
+    assert isinstance(fast.crc32_accelerated(), bool)
+
+
 def test_murmur2_and_partitions_match(monkeypatch: pytest.MonkeyPatch) -> None:
     fast = _compiled()
     pure = _pure(monkeypatch, partitioner)

@@ -8,8 +8,23 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
-cdef extern from "zlib.h":
-    unsigned long crc32(unsigned long crc, const unsigned char* buf, unsigned int len) nogil
+cdef extern from "crc32_fold.h":
+    uint32_t cdc_crc32(uint32_t crc, const unsigned char* buf, size_t len) nogil
+    int cdc_crc32_accelerated() nogil
+
+
+def crc32(data, unsigned int value=0):
+    """``zlib.crc32(data, value)``, folded with PCLMULQDQ where the CPU has it
+    (cdc/log/crc32_fold.h): what framing and verification use."""
+    cdef const unsigned char[:] view = data
+    if view.shape[0] == 0:
+        return value
+    return cdc_crc32(value, &view[0], view.shape[0])
+
+
+def crc32_accelerated():
+    """Whether :func:`crc32` folds with PCLMULQDQ on this machine."""
+    return bool(cdc_crc32_accelerated())
 
 
 cdef inline uint32_t _murmur2(const unsigned char* data, Py_ssize_t length):
@@ -93,7 +108,7 @@ cdef void _frame_into(char* p, Py_ssize_t size, long long offset, long long time
     memcpy(p + 35 + pos_len, PyBytes_AS_STRING(key), key_len)
     if value_len:
         memcpy(p + 35 + pos_len + key_len, PyBytes_AS_STRING(<bytes>value), value_len)
-    _u32(p + 4, <uint32_t>crc32(0, <const unsigned char*>(p + 8), <unsigned int>(size - 8)))
+    _u32(p + 4, cdc_crc32(0, <const unsigned char*>(p + 8), <size_t>(size - 8)))
 
 
 def encode_record_bytes(long long offset, long long timestamp_ms, bytes key, value,
@@ -132,7 +147,7 @@ def parse_records(bytes buffer, Py_ssize_t cursor, long long buffer_start, bint 
             return out, cursor, cursor
         if total - cursor < size:
             break
-        if verify and <uint32_t>crc32(0, data + cursor + 8, <unsigned int>(size - 8)) \
+        if verify and cdc_crc32(0, data + cursor + 8, <size_t>(size - 8)) \
                 != _get_u32(data + cursor + 4):
             return out, cursor, cursor
         pos_len = <Py_ssize_t>(data[cursor + 25] | (data[cursor + 26] << 8))
