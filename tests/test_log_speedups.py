@@ -197,9 +197,10 @@ def test_background_flush_returns_offsets_once_durable(tmp_path: Path) -> None:
 
 
 def test_framing_a_commit_matches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """frame_records and locate (one call per commit) place and frame exactly as the pure
-    ones: the same partitions, offsets, blobs and locations, tombstones and empty keys too;
-    blobs kept from an earlier commit are reused (and replaced when a view still holds one)."""
+    """frame_records (one call per commit) places and frames exactly as the pure one: the same
+    partitions, offsets, blobs and locations, tombstones and empty keys too; blobs kept from an
+    earlier commit are reused (and replaced when a view still holds one); each partition's
+    base is asked for once per call, on first touch."""
     from cdc.log.base import AppendResult
 
     fast, pure = _compiled(), _pure(monkeypatch, segment)
@@ -214,23 +215,32 @@ def test_framing_a_commit_matches(monkeypatch: pytest.MonkeyPatch) -> None:
         for commit in range(2):  # the second commit reuses the first one's blobs
             offsets = {"a": [5, 0, 7], "b.c": [100]}
             used: dict[tuple[str, int], int] = {}
+            asked: list[tuple[str, int]] = []
+
+            def base_of(topic: str, partition: int, asked: list[tuple[str, int]] = asked
+                        ) -> tuple[str, int]:
+                asked.append((topic, partition))
+                return f"file-{topic}-{partition}", 1000 * len(topic) + partition
+
             placed = kernel.frame_records(records, offsets, 1_700_000_000_000 + commit, blobs,
-                                          used, AppendResult)
-            bases = {where: (f"file-{where}", 1000 * len(where[0])) for where in used}
+                                          used, AppendResult, base_of)
+            assert sorted(asked) == sorted(used)  # once each, only those touched
+            assert all(type(p) is AppendResult for p in placed)
             written = {where: bytes(blobs[where][:length]) for where, length in used.items()}
-            results.append((commit, offsets, written, placed,
-                            kernel.locate(placed, bases, AppendResult)))
+            results.append((commit, offsets, written, placed))
         held.release()
     assert results[:2] == results[2:]
-    _, offsets, written, placed, located = results[1]
+    _, offsets, written, placed = results[1]
     assert sum(offsets["a"]) - 12 + offsets["b.c"][0] - 100 == len(records)
-    for record, where in zip(records, located, strict=True):  # each location holds its record
-        start = where.location[1] - 1000 * len(where.topic)
+    for record, where in zip(records, placed, strict=True):  # each location holds its record
+        assert where.location[0] == f"file-{where.topic}-{where.partition}"
+        start = where.location[1] - 1000 * len(where.topic) - where.partition
         framed = written[(where.topic, where.partition)][start:start + where.location[2]]
         assert framed == segment.encode_record_bytes(where.offset, 1_700_000_000_001,
                                                      record.key, record.value, record.position)
     with pytest.raises(KeyError):
-        fast.frame_records([Record("nowhere", b"k", b"v", b"p")], {}, 0, {}, {}, AppendResult)
+        fast.frame_records([Record("nowhere", b"k", b"v", b"p")], {}, 0, {}, {}, AppendResult,
+                           base_of)
 
 
 def test_key_index_answers_like_a_dict(monkeypatch: pytest.MonkeyPatch) -> None:

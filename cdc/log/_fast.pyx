@@ -172,31 +172,136 @@ def parse_records(bytes buffer, Py_ssize_t cursor, long long buffer_start, bint 
 
 from cpython.bytearray cimport (PyByteArray_AS_STRING, PyByteArray_FromStringAndSize,
                                  PyByteArray_GET_SIZE, PyByteArray_Resize)
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyTypeObject
 
 
-def frame_records(list records, dict offsets, long long now_ms, dict blobs, dict used, result):
+cdef extern from *:
+    """
+    /* ``type(topic, partition, offset, (file, start, size))`` for a tuple subclass without
+       __dict__ (a NamedTuple): what tuple.__new__(type, ...) makes, without the argument
+       tuple in between */
+    static PyObject* cdc_placed(PyTypeObject* type, PyObject* topic, long partition,
+                                long long offset, PyObject* file, long long start,
+                                Py_ssize_t size) {
+        PyObject* location = PyTuple_New(3);
+        PyObject* made;
+        if (location == NULL) return NULL;
+        Py_INCREF(file);
+        PyTuple_SET_ITEM(location, 0, file);
+        PyTuple_SET_ITEM(location, 1, PyLong_FromLongLong(start));
+        PyTuple_SET_ITEM(location, 2, PyLong_FromSsize_t(size));
+        if (PyTuple_GET_ITEM(location, 1) == NULL || PyTuple_GET_ITEM(location, 2) == NULL) {
+            Py_DECREF(location);
+            return NULL;
+        }
+        made = type->tp_alloc(type, 4);
+        if (made == NULL) {
+            Py_DECREF(location);
+            return NULL;
+        }
+        Py_INCREF(topic);
+        PyTuple_SET_ITEM(made, 0, topic);
+        PyTuple_SET_ITEM(made, 1, PyLong_FromLong(partition));
+        PyTuple_SET_ITEM(made, 2, PyLong_FromLongLong(offset));
+        PyTuple_SET_ITEM(made, 3, location);
+        if (PyTuple_GET_ITEM(made, 1) == NULL || PyTuple_GET_ITEM(made, 2) == NULL) {
+            Py_DECREF(made);
+            return NULL;
+        }
+        return made;
+    }
+    """
+    object cdc_placed(PyTypeObject* type, object topic, long partition, long long offset,
+                      object file, long long start, Py_ssize_t size)
+
+
+cdef class _Frames:
+    """One topic's partitions within one frame_records call: next offsets, blobs, bytes used,
+    where each blob goes (file, first byte); C arrays, so a record costs no dict lookup."""
+    cdef object topic
+    cdef list parts  # offsets[topic], written back at the end
+    cdef Py_ssize_t count
+    cdef long long* next_offset
+    cdef Py_ssize_t* used
+    cdef long long* base
+    cdef char* touched
+    cdef list blobs  # bytearray or None per partition
+    cdef list files  # file or None per partition
+
+    def __cinit__(self, topic, list parts):
+        cdef Py_ssize_t i
+        self.topic = topic
+        self.parts = parts
+        self.count = len(parts)
+        self.next_offset = <long long*>PyMem_Malloc(self.count * sizeof(long long))
+        self.used = <Py_ssize_t*>PyMem_Malloc(self.count * sizeof(Py_ssize_t))
+        self.base = <long long*>PyMem_Malloc(self.count * sizeof(long long))
+        self.touched = <char*>PyMem_Malloc(self.count)
+        if not (self.next_offset and self.used and self.base and self.touched):
+            raise MemoryError()
+        for i in range(self.count):
+            self.next_offset[i] = parts[i]
+            self.touched[i] = 0
+        self.blobs = [None] * self.count
+        self.files = [None] * self.count
+
+    def __dealloc__(self):
+        PyMem_Free(self.next_offset)
+        PyMem_Free(self.used)
+        PyMem_Free(self.base)
+        PyMem_Free(self.touched)
+
+    cdef int touch(self, Py_ssize_t partition, dict blobs, dict used, base_of) except -1:
+        where = (self.topic, partition)
+        found = blobs.get(where)
+        if found is None:
+            found = blobs[where] = bytearray()
+        self.blobs[partition] = found
+        self.used[partition] = used.get(where, 0)
+        file, first = base_of(self.topic, partition)
+        self.files[partition] = file
+        self.base[partition] = first
+        self.touched[partition] = 1
+        return 0
+
+    cdef int finish(self, dict used) except -1:
+        cdef Py_ssize_t i
+        for i in range(self.count):
+            if self.touched[i]:
+                self.parts[i] = self.next_offset[i]
+                used[(self.topic, i)] = self.used[i]
+        return 0
+
+
+def frame_records(list records, dict offsets, long long now_ms, dict blobs, dict used, result,
+                  base_of):
     """See segment.frame_records."""
     cdef list out = []
-    cdef list parts
+    cdef dict frames = {}
+    cdef _Frames current = None
     cdef bytearray blob
     cdef Py_ssize_t size, at, have
     cdef uint32_t partition
     cdef long long offset
+    if not isinstance(result, type) or not issubclass(result, tuple):
+        raise TypeError("result must be a tuple subclass (a NamedTuple)")
     for record in records:
         topic = record[0]
         key = <bytes>record[1]
-        parts = offsets[topic]
+        if current is None or topic is not current.topic:
+            current = frames.get(topic)
+            if current is None:
+                current = frames[topic] = _Frames(topic, offsets[topic])
         partition = (_murmur2(<const unsigned char*>PyBytes_AS_STRING(key),
-                              PyBytes_GET_SIZE(key)) & 0x7FFFFFFF) % <uint32_t>len(parts)
-        offset = parts[partition]
-        parts[partition] = offset + 1
-        where = (topic, partition)
-        found = blobs.get(where)
-        if found is None:
-            found = blobs[where] = bytearray()
-        blob = <bytearray>found
+                              PyBytes_GET_SIZE(key)) & 0x7FFFFFFF) % <uint32_t>current.count
+        if not current.touched[partition]:
+            current.touch(partition, blobs, used, base_of)
+        offset = current.next_offset[partition]
+        current.next_offset[partition] = offset + 1
+        blob = <bytearray>current.blobs[partition]
         size = _framed_size(key, record[2], <bytes>record[3])
-        at = used.get(where, 0)
+        at = current.used[partition]
         have = PyByteArray_GET_SIZE(blob)
         if at + size > have:  # grow geometrically; the bytes past ``used`` are scratch
             try:
@@ -204,23 +309,13 @@ def frame_records(list records, dict offsets, long long now_ms, dict blobs, dict
             except BufferError:  # a view of it is still alive somewhere: use a new one
                 blob = PyByteArray_FromStringAndSize(PyByteArray_AS_STRING(blob), at)
                 PyByteArray_Resize(blob, max(at + size, 2 * have, 65536))
-                blobs[where] = blob
-        used[where] = at + size
+                blobs[(topic, partition)] = blob
+                current.blobs[partition] = blob
+        current.used[partition] = at + size
         _frame_into(PyByteArray_AS_STRING(blob) + at, size, offset, now_ms, key, record[2],
                     <bytes>record[3])
-        out.append(tuple.__new__(result, (topic, partition, offset, (at, size))))
-    return out
-
-
-def locate(list placed, dict bases, result):
-    """See segment.locate."""
-    cdef list out = []
-    cdef tuple inside, base
-    for item in placed:
-        topic = item[0]
-        partition = item[1]
-        inside = <tuple>item[3]
-        base = <tuple>bases[(topic, partition)]
-        out.append(tuple.__new__(result, (topic, partition, item[2], (
-            base[0], <long long>base[1] + <long long>inside[0], inside[1]))))
+        out.append(cdc_placed(<PyTypeObject*>result, topic, partition, offset,
+                              current.files[partition], current.base[partition] + at, size))
+    for current in frames.values():
+        current.finish(used)
     return out

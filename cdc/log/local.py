@@ -31,7 +31,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +55,6 @@ from cdc.log.segment import (
     READ_CHUNK,
     frame_records,
     list_segments,
-    locate,
     parse_record,
     scan,
     scan_batches,
@@ -555,31 +554,34 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
         new = copy.deepcopy(state)
         now_ms = int(time.time() * 1000)
         used: dict[tuple[str, int], int] = {}  # bytes of framed records per partition's blob
-        placed = self._place(records, new, now_ms, used)
+        target = _Target(self, state, new)
+        placed = self._place(records, new, now_ms, used, target.base_of)
         if finish is not None:
             more, offsets = finish(placed)
             if offsets is not None:
                 source_offsets = offsets
             if more:
-                placed += self._place(more, new, now_ms, used)
+                placed += self._place(more, new, now_ms, used, target.base_of)
         try:
-            return self._write_placed(state, new, placed, used, source_offsets)
+            self._write_placed(state, new, used, target, source_offsets)
         finally:
             if sum(map(len, self._blobs.values())) > BLOB_CACHE_BYTES:
                 self._blobs.clear()
+        return placed
 
     def _place(self, records: Sequence[Record], new: LogState, now_ms: int,
-               used: dict[tuple[str, int], int]) -> list[AppendResult]:
-        """Give each record its partition and offset (in ``new``) and write its framed bytes
-        into its partition's blob (``self._blobs``, ``used`` bytes of it so far); locations are
-        (start in the blob, size) for now."""
+               used: dict[tuple[str, int], int],
+               base_of: Callable[[str, int], tuple[Path, int]]) -> list[AppendResult]:
+        """Give each record its partition, offset (in ``new``) and location, and write its
+        framed bytes into its partition's blob (``self._blobs``, ``used`` bytes of it so far),
+        which is written at ``base_of(topic, partition)``."""
         topics = new.topics
         offsets = {name: [part.next_offset for part in topic.parts]
                    for name, topic in topics.items()}
         try:
             placed: list[AppendResult] = frame_records(
                 records if isinstance(records, list) else list(records), offsets, now_ms,
-                self._blobs, used, AppendResult)
+                self._blobs, used, AppendResult, base_of)
         except KeyError as exc:
             raise LogError(f"append to unknown topic {exc.args[0]!r}",
                            "call ensure_topic() first (this is a bug in the caller)") from None
@@ -588,36 +590,26 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
                 part.next_offset = next_offset
         return placed
 
-    def _write_placed(self, state: LogState, new: LogState, placed: list[AppendResult],
-                      used: dict[tuple[str, int], int],
-                      source_offsets: Mapping[str, Any] | None) -> list[AppendResult]:
+    def _write_placed(self, state: LogState, new: LogState, used: dict[tuple[str, int], int],
+                      target: _Target, source_offsets: Mapping[str, Any] | None) -> None:
         """Write the placed records, sync them and commit ``new`` with ``source_offsets``."""
         written: list[tuple[str, int, int, int]] = []  # topic, partition, fd, committed bytes
-        new_dirs: list[Path] = []
-        bases: dict[tuple[str, int], tuple[Path, int]] = {}
         writes: list[tuple[int, memoryview, int]] = []  # fd, bytes, where
         try:
             for (topic_name, partition), length in used.items():
                 data = memoryview(self._blobs[(topic_name, partition)])[:length]
                 part = new.topics[topic_name].parts[partition]
-                old = state.topics[topic_name].parts[partition]
-                fd, rolled = self._active_fd(topic_name, partition, old, part)
-                if rolled:
-                    new_dirs.append(topic_dir(self.path, topic_name) / str(partition))
+                fd = target.fds[(topic_name, partition)]
                 written.append((topic_name, partition, fd, part.active_bytes))
                 writes.append((fd, data, part.active_bytes))
-                bases[(topic_name, partition)] = (
-                    topic_dir(self.path, topic_name) / str(partition)
-                    / segment_name(part.active_base), part.active_bytes)
                 part.active_bytes += len(data)
-            self._write_and_sync(writes, new_dirs)
+            self._write_and_sync(writes, target.new_dirs)
             if source_offsets:
                 new.source_offsets.update(copy.deepcopy(dict(source_offsets)))
             self._commit(new)
         except OSError as exc:
             self._undo(state, written)
             raise storage_error("append to the change log", exc) from None
-        return locate(placed, bases, AppendResult)
 
     def _active_fd(self, topic: str, partition: int, old: PartitionState,
                    part: PartitionState) -> tuple[int, bool]:
@@ -734,6 +726,31 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Target:
+    """Where one append writes each partition it touches: the active segment (rolled to a new
+    one when full, see :meth:`LocalChangeLog._active_fd`) and the byte its new records start
+    at; decided on first touch, while the records are framed."""
+
+    def __init__(self, log: LocalChangeLog, state: LogState, new: LogState) -> None:
+        self.log, self.state, self.new = log, state, new
+        self.fds: dict[tuple[str, int], int] = {}
+        #: partition directories that got a new segment file (their entries must be synced)
+        self.new_dirs: list[Path] = []
+
+    def base_of(self, topic: str, partition: int) -> tuple[Path, int]:
+        part = self.new.topics[topic].parts[partition]
+        old = self.state.topics[topic].parts[partition]
+        try:
+            fd, rolled = self.log._active_fd(topic, partition, old, part)
+        except OSError as exc:
+            raise storage_error("append to the change log", exc) from None
+        directory = topic_dir(self.log.path, topic) / str(partition)
+        if rolled:
+            self.new_dirs.append(directory)
+        self.fds[(topic, partition)] = fd
+        return directory / segment_name(part.active_base), part.active_bytes
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview, at: int) -> None:

@@ -101,7 +101,8 @@ def encode_record_bytes(offset: int, timestamp_ms: int, key: bytes, value: bytes
 
 def frame_records(records: Sequence[Any], offsets: dict[str, list[int]], now_ms: int,
                   blobs: dict[tuple[str, int], bytearray], used: dict[tuple[str, int], int],
-                  result: Callable[..., Any]) -> list[Any]:
+                  result: Callable[..., Any],
+                  base_of: Callable[[str, int], tuple[Any, int]]) -> list[Any]:
     """Place and frame a commit's records, in order: a record of topic ``t`` goes to partition
     :func:`~cdc.log.partitioner.partition_for` ``(key, len(offsets[t]))`` at offset
     ``offsets[t][partition]`` (advanced in place), and its framed bytes
@@ -109,15 +110,21 @@ def frame_records(records: Sequence[Any], offsets: dict[str, list[int]], now_ms:
     ``blobs[(t, partition)]`` (made when missing) at ``used[(t, partition)]`` (0 when missing;
     advanced). A blob may be longer than what is used: kept from one commit to the next, it is
     grown only when too small, so its memory is not faulted in again for every commit.
-    Returns ``result(topic, partition, offset, (start in the blob, size))`` per record; a topic
-    missing from ``offsets`` raises KeyError."""
+    ``base_of(t, partition)`` says where that blob's first byte will be written:
+    ``(file, byte)``; it is asked once per partition a call touches.
+    Returns ``result(topic, partition, offset, (file, byte + start in the blob, size))`` per
+    record; a topic missing from ``offsets`` raises KeyError."""
     out = []
+    bases: dict[tuple[str, int], tuple[Any, int]] = {}
     for topic, key, value, position in records:
         parts = offsets[topic]
         partition = partition_for(key, len(parts))
         offset = parts[partition]
         parts[partition] = offset + 1
         where = (topic, partition)
+        base = bases.get(where)
+        if base is None:
+            base = bases[where] = base_of(topic, partition)
         blob = blobs.get(where)
         if blob is None:
             blob = blobs[where] = bytearray()
@@ -131,19 +138,7 @@ def frame_records(records: Sequence[Any], offsets: dict[str, list[int]], now_ms:
                 blob = blobs[where] = bytearray(blob) + grown
         blob[at:at + len(framed)] = framed
         used[where] = at + len(framed)
-        out.append(result(topic, partition, offset, (at, len(framed))))
-    return out
-
-
-def locate(placed: Sequence[Any], bases: dict[tuple[str, int], tuple[Any, int]],
-           result: Callable[..., Any]) -> list[Any]:
-    """``placed`` (from :func:`frame_records`) with each location made absolute:
-    ``(file, base + start, size)`` where ``bases[(topic, partition)] = (file, base)`` is where
-    that blob was written."""
-    out = []
-    for topic, partition, offset, (start, size) in placed:
-        file, base = bases[(topic, partition)]
-        out.append(result(topic, partition, offset, (file, base + start, size)))
+        out.append(result(topic, partition, offset, (base[0], base[1] + at, len(framed))))
     return out
 
 
@@ -186,9 +181,9 @@ def parse_records(buffer: bytes, cursor: int, buffer_start: int, verify: bool
 if os.environ.get("CDC_PURE_PYTHON", "") != "1":
     with contextlib.suppress(ImportError):
         from cdc.log._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore] # noqa: F401
+            crc32,  # new with this frame_records: an older build is not taken at all
             encode_record_bytes,
             frame_records,
-            locate,
             parse_records,
         )
 
