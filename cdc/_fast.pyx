@@ -4,6 +4,7 @@ tests/test_codec.py run both)."""
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.tuple cimport PyTuple_Check
 from libc.string cimport memcpy
 
 
@@ -365,13 +366,20 @@ cdef class KeyIndex:
         return slot
 
     def put(self, bytes key, long long offset, location):
+        self._put(key, offset, location)
+
+    cdef int _put(self, bytes key, long long offset, object location) except -1:
         cdef uint64_t h = _fnv1a(<const unsigned char*>PyBytes_AS_STRING(key),
                                  PyBytes_GET_SIZE(key))
         cdef uint64_t file_id = NO_FILE, at = 0
         cdef uint32_t size = 0
         cdef Py_ssize_t slot
         if location is not None:
-            path, start, length = location
+            if not PyTuple_Check(location):
+                raise TypeError(f"a location must be a tuple, not {type(location)}")
+            path = (<tuple>location)[0]
+            start = (<tuple>location)[1]
+            length = (<tuple>location)[2]
             if path is self.last_path:  # the usual case: a commit's records share one object
                 found = self.last_id
             else:
@@ -394,6 +402,7 @@ cdef class KeyIndex:
         self.offsets[slot] = <uint64_t>offset
         self.places[slot] = (file_id << 40) | at
         self.sizes[slot] = size
+        return 0
 
     def get(self, bytes key):
         cdef uint64_t h = _fnv1a(<const unsigned char*>PyBytes_AS_STRING(key),
@@ -440,26 +449,86 @@ def advance(dict ends, results):
             parts[name] = offset + 1
 
 
-def index_appended(records, results, set topics, dict indexes, dict read_limit, make):
+def index_appended(list records, list results, set topics, dict indexes, dict read_limit,
+                   make):
     """See cdc.images.index_appended."""
     cdef Py_ssize_t i, count = len(records)
-    cdef KeyIndex index = None
+    cdef Py_ssize_t partition
+    cdef KeyIndex index
+    cdef list slots = None  # the current topic's indexes by partition (None: not made yet)
+    cdef dict by_topic = {}
+    cdef bint wanted = False
     last_topic = None
-    last_partition = None
+    if len(results) < count:  # results may go on (the transaction events a commit added)
+        raise ValueError("fewer results than records")
     for i in range(count):
         record = records[i]
-        topic = record[0]
-        if topic not in topics:
+        if not PyTuple_Check(record):
+            raise TypeError(f"a record must be a tuple (a Record), not {type(record)}")
+        topic = (<tuple>record)[0]
+        if topic is not last_topic:
+            last_topic = topic
+            wanted = topic in topics
+            if wanted:
+                slots = by_topic.get(topic)
+                if slots is None:
+                    slots = by_topic[topic] = []
+        if not wanted:
             continue
         result = results[i]
-        partition = result[1]
-        offset = result[2]
-        if index is None or topic is not last_topic or partition != last_partition:
+        if not PyTuple_Check(result):
+            raise TypeError(f"a result must be a tuple (an AppendResult), not {type(result)}")
+        partition = (<tuple>result)[1]
+        offset = (<tuple>result)[2]
+        if partition >= len(slots):
+            slots.extend([None] * (partition + 1 - len(slots)))
+        found = slots[partition]
+        if found is None:
             where = (topic, partition)
             found = indexes.get(where)
             if found is None:
                 found = indexes[where] = make()
                 read_limit[where] = offset  # older records (other runs) are read up to here
-            index = <KeyIndex?>found
-            last_topic, last_partition = topic, partition
-        index.put(record[1], offset, result[3])
+            slots[partition] = found
+        index = <KeyIndex?>found
+        index._put((<tuple>record)[1], offset, (<tuple>result)[3])
+
+
+def remember_all(list records, set topics, dict buffered, lru):
+    """See cdc.images.remember_all (returns the bytes of the LRU entries dropped)."""
+    cdef Py_ssize_t dropped = 0
+    cdef bint wanted = False
+    cdef dict found = None
+    last_topic = None
+    for record in records:
+        if not PyTuple_Check(record):
+            raise TypeError(f"a record must be a tuple (a Record), not {type(record)}")
+        topic = (<tuple>record)[0]
+        if topic is not last_topic:
+            last_topic = topic
+            wanted = topic in topics
+            if wanted:
+                found = buffered.get(topic)
+                if found is None:
+                    found = buffered[topic] = {}
+        if not wanted:
+            continue
+        key = (<tuple>record)[1]
+        found[key] = (<tuple>record)[2]
+        if lru:
+            old = lru.pop((topic, key), None)
+            if old is not None:
+                dropped += <Py_ssize_t>(<tuple>old)[1]
+    return dropped
+
+
+def value_bytes(list records):
+    """The bytes of the records' values (tombstones count 0)."""
+    cdef Py_ssize_t total = 0
+    for record in records:
+        if not PyTuple_Check(record):
+            raise TypeError(f"a record must be a tuple (a Record), not {type(record)}")
+        value = (<tuple>record)[2]
+        if value is not None:
+            total += len(value)
+    return total

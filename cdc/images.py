@@ -109,10 +109,37 @@ def index_appended(records: Sequence[Record], results: Sequence[AppendResult],
         index.put(key, offset, location)
 
 
+def remember_all(records: list[Record], topics: set[str],
+                 buffered: dict[str, dict[bytes, bytes | None]],
+                 lru: OrderedDict[tuple[str, bytes], tuple[bytes | None, int]]) -> int:
+    """Make each of ``records`` of ``topics`` its key's latest value in ``buffered[topic]``
+    (made when missing), in order, and drop the key from ``lru``; the bytes dropped from it
+    (the sizes it kept for them)."""
+    dropped = 0
+    for topic in topics:
+        found = buffered.get(topic)
+        if found is None:
+            found = buffered[topic] = {}
+        found.update([(r[1], r[2]) for r in records if r[0] == topic])
+    if lru:
+        for record in records:
+            if record[0] in topics:
+                old = lru.pop((record[0], record[1]), None)
+                if old is not None:
+                    dropped += old[1]
+    return dropped
+
+
 INDEX_APPENDED: Callable[..., None] = index_appended
+REMEMBER_ALL: Callable[..., int] = remember_all
 if os.environ.get("CDC_PURE_PYTHON", "") != "1":
-    with contextlib.suppress(ImportError):  # the compiled twin, when built
-        from cdc._fast import index_appended as INDEX_APPENDED  # type: ignore[import-not-found,no-redef,unused-ignore] # noqa: N812
+    with contextlib.suppress(ImportError):  # the compiled twins, when built
+        from cdc._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore]
+            index_appended as INDEX_APPENDED,  # noqa: N812
+        )
+        from cdc._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore]
+            remember_all as REMEMBER_ALL,  # noqa: N812
+        )
 
 
 class PreviousImages:
@@ -157,18 +184,10 @@ class PreviousImages:
         if self._lru:
             self._lru_drop(topic, key)
 
-    def remember_all(self, records: Sequence[Record], topics: set[str]) -> None:
+    def remember_all(self, records: list[Record], topics: set[str]) -> None:
         """:meth:`remember` each of ``records`` whose topic is in ``topics``, in order."""
         self._partial_topics.update(topics)
-        for topic in topics:
-            found = self._buffered.get(topic)
-            if found is None:
-                found = self._buffered[topic] = {}
-            found.update([(r[1], r[2]) for r in records if r[0] == topic])
-        if self._lru:
-            for record in records:
-                if record[0] in topics:
-                    self._lru_drop(record[0], record[1])
+        self._bytes -= REMEMBER_ALL(records, topics, self._buffered, self._lru)
 
     def _lru_drop(self, topic: str, key: bytes) -> None:
         old = self._lru.pop((topic, key), None)

@@ -17,8 +17,10 @@ ends of its topics at the last boundary, so readers can stop where no transactio
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,6 +48,19 @@ from cdc.transactions import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def value_bytes(records: list[Record]) -> int:
+    """The bytes of the records' values (tombstones count 0)."""
+    return sum([len(r.value) for r in records if r.value is not None])
+
+
+VALUE_BYTES = value_bytes
+if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+    with contextlib.suppress(ImportError):  # the compiled twin, when built
+        from cdc._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore]
+            value_bytes as VALUE_BYTES,  # noqa: N812
+        )
 
 #: a point in the buffer: (index, BEGIN / END / "CHECK", the transaction, its position)
 Marker = tuple[int, str, OpenTransaction | None, bytes]
@@ -244,7 +259,7 @@ class Dispatcher:
         records = batch.records
         if partial:
             self.images.remember_all(records, partial)
-        self._buffered_bytes += sum([len(r.value) for r in records if r.value is not None])
+        self._buffered_bytes += VALUE_BYTES(records)
         if batch.transaction is not None and records:
             first = records[0].position
             if len(batch.schemas) == 1:  # every change has one record with a value

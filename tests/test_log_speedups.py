@@ -289,3 +289,35 @@ def test_transaction_ends_advance_alike(monkeypatch: pytest.MonkeyPatch) -> None
         assert fast_ends == pure_ends
     assert fast_ends["b"]["5000"] == 1 + max(r.offset for r in results
                                              if (r.topic, r.partition) == ("b", 5000))
+
+
+def test_remembering_a_batch_matches() -> None:
+    """remember_all and value_bytes (the dispatcher's per-batch bookkeeping) give the pure
+    results: the latest value per key of the wanted topics only, tombstones included, keys
+    dropped from the LRU with their sizes; wrong inputs are refused, not misread."""
+    from collections import OrderedDict
+
+    from cdc import images, pipeline
+
+    fast_remember, fast_bytes = _compiled_core("remember_all"), _compiled_core("value_bytes")
+    rng = random.Random(8)
+    records = [Record(rng.choice(["a", "b", "c"]), b"k%d" % rng.randrange(50),
+                      None if rng.random() < 0.2 else rng.randbytes(rng.randrange(0, 99)), b"p")
+               for _ in range(3000)]
+    outcomes = []
+    for remember in (fast_remember, images.remember_all):
+        buffered: dict[str, dict[bytes, bytes | None]] = {"a": {b"old": b"x"}}
+        lru: OrderedDict[tuple[str, bytes], tuple[bytes | None, int]] = OrderedDict(
+            ((topic, b"k%d" % n), (b"v", 400 + n)) for topic in "abc" for n in range(0, 60, 3))
+        dropped = remember(records, {"a", "c"}, buffered, lru)
+        outcomes.append((dropped, buffered, list(lru.items())))
+    assert outcomes[0] == outcomes[1]
+    dropped, buffered, left = outcomes[0]
+    assert set(buffered) == {"a", "c"} and buffered["a"][b"old"] == b"x"
+    assert dropped > 0 and all(topic == "b" or key not in buffered[topic]
+                               for (topic, key), _ in left)
+    assert fast_bytes(records) == pipeline.value_bytes(records) > 0
+    with pytest.raises(TypeError):
+        fast_bytes([{"topic": "a"}])
+    with pytest.raises(TypeError):
+        fast_remember([["a", b"k", b"v", b"p"]], {"a"}, {}, OrderedDict())
