@@ -172,6 +172,8 @@ class Bench:
     endpos: int = 0
     load_seconds: float = 0.0
     wal_bytes: int = 0
+    #: page_cache_write_rate() after loading the backlog (how warm the VM's memory was)
+    page_cache_mb_s: float | None = None
     debezium_skip: str | None = None
     #: 1, 5 and 15 minute load averages when the run started (other work on the machine)
     loadavg_start: list[float] = field(
@@ -213,11 +215,34 @@ def peak_rss_mb(pid: int) -> float | None:
 
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of a live process (all its threads)."""
+    split = cpu_split(pid)
+    return None if split is None else split[0] + split[1]
+
+
+def cpu_split(pid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of a live process (all its threads)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def page_cache_write_rate(directory: Path, megabytes: int = 256) -> float:
+    """MB/s of writing ``megabytes`` into a new file's page cache (no sync) — on a VM whose
+    host takes free guest memory back, each page the kernel hands out for the first time in a
+    while costs a hypervisor fault, and every tool here that writes (pg_recvlogical's output,
+    our log) pays it: the number says how warm the machine's memory was for this run."""
+    path = directory / "page-cache-probe"
+    chunk = b"\x5a" * (1 << 20)
+    started = time.perf_counter()
+    with open(path, "wb") as out:
+        for _ in range(megabytes):
+            out.write(chunk)
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return round(megabytes / seconds)
 
 
 @dataclass
@@ -477,6 +502,9 @@ def load(bench: Bench) -> None:
         f"of {batch:,} in {bench.load_seconds:.1f} s; {bench.wal_bytes / 1e6:,.0f} MB of WAL; "
         f"table {int(size[0]) / 1e6 if size else 0:,.0f} MB; endpos {format_lsn(bench.endpos)}",
         highlight=False)
+    bench.page_cache_mb_s = page_cache_write_rate(bench.work)
+    bench.console.print(f"page cache: a new file is written at {bench.page_cache_mb_s:,.0f} MB/s "
+                        "(a VM's fresh memory costs a hypervisor fault a page)", highlight=False)
 
 
 # ------------------------------------------------------------------------------ streaming
@@ -557,6 +585,9 @@ def measure_capture(bench: Bench, source: str, profile_to: Path | None = None) -
             result.seconds = time.perf_counter() - started
             result.rss_mb = peak_rss_mb(proc.pid)
             result.cpu_s = cpu_seconds(proc.pid)
+            split = cpu_split(proc.pid)
+            if split is not None:
+                result.extra["cpu_user_s"], result.extra["cpu_sys_s"] = split
             ended = time.perf_counter()
             if first_at is not None:
                 result.extra["first_to_last_s"] = round(ended - first_at, 3)
@@ -1053,6 +1084,8 @@ def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
                        "copy_rows_text": rate(COPYROWS)},
         "capture_rss_mb": round(ours.rss_mb) if ours and ours.rss_mb else None,
         "capture_cpu_s": ours.cpu_s if ours else None,
+        "capture_cpu_user_s": ours.extra.get("cpu_user_s") if ours else None,
+        "capture_cpu_sys_s": ours.extra.get("cpu_sys_s") if ours else None,
         "capture_insert_phase_rows_per_s": ours.extra.get("insert_phase_rate") if ours else None,
         "capture_update_phase_rows_per_s": ours.extra.get("update_phase_rate") if ours else None,
         "debezium_rss_mb": round(dbz.rss_mb) if dbz and dbz.rss_mb else None,
@@ -1060,6 +1093,7 @@ def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
         "debezium_error": dbz.error if dbz else None,
         "wal_mb": round(bench.wal_bytes / 1e6),
         "load_s": round(bench.load_seconds, 1),
+        "page_cache_write_mb_s": bench.page_cache_mb_s,
         "commit_interval_ms": COMMIT_INTERVAL_MS,
         "nproc": os.cpu_count(),
         "loadavg_start": bench.loadavg_start,
