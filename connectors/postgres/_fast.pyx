@@ -8,6 +8,7 @@ the typed path.
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.ref cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -655,6 +656,23 @@ cdef bint _after_fields(tuple skips, bytes value, const char** old, Py_ssize_t* 
 
 cdef object _NOT_RECENT = object()
 
+# Values are written into a per-thread scratch bytearray after a fixed prefix and copied out;
+# rewinding to the prefix is a "minor downsize" for bytearray (no realloc), so the scratch's
+# memory is reused, warm, for every value (a fresh or grown buffer per value costs reallocs
+# and, on a VM, first-touch faults of fresh pages).
+DEF SCRATCH_PREFIX = 1 << 20
+cdef dict _SCRATCH = {}
+
+
+cdef bytearray _scratch():
+    """This thread's scratch (made on first use), rewound to the prefix."""
+    tid = PyThread_get_thread_ident()
+    found = _SCRATCH.get(tid)
+    if found is None:
+        found = _SCRATCH[tid] = bytearray(SCRATCH_PREFIX)
+    PyByteArray_Resize(found, SCRATCH_PREFIX)
+    return <bytearray>found
+
 
 cdef bytes _key_chars(tuple plan, const char** ptrs, Py_ssize_t* lens):
     """key_json of a raw tuple (same bytes)."""
@@ -706,7 +724,6 @@ cdef inline int _opt_long(bytearray out, long long value) except -1:
 
 
 #: encode_changes' scratch buffer starts over past this size
-DEF SCRATCH_BYTES = 8 * 1024 * 1024
 
 
 cdef bytes _pg_position(unsigned long long lsn, int phase, unsigned long long ordinal):
@@ -809,7 +826,7 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
     cdef Py_ssize_t* clens
     cdef bint unchanged
     cdef Py_ssize_t begin = 0
-    cdef bytearray out = bytearray()  # values are written here, one after the other
+    cdef bytearray out = _scratch()  # each value is written here, then copied out
     cdef long long ordinal = txn.ordinal, per, events = 0
     cdef long long commit_ms = txn.commit_ms, xid = txn.xid
     cdef unsigned long long commit_lsn = txn.commit_lsn, lsn
@@ -876,9 +893,8 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
                                       old, old_lens)
                     if keep is None:
                         break
-                if PyByteArray_GET_SIZE(out) > SCRATCH_BYTES:
-                    out = bytearray()  # values are copied out of it: start a new one
-                begin = PyByteArray_GET_SIZE(out)
+                begin = SCRATCH_PREFIX
+                PyByteArray_Resize(out, begin)
                 _bytes_to(out, <bytes>plan[3])
                 if kind == 0x44:
                     _byte(out, 2)
@@ -1018,7 +1034,7 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
     cdef char* scratch = NULL
     cdef Py_ssize_t scratch_size = 0, used
     cdef unsigned long long lsn = plan[6]
-    cdef bytearray out
+    cdef bytearray out = _scratch()
     cdef bytes key, position
     cdef long long rows = 0
     topic = plan[0]
@@ -1063,8 +1079,8 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
                     hashes = []
                     _ruled(<tuple>plan[8], ptrs, lens, rptrs, rlens, hashes)
                     cptrs, clens = rptrs, rlens
-                out = PyByteArray_FromStringAndSize(PyBytes_AS_STRING(plan[3]),
-                                                    PyBytes_GET_SIZE(plan[3]))
+                PyByteArray_Resize(out, SCRATCH_PREFIX)
+                _bytes_to(out, <bytes>plan[3])
                 _put(out, b"\x00\x02", 2)
                 _row_chars(<tuple>plan[1], cptrs, clens, out)
                 key = _key_chars(<tuple>plan[2], cptrs, clens)
@@ -1075,7 +1091,9 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
             _byte(out, 0)
             number += 1
             position = _pg_position(lsn, 0, <unsigned long long>number)  # a snapshot row
-            records.append(tuple.__new__(record, (topic, key, bytes(out), position)))
+            value = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(out) + SCRATCH_PREFIX,
+                                              PyByteArray_GET_SIZE(out) - SCRATCH_PREFIX)
+            records.append(tuple.__new__(record, (topic, key, value, position)))
             rows += 1
             at = end + 1
     finally:
