@@ -13,6 +13,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.ref cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.string cimport memcpy
+from libc.stdint cimport uint64_t
 
 import json
 
@@ -53,8 +54,25 @@ def fallbacks():
 
 # ---------------------------------------------------------------------------- byte writing
 
+cdef extern from "Python.h":
+    ctypedef struct PyByteArrayObject:
+        Py_ssize_t ob_alloc
+        char* ob_bytes
+        char* ob_start
+    void Py_SET_SIZE(object o, Py_ssize_t size)
+
+
 cdef inline int _put(bytearray out, const char* data, Py_ssize_t n) except -1:
+    """Append ``n`` bytes: in place while the bytearray's allocation has room (most writes:
+    bytearray over-allocates and the scratch buffers are reused), else through
+    PyByteArray_Resize (which grows it)."""
+    cdef PyByteArrayObject* raw = <PyByteArrayObject*>out
     cdef Py_ssize_t size = PyByteArray_GET_SIZE(out)
+    if raw.ob_start == raw.ob_bytes and size + n < raw.ob_alloc:
+        Py_SET_SIZE(out, size + n)
+        memcpy(raw.ob_start + size, data, n)
+        raw.ob_start[size + n] = 0  # bytearray keeps a NUL after its bytes
+        return 0
     PyByteArray_Resize(out, size + n)
     memcpy(PyByteArray_AS_STRING(out) + size, data, n)
     return 0
@@ -221,10 +239,18 @@ cdef inline object _str(object text, const char* s, Py_ssize_t n):
 
 
 cdef inline bint _ascii(const char* s, Py_ssize_t n):
-    cdef Py_ssize_t i
-    for i in range(n):
+    cdef Py_ssize_t i = 0
+    cdef uint64_t word, seen = 0
+    while i + 8 <= n:  # eight bytes at a time: any high bit set is not ASCII
+        memcpy(&word, s + i, 8)
+        seen |= word
+        i += 8
+    if seen & 0x8080808080808080ULL:
+        return False
+    while i < n:
         if <unsigned char>s[i] >= 0x80:
             return False
+        i += 1
     return True
 
 
@@ -664,6 +690,20 @@ DEF SCRATCH_PREFIX = 1 << 20
 cdef dict _SCRATCH = {}
 
 
+DEF KEY_PREFIX = 1 << 12
+cdef dict _KEY_SCRATCH = {}
+
+
+cdef bytearray _key_scratch():
+    """This thread's scratch for keys (values are written meanwhile), rewound."""
+    tid = PyThread_get_thread_ident()
+    found = _KEY_SCRATCH.get(tid)
+    if found is None:
+        found = _KEY_SCRATCH[tid] = bytearray(KEY_PREFIX)
+    PyByteArray_Resize(found, KEY_PREFIX)
+    return <bytearray>found
+
+
 cdef bytearray _scratch():
     """This thread's scratch (made on first use), rewound to the prefix."""
     tid = PyThread_get_thread_ident()
@@ -676,7 +716,7 @@ cdef bytearray _scratch():
 
 cdef bytes _key_chars(tuple plan, const char** ptrs, Py_ssize_t* lens):
     """key_json of a raw tuple (same bytes)."""
-    cdef bytearray out = bytearray()
+    cdef bytearray out = _key_scratch()
     cdef tuple column
     cdef int kind
     cdef const char* p
@@ -705,7 +745,8 @@ cdef bytes _key_chars(tuple plan, const char** ptrs, Py_ssize_t* lens):
             _text(out, _dumps(ctype.to_json(ctype.to_avro(column[3](
                 PyUnicode_DecodeUTF8(v, n, NULL)))), separators=(",", ":"), ensure_ascii=False))
     _put(out, b"}", 1)
-    return bytes(out)
+    return PyBytes_FromStringAndSize(PyByteArray_AS_STRING(out) + KEY_PREFIX,
+                                     PyByteArray_GET_SIZE(out) - KEY_PREFIX)
 
 
 cdef inline int _text(bytearray out, str text) except -1:
