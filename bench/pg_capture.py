@@ -594,9 +594,11 @@ def measure_capture(bench: Bench, source: str, profile_to: Path | None = None) -
             if inserts_at is not None and not result.error:
                 result.extra["insert_phase_rate"] = round(
                     bench.expected_inserts / (inserts_at - started))
-                if bench.expected_updates:
+                # a phase shorter than a few polls of the log is not measured (at small
+                # batches the updates may land in the same poll as the last inserts)
+                if bench.expected_updates and ended - inserts_at >= 0.5:
                     result.extra["update_phase_rate"] = round(
-                        bench.expected_updates / max(ended - inserts_at, 1e-6))
+                        bench.expected_updates / (ended - inserts_at))
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
