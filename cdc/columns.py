@@ -320,12 +320,17 @@ class ColumnPolicies:
 
 
 def table_rules(table: str, setting: Any) -> TableRules:
-    """The :class:`TableRules` of one ``columns:`` entry (already validated by the config)."""
-    include = getattr(setting, "include", None)
+    """The :class:`TableRules` of one ``columns:`` entry (already validated by the config;
+    the config's model, or a plain mapping of the same fields)."""
+    def field(name: str) -> Any:
+        if isinstance(setting, Mapping):
+            return setting.get(name)
+        return getattr(setting, name, None)
+    include = field("include")
     transforms = {name: parse_transform(text)
-                  for name, text in (getattr(setting, "transforms", None) or {}).items()}
+                  for name, text in (field("transforms") or {}).items()}
     return TableRules(TableId.parse(table), None if include is None else tuple(include),
-                      tuple(getattr(setting, "exclude", None) or ()), transforms)
+                      tuple(field("exclude") or ()), transforms)
 
 
 def check_history(policy: TablePolicy | None, topic: str,

@@ -315,7 +315,7 @@ class StreamRunner:
         return IncrementalSnapshots(
             name, [TableId.parse(t) for t in source.tables],
             SnapshotQueue(self.config.log_path, name), None, source.snapshot_chunk_size,
-            self.dispatcher.codec.key_bytes, lambda topic: live_keys(self.writer, topic),
+            self.dispatcher.logged_key, lambda topic: live_keys(self.writer, topic),
             hashed, progressed)
 
     def _session(self) -> None:
@@ -376,7 +376,7 @@ class StreamRunner:
                 dispatcher.add_batch(batch)
             elif kind is Watermark and snapshots is not None:
                 snapshots.reached(item, add,  # type: ignore[arg-type]
-                                  dispatcher.add_tombstone)
+                                  dispatcher.add_tombstone, dispatcher.add_batch)
             if item is None and snapshots is not None:
                 self._snapshot_step(stream, snapshots)
             if item is None:

@@ -52,6 +52,7 @@ from typing import Any
 
 from cdc.errors import CdcError
 from cdc.events import ChangeEvent, Op, TableId, TableSchema, topic_name
+from cdc.log.base import Record
 from cdc.source import EncodedBatch, StreamingSource, Watermark
 
 log = logging.getLogger("cdc.snapshot")
@@ -150,8 +151,9 @@ class _Window:
     table: TableId
     kind: str  # "chunk" or "sweep"
     schema: TableSchema | None
-    #: chunk: key bytes -> the row's event; sweep: the absent keys (values unused)
-    held: dict[bytes, ChangeEvent | None]
+    #: chunk: logged key bytes -> the row's event or record; sweep: the absent keys (values
+    #: unused)
+    held: dict[bytes, ChangeEvent | Record | None]
     #: chunk: the last row's key texts (None: the table is done); sweep: the last key decided
     last: Any
     low_seen: bool = False
@@ -274,8 +276,10 @@ class IncrementalSnapshots:
         if progress.phase == "chunks":
             if progress.estimated is None:
                 progress.estimated = stream.estimate_rows(table)
-            schema, events, last = stream.chunk(table, progress.after, self.chunk_size)
-            held: dict[bytes, ChangeEvent | None] = {self.key_bytes(e): e for e in events}
+            schema, rows, last = stream.chunk(table, progress.after, self.chunk_size)
+            held: dict[bytes, ChangeEvent | Record | None] = {
+                row.key if isinstance(row, Record) else self.key_bytes(row): row
+                for row in rows}
             window = _Window(identifier, table, "chunk", schema, held, last)
         else:
             window = self._sweep_window(stream, identifier, table, progress)
@@ -361,9 +365,12 @@ class IncrementalSnapshots:
                 self._touched.setdefault(str(table), set()).update(keys)
 
     def reached(self, mark: Watermark, add: Callable[[ChangeEvent], Any],
-                tombstone: Callable[[TableSchema, bytes, Any], None]) -> None:
+                tombstone: Callable[[TableSchema, bytes, Any], None],
+                add_batch: Callable[[EncodedBatch], None] | None = None) -> None:
         """The stream passed a watermark: open the window (low) or log what it holds and
-        advance the table's progress (high). Watermarks of other windows are ignored."""
+        advance the table's progress (high). Watermarks of other windows are ignored. The
+        rows a chunk holds as events go to ``add``, those it holds as records to
+        ``add_batch`` (as snapshot rows, no transaction), in the order of their positions."""
         window = self.window
         try:
             data = json.loads(mark.payload)
@@ -382,11 +389,20 @@ class IncrementalSnapshots:
             return
         ordinal = 0
         if window.kind == "chunk":
-            for event in window.held.values():
-                assert event is not None
+            records: list[Record] = []
+            for row in window.held.values():
+                assert row is not None
                 ordinal += 1
-                event.position = mark.position(ordinal)
-                add(event)
+                if isinstance(row, Record):
+                    records.append(row._replace(position=mark.position(ordinal).to_bytes()))
+                    continue
+                if records:
+                    self._add_records(records, window, add_batch)
+                    records = []
+                row.position = mark.position(ordinal)
+                add(row)
+            if records:
+                self._add_records(records, window, add_batch)
             progress.rows += len(window.held)
             progress.chunks += 1
             if window.last is None:
@@ -404,6 +420,15 @@ class IncrementalSnapshots:
                 self._finish(str(window.table), progress)
         if self.on_progress is not None:
             self.on_progress(str(window.table), progress)
+
+    @staticmethod
+    def _add_records(records: list[Record], window: _Window,
+                     add_batch: Callable[[EncodedBatch], None] | None) -> None:
+        if add_batch is None:
+            raise CdcError("a chunk of encoded rows reached a runner that cannot log them",
+                           "report this bug; the chunk was not logged")
+        assert window.schema is not None
+        add_batch(EncodedBatch(records, (window.schema,), len(records)))
 
     def _finish(self, name: str, progress: TableProgress) -> None:
         progress.phase, progress.finished_ms = "done", int(time.time() * 1000)

@@ -205,6 +205,16 @@ class Dispatcher:
         self._buffer.extend(records)
         return records
 
+    def logged_key(self, event: ChangeEvent) -> bytes:
+        """The key bytes :meth:`add` logs ``event`` under: the column rules' (a hashed key)
+        when the table has rules and the event is not in their output schema yet."""
+        if self.columns is not None:
+            policy = self.columns.get(event.schema.table)
+            if (policy is not None and policy.transforms_key(event.schema.key)
+                    and not policy.produced(event.schema)):
+                event = policy.event(event)
+        return self.codec.key_bytes(event)
+
     def _tombstone_live_keys(self, schema: TableSchema, truncated_at: Position) -> int:
         """A tombstone for every key of the table live just before ``truncated_at``.
 

@@ -235,11 +235,17 @@ class StreamingSource(ABC):
                           "use `cdc bootstrap` to snapshot its tables again")
 
     def chunk(self, table: TableId, after: Sequence[str] | None, size: int
-              ) -> tuple[TableSchema, list[ChangeEvent], list[str] | None]:
+              ) -> tuple[TableSchema, list[ChangeEvent | Record], list[str] | None]:
         """Up to ``size`` rows of ``table`` whose key is greater than ``after`` (key column
         texts as this method returned them; None: from the first row), in key order, read now
-        (committed data): the table's schema, op ``r`` events whose positions the caller sets,
-        and the last row's key texts (None when fewer than ``size`` rows were left)."""
+        (committed data): the table's schema, one item per row, and the last row's key texts
+        (None when fewer than ``size`` rows were left).
+
+        An item is an op ``r`` event, or the row's finished log record (a source that encodes
+        rows itself, as :class:`EncodedBatch` es do: then the schema returned is the one the
+        records are logged in). Either way the position is a placeholder the caller replaces
+        (an event's ``position``, a record's ``position`` field): a record's value does not
+        depend on it."""
         raise CdcError("this connector has no incremental snapshots")
 
     def estimate_rows(self, table: TableId) -> int | None:

@@ -360,3 +360,34 @@ def test_a_changed_key_is_refused_until_the_topic_is_rebuilt(pg_db: Database,
     assert capture.process is not None and capture.process.wait(60) != 0
     text = (tmp_path / "capture.log").read_text()
     assert message in text and "Traceback" not in text, text[-2000:]
+
+
+def test_the_logged_key_of_an_event_is_the_one_its_records_carry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dispatcher.logged_key (what an incremental snapshot's window keys streamed events by)
+    is the key the dispatcher logs: the hashed one for a table whose key is hashed, so a
+    streamed change of that key drops the chunk's older copy (keys compared as logged)."""
+    from cdc.avro import EventCodec
+    from cdc.columns import ColumnPolicies
+    from cdc.events import ChangeEvent, Column, ColumnType, Op, TableId, TableSchema
+    from cdc.log.local import LocalChangeLog
+    from cdc.log.schemas import SchemaStore
+    from cdc.pipeline import Dispatcher
+    from cdc.position import Position
+
+    monkeypatch.setenv("CDC_TEST_LOGGED_KEY", "a secret")
+    columns = (Column("id", ColumnType("string")), Column("v", ColumnType("int64")))
+    hashed, plain = TableId("public", "hashed"), TableId("public", "plain")
+    policies = ColumnPolicies.from_settings("src", {
+        str(hashed): {"transforms": {"id": "hash"}},
+        str(plain): {"transforms": {"v": "null"}}}, "CDC_TEST_LOGGED_KEY")
+    with LocalChangeLog(tmp_path / "log", partitions=2) as log:
+        dispatcher = Dispatcher(log, EventCodec(SchemaStore(tmp_path / "log", writable=True)),
+                                "src", columns=policies)
+        for table in (hashed, plain):
+            schema = TableSchema("src", "db", table, columns, ("id",))
+            event = ChangeEvent(schema, Op.CREATE, Position.postgres(1, 1), 0,
+                                after={"id": "alice", "v": 1})
+            key = dispatcher.logged_key(event)
+            assert key == dispatcher.add(event)[0].key
+            assert (b"alice" in key) == (table == plain)

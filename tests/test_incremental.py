@@ -400,3 +400,70 @@ def test_a_snapshot_of_a_table_no_longer_captured_fails_alone(pg_db: Database,
                                                     f"{pg_db.source}.public.t"))
     finally:
         assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
+
+
+def test_a_chunk_of_records_and_events_is_logged_in_position_order(tmp_path: Path) -> None:
+    """A chunk may hold rows as finished records (the compiled COPY loop) and as events (rows
+    it declined): at the high watermark both are logged, in the chunk's key order, with the
+    watermark's positions 1, 2, 3 ... (records through ``add_batch``, events through ``add``),
+    and a key the stream changed inside the window is left out whichever form it had."""
+    from cdc.events import ChangeEvent, Column, ColumnType, Op, TableId, TableSchema
+    from cdc.incremental import IncrementalSnapshots, SnapshotQueue
+    from cdc.log.base import Record
+    from cdc.position import Position
+    from cdc.source import EncodedBatch, Watermark
+
+    table = TableId("public", "t")
+    schema = TableSchema("src", "db", table, (Column("id", ColumnType("int64")),), ("id",))
+    placeholder = Position.postgres(0, 0, snapshot=True)
+
+    def event(key: int) -> ChangeEvent:
+        return ChangeEvent(schema, Op.READ, placeholder, 0, after={"id": key})
+
+    def record(key: int) -> Record:
+        return Record(schema.topic, b'{"id":%d}' % key, b"value %d" % key,
+                      placeholder.to_bytes())
+
+    rows: list[ChangeEvent | Record] = [record(1), record(2), event(3), record(4), event(5),
+                                        record(6)]
+
+    class Stream:  # the two calls a chunk window makes of its source
+        marks: list[str] = []
+
+        def watermark(self, payload: str) -> None:
+            self.marks.append(payload)
+
+        def estimate_rows(self, _: TableId) -> int:
+            return len(rows)
+
+        def chunk(self, *_: Any) -> tuple[TableSchema, list[ChangeEvent | Record], None]:
+            return schema, rows, None
+
+    snapshots = IncrementalSnapshots(
+        "src", [table], SnapshotQueue(tmp_path, "src"), None, 100,
+        lambda e: b'{"id":%d}' % e.after["id"], lambda topic: set())
+    snapshots.add([table], "request-1")
+    stream = Stream()
+    snapshots.step(stream)  # type: ignore[arg-type]
+    low, high = stream.marks
+    logged: list[tuple[bytes, bytes]] = []
+    batches = []
+
+    def add(e: ChangeEvent) -> None:
+        logged.append((b'{"id":%d}' % e.after["id"], e.position.to_bytes()))
+
+    def add_batch(batch: EncodedBatch) -> None:
+        batches.append(len(batch.records))
+        logged.extend((r.key, r.position) for r in batch.records)
+
+    def position(commit: int) -> Any:
+        return lambda ordinal: Position.postgres(commit, ordinal, snapshot=True)
+    snapshots.reached(Watermark(low, position(100)), add, lambda *_: None, add_batch)
+    snapshots.saw(EncodedBatch([record(2)], (schema,), 1))  # streamed inside the window
+    snapshots.saw(event(5))
+    snapshots.reached(Watermark(high, position(200)), add, lambda *_: None, add_batch)
+    assert [key for key, _ in logged] == [b'{"id":1}', b'{"id":3}', b'{"id":4}', b'{"id":6}']
+    assert [p for _, p in logged] == [Position.postgres(200, i, snapshot=True).to_bytes()
+                                      for i in (1, 2, 3, 4)]
+    assert batches == [1, 2]  # record 1, (event 3), records 4 and 6 (event 5 was dropped)
+    assert snapshots.running[str(table)].rows == 4

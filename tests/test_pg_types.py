@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import struct
+import time as time_module
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -463,3 +464,52 @@ def test_new_logical_types_round_trip_through_avro(tmp_path: Path) -> None:
         assert after[name] == expected, name
         # the JSON form reads back as a value that encodes the same way (keys are read back so)
         assert ctype.to_json(ctype.to_avro(ctype.from_json(expected))) == expected, name
+
+
+def test_incremental_chunks_encode_like_events(pg_db: Database, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An incremental snapshot's chunk read straight from COPY's bytes into log records
+    (``PostgresStream.chunk`` with a codec: rowcodec.encode_copy) holds, row for row, the bytes
+    the event path's chunk (no codec) is logged as — every type and edge value, an array of
+    each, NULLs — and ends at the same last key."""
+    import types
+
+    import connectors.postgres.source as pg_source
+    from cdc.avro import EventCodec
+    from cdc.config import load_config
+    from cdc.log.base import Record
+    from connectors.postgres.source import PostgresSource, _times
+
+    columns = _columns(pg_db)
+    pg_db.execute(TYPES_SETUP)
+    definitions = [f"{c.name} {c.sql_type}" for c in columns]
+    definitions += [f"a_{c.name} {c.sql_type}[]" for c in columns]
+    pg_db.execute(f"CREATE TABLE types_all (id int PRIMARY KEY, {', '.join(definitions)})")
+    _insert_rows(pg_db, columns, 1)
+    _insert_rows(pg_db, columns, 11)
+    config = write_config(tmp_path, pg_db, ["public.types_all"])
+    assert cdc("bootstrap", "--config", str(config)).returncode == 0
+    now = 1_700_000_000.321  # the chunks' source and processing times
+    monkeypatch.setattr(pg_source, "time", types.SimpleNamespace(
+        time=lambda: now, monotonic=time_module.monotonic, sleep=time_module.sleep))
+    monkeypatch.setattr(pg_source, "_times", lambda now_ms=None: _times(int(now * 1000)))
+    codec = EventCodec(SchemaStore(tmp_path / "log", writable=True))
+    source = PostgresSource(load_config(config).sources[0])  # type: ignore[arg-type]
+    stream = source.stream(0, codec=codec)
+    try:
+        table = stream.source.tables[0]
+        chunks = []
+        for with_codec in (True, False):
+            stream.codec = codec if with_codec else None
+            first = stream.chunk(table, None, 7)
+            chunks.append([first, stream.chunk(table, first[2], 7)])
+    finally:
+        stream.close()
+    fast_chunks, slow_chunks = chunks
+    assert [c[2] for c in fast_chunks] == [c[2] for c in slow_chunks] == [["12"], None]
+    for (_, fast, _), (_, slow, _) in zip(fast_chunks, slow_chunks, strict=True):
+        assert all(isinstance(row, Record) for row in fast)
+        assert not any(isinstance(row, Record) for row in slow)
+        for row, event in zip(fast, slow, strict=True):
+            event.processed_ms = int(now * 1000)
+            assert (row.topic, row.key, row.value) == codec.records(event)[0][:3]

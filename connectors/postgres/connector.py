@@ -25,6 +25,7 @@ from cdc.avro import EventCodec, fixed_schema
 from cdc.config import PostgresSourceConfig, SourceConfig
 from cdc.errors import CdcError, ConfigError
 from cdc.events import ChangeEvent, TableId, TableSchema
+from cdc.log.base import Record
 from cdc.offsets import BOOTSTRAPPING, SourceOffset
 from cdc.position import Position, format_lsn
 from cdc.source import (
@@ -231,7 +232,7 @@ class PostgresStreaming(StreamingSource):
         self.pg.watermark(payload)
 
     def chunk(self, table: TableId, after: Sequence[str] | None, size: int
-              ) -> tuple[TableSchema, list[ChangeEvent], list[str] | None]:
+              ) -> tuple[TableSchema, list[ChangeEvent | Record], list[str] | None]:
         return self.pg.chunk(table, after, size)
 
     def absent(self, table: TableId, keys: Sequence[bytes]) -> list[bytes]:

@@ -17,7 +17,7 @@ import contextlib
 import functools
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,7 +184,6 @@ class PostgresSource:
                       number: int, ts_ms: int, source_info: dict[str, Any], lsn: int
                       ) -> Iterator[ChangeEvent | EncodedBatch]:
         """COPY's bytes, about a megabyte at a time, through rowcodec.encode_copy."""
-        encode, schema = rowcodec.ENCODE_COPY, captured.schema
         rest = b""
         ended = False
         while not ended:
@@ -198,27 +197,19 @@ class PostgresSource:
                 pending.append(bytes(chunk))
                 size += len(chunk)
             data = b"".join(pending)
-            at, times = 0, _times()
-            while True:
-                records: list[Record] = []
-                at, number = encode(plan, data, at, number, records, Record, times)
-                if records:
-                    yield EncodedBatch(records, (plan[7],), len(records))
-                end = data.find(b"\n", at)
-                if end < 0:
-                    break
-                values = rowcodec.copy_fields(data[at:end])  # declined: the event path
-                if len(values) != len(captured.plan):
-                    captured.row(values)  # raises, naming the problem
-                number += 1
-                yield ChangeEvent(schema, Op.READ, Position.postgres(lsn, number, snapshot=True),
-                                  ts_ms, source_info=source_info,
-                                  raw=rowcodec.TextRows(captured, None, values))
-                at = end + 1
+            items, at, number = encode_copy_data(
+                plan, data, number, captured,
+                lambda n, values: ChangeEvent(
+                    captured.schema, Op.READ, Position.postgres(lsn, n, snapshot=True), ts_ms,
+                    source_info=source_info, raw=rowcodec.TextRows(captured, None, values)))
+            for item in items:
+                yield (EncodedBatch(item, (plan[7],), len(item)) if isinstance(item, list)
+                       else item)
             rest = data[at:]
         if rest:
-            raise SourceError(f"source {self.name!r}: the COPY of {schema.table} ended inside "
-                              "a row", "run `cdc bootstrap` again; report it if it repeats")
+            raise SourceError(f"source {self.name!r}: the COPY of {captured.schema.table} "
+                              "ended inside a row", "run `cdc bootstrap` again; report it if it "
+                              "repeats")
 
     def count_rows(self, conn: psycopg.Connection[Any], table: TableId) -> int:
         """An estimate of a table's row count, for progress bars."""
@@ -230,6 +221,34 @@ class PostgresSource:
     def stream(self, resume_lsn: int, status_interval: float = 10.0,
                codec: EventCodec | None = None) -> PostgresStream:
         return PostgresStream(self, resume_lsn, status_interval, codec)
+
+
+def encode_copy_data(plan: rowcodec.CopyPlan, data: bytes, number: int,
+                     captured: CapturedTable,
+                     event: Callable[[int, tuple[str | None, ...]], ChangeEvent]
+                     ) -> tuple[list[list[Record] | ChangeEvent], int, int]:
+    """The whole rows of COPY text ``data`` as log records, through rowcodec.encode_copy:
+    (runs of records and, between them, the events of rows that loop declined, made by
+    ``event(row number, column texts)``; where the rows ended in ``data``, i.e. the start of
+    a row cut short or ``len(data)``; the last row number). Rows are numbered on from
+    ``number``. A row of the wrong column count raises, naming the problem."""
+    encode = rowcodec.ENCODE_COPY
+    items: list[list[Record] | ChangeEvent] = []
+    at, times = 0, _times()
+    while True:
+        records: list[Record] = []
+        at, number = encode(plan, data, at, number, records, Record, times)
+        if records:
+            items.append(records)
+        end = data.find(b"\n", at)
+        if end < 0:
+            return items, at, number
+        values = rowcodec.copy_fields(data[at:end])  # declined: the event path
+        if len(values) != len(captured.plan):
+            captured.row(values)  # raises, naming the problem
+        number += 1
+        items.append(event(number, values))
+        at = end + 1
 
 
 def _snapshot_position(commit_lsn: int, ordinal: int) -> Position:
@@ -507,9 +526,12 @@ class PostgresStream:
                                   (WATERMARK_PREFIX, payload))
 
     def chunk(self, table: TableId, after: Sequence[str] | None, size: int
-              ) -> tuple[TableSchema, list[ChangeEvent], list[str] | None]:
+              ) -> tuple[TableSchema, list[ChangeEvent | Record], list[str] | None]:
         """Up to ``size`` rows with a key above ``after`` (key texts), in key order, read with
-        COPY and decoded exactly as the bootstrap decodes rows."""
+        COPY and decoded exactly as the bootstrap decodes rows: with a codec, straight from
+        COPY's bytes into log records (rowcodec.encode_copy, the runner's column rules
+        applied; the schema returned is then the one they are logged in), a row that loop
+        declines as an event."""
         captured = self.captured[table]
         schema = captured.schema
         key = ", ".join(quote_ident(k) for k in schema.key)
@@ -526,18 +548,36 @@ class PostgresStream:
                  f"LIMIT {int(size)}) TO STDOUT")
         ts_ms = int(time.time() * 1000)
         info = {"snapshot": "incremental", "lsn": None, "txId": None, "sequence": None}
+        plan = self._chunk_plan(captured, ts_ms, info)
         placeholder = Position.postgres(0, 0, snapshot=True)
         indexes = [[c.name for c in schema.columns].index(k) for k in schema.key]
-        events: list[ChangeEvent] = []
-        values: tuple[Any, ...] = ()
+        items: list[ChangeEvent | Record] = []
+        values: Sequence[str | None] = ()
+
+        def event(_: int, texts: Sequence[str | None]) -> ChangeEvent:
+            if len(texts) != len(captured.plan):
+                captured.row(texts)  # raises, naming the problem
+            return ChangeEvent(schema, Op.READ, placeholder, ts_ms, source_info=dict(info),
+                               raw=rowcodec.TextRows(captured, None, texts))
         try:
             with self.catalog_conn.cursor() as cursor, cursor.copy(query, params) as copy:
-                for values in copy.rows():
-                    if len(values) != len(captured.plan):
-                        captured.row(values)  # raises, naming the problem
-                    events.append(ChangeEvent(schema, Op.READ, placeholder, ts_ms,
-                                              source_info=dict(info),
-                                              raw=rowcodec.TextRows(captured, None, values)))
+                if plan is None:
+                    for values in copy.rows():
+                        items.append(event(0, values))
+                else:
+                    data = b"".join(bytes(block) for block in iter(copy.read, b""))
+                    encoded, at, _ = encode_copy_data(plan, data, 0, captured, event)
+                    if at != len(data):
+                        raise SourceError(f"source {self.source.name!r}: the COPY of a chunk "
+                                          f"of {table} ended inside a row", "capture reads the "
+                                          "chunk again; report it if it repeats")
+                    for item in encoded:
+                        if isinstance(item, list):
+                            items.extend(item)
+                        else:
+                            items.append(item)
+                    if data:  # the last row's key texts
+                        values = rowcodec.copy_fields(data[data.rfind(b"\n", 0, -1) + 1:-1])
         except (psycopg.OperationalError, psycopg.InterfaceError):
             raise  # the connection went away: capture reconnects, the chunk is read again
         except psycopg.Error as exc:
@@ -545,8 +585,21 @@ class PostgresStream:
             raise SourceError(f"source {self.source.name!r}: a chunk of {table} cannot be read: "
                               f"{first}", f"if {table} was altered meanwhile, run `cdc snapshot "
                               f"--table {table}` again") from None
-        last = [str(values[i]) for i in indexes] if len(events) == size else None
-        return schema, events, last
+        last = [str(values[i]) for i in indexes] if len(items) == size else None
+        return (schema if plan is None else plan[7]), items, last
+
+    def _chunk_plan(self, captured: CapturedTable, ts_ms: int, info: dict[str, Any]
+                    ) -> rowcodec.CopyPlan | None:
+        """The encode_copy plan of a chunk's rows (their positions are placeholders: the
+        caller replaces them), or None when they take the event path."""
+        if self.codec is None:
+            return None
+        policy = None
+        if self.source.config.has_column_rules(captured.schema.table):
+            if self.columns is None:
+                return None  # cdc/columns.py transforms its events first
+            policy = self.columns.get(captured.schema.table)
+        return copy_plan(self.codec, captured, 0, ts_ms, info, policy)
 
     def _key_types(self, table: TableId) -> list[str]:
         """The SQL types of ``table``'s key columns, in key order (for the chunks' bounds)."""
