@@ -199,6 +199,8 @@ class IncrementalSnapshots:
         self._accepted: dict[str, list[str]] = {}
         #: the sweep's candidate keys per table (read from the log when the sweep starts)
         self._candidates: dict[str, list[bytes]] = {}
+        #: per table, how many of its candidates the sweep's windows took so far
+        self._cursor: dict[str, int] = {}
         #: keys the stream changed since the sweep read its candidates
         self._touched: dict[str, set[bytes]] = {}
 
@@ -297,6 +299,7 @@ class IncrementalSnapshots:
         progress.phase, progress.finished_ms = "failed", int(time.time() * 1000)
         progress.error = error.problem + (f" (fix: {error.fix})" if error.fix else "")
         self._candidates.pop(name, None)
+        self._cursor.pop(name, None)
         log.error("source %s: incremental snapshot of %s failed: %s", self.source, name,
                   progress.error)
 
@@ -313,17 +316,15 @@ class IncrementalSnapshots:
                 candidates = sorted(k for k in self.live_keys(topic)
                                     if progress.swept is None or k.decode() > progress.swept)
             self._candidates[name] = candidates
-        touched = self._touched.pop(name, set())
-        batch = [k for k in candidates[:self.chunk_size] if k not in touched]
-        last = candidates[self.chunk_size - 1] if len(candidates) >= self.chunk_size else (
-            candidates[-1] if candidates else None)
-        self._candidates[name] = [k for k in candidates[self.chunk_size:] if k not in touched]
-        if touched and self._candidates[name]:
-            self._touched[name] = touched  # later batches still skip them
+        start = self._cursor.get(name, 0)  # the candidates before it were decided
+        keys = candidates[start:start + self.chunk_size]
+        self._cursor[name] = start + len(keys)
+        final = start + len(keys) >= len(candidates)
+        touched = self._touched.pop(name, set()) if final else self._touched.get(name, set())
+        batch = [k for k in keys if k not in touched]
         absent = set(stream.absent(table, batch)) if batch else set()
         return _Window(identifier, table, "sweep", schema, dict.fromkeys(absent),
-                       last.decode() if last is not None else progress.swept,
-                       final=not self._candidates[name])
+                       keys[-1].decode() if keys else progress.swept, final=final)
 
     @property
     def watching(self) -> bool:
@@ -433,6 +434,7 @@ class IncrementalSnapshots:
     def _finish(self, name: str, progress: TableProgress) -> None:
         progress.phase, progress.finished_ms = "done", int(time.time() * 1000)
         self._candidates.pop(name, None)
+        self._cursor.pop(name, None)
         seconds = max(time.time() - progress.started_ms / 1000, 1e-9)
         log.info("source %s: incremental snapshot of %s done: %d rows in %d chunks, %d keys "
                  "tombstoned, %.1f s (%.0f rows/s)", self.source, name, progress.rows,

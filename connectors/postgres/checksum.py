@@ -471,21 +471,24 @@ class PostgresLeader(Leader):
         if not keys:
             return []
         leader = self.table(table)
+        listed = json.dumps(list(keys), ensure_ascii=False)  # one text (a list is dumped item
+        # by item in Python)
         found = f"{_esc(leader.key_sql)} = j.k"
         table_sql = _esc(catalog.qualified(table))
-        indexed = (f"SELECT j.k FROM unnest(%s::text[]) AS j(k) WHERE NOT EXISTS (SELECT 1 "
+        keys_sql = "json_array_elements_text(%s::json) AS j(k)"
+        indexed = (f"SELECT j.k FROM {keys_sql} WHERE NOT EXISTS (SELECT 1 "
                    f"FROM {table_sql} WHERE ({_esc(self._order(leader))}) = "
                    f"({_esc(leader.key_from_json)}) AND {found})")
-        scan = (f"SELECT j.k FROM unnest(%s::text[]) AS j(k) WHERE NOT EXISTS (SELECT 1 "
+        scan = (f"SELECT j.k FROM {keys_sql} WHERE NOT EXISTS (SELECT 1 "
                 f"FROM {table_sql} WHERE {found})")
         try:
-            return [str(row[0]) for row in self.conn.execute(indexed, (list(keys),))]
+            return [str(row[0]) for row in self.conn.execute(indexed, (listed,))]
         except psycopg.errors.DataException:
             pass  # some key's JSON form is not input its type accepts: compare texts instead
         except psycopg.Error as exc:
             raise _query_failed(self.name, table, exc) from None
         try:
-            return [str(row[0]) for row in self.conn.execute(scan, (list(keys),))]
+            return [str(row[0]) for row in self.conn.execute(scan, (listed,))]
         except psycopg.Error as exc:
             raise _query_failed(self.name, table, exc) from None
 
