@@ -235,12 +235,18 @@ def _by_key(events: list[LoggedEvent], op: str) -> dict[int, dict[str, Any]]:
     return rows
 
 
-def test_every_type_through_snapshot_and_stream(pg_db: Database, tmp_path: Path) -> None:
-    columns = _columns(pg_db)
-    pg_db.execute(TYPES_SETUP)
+def _types_table(db: Database) -> list[Col]:
+    """Table ``types_all``: a column of every type and an array column of each; its columns."""
+    columns = _columns(db)
+    db.execute(TYPES_SETUP)
     definitions = [f"{c.name} {c.sql_type}" for c in columns]
     definitions += [f"a_{c.name} {c.sql_type}[]" for c in columns]
-    pg_db.execute(f"CREATE TABLE types_all (id int PRIMARY KEY, {', '.join(definitions)})")
+    db.execute(f"CREATE TABLE types_all (id int PRIMARY KEY, {', '.join(definitions)})")
+    return columns
+
+
+def test_every_type_through_snapshot_and_stream(pg_db: Database, tmp_path: Path) -> None:
+    columns = _types_table(pg_db)
     _insert_rows(pg_db, columns, 1)
     log = tmp_path / "log"
     config = write_config(tmp_path, pg_db, ["public.types_all"])
@@ -480,11 +486,7 @@ def test_incremental_chunks_encode_like_events(pg_db: Database, tmp_path: Path,
     from cdc.log.base import Record
     from connectors.postgres.source import PostgresSource, _times
 
-    columns = _columns(pg_db)
-    pg_db.execute(TYPES_SETUP)
-    definitions = [f"{c.name} {c.sql_type}" for c in columns]
-    definitions += [f"a_{c.name} {c.sql_type}[]" for c in columns]
-    pg_db.execute(f"CREATE TABLE types_all (id int PRIMARY KEY, {', '.join(definitions)})")
+    columns = _types_table(pg_db)
     _insert_rows(pg_db, columns, 1)
     _insert_rows(pg_db, columns, 11)
     config = write_config(tmp_path, pg_db, ["public.types_all"])

@@ -694,24 +694,24 @@ DEF KEY_PREFIX = 1 << 12
 cdef dict _KEY_SCRATCH = {}
 
 
-cdef bytearray _key_scratch():
+cdef bytearray _rewound(dict scratches, Py_ssize_t prefix):
+    """This thread's scratch of ``scratches`` (made on first use), rewound to ``prefix``."""
+    tid = PyThread_get_thread_ident()
+    found = scratches.get(tid)
+    if found is None:
+        found = scratches[tid] = bytearray(prefix)
+    PyByteArray_Resize(found, prefix)
+    return <bytearray>found
+
+
+cdef inline bytearray _key_scratch():
     """This thread's scratch for keys (values are written meanwhile), rewound."""
-    tid = PyThread_get_thread_ident()
-    found = _KEY_SCRATCH.get(tid)
-    if found is None:
-        found = _KEY_SCRATCH[tid] = bytearray(KEY_PREFIX)
-    PyByteArray_Resize(found, KEY_PREFIX)
-    return <bytearray>found
+    return _rewound(_KEY_SCRATCH, KEY_PREFIX)
 
 
-cdef bytearray _scratch():
-    """This thread's scratch (made on first use), rewound to the prefix."""
-    tid = PyThread_get_thread_ident()
-    found = _SCRATCH.get(tid)
-    if found is None:
-        found = _SCRATCH[tid] = bytearray(SCRATCH_PREFIX)
-    PyByteArray_Resize(found, SCRATCH_PREFIX)
-    return <bytearray>found
+cdef inline bytearray _scratch():
+    """This thread's scratch for values, rewound."""
+    return _rewound(_SCRATCH, SCRATCH_PREFIX)
 
 
 cdef bytes _key_chars(tuple plan, const char** ptrs, Py_ssize_t* lens):
