@@ -149,12 +149,14 @@ def test_capture_metrics_move_under_load_and_status_shows_everything(
         source = {"source": pg_db.source}
         events = {**source, "table": "public.items"}
 
-        def moving() -> bool:
+        def moving() -> bool:  # events seen, and a first commit durable (on a loaded
+            # machine that may come well after the first events)
             got = try_scrape(port)
             return bool(got and (value(got, "cdc_capture_events_total", **events) or 0) > 0
-                        and value(got, "cdc_capture_source_lag_bytes", **source) is not None)
+                        and value(got, "cdc_capture_source_lag_bytes", **source) is not None
+                        and value(got, "cdc_capture_durable_position", **source) is not None)
 
-        wait_for(moving, 60, "the first events in /metrics")
+        wait_for(moving, 60, "the first events and a durable position in /metrics")
         first = scrape(port)
         time.sleep(1.5)
         second = scrape(port)

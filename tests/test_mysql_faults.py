@@ -125,7 +125,10 @@ def test_server_restart_mid_stream_loses_nothing(mariadb_factory, tmp_path: Path
 
         thread = threading.Thread(target=writer, daemon=True)
         thread.start()
-        time.sleep(0.5)
+        topic = f"{db.source}.{db.name}.t"
+        # mid-stream: capture has logged some of the writes (its start-up takes seconds on a
+        # loaded machine; killed before it connects, it would have nothing to reconnect)
+        wait_for(lambda: len(read_topic(tmp_path / "log", topic)) > 0, 60, "capture streaming")
         server.kill()  # SIGKILL mid-stream: committed transactions survive (flushed to the OS)
         time.sleep(0.5)
         server.start()

@@ -30,17 +30,19 @@ def _stream(db: Database, slot: str) -> tuple[psycopg.Connection[Any], Replicati
 
 
 def _read_until(stream: ReplicationStream, commits: int, deadline: float
-                ) -> tuple[list[tuple[int, bytes]], int]:
-    """(start LSN, pgoutput message) of everything up to the ``commits``-th Commit; and how
-    many batches it came in."""
+                ) -> tuple[list[tuple[int, bytes]], list[int]]:
+    """(start LSN, pgoutput message) of everything up to the ``commits``-th Commit; and the
+    sizes of the batches it came in. The first read waits a second after the stream started,
+    so the walsender has sent more than one message by then."""
     seen: list[tuple[int, bytes]] = []
-    batches = 0
+    batches: list[int] = []
     stream.start()
+    time.sleep(1)
     for batch in stream.batches(timeout=0.2, raw=True):
         assert time.monotonic() < deadline, f"only {len(seen)} messages arrived"
         if batch is None:
             continue
-        batches += 1
+        batches.append(len(batch))
         for raw in batch:
             message = xlog_data(raw)
             seen.append((message.start_lsn, message.payload))
@@ -91,7 +93,9 @@ def test_the_compiled_drain_reads_exactly_what_the_python_one_does(
     assert sum(1 for _, payload in compiled if payload[:1] == b"I") == small * 5 + 2000
     assert sum(1 for _, payload in compiled if payload[:1] == b"U") == 2000
     assert max(len(payload) for _, payload in compiled) > 20_000
-    assert compiled_batches < len(compiled) / 4, "the drain should take what arrived together"
+    # what had arrived when it was called: the drain does not stop at one message (how much
+    # arrives later depends on how fast the walsender decodes, i.e. on the machine's load)
+    assert compiled_batches[0] > 10, "the drain should take what arrived together"
     assert compiled_stream.received_lsn >= compiled[-1][0]
 
 

@@ -225,6 +225,14 @@ def kafka_error(action: str, error: Any, where: str) -> LogError:
     return LogError(f"Kafka log at {where}: {action} failed: {text}", fix)
 
 
+def _failed_into(failures: list[Any]) -> Any:
+    """A delivery callback that keeps the errors of messages that failed delivery."""
+    def delivered(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(error)
+    return delivered
+
+
 class _Snapshot:
     """What the offsets topic says, read to its end: source offsets and topic descriptions."""
 
@@ -633,9 +641,10 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         with self._mutex:
             producer = self._open_producer()
             self._begin(producer)
+            failures: list[Any] = []
             for topic, key, value in messages:
-                self._produce(producer, topic, key, value, 0, None, None)
-            self._commit(producer)
+                self._produce(producer, topic, key, value, 0, None, _failed_into(failures))
+            self._commit(producer, failures)
 
     def _begin(self, producer: Producer) -> None:
         try:
@@ -658,9 +667,24 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                 self._abort(producer)
                 raise self._failure(f"writing to {topic}", exc) from None
 
-    def _commit(self, producer: Producer) -> None:
-        self._call(producer, "committing a transaction", producer.commit_transaction,
-                   TIMEOUT * 4)
+    def _commit(self, producer: Producer, failures: list[Any]) -> None:
+        """Commit the open transaction. When it fails because a message produced since the
+        last flush failed delivery (librdkafka then reports only "N message(s) failed
+        delivery"), the error is that message's own (a delivery timed out while the brokers
+        were away: retryable), as ``failures`` — filled by :func:`_failed_into` — holds it."""
+        try:
+            self._call(producer, "committing a transaction", producer.commit_transaction,
+                       TIMEOUT * 4)
+        except LogFencedError:
+            raise
+        except LogError:
+            if not failures:
+                with contextlib.suppress(KafkaException, SystemError):
+                    producer.poll(0)  # serve delivery reports still queued
+            if not failures:
+                raise
+            raise self._failure("committing a transaction", KafkaException(failures[0])
+                                ) from None
 
     def _call(self, producer: Producer, action: str, method: Any, *args: Any) -> Any:
         """``method(*args)`` (one that serves delivery callbacks); a Kafka failure aborts the
@@ -733,8 +757,8 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                     placed.extend(r for r in extra if r is not None)
             for name, offset in (source_offsets or {}).items():
                 self._produce(producer, self.config.offsets_topic, f"source:{name}".encode(),
-                              json.dumps(offset).encode(), 0, None, None)
-            self._commit(producer)
+                              json.dumps(offset).encode(), 0, None, _failed_into(failures))
+            self._commit(producer, failures)
             for name, offset in (source_offsets or {}).items():
                 snap.sources[name] = json.loads(json.dumps(offset))
             return placed

@@ -1180,7 +1180,8 @@ cdef inline unsigned long long _be64(const unsigned char* p) noexcept nogil:
 
 
 def drain(size_t conn, list batch, Py_ssize_t limit, unsigned long long received):
-    """See replication.drain_copy_data (the same contract)."""
+    """The compiled twin of replication.ReplicationStream._drain (raw messages; the same
+    contract): returns (DRAIN_*, the highest WAL end received)."""
     cdef char* buffer = NULL
     cdef int size
     cdef bint consumed = False
