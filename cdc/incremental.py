@@ -367,7 +367,7 @@ class IncrementalSnapshots:
 
     def reached(self, mark: Watermark, add: Callable[[ChangeEvent], Any],
                 tombstone: Callable[[TableSchema, bytes, Any], None],
-                add_batch: Callable[[EncodedBatch], None] | None = None) -> None:
+                add_batch: Callable[[EncodedBatch], None]) -> None:
         """The stream passed a watermark: open the window (low) or log what it holds and
         advance the table's progress (high). Watermarks of other windows are ignored. The
         rows a chunk holds as events go to ``add``, those it holds as records to
@@ -390,20 +390,22 @@ class IncrementalSnapshots:
             return
         ordinal = 0
         if window.kind == "chunk":
-            records: list[Record] = []
+            assert window.schema is not None
+            schemas, records = (window.schema,), []
             for row in window.held.values():
                 assert row is not None
                 ordinal += 1
                 if isinstance(row, Record):
-                    records.append(row._replace(position=mark.position(ordinal).to_bytes()))
+                    records.append(Record(row.topic, row.key, row.value,
+                                          mark.position(ordinal).to_bytes()))
                     continue
                 if records:
-                    self._add_records(records, window, add_batch)
+                    add_batch(EncodedBatch(records, schemas, len(records)))
                     records = []
                 row.position = mark.position(ordinal)
                 add(row)
             if records:
-                self._add_records(records, window, add_batch)
+                add_batch(EncodedBatch(records, schemas, len(records)))
             progress.rows += len(window.held)
             progress.chunks += 1
             if window.last is None:
@@ -421,15 +423,6 @@ class IncrementalSnapshots:
                 self._finish(str(window.table), progress)
         if self.on_progress is not None:
             self.on_progress(str(window.table), progress)
-
-    @staticmethod
-    def _add_records(records: list[Record], window: _Window,
-                     add_batch: Callable[[EncodedBatch], None] | None) -> None:
-        if add_batch is None:
-            raise CdcError("a chunk of encoded rows reached a runner that cannot log them",
-                           "report this bug; the chunk was not logged")
-        assert window.schema is not None
-        add_batch(EncodedBatch(records, (window.schema,), len(records)))
 
     def _finish(self, name: str, progress: TableProgress) -> None:
         progress.phase, progress.finished_ms = "done", int(time.time() * 1000)

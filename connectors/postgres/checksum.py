@@ -471,8 +471,8 @@ class PostgresLeader(Leader):
         if not keys:
             return []
         leader = self.table(table)
-        listed = json.dumps(list(keys), ensure_ascii=False)  # one text (a list is dumped item
-        # by item in Python)
+        # the keys as one JSON text (psycopg dumps a list item by item, in Python)
+        listed = json.dumps(list(keys), ensure_ascii=False)
         found = f"{_esc(leader.key_sql)} = j.k"
         table_sql = _esc(catalog.qualified(table))
         keys_sql = "json_array_elements_text(%s::json) AS j(k)"

@@ -506,23 +506,22 @@ class PostgresStream:
 
     def _change_plan(self, oid: int) -> rowcodec.ChangePlan | None:
         captured = self.relations.get(oid)
-        if captured is None or self.codec is None or not self._compiled(captured):
+        if captured is None or self.codec is None:
             return None
-        return change_plan(self.codec, captured, self._policy(captured))
+        compiled, policy = self._compiled_rules(captured)
+        return change_plan(self.codec, captured, policy) if compiled else None
 
-    def _compiled(self, captured: CapturedTable) -> bool:
-        """Whether the compiled loops may encode the table's rows: a codec, and the runner's
-        column rules if the table has any (else cdc/columns.py transforms its events first)."""
-        return self.codec is not None and (
-            self.columns is not None
-            or not self.source.config.has_column_rules(captured.schema.table))
-
-    def _policy(self, captured: CapturedTable) -> Any:
-        """The column rules the compiled loops apply to the table's rows (None: none)."""
-        if self.columns is None or not self.source.config.has_column_rules(
-                captured.schema.table):
-            return None
-        return self.columns.get(captured.schema.table)
+    def _compiled_rules(self, captured: CapturedTable) -> tuple[bool, Any]:
+        """(whether the compiled loops may encode the table's rows, the column rules they
+        apply or None). They may not without a codec, nor for a table with rules the runner
+        has not handed over (cdc/columns.py then transforms its events first)."""
+        if self.codec is None:
+            return False, None
+        if not self.source.config.has_column_rules(captured.schema.table):
+            return True, None
+        if self.columns is None:
+            return False, None
+        return True, self.columns.get(captured.schema.table)
 
     # -- incremental snapshots (cdc/incremental.py) ------------------------------------------
     def watermark(self, payload: str) -> None:
@@ -601,9 +600,10 @@ class PostgresStream:
                     ) -> rowcodec.CopyPlan | None:
         """The encode_copy plan of a chunk's rows (their positions are placeholders: the
         caller replaces them), or None when they take the event path."""
-        if self.codec is None or not self._compiled(captured):
+        compiled, policy = self._compiled_rules(captured)
+        if self.codec is None or not compiled:
             return None
-        return copy_plan(self.codec, captured, 0, ts_ms, info, self._policy(captured))
+        return copy_plan(self.codec, captured, 0, ts_ms, info, policy)
 
     def _key_types(self, table: TableId) -> list[str]:
         """The SQL types of ``table``'s key columns, in key order (for the chunks' bounds)."""
