@@ -149,3 +149,14 @@ def kafka_broker():  # type: ignore[no-untyped-def]
     yield broker
     broker.stop()
     broker.cleanup()
+
+
+def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
+    """The deliberate SIGKILLs of the run (tests/kills.py), by kind and phase."""
+    from tests.kills import summary_lines
+
+    lines = summary_lines()
+    if lines:
+        terminalreporter.write_sep("=", "SIGKILLs (tests/kills.py)")
+        for line in lines:
+            terminalreporter.write_line(line)

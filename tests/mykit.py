@@ -241,3 +241,38 @@ def wait_caught_up(db: MyDatabase, log: LogAt, timeout: float = 60) -> None:
     target = (int(file.rsplit(".", 1)[1]), pos)
     wait_for(lambda: tuple((stored_offset(log, db.source) or {}).get("order") or (0, 0))
              >= target, timeout, f"capture to reach {file}:{pos}")
+
+
+def binlog_order(db: MyDatabase) -> tuple[int, int]:
+    """The server's binlog end as the log orders positions: (file sequence, position)."""
+    file, pos = db.binlog_position()
+    return int(file.rsplit(".", 1)[1]), pos
+
+
+def capture_watch(db: MyDatabase, capture: Any) -> Any:
+    """A :class:`tests.kills.Watch` of ``db``'s capture process. Its position is the pair
+    (binlog end the server had written for it to read, CPU ticks the process used): a kill lands
+    in flight when the process worked in the second before and the binlog held changes past the
+    position the log stored (where the restart resumes). (MariaDB shows no per-dump-thread
+    position, so the server's end stands for what was on its way; :func:`kill_capture` fires
+    only while that end is past the stored position.)"""
+    from tests.kills import Watch, cpu_ticks
+
+    def position() -> tuple[tuple[int, int], int] | None:
+        if capture.process is None:
+            return None
+        return binlog_order(db), cpu_ticks([capture.process.pid])
+
+    return Watch("capture daemon (MariaDB)", position,
+                 ahead=lambda at, committed: at[0] > committed,
+                 moved=lambda before, now: now[1] > before[1])
+
+
+def kill_capture(watch: Any, capture: Any, phase: str, log: LogAt, db: MyDatabase) -> Any:
+    """SIGKILL ``capture`` through ``watch``; asserts it landed while changes were in flight."""
+    from tests.pgkit import stored_offset
+
+    def stored() -> tuple[int, int]:
+        return tuple((stored_offset(log, db.source) or {}).get("order") or (0, 0))  # type: ignore
+
+    return watch.kill(phase, capture.kill, stored, aim=30)

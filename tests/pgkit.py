@@ -25,6 +25,7 @@ from cdc.log.base import ChangeLogReader
 from cdc.log.open import reader_from
 from cdc.position import Position, parse_lsn
 from cdc.servers.postgres import ThrowawayPostgres
+from tests.kills import Kill, Watch, cpu_ticks
 
 PROJECT = Path(__file__).resolve().parent.parent
 SECRET_PASSWORD = "s3cr3t-Pa55word-xyzzy"
@@ -170,6 +171,85 @@ class Capture:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+
+class SentLsn:
+    """The LSN the server sent to the capture process of ``db``'s source so far (its walsender's
+    ``sent_lsn``: the process's own position in the stream), or None while none is connected.
+    One connection, reused: :class:`tests.kills.Watch` samples it many times a second."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __call__(self) -> int | None:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.db.dsn(), autocommit=True)
+        row = self._conn.execute(
+            "SELECT s.sent_lsn::text FROM pg_replication_slots r JOIN pg_stat_replication s "
+            "ON s.pid = r.active_pid WHERE r.slot_name = %s",
+            (f"cdc_{self.db.source}",)).fetchone()
+        return parse_lsn(row[0]) if row and row[0] else None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+def capture_watch(db: Database, capture: Capture, into: str = "") -> Watch:
+    """A :class:`tests.kills.Watch` of ``db``'s capture process. Its position is the pair (LSN
+    the server sent it, CPU ticks it used): a kill lands in flight when the process worked in
+    the second before (it may lag the walsender, which then waits) and the server had sent it
+    WAL past the LSN the log stored (where the restart resumes)."""
+    sent = SentLsn(db)
+
+    def position() -> tuple[int, int] | None:
+        lsn = sent()
+        if lsn is None or capture.process is None:
+            return None
+        return lsn, cpu_ticks([capture.process.pid])
+
+    return Watch(f"capture daemon (PostgreSQL{' into ' + into if into else ''})", position,
+                 ahead=lambda at, committed: at[0] > committed,
+                 moved=lambda before, now: now[1] > before[1])
+
+
+def kill_capture(watch: Watch, capture: Capture, phase: str, log: LogAt, source: str
+                 ) -> Kill:
+    """SIGKILL ``capture`` through ``watch``; asserts it landed while changes were in flight."""
+    return watch.kill(phase, capture.kill,
+                      lambda: int((stored_offset(log, source) or {}).get("lsn", 0)), aim=30)
+
+
+def snapshot_watch(log: Path, topic: str, leader: str) -> Watch:
+    """A :class:`tests.kills.Watch` of a ``cdc bootstrap`` process: its position is how many
+    snapshot records of ``topic`` it has logged so far."""
+    from cdc.log.local import LocalChangeLogReader
+
+    def logged() -> int:
+        return sum(LocalChangeLogReader(log).end_offsets(topic).values())
+
+    watch = Watch("bootstrap", logged)
+    watch.leader = leader  # type: ignore[attr-defined]
+    return watch
+
+
+def kill_bootstrap(watch: Watch, process: subprocess.Popen[Any], log: Path, source: str
+                   ) -> Kill:
+    """SIGKILL a bootstrap through ``watch``: in flight when it logged records in the second
+    before and the log still says "bootstrapping" (a restart snapshots again from the start:
+    it resumes from 0 records)."""
+
+    def resumes_from() -> int:
+        state = (stored_offset(log, source) or {}).get("state")
+        return 0 if state == "bootstrapping" else watch.position()
+
+    def kill() -> None:
+        process.kill()
+        process.wait()
+
+    return watch.kill(f"mid-snapshot ({watch.leader})", kill,  # type: ignore[attr-defined]
+                      resumes_from)
 
 
 class ApplyProcess:

@@ -6,11 +6,13 @@ resumes from the source offset committed *with* the records, the log holds every
 exactly once (no gap, no duplicate): records and source offsets are atomic.
 """
 
+import contextlib
 import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,12 +23,16 @@ from cdc.log.local import LocalChangeLogReader
 from cdc.position import Position
 from tests.conftest import TOPIC, expected_value
 from tests.crash_child import KEYS, SIZES
+from tests.kills import Watch, process_io
 
 ROOT = Path(__file__).resolve().parent.parent
 KILLS = 20
 
 
 def run_child(log_dir: Path, seed: int, delay: float) -> tuple[int, list[tuple[int, int, int]]]:
+    """Run the appending child, SIGKILL it after ``delay`` seconds (through tests/kills.py:
+    the child's own position is the highest sequence it took on, ``TAKE``), and return where
+    it started and what it acknowledged."""
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.crash_child", str(log_dir), str(seed)],
         stdout=subprocess.PIPE, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -34,15 +40,37 @@ def run_child(log_dir: Path, seed: int, delay: float) -> tuple[int, list[tuple[i
     assert child.stdout is not None
     ready = child.stdout.readline().decode()
     assert ready.startswith("READY"), ready
-    time.sleep(delay)
-    child.send_signal(signal.SIGKILL)
-    output = child.stdout.read().decode()
+    start = int(ready.split()[1])
+    lines: list[str] = []
+    taken = [start]
+
+    def read() -> None:
+        assert child.stdout is not None
+        for raw in child.stdout:
+            line = raw.decode()
+            lines.append(line)
+            if line.startswith("TAKE ") and line.endswith("\n"):
+                taken.append(int(line.split()[1]))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    with Watch("log appender", lambda: taken[-1]) as watch:
+        time.sleep(delay)
+        phase = "just restarted" if delay < 0.25 else "streaming"
+        watch.kill(phase, lambda: child.send_signal(signal.SIGKILL),
+                   lambda: LocalChangeLogReader(log_dir).source_offsets().get(
+                       "gen", {}).get("seq", 0))
     child.wait()
+    reader.join(10)
     acks = []
-    for line in output.split("\n")[:-1]:  # the last piece may be cut mid-line
-        _, seq, partition, offset = line.split()
-        acks.append((int(seq), int(partition), int(offset)))
-    return int(ready.split()[1]), acks
+    for line in lines:
+        if not line.endswith("\n"):  # the last piece may be cut mid-line
+            continue
+        kind, *fields = line.split()
+        if kind == "ACK":
+            seq, partition, offset = map(int, fields)
+            acks.append((seq, partition, offset))
+    return start, acks
 
 
 @pytest.mark.slow
@@ -135,8 +163,7 @@ def test_sigkill_during_compaction_keeps_the_log_whole(tmp_path: Path) -> None:
         return latest
 
     rnd = random.Random(5)
-    interrupted = 0
-    lasts = 0.2  # how long a whole compaction of one round takes here: measured first
+    written = 0  # bytes a whole compaction of one round writes here: measured first
     for round_ in range(11):
         add_versions(40_000)  # fresh garbage, so every compaction has real work to do
         truth = snapshot()
@@ -145,17 +172,26 @@ def test_sigkill_during_compaction_keeps_the_log_whole(tmp_path: Path) -> None:
                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "START"
-        started = time.monotonic()
+        base = process_io(child.pid, "wchar")
         if round_ == 0:  # calibration: let it finish, so the kills below land inside one
+            while child.poll() is None:
+                with contextlib.suppress(OSError):
+                    written = max(written, process_io(child.pid, "wchar"))
+                time.sleep(0.001)
             assert child.stdout.read().strip() == "DONE"
-            lasts = time.monotonic() - started
-        else:
-            time.sleep(rnd.uniform(0.05, 0.9) * lasts)
-            child.send_signal(signal.SIGKILL)
-            interrupted += "DONE" not in child.stdout.read()
+            written -= base
+            assert written > 100_000
+        else:  # aimed by the bytes it wrote: somewhere between 5 % and 90 % of a compaction
+            share = rnd.uniform(0.05, 0.9)
+            with Watch("log compaction", lambda: process_io(child.pid, "wchar"),
+                       ahead=lambda _, done: not done) as watch:
+                while process_io(child.pid, "wchar") < base + share * written:
+                    time.sleep(0.0005)
+                kill = watch.kill("first half" if share < 0.5 else "second half",
+                                  lambda: child.send_signal(signal.SIGKILL))
+            kill.settle("DONE" in child.stdout.read(), "the compaction had finished")
         child.wait()
         assert snapshot() == truth
-    assert interrupted >= 5, "most kills should land inside the compaction"
     report = compact(log_dir, tombstone_retention=3600, roll=False)
     assert snapshot() == truth
     assert report.records_after == len(truth)

@@ -18,16 +18,18 @@ from typing import Any
 import pytest
 
 from cdc.log.local import LocalChangeLogReader
-from tests.mykit import MyDatabase, wait_caught_up, write_config
+from tests.mykit import MyDatabase, capture_watch, kill_capture, wait_caught_up, write_config
 from tests.pgkit import (
     PROJECT,
     Capture,
     big_text,
     cdc,
     check_history,
+    kill_bootstrap,
     latest_rows,
     output,
     read_topic,
+    snapshot_watch,
     stored_offset,
     wait_for,
 )
@@ -140,13 +142,17 @@ def test_capture_survives_sigkill_under_load(mysql_db: MyDatabase, tmp_path: Pat
     rng = random.Random(20261124)
     capture = Capture(config, tmp_path / "capture.log").start()
     orders = []
-    for _ in range(KILLS):
-        time.sleep(rng.uniform(0.2, 3.0))
-        assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
-        capture.kill()
-        orders.append(tuple((stored_offset(log, db.source) or {}).get("order") or (0, 0)))
-        time.sleep(rng.uniform(0, 0.3))
-        capture.start()
+    with capture_watch(db, capture) as watch:
+        for _ in range(KILLS):
+            delay = rng.uniform(0.2, 3.0)
+            time.sleep(delay)
+            assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
+            watch.wait_moving()
+            kill_capture(watch, capture, "just restarted" if delay < 1.2 else "streaming", log,
+                         db)
+            orders.append(tuple((stored_offset(log, db.source) or {}).get("order") or (0, 0)))
+            time.sleep(rng.uniform(0, 0.3))
+            capture.start()
     load.finish()
     wait_caught_up(db, log, timeout=180)
     assert capture.terminate() == 0
@@ -176,9 +182,9 @@ def test_bootstrap_killed_mid_snapshot_is_redone(mysql_db: MyDatabase, tmp_path:
             return False
         return sum(LocalChangeLogReader(log).end_offsets(topic).values()) > 3000
 
-    wait_for(partly_snapshotted, 60, "a partial snapshot", interval=0.005)
-    process.kill()
-    process.wait()
+    with snapshot_watch(log, topic, "MariaDB") as watch:
+        wait_for(partly_snapshotted, 60, "a partial snapshot", interval=0.005)
+        kill_bootstrap(watch, process, log, db.source)
     assert len(read_topic(log, topic)) < 150_000  # it really died mid-snapshot
     refused = cdc("capture", "--config", str(config), timeout=60)
     assert refused.returncode == 1 and "bootstrap did not finish" in output(refused)

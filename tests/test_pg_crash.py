@@ -18,11 +18,15 @@ from tests.pgkit import (
     Capture,
     Database,
     Load,
+    capture_watch,
     cdc,
     check_against_audit,
+    kill_bootstrap,
+    kill_capture,
     latest_rows,
     output,
     read_topic,
+    snapshot_watch,
     stored_offset,
     table_rows,
     wait_caught_up,
@@ -49,13 +53,17 @@ def test_capture_survives_sigkill_under_load(pg_db: Database, tmp_path: Path) ->
     rng = random.Random(20261122)
     capture = Capture(config, tmp_path / "capture.log").start()
     lsns = []
-    for _ in range(KILLS):
-        time.sleep(rng.uniform(0.2, 4.0))  # a restart under load takes ~2 s to commit
-        assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
-        capture.kill()
-        lsns.append(int((stored_offset(log, pg_db.source) or {}).get("lsn", 0)))
-        time.sleep(rng.uniform(0, 0.3))
-        capture.start()
+    with capture_watch(pg_db, capture) as watch:
+        for _ in range(KILLS):
+            delay = rng.uniform(0.2, 4.0)  # a restart under load takes ~2 s to commit
+            time.sleep(delay)
+            assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
+            watch.wait_moving()
+            kill_capture(watch, capture, "just restarted" if delay < 1.5 else "streaming", log,
+                         pg_db.source)
+            lsns.append(int((stored_offset(log, pg_db.source) or {}).get("lsn", 0)))
+            time.sleep(rng.uniform(0, 0.3))
+            capture.start()
     load.finish()
     wait_caught_up(pg_db, log, timeout=180)
     assert capture.terminate() == 0
@@ -87,9 +95,9 @@ def test_bootstrap_killed_mid_snapshot_is_redone(pg_db: Database, tmp_path: Path
             return False
         return sum(LocalChangeLogReader(log).end_offsets(topic).values()) > 3000
 
-    wait_for(partly_snapshotted, 60, "a partial snapshot", interval=0.005)
-    process.kill()
-    process.wait()
+    with snapshot_watch(log, topic, "PostgreSQL") as watch:
+        wait_for(partly_snapshotted, 60, "a partial snapshot", interval=0.005)
+        kill_bootstrap(watch, process, log, pg_db.source)
     assert len(read_topic(log, topic)) < 150_000  # it really died mid-snapshot
     refused = cdc("capture", "--config", str(config), timeout=60)
     assert refused.returncode == 1 and "bootstrap did not finish" in output(refused)

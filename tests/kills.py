@@ -1,0 +1,256 @@
+"""The one way tests SIGKILL something on purpose, and the record of every such kill.
+
+A fault test proves something only if its kill lands on work in flight: a capture killed while
+idle, or a broker killed while nothing is written to it, recovers from nothing. So every
+deliberate kill goes through :class:`Watch`, which:
+
+* samples the killed process's own *position* (``position()``: an LSN it was sent, the records a
+  writer handed to the log, the batches a Spark query planned, the bytes a broker wrote ...) every
+  :data:`SAMPLE_S` seconds from the moment the watch starts;
+* at the kill, reads the position once more, sends SIGKILL (``action()``) and keeps the sample
+  taken about one second before;
+* afterwards compares the position with the *committed* position its restart resumes from
+  (``resumes_from()``: the log's stored source offset, the last batch Spark committed, ...).
+
+The kill *landed in flight* when the position advanced in the second before the SIGKILL **and**
+is ahead of the committed position (``position > resumes_from``, or ``ahead(position,
+resumes_from)`` where the two are not plain numbers). :meth:`Kill.settle` raises
+:class:`AssertionError` otherwise, so a kill that lands on nothing fails its test.
+
+Every kill is recorded in :data:`KILLS` by kind (what was killed) and phase (what it was doing);
+``tests/conftest.py`` prints the counts in pytest's summary.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: seconds between two samples of a watched position
+SAMPLE_S = 0.05
+#: how far back "the second before the SIGKILL" reaches
+WINDOW_S = 1.0
+
+
+@dataclass
+class Kill:
+    """One deliberate SIGKILL: what was killed, in which phase, and where it stood."""
+
+    kind: str
+    phase: str
+    position: Any  # the killed process's own position just before the SIGKILL
+    second_before: Any  # ... and about a second earlier
+    ahead: Callable[[Any, Any], bool]
+    moved: Callable[[Any, Any], bool]
+    resumes_from: Any = None  # the committed position its restart resumes from
+    settled: bool = False
+    in_flight: bool = False
+    detail: str = ""
+
+    @property
+    def advanced(self) -> bool:
+        return bool(self.moved(self.second_before, self.position))
+
+    def settle(self, resumes_from: Any, detail: str = "") -> Kill:
+        """Compare with the committed position; :class:`AssertionError` unless the kill landed
+        while work was in flight."""
+        self.resumes_from, self.settled = resumes_from, True
+        self.detail = detail
+        self.in_flight = self.advanced and bool(self.ahead(self.position, resumes_from))
+        assert self.in_flight, (
+            f"the SIGKILL of {self.kind} ({self.phase}) landed on nothing in flight: its "
+            f"position went {self.second_before!r} -> {self.position!r} in the second before, "
+            f"the committed position its restart resumes from is {resumes_from!r}"
+            + (f" ({detail})" if detail else ""))
+        return self
+
+
+#: every kill of the run, in order
+KILLS: list[Kill] = []
+
+
+def _greater(position: Any, committed: Any) -> bool:
+    return bool(position > committed)
+
+
+class Watch:
+    """Samples ``position()`` in the background until :meth:`stop` (or the ``with`` block) ends;
+    :meth:`kill` SIGKILLs through ``action`` and records the kill.
+
+    ``position`` must be cheap (it runs every :data:`SAMPLE_S` s) and must not raise while the
+    process lives; an exception makes the sample count as "unknown" (skipped).
+    """
+
+    def __init__(self, kind: str, position: Callable[[], Any],
+                 ahead: Callable[[Any, Any], bool] = _greater,
+                 moved: Callable[[Any, Any], bool] | None = None) -> None:
+        """``ahead(position, committed)``: the position is past the committed one (default
+        ``>``); ``moved(before, now)``: the position advanced (default ``now > before``)."""
+        self.kind = kind
+        self.position = position
+        self.ahead = ahead
+        self.moved = moved or (lambda before, now: bool(now > before))
+        self._samples: deque[tuple[float, Any]] = deque(maxlen=int(4 * WINDOW_S / SAMPLE_S))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._paused = False
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch {kind}")
+
+    def start(self) -> Watch:
+        self._sample()  # where it stood when the watch began
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def __enter__(self) -> Watch:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _sample(self) -> None:
+        try:
+            value = self.position()
+        except Exception:  # noqa: BLE001 - a process starting or gone: no sample
+            return
+        if value is None:
+            return
+        with self._lock:
+            self._samples.append((time.monotonic(), value))
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self._sample()
+
+    def wait_moving(self, timeout: float = 60) -> None:
+        """Until the position is known and has advanced since the oldest sample kept (the
+        process is at work); :class:`AssertionError` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                first = self._samples[0][1] if self._samples else None
+                last = self._samples[-1][1] if self._samples else None
+            if first is not None and last is not None and self.moved(first, last):
+                return
+            time.sleep(SAMPLE_S)
+        raise AssertionError(f"{self.kind} made no progress within {timeout} s")
+
+    def restarted(self) -> None:
+        """The watched process was restarted: forget the samples of the one before."""
+        with self._lock:
+            self._samples.clear()
+
+    def kill(self, phase: str, action: Callable[[], Any],
+             resumes_from: Callable[[], Any] | None = None, detail: str = "",
+             aim: float = 0.0) -> Kill:
+        """SIGKILL now (``action``) and record it. With ``resumes_from``, settle at once (read
+        the committed position after the kill); else call :meth:`Kill.settle` later (e.g. once
+        a killed broker is back and its log can be read).
+
+        ``aim`` (seconds, with ``resumes_from``): first wait up to that long for a moment when
+        the position is ahead of the committed one (both read just before the SIGKILL), for
+        processes that are often caught up (a capture keeping pace with a light load)."""
+        deadline = time.monotonic() + aim
+        while True:
+            position = self.position()
+            if not aim or resumes_from is None or time.monotonic() > deadline:
+                break
+            if position is not None and self.ahead(position, resumes_from()):
+                break
+            time.sleep(0.001)
+        action()
+        now = time.monotonic()
+        with self._lock:
+            older = [value for at, value in self._samples if now - at >= WINDOW_S]
+            earliest = self._samples[0][1] if self._samples else position
+        second_before = older[-1] if older else earliest
+        kill = Kill(self.kind, phase, position, second_before, self.ahead, self.moved)
+        KILLS.append(kill)
+        self.restarted()
+        if resumes_from is not None:
+            kill.settle(resumes_from(), detail)
+        return kill
+
+
+# ----------------------------------------------------------------------- position probes
+
+def process_io(pid: int, field: str = "rchar") -> int:
+    """A counter of ``/proc/<pid>/io`` (``rchar``: bytes the process read, ``wchar``: wrote)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == field:
+            return int(value)
+    raise KeyError(field)
+
+
+def cpu_ticks(pids: Iterable[int]) -> int:
+    """User + system CPU ticks of ``pids`` together (processes already gone count 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from ``/proc/*/stat``)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(parent, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(parents.get(current, []))
+    return out
+
+
+def sigkill(pid: int, group: bool = False) -> None:
+    """SIGKILL ``pid`` (or its whole process group)."""
+    if group:
+        os.killpg(pid, signal.SIGKILL)
+    else:
+        os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------ the summary
+
+def summary_lines() -> list[str]:
+    """The kills of the run by kind and phase, and how many landed in flight."""
+    if not KILLS:
+        return []
+    by_kind: dict[str, dict[str, list[Kill]]] = {}
+    for kill in KILLS:
+        by_kind.setdefault(kill.kind, {}).setdefault(kill.phase, []).append(kill)
+    total = len(KILLS)
+    landed = sum(k.in_flight for k in KILLS)
+    unsettled = sum(not k.settled for k in KILLS)
+    lines = [f"{total} SIGKILLs, {landed} asserted in flight"
+             + (f", {unsettled} not settled (their test failed first)" if unsettled else "")]
+    for kind in sorted(by_kind):
+        phases = by_kind[kind]
+        count = sum(len(v) for v in phases.values())
+        in_flight = sum(k.in_flight for v in phases.values() for k in v)
+        parts = ", ".join(f"{phase} {len(kills)}" for phase, kills in sorted(phases.items()))
+        lines.append(f"  {kind}: {count} ({in_flight} in flight) - {parts}")
+    return lines
