@@ -163,10 +163,11 @@ class Watch:
         processes that are often caught up (a capture keeping pace with a light load)."""
         deadline = time.monotonic() + aim
         while True:
-            position = self.position()
-            if not aim or resumes_from is None or time.monotonic() > deadline:
+            committed = resumes_from() if aim and resumes_from is not None else None
+            position = self.position()  # read last: the SIGKILL follows at once
+            if committed is None or time.monotonic() > deadline:
                 break
-            if position is not None and self.ahead(position, resumes_from()):
+            if position is not None and self.ahead(position, committed):
                 break
             time.sleep(0.001)
         action()

@@ -35,7 +35,9 @@ from tests.pgkit import (
     Capture,
     Database,
     Load,
+    capture_watch,
     cdc,
+    kill_capture,
     latest_rows,
     output,
     read_topic,
@@ -267,9 +269,11 @@ def test_mariadb_incremental_snapshots_through_a_signal_table(
         hidden.close()
         asked = cdc("snapshot", "--config", str(config), "--table", items)
         assert asked.returncode == 0, output(asked)
-        wait_for(lambda: getattr(_progress(config, db.source, items), "rows", 0) > 400,
-                 120, "a few chunks of the re-snapshot")
-        capture.kill()
+        with mykit.capture_watch(db, capture) as watch:
+            wait_for(lambda: getattr(_progress(config, db.source, items), "rows", 0) > 400,
+                     120, "a few chunks of the re-snapshot")
+            watch.wait_moving()
+            mykit.kill_capture(watch, capture, "incremental snapshot", log, db)
         before = _progress(config, db.source, items)
         assert before.active, before
         capture = Capture(config, tmp_path / "capture.log").start()
@@ -383,9 +387,11 @@ def test_a_snapshot_of_a_table_no_longer_captured_fails_alone(pg_db: Database,
     capture = Capture(both, tmp_path / "capture.log").start()
     asked = cdc("snapshot", "--config", str(both), "--table", "public.u")
     assert asked.returncode == 0, output(asked)
-    wait_for(lambda: getattr(_progress(both, pg_db.source, "public.u"), "rows", 0) > 0, 60,
-             "the snapshot to start")
-    capture.kill()
+    with capture_watch(pg_db, capture) as watch:
+        wait_for(lambda: getattr(_progress(both, pg_db.source, "public.u"), "rows", 0) > 0, 60,
+                 "the snapshot to start")
+        watch.wait_moving()
+        kill_capture(watch, capture, "incremental snapshot", tmp_path / "log", pg_db.source)
     assert _progress(both, pg_db.source, "public.u").active
     only_t = write_config(tmp_path, pg_db, ["public.t"], snapshot_chunk_size=50)
     capture = Capture(only_t, tmp_path / "capture.log").start()

@@ -238,7 +238,7 @@ def test_sigkill_of_capture_into_kafka_loses_nothing(kafka_broker: Any, pg_db: D
     import random
     import time
 
-    from tests.pgkit import check_against_audit
+    from tests.pgkit import capture_watch, check_against_audit, kill_capture
 
     pg_db.execute(LOAD_SCHEMA)
     pg_db.execute("INSERT INTO items (id, v, amount, note) SELECT g, 1, g * 1.25, 'seed' "
@@ -250,14 +250,20 @@ def test_sigkill_of_capture_into_kafka_loses_nothing(kafka_broker: Any, pg_db: D
     settings = {**options, "path": str(tmp_path / "log")}
     load = Load(pg_db, threads=2, bulk_every=15).start()
     rng = random.Random(7)
+    capture = Capture(config, tmp_path / "capture.log")
     try:
-        for _ in range(10):
-            capture = Capture(config, tmp_path / "capture.log").start()
-            time.sleep(rng.uniform(1.5, 3.0))
-            capture.kill()
+        with capture_watch(pg_db, capture, into="Kafka") as watch:
+            for _ in range(10):
+                capture.start()
+                delay = rng.uniform(1.5, 3.0)
+                time.sleep(delay)
+                assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
+                watch.wait_moving()
+                kill_capture(watch, capture, "just restarted" if delay < 2.2 else "streaming",
+                             settings, pg_db.source)
     finally:
         load.finish()
-    capture = Capture(config, tmp_path / "capture.log").start()
+    capture.start()
     wait_caught_up(pg_db, settings, 180)
     assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
     assert load.committed > 50

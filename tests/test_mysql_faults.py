@@ -13,7 +13,8 @@ from pathlib import Path
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 
-from tests.mykit import MyDatabase, new_database, wait_caught_up, write_config
+from tests.kills import Watch
+from tests.mykit import MyDatabase, binlog_order, new_database, wait_caught_up, write_config
 from tests.pgkit import Capture, cdc, latest_rows, output, read_topic, stored_offset, wait_for
 
 
@@ -110,6 +111,7 @@ def test_server_restart_mid_stream_loses_nothing(mariadb_factory, tmp_path: Path
         capture = Capture(config, tmp_path / "capture.log").start()
         stop = threading.Event()
         done = {"n": 0}
+        grouped = threading.Event()  # from the second kill on: transactions of 20 writes
 
         def writer() -> None:
             while not stop.is_set():
@@ -117,22 +119,42 @@ def test_server_restart_mid_stream_loses_nothing(mariadb_factory, tmp_path: Path
                     conn = db.connect()
                     with conn.cursor() as cursor:
                         while not stop.is_set():
-                            n = done["n"] + 1
-                            cursor.execute("REPLACE INTO t VALUES (%s, %s)", (n % 50, n))
-                            done["n"] = n
+                            size = 20 if grouped.is_set() else 1
+                            if size > 1:
+                                cursor.execute("BEGIN")
+                            for _ in range(size):
+                                n = done["n"] + 1
+                                cursor.execute("REPLACE INTO t VALUES (%s, %s)", (n % 50, n))
+                                done["n"] = n
+                            if size > 1:
+                                cursor.execute("COMMIT")
                 except pymysql.err.MySQLError:
                     time.sleep(0.1)  # the server is restarting
 
         thread = threading.Thread(target=writer, daemon=True)
         thread.start()
         topic = f"{db.source}.{db.name}.t"
-        # mid-stream: capture has logged some of the writes (its start-up takes seconds on a
-        # loaded machine; killed before it connects, it would have nothing to reconnect)
-        wait_for(lambda: len(read_topic(tmp_path / "log", topic)) > 0, 60, "capture streaming")
-        server.kill()  # SIGKILL mid-stream: committed transactions survive (flushed to the OS)
-        time.sleep(0.5)
-        server.start()
-        time.sleep(1.0)
+        log = tmp_path / "log"
+
+        def stored() -> tuple[int, int]:
+            return tuple((stored_offset(log, db.source) or {}).get("order") or (0, 0))  # type: ignore
+
+        # SIGKILL mid-stream: committed transactions survive (flushed to the OS); a kill lands
+        # in flight when the server's binlog grew in the second before and holds changes past
+        # the position capture stored (where it resumes once the server is back)
+        with Watch("MariaDB server", lambda: binlog_order(db)) as watch:
+            for phase in ("autocommit writes", "mid-transaction writes"):
+                # mid-stream: capture has logged some of the writes (its start-up takes seconds
+                # on a loaded machine; killed before it connects, it would have nothing to
+                # reconnect)
+                logged = len(read_topic(log, topic))
+                wait_for(lambda n=logged: len(read_topic(log, topic)) > n, 90,
+                         "capture streaming")
+                watch.wait_moving()
+                watch.kill(phase, server.kill, stored, aim=30)
+                time.sleep(0.5)
+                server.start()
+                grouped.set()
         stop.set()
         thread.join()
         wait_caught_up(db, tmp_path / "log", timeout=90)

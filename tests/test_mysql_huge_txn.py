@@ -18,6 +18,7 @@ from cdc.avro import EventCodec
 from cdc.log.local import LocalChangeLogReader
 from cdc.log.schemas import SchemaStore
 from tests.mykit import MyDatabase, wait_caught_up, write_config
+from tests.kills import Watch
 from tests.pgkit import Capture, cdc, stored_offset, wait_for
 from tests.test_pg_huge_txn import RSS_LIMIT_MB
 from tests.test_pg_huge_txn import vm_hwm_mb as peak_rss_mb
@@ -51,11 +52,14 @@ def test_huge_transaction_bounded_memory_and_sigkill(mysql_db: MyDatabase,
         return sum(reader.end_offsets(topic).values())
 
     capture = Capture(config, tmp_path / "capture.log").start()
-    wait_for(lambda: logged() > 1000 + ROWS // 3, 120, "a third of the transaction logged")
-    assert stored_offset(log, db.source) == before  # mid-transaction: the offset waits
-    assert capture.process is not None
-    first_rss = peak_rss_mb(capture.process.pid)
-    capture.kill()
+    with Watch("capture daemon (MariaDB)", logged) as watch:  # records it wrote to the log
+        wait_for(lambda: logged() > 1000 + ROWS // 3, 120, "a third of the transaction logged")
+        assert stored_offset(log, db.source) == before  # mid-transaction: the offset waits
+        assert capture.process is not None
+        first_rss = peak_rss_mb(capture.process.pid)
+        # the restart resumes from the transaction's start while the offset stayed put
+        watch.kill("huge transaction", capture.kill,
+                   lambda: 0 if stored_offset(log, db.source) == before else 10**12)
     capture = Capture(config, tmp_path / "capture2.log").start()
     assert capture.process is not None
     pid = capture.process.pid

@@ -25,6 +25,7 @@ from cdc.log.local import LocalChangeLogReader
 from cdc.log.schemas import SchemaStore
 from cdc.position import format_lsn
 from cdc.status import read_status
+from tests.kills import Watch
 from tests.pgkit import (
     Capture,
     Database,
@@ -247,9 +248,14 @@ def test_huge_transaction_survives_sigkill_in_its_middle(pg_db: Database,
         peak_first = max(peak_first, vm_hwm_mb(first_pid))
         return topic_records(log, topic) - before >= RECORDS * 0.4
 
-    wait_for(in_the_middle, 60 + ROWS / 2000, "capture to write 40% of the transaction")
-    peak_first = max(peak_first, vm_hwm_mb(first_pid))
-    capture.kill()
+    stored_before = int((stored_offset(log, pg_db.source) or {}).get("lsn", 0))
+    with Watch("capture daemon (PostgreSQL)", lambda: topic_records(log, topic) - before
+               ) as watch:  # its position: the transaction's records it wrote to the log
+        wait_for(in_the_middle, 60 + ROWS / 2000, "capture to write 40% of the transaction")
+        peak_first = max(peak_first, vm_hwm_mb(first_pid))
+        # the restart resumes from the transaction's start while the offset stayed put
+        watch.kill("huge transaction", capture.kill, lambda: 0 if int(
+            (stored_offset(log, pg_db.source) or {}).get("lsn", 0)) == stored_before else RECORDS)
     killed = time.monotonic()
     at_kill = topic_records(log, topic) - before
     stored_at_kill = int((stored_offset(log, pg_db.source) or {}).get("lsn", 0))
