@@ -160,3 +160,15 @@ def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
         terminalreporter.write_sep("=", "SIGKILLs (tests/kills.py)")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster():  # type: ignore[no-untyped-def]
+    """One throwaway three-node KRaft cluster (replication factor 3, min.insync.replicas 2),
+    started the first time a test asks for it and shared by every test that needs three
+    brokers. Tests kill and restart single nodes; each must leave all three running."""
+    from cdc.servers.kafka import ThrowawayKafkaCluster
+
+    cluster = ThrowawayKafkaCluster().start()
+    yield cluster
+    cluster.cleanup()

@@ -47,3 +47,20 @@ def drop_kafka_topics(broker: Any, names: list[str]) -> None:
     while any(n in admin.list_topics(timeout=30).topics for n in present):
         assert time.monotonic() < deadline, f"topics {present} not deleted"
         time.sleep(0.2)
+
+
+def broker_watch(node: Any, kind: str, source_position: Any) -> Any:
+    """A :class:`tests.kills.Watch` of a Kafka broker JVM (``node``: a ThrowawayKafka). Its
+    position is the pair (``source_position()``: how far the writers pushing through it had got,
+    bytes the broker wrote): a kill lands in flight when the broker wrote in the second before
+    and the writers' position was past what was committed to Kafka (where they resume once it
+    is back)."""
+    from tests.kills import Watch, process_io
+
+    def position() -> tuple[Any, int] | None:
+        if node.process is None:
+            return None
+        return source_position(), process_io(node.process.pid, "wchar")
+
+    return Watch(kind, position, ahead=lambda at, committed: at[0] > committed,
+                 moved=lambda before, now: now[1] > before[1])

@@ -153,17 +153,21 @@ class Watch:
 
     def kill(self, phase: str, action: Callable[[], Any],
              resumes_from: Callable[[], Any] | None = None, detail: str = "",
-             aim: float = 0.0) -> Kill:
+             aim: float = 0.0, read_before: bool = False) -> Kill:
         """SIGKILL now (``action``) and record it. With ``resumes_from``, settle at once (read
         the committed position after the kill); else call :meth:`Kill.settle` later (e.g. once
         a killed broker is back and its log can be read).
 
         ``aim`` (seconds, with ``resumes_from``): first wait up to that long for a moment when
         the position is ahead of the committed one (both read just before the SIGKILL), for
-        processes that are often caught up (a capture keeping pace with a light load)."""
+        processes that are often caught up (a capture keeping pace with a light load).
+
+        ``read_before``: read the committed position just before the SIGKILL, not after it —
+        for a killed server that holds it (a broker: nothing commits while it is down)."""
         deadline = time.monotonic() + aim
         while True:
-            committed = resumes_from() if aim and resumes_from is not None else None
+            committed = (resumes_from() if (aim or read_before) and resumes_from is not None
+                         else None)
             position = self.position()  # read last: the SIGKILL follows at once
             if committed is None or time.monotonic() > deadline:
                 break
@@ -180,7 +184,7 @@ class Watch:
         KILLS.append(kill)
         self.restarted()
         if resumes_from is not None:
-            kill.settle(resumes_from(), detail)
+            kill.settle(committed if read_before else resumes_from(), detail)
         return kill
 
 

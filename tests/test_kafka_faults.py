@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.kafkakit import kafka_yaml
+from tests.kafkakit import broker_watch, kafka_yaml
 from tests.pgkit import (
     LOAD_SCHEMA,
     ApplyProcess,
@@ -23,6 +23,7 @@ from tests.pgkit import (
     check_against_audit,
     output,
     read_topic,
+    stored_offset,
     wait_caught_up,
     wait_for,
     write_config,
@@ -47,6 +48,11 @@ def _bootstrap(db: Database, tmp_path: Path, options: dict[str, Any], extra: str
     return config, {**options, "path": str(tmp_path / "log")}
 
 
+def _stored_lsn(settings: dict[str, Any], db: Database) -> int:
+    """The source LSN the Kafka log committed (where capture resumes)."""
+    return int((stored_offset(settings, db.source) or {}).get("lsn", 0))
+
+
 def _committed(db: Database) -> int:
     return int(db.execute("SELECT count(*) FROM audit")[0][0])
 
@@ -63,7 +69,7 @@ def own_broker():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("rows", [True, False], ids=["rows", "offsets-only"])
 def test_an_append_during_an_outage_fails_as_unavailable_and_the_writer_recovers(
         own_broker: Any, rows: bool) -> None:
-    """With the broker down an append fails with LogUnavailable (what capture retries) within
+    """With the broker down (stopped) an append fails with LogUnavailable (what capture retries) within
     the log's timeouts — also one that carries only a source offset, whose record's failed
     delivery the commit reports only as "1 message(s) failed delivery"; once the broker is
     back the same writer resolves its unfinished transaction, reads the offsets really
@@ -85,7 +91,7 @@ def test_an_append_during_an_outage_fails_as_unavailable_and_the_writer_recovers
     try:
         writer.ensure_topic("s1.public.t", {"source": "s1"})
         writer.append(records("a"), {"s1": {"seq": 1}})
-        own_broker.kill()
+        own_broker.stop()  # down (the crashes in flight are the tests below)
         started = time.monotonic()
         with pytest.raises(LogUnavailable) as raised:
             writer.append(records("b") if rows else [], {"s1": {"seq": 2}})
@@ -118,17 +124,23 @@ def test_capture_waits_out_a_whole_broker_outage(own_broker: Any, pg_db: Databas
     config, settings = _bootstrap(pg_db, tmp_path, options, followers)
     capture = Capture(config, tmp_path / "capture.log").start()
     load = Load(pg_db, threads=2, bulk_every=15).start()
+    watch = broker_watch(own_broker, "Kafka broker (single)", pg_db.current_lsn).start()
     try:
         wait_for(lambda: load.committed > 30, 60, "load")
         wait_caught_up(pg_db, settings, 60)  # the daemon is streaming into Kafka
-        before = _committed(pg_db)
-        own_broker.kill()
-        wait_for(lambda: _committed(pg_db) > before + 20, 60, "load during the outage")
-        time.sleep(20)
-        assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
-        own_broker.start()
-        wait_for(lambda: _committed(pg_db) > before + 60, 60, "load after the outage")
+        # twice: a 20 s outage while streaming, then a short one while capture catches up
+        for phase, outage in (("streaming", 20), ("catching up after an outage", 3)):
+            before = _committed(pg_db)
+            watch.wait_moving()
+            watch.kill(phase, own_broker.kill, lambda: _stored_lsn(settings, pg_db),
+                       read_before=True)
+            wait_for(lambda b=before: _committed(pg_db) > b + 20, 60, "load during the outage")
+            time.sleep(outage)
+            assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
+            own_broker.start()
+            wait_for(lambda b=before: _committed(pg_db) > b + 60, 60, "load after the outage")
     finally:
+        watch.stop()
         load.finish()
     wait_caught_up(pg_db, settings, 180)
     assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
@@ -151,40 +163,40 @@ def test_capture_waits_out_a_whole_broker_outage(own_broker: Any, pg_db: Databas
 
 
 @pytest.mark.slow
-def test_a_broker_of_three_killed_and_restarted_under_load(pg_db: Database,
+def test_a_broker_of_three_killed_and_restarted_under_load(kafka_cluster: Any, pg_db: Database,
                                                            tmp_path: Path) -> None:
     """Replication factor 3, min.insync.replicas 2: each broker in turn SIGKILLed under load and
     restarted; the capture daemon never stops and the history equals the audit trail."""
-    from cdc.servers.kafka import ThrowawayKafkaCluster
-
+    cluster = kafka_cluster
     _seed(pg_db)
-    cluster = ThrowawayKafkaCluster().start()
+    options = {**kafka_yaml(cluster), "replication_factor": 3, "min_insync_replicas": 2}
+    config, settings = _bootstrap(pg_db, tmp_path, options)
+    capture = Capture(config, tmp_path / "capture.log").start()
+    load = Load(pg_db, threads=2, bulk_every=15).start()
     try:
-        options = {**kafka_yaml(cluster), "replication_factor": 3, "min_insync_replicas": 2}
-        config, settings = _bootstrap(pg_db, tmp_path, options)
-        capture = Capture(config, tmp_path / "capture.log").start()
-        load = Load(pg_db, threads=2, bulk_every=15).start()
-        try:
-            for index in (0, 2):
-                before = _committed(pg_db)
-                cluster.node(index).kill()
-                wait_for(lambda b=before: _committed(pg_db) > b + 20, 120, "load, one node down")
-                time.sleep(3)
-                cluster.node(index).start()
-                # generous: on a loaded machine a restarted broker takes a while to rejoin ISR
-                wait_for(lambda b=before: not capture.alive() or _committed(pg_db) > b + 40, 180,
-                         "load after the restart")
-                assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
-        finally:
-            load.finish()
-        wait_caught_up(pg_db, settings, 180)
-        text = (tmp_path / "capture.log").read_text()
-        assert capture.terminate() == 0, text[-3000:]
-        figures = check_against_audit(pg_db, read_topic(settings, f"{pg_db.source}.public.items"))
-        assert figures
+        wait_for(lambda: load.committed > 30, 60, "load")
+        for index in (0, 2):
+            before = _committed(pg_db)
+            with broker_watch(cluster.node(index), "Kafka broker (one of three)",
+                              pg_db.current_lsn) as watch:
+                watch.wait_moving()
+                watch.kill(f"under load, node {index + 1}", cluster.node(index).kill,
+                           lambda: _stored_lsn(settings, pg_db), read_before=True)
+            wait_for(lambda b=before: _committed(pg_db) > b + 20, 120, "load, one node down")
+            time.sleep(3)
+            cluster.node(index).start()
+            # generous: on a loaded machine a restarted broker takes a while to rejoin ISR
+            wait_for(lambda b=before: not capture.alive() or _committed(pg_db) > b + 40, 180,
+                     "load after the restart")
+            assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
     finally:
-        cluster.stop()
-        cluster.cleanup()
+        load.finish()
+        cluster.start()  # every node up again for the next test
+    wait_caught_up(pg_db, settings, 180)
+    text = (tmp_path / "capture.log").read_text()
+    assert capture.terminate() == 0, text[-3000:]
+    figures = check_against_audit(pg_db, read_topic(settings, f"{pg_db.source}.public.items"))
+    assert figures
 
 
 def test_a_second_capture_daemon_fences_the_first(kafka_broker: Any, pg_db: Database,

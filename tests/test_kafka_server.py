@@ -16,7 +16,6 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from cdc.errors import CdcError
 from cdc.servers.kafka import (
     ThrowawayKafka,
-    ThrowawayKafkaCluster,
     kafka_classpath,
     kafka_version,
 )
@@ -236,33 +235,74 @@ def produce_acked(bootstrap: str, topic: str, values: list[bytes]) -> None:
 
 
 @pytest.mark.slow
-def test_cluster_survives_a_killed_node() -> None:
-    with ThrowawayKafkaCluster() as cluster:
-        bootstrap = cluster.bootstrap_servers
-        assert len(bootstrap.split(",")) == 3
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        assert sorted(admin.list_topics(timeout=10).brokers) == [1, 2, 3]
-        topic = unique("replicated")
-        create_topic(bootstrap, topic, replication=3, config={"min.insync.replicas": "2"})
-        produce_acked(bootstrap, topic, [b"before-%d" % i for i in range(10)])
+def test_cluster_survives_a_killed_node(kafka_cluster: Any) -> None:
+    """The leader of a replicated partition SIGKILLed while a producer (acks=all, idempotent)
+    writes to it: a new leader takes over, every record arrives once and in order, and the
+    killed node rejoins the ISR after its restart."""
+    import threading
 
-        leader = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
-        victim = cluster.node(leader - 1)
-        assert victim.node_id == leader
-        victim.kill()
+    from tests.kafkakit import broker_watch
+
+    cluster = kafka_cluster
+    bootstrap = cluster.bootstrap_servers
+    assert len(bootstrap.split(",")) == 3
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    assert sorted(admin.list_topics(timeout=10).brokers) == [1, 2, 3]
+    topic = unique("replicated")
+    create_topic(bootstrap, topic, replication=3, config={"min.insync.replicas": "2"})
+    produce_acked(bootstrap, topic, [b"before-%d" % i for i in range(10)])
+
+    leader = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+    victim = cluster.node(leader - 1)
+    assert victim.node_id == leader
+    sent, acked, failed = [0], [0], []
+    stop = threading.Event()
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
+                         "enable.idempotence": True, "message.timeout.ms": 60000,
+                         "linger.ms": 5})
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err:
+            failed.append(err)
+        else:
+            acked[0] += 1
+
+    def produce() -> None:  # a steady stream across the kill
+        while not stop.is_set():
+            producer.produce(topic, value=b"during-%d" % sent[0], on_delivery=delivered)
+            sent[0] += 1
+            producer.poll(0.002)
+
+    writer = threading.Thread(target=produce, daemon=True)
+    writer.start()
+    try:
+        with broker_watch(victim, "Kafka broker (one of three)", lambda: sent[0]) as watch:
+            watch.wait_moving()
+            # in flight: records sent to the leader and not yet acknowledged
+            watch.kill("partition leader under a producer", victim.kill, lambda: acked[0],
+                       read_before=True)
         assert not victim.running()
         # a new leader among the two left (after the session timeout); 2 >= min.insync.replicas
-        produce_acked(bootstrap, topic, [b"after-%d" % i for i in range(10)])
-        values = [value for _, value in read_all(bootstrap, topic)]
-        assert values == [b"before-%d" % i for i in range(10)] + [b"after-%d" % i
-                                                                  for i in range(10)]
-        partition = admin.list_topics(topic, timeout=10).topics[topic].partitions[0]
-        assert partition.leader != leader and leader not in partition.isrs
+        at_kill = sent[0]
+        deadline = time.monotonic() + 90
+        while acked[0] <= at_kill + 20:
+            assert time.monotonic() < deadline and not failed, (acked, failed)
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        writer.join(10)
+    assert producer.flush(90) == 0 and failed == []
+    produce_acked(bootstrap, topic, [b"after-%d" % i for i in range(10)])
+    values = [value for _, value in read_all(bootstrap, topic)]
+    assert values == ([b"before-%d" % i for i in range(10)] + [b"during-%d" % i for i in
+                      range(sent[0])] + [b"after-%d" % i for i in range(10)])
+    partition = admin.list_topics(topic, timeout=10).topics[topic].partitions[0]
+    assert partition.leader != leader and leader not in partition.isrs
 
-        victim.start()
-        assert sorted(admin.list_topics(timeout=10).brokers) == [1, 2, 3]
-        deadline = time.monotonic() + 60  # it catches up and is back in sync
-        while leader not in admin.list_topics(topic, timeout=10).topics[topic] \
-                .partitions[0].isrs:
-            assert time.monotonic() < deadline, victim.log_tail()
-            time.sleep(0.2)
+    victim.start()
+    assert sorted(admin.list_topics(timeout=10).brokers) == [1, 2, 3]
+    deadline = time.monotonic() + 60  # it catches up and is back in sync
+    while leader not in admin.list_topics(topic, timeout=10).topics[topic] \
+            .partitions[0].isrs:
+        assert time.monotonic() < deadline, victim.log_tail()
+        time.sleep(0.2)
