@@ -15,11 +15,17 @@ updates and key changes of snapshotted rows whose TOASTed note never changes.
 Each kill waits for one of these moments, in a random order (the seed is printed; set
 ``CDC_CRASH_SEED`` to replay its choices — the timing of the processes is not replayable):
 
-``start-up``  a random delay after the start, mostly while the SparkSession starts;
+``recovery``  a random delay of 0-500 ms after the restarted run first moves (replays the batch
+              the last kill left in flight, or plans its first);
 ``in-batch``  a random delay of 0-600 ms after this run plans its first new micro-batch;
 ``written``   right after Redis executed a batch's writes (polling Redis's EVALSHA count), i.e.
               inside ``foreachBatch`` or before Spark committed the batch;
 ``between``   right after Spark committed a batch.
+
+Every kill goes through ``tests/kills.py``: from the chosen moment it fires as soon as one of the
+four queries has a batch planned and not committed, and it fails the test unless the driver's
+queries planned, committed or wrote in the second before (a kill on an idle or still starting
+process proves nothing; start-up kills before any work are therefore gone).
 
 Most kills SIGKILL the whole process group at once (driver, JVM, Python workers: a machine or
 container crash); every third kills only the ``cdc apply`` process (``kill -9 PID``): its JVM
@@ -27,10 +33,10 @@ notices and exits by itself (the test waits for that before restarting, and fail
 not happen within a minute).
 
 After every kill (once the whole process group is gone) the test reads the checkpoint and Redis
-and classifies what the kill hit: *start-up* (the run had committed nothing and done nothing to
-the batch in flight, if any); *mid-batch* (a batch in flight — planned in ``offsets/N``, not in
-``commits/N`` — that this run planned, or had Redis run script calls for, e.g. a replay going
-through the version gate), split by how many
+and classifies what the kill hit: *before its first commit* (the run had committed nothing and
+done nothing to the Redis batch in flight, if any); *mid-batch* (a batch in flight — planned in
+``offsets/N``, not in ``commits/N`` — that this run planned, or had Redis run script calls for,
+e.g. a replay going through the version gate), split by how many
 of the batch's folded changes Redis already held (read back from the log's offset range and
 compared with each Redis row's ``_cdc_position``): none, some, or all; or *between batches*.
 Every batch left in flight must later be committed with the very same offsets (Spark replayed
@@ -71,6 +77,7 @@ from cdc.transactions import TOPIC_SUFFIX as TRANSACTION_SUFFIX
 from sinks import open_sink
 from sinks.base import row_text
 from sinks.redis import DELETED_PREFIX, POSITION_FIELD, RedisSink
+from tests.kills import Watch
 from tests.pgkit import (
     PROJECT,
     Capture,
@@ -84,10 +91,11 @@ from tests.pgkit import (
     wait_for,
     write_config,
 )
+from tests.sparkkit import committed_batches, driver_watch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-KILLS = 12
+KILLS = 8
 #: extra kills allowed to make the last one leave a batch Redis already holds
 EXTRA_KILLS = 4
 MAX_RECORDS = 600
@@ -278,7 +286,7 @@ class Kill:
             if self.applied < self.batch_changes:
                 return "mid-batch, partly written"
             return "mid-batch, written, not committed"
-        return "start-up" if self.run_committed == 0 else "between batches"
+        return "before its first commit" if self.run_committed == 0 else "between batches"
 
 
 # ------------------------------------------------------------------------------------- waits
@@ -289,12 +297,13 @@ def evalsha_calls(client: redis.Redis) -> int:
 
 
 def wait_for_moment(mode: str, run: ApplyRun, checkpoint: Checkpoint, client: Any,
-                    rng: random.Random, deadline: float) -> None:
+                    rng: random.Random, deadline: float, watch: Watch) -> None:
     """Return at the moment ``mode`` aims for (see the module docstring), or at ``deadline``
     (the kill then lands wherever the run is)."""
     offsets0, commits0 = checkpoint.last("offsets"), checkpoint.last("commits")
-    if mode == "start-up":
-        time.sleep(rng.uniform(0.3, 6.0))
+    if mode == "recovery":
+        watch.wait_moving(180)
+        time.sleep(rng.uniform(0, 0.5))
         return
     if mode == "written":
         calls = evalsha_calls(client)
@@ -384,7 +393,7 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
 
     capture = Capture(config_path, tmp_path / "capture.log").start()
     load = Load(pg_db, threads=2, key_changes=0.05, pause=0.05, seed=seed).start()
-    modes = ["start-up"] * 4 + ["in-batch"] * 2 + ["written"] * 3 + ["between"] * 2
+    modes = ["recovery"] * 2 + ["in-batch"] * 2 + ["written"] * 2 + ["between"]
     rng.shuffle(modes)
     modes.append("written")  # the last kill should leave a written, uncommitted batch
     kills: list[Kill] = []
@@ -392,6 +401,8 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
     confirmed_replays: set[int] = set()
     moved: list[int] = []
     run: ApplyRun | None = None
+    roots = [checkpoint.path, tmp_path / "state" / "apply"]
+    watch = driver_watch(roots, lambda: evalsha_calls(client)).start()
     try:
         while len(kills) < KILLS + EXTRA_KILLS:
             number = len(kills)
@@ -402,11 +413,14 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
             commits_at_start = checkpoint.last("commits")
             offsets_at_start = checkpoint.last("offsets")
             calls_at_start = evalsha_calls(client)
-            wait_for_moment(mode, run, checkpoint, client, rng, time.monotonic() + 180)
+            wait_for_moment(mode, run, checkpoint, client, rng, time.monotonic() + 180, watch)
             assert run.alive(), run.log_file.read_text(errors="replace")[-3000:]
             whole_group = number % 3 != 2
             at = time.monotonic() - run.started
-            jvm_lived = run.kill(whole_group)
+            lived: list[float] = []
+            watch.kill(mode, lambda r=run, g=whole_group, out=lived: out.append(r.kill(g)),
+                       lambda: committed_batches(roots), aim=60)
+            jvm_lived = lived[0]
             in_flight = checkpoint.in_flight()
             kill = Kill(mode, whole_group, at, checkpoint.last("commits") - commits_at_start,
                         in_flight, in_flight is not None and in_flight > offsets_at_start,
@@ -454,6 +468,7 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
         code, text = run.terminate()
         run = None
     finally:
+        watch.stop()
         if run is not None:
             run.cleanup()
         load.stop.set()
@@ -492,7 +507,6 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
           f"({notes:,} with TOASTed notes, {len(moved)} snapshotted rows moved to a new key), "
           f"{load.committed:,} load transactions; {time.monotonic() - began:.0f} s in all")
     assert len(kills) >= KILLS
-    assert hits["start-up"] >= 1
     assert sum(1 for k in kills if k.mid_batch) >= 3, hits
     assert len(written_in_flight) >= 2, hits  # replays that must go through the version gate
     assert confirmed_replays == left_in_flight  # each replayed with the offsets it was planned with

@@ -183,12 +183,12 @@ def test_sigkill_during_compaction_keeps_the_log_whole(tmp_path: Path) -> None:
             assert written > 100_000
         else:  # aimed by the bytes it wrote: somewhere between 5 % and 90 % of a compaction
             share = rnd.uniform(0.05, 0.9)
-            with Watch("log compaction", lambda: process_io(child.pid, "wchar"),
+            with Watch("log compaction", lambda c=child: process_io(c.pid, "wchar"),
                        ahead=lambda _, done: not done) as watch:
                 while process_io(child.pid, "wchar") < base + share * written:
                     time.sleep(0.0005)
                 kill = watch.kill("first half" if share < 0.5 else "second half",
-                                  lambda: child.send_signal(signal.SIGKILL))
+                                  lambda c=child: c.send_signal(signal.SIGKILL))
             kill.settle("DONE" in child.stdout.read(), "the compaction had finished")
         child.wait()
         assert snapshot() == truth

@@ -69,10 +69,10 @@ def own_broker():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("rows", [True, False], ids=["rows", "offsets-only"])
 def test_an_append_during_an_outage_fails_as_unavailable_and_the_writer_recovers(
         own_broker: Any, rows: bool) -> None:
-    """With the broker down (stopped) an append fails with LogUnavailable (what capture retries) within
-    the log's timeouts — also one that carries only a source offset, whose record's failed
-    delivery the commit reports only as "1 message(s) failed delivery"; once the broker is
-    back the same writer resolves its unfinished transaction, reads the offsets really
+    """With the broker down (stopped) an append fails with LogUnavailable (what capture
+    retries) within the log's timeouts — also one that carries only a source offset, whose
+    record's failed delivery the commit reports only as "1 message(s) failed delivery"; once
+    the broker is back the same writer resolves its unfinished transaction, reads the offsets really
     committed, and appends again."""
     from cdc.config import LogConfig
     from cdc.errors import LogUnavailable

@@ -17,8 +17,8 @@ import pytest
 from cdc.avro import EventCodec
 from cdc.log.local import LocalChangeLogReader
 from cdc.log.schemas import SchemaStore
-from tests.mykit import MyDatabase, wait_caught_up, write_config
 from tests.kills import Watch
+from tests.mykit import MyDatabase, wait_caught_up, write_config
 from tests.pgkit import Capture, cdc, stored_offset, wait_for
 from tests.test_pg_huge_txn import RSS_LIMIT_MB
 from tests.test_pg_huge_txn import vm_hwm_mb as peak_rss_mb

@@ -343,7 +343,8 @@ class ShopLoad:
 @pytest.mark.slow
 def test_views_in_every_follower_kind_verify_against_the_leader(
         tmp_path: Path, pg_db: Any, redis_url: str) -> None:
-    from tests.pgkit import PROJECT, Capture, cdc, output, wait_caught_up, write_config
+    from tests.pgkit import PROJECT, Capture, cdc, output, wait_caught_up, wait_for, write_config
+    from tests.sparkkit import committed_batches, driver_watch
 
     pg_db.execute(SHOP)
     sqlite = tmp_path / "reporting.sqlite"
@@ -391,22 +392,38 @@ views:
             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "apply.log", "ab"),  # noqa: SIM115
             start_new_session=True)
 
+    roots = [tmp_path / "state" / "apply"]
+
+    def state_writes() -> int:  # the views' DuckDB state files, as they are written
+        return sum(p.stat().st_mtime_ns for p in (tmp_path / "state").rglob("*.duckdb*"))
+
+    def kill_apply(phase: str) -> None:
+        def kill() -> None:
+            apply.send_signal(signal.SIGKILL)
+            apply.wait(30)
+        watch.kill(phase, kill, lambda: committed_batches(roots), aim=60)
+
     apply = start_apply()
     load = ShopLoad(pg_db).start()
+    watch = driver_watch(roots, state_writes).start()
     try:
         _wait_for_rows(sqlite, "revenue_by_customer", timeout=120)
-        apply.send_signal(signal.SIGKILL)  # mid-run, somewhere in a batch
-        apply.wait(30)
+        watch.wait_moving()
+        kill_apply("mid-batch (views)")  # mid-run, somewhere in a batch
         pg_db.execute("TRUNCATE orders")
         apply = start_apply(stall=True)  # stalls after a batch's state commit, outbox full
         deadline = time.monotonic() + 120
         while not stalled.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.05)
         assert stalled.exists()
-        apply.send_signal(signal.SIGKILL)  # between the state's commit and the followers
-        apply.wait(30)
+        # between the state's commit and the followers (the state was written just now)
+        kill_apply("between a view's state commit and its followers")
+        committed = committed_batches(roots)
         apply = start_apply()
-        time.sleep(4)
+        # under load until the restarted apply committed a batch of its own
+        wait_for(lambda: committed_batches(roots) > committed or apply.poll() is not None,
+                 180, "the restarted apply's first commit")
+        assert apply.poll() is None, (tmp_path / "apply.log").read_text()[-3000:]
         load.finish()
         assert load.transactions > 50
         wait_caught_up(pg_db, tmp_path / "log")
@@ -436,10 +453,13 @@ views:
         assert diverged.returncode == 1, output(diverged)
         assert f'{{"customer_id":{first}}}: different: orders' in diverged.stdout
     finally:
+        watch.stop()
         load.finish()
         apply.send_signal(signal.SIGTERM)
-        assert apply.wait(120) == 0, (tmp_path / "apply.log").read_text()[-3000:]
-        assert capture.terminate() == 0
+        apply_code = apply.wait(120)
+        capture_code = capture.terminate()
+    assert apply_code == 0, (tmp_path / "apply.log").read_text()[-3000:]
+    assert capture_code == 0
 
 
 def test_check_config_runs_view_sql_on_the_leader(tmp_path: Path, pg_db: Any) -> None:

@@ -57,6 +57,8 @@ class ThrowawaySparkCluster:
     ui_port: int = 0
     master: subprocess.Popen[bytes] | None = None
     worker_processes: list[subprocess.Popen[bytes] | None] = field(default_factory=list)
+    #: each worker's web UI port (how the master's status names it)
+    worker_ui_ports: list[int] = field(default_factory=list)
 
     @property
     def master_url(self) -> str:
@@ -100,10 +102,12 @@ class ThrowawaySparkCluster:
         work = self.directory / f"worker-{index}"
         work.mkdir()
         log = (self.directory / f"worker-{index}.log").open("wb")
+        ui_port = free_port()
+        self.worker_ui_ports.append(ui_port)
         self.worker_processes.append(subprocess.Popen(
             self._command("org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                           "--cores", str(self.cores), "--memory", self.memory,
-                          "--webui-port", str(free_port()), "--work-dir", str(work),
+                          "--webui-port", str(ui_port), "--work-dir", str(work),
                           self.master_url),
             stdout=log, stderr=subprocess.STDOUT, env=self._environment(), cwd=work,
             start_new_session=True))
@@ -134,17 +138,36 @@ class ThrowawaySparkCluster:
                        f"of {count} workers alive):\n{self.log_tail()}",
                        "check that Java 17 runs (`java -version`) and that pyspark is installed")
 
+    def live_workers(self) -> list[int]:
+        """The indexes of the workers whose process runs."""
+        return [index for index, process in enumerate(self.worker_processes)
+                if process is not None and process.poll() is None]
+
+    def wait_worker(self, index: int, timeout: float = 90.0) -> None:
+        """Until the master lists worker ``index`` itself as ALIVE (a count of ALIVE workers
+        can include one just killed that the master has not timed out yet)."""
+        suffix = f":{self.worker_ui_ports[index]}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(w.get("state") == "ALIVE" and str(w.get("webuiaddress", "")).endswith(suffix)
+                   for w in self.state().get("workers", [])):
+                return
+            time.sleep(0.3)
+        raise CdcError(f"Spark worker {index} did not register with the master:\n"
+                       f"{self.log_tail()}", "check the worker's log above")
+
     def log_tail(self, chars: int = 1500) -> str:
         if self.directory is None:
             return ""
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}"
                          for p in sorted(self.directory.glob("*.log")))
 
-    def executor_pids(self) -> list[int]:
-        """The process ids of the executors the workers run now (``CoarseGrainedExecutorBackend``
-        JVMs)."""
+    def executor_pids(self, index: int | None = None) -> list[int]:
+        """The process ids of the executors the workers (or worker ``index``) run now
+        (``CoarseGrainedExecutorBackend`` JVMs)."""
         pids = []
-        for worker in self.worker_processes:
+        chosen = self.worker_processes if index is None else [self.worker_processes[index]]
+        for worker in chosen:
             for pid in _children(worker.pid) if worker is not None else []:
                 try:
                     command = Path(f"/proc/{pid}/cmdline").read_bytes()
