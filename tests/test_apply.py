@@ -182,7 +182,8 @@ def test_apply_once_from_postgres_capture(tmp_path: Path, pg_db: Any, redis_url:
         target = pg_db.current_lsn()
         wait_caught_up(pg_db, log)
     finally:
-        assert capture.terminate() == 0
+        capture_code = capture.terminate()
+    assert capture_code == 0
     topic = f"{pg_db.source}.{ITEMS}"
 
     started = time.monotonic()

@@ -80,7 +80,8 @@ def apply_and_verify(config: Path, topic: str, verify: bool = True
             assert checked.returncode == 0, f"{name}: {output(checked)}"
     finally:
         running.send_signal(signal.SIGTERM)
-        assert running.wait(120) == 0
+        running_code = running.wait(120)
+    assert running_code == 0
     return rows["jvm"]
 
 
@@ -112,7 +113,8 @@ def test_spark_kafka_reader_equals_the_log_reader_and_follows_add_column(
         wait_caught_up(pg_db, settings, 120)
         second = apply_and_verify(config, topic)
     finally:
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
+        capture_code = capture.terminate()
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
     assert second['{"id":8}']["extra"] == "2.00"
     assert second['{"id":410}']["extra"] == "9.99"
     assert "extra" not in second['{"id":41}']

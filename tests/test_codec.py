@@ -211,5 +211,9 @@ def test_table_id_parsing() -> None:
 
 def test_dump_json_is_strict_json(codec: EventCodec) -> None:
     schema = schema_with(Column("f", ColumnType("float64")))
-    envelope = roundtrip(codec, schema, {"id": 1, "f": float("nan")})
-    json.dumps(envelope, allow_nan=False)
+    for value, text in ((float("nan"), "NaN"), (float("inf"), "Infinity"),
+                        (float("-inf"), "-Infinity"), (1.5, 1.5)):
+        envelope = roundtrip(codec, schema, {"id": 1, "f": value})
+        dumped = json.dumps(envelope, allow_nan=False)  # strict JSON: no bare NaN
+        assert envelope["after"] == {"id": 1, "f": text}
+        assert json.loads(dumped)["after"] == {"id": 1, "f": text}

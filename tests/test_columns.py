@@ -162,8 +162,10 @@ def test_postgres_rules_keep_secrets_out_of_the_log_and_verify_through_them(
         assert changed.returncode == 1, output(changed)
         assert re.search(r'\{"id":\d+\}\s+different: ssn', changed.stdout), changed.stdout
     finally:
-        assert applier.terminate() == 0, applier.log_file.read_text()[-3000:]
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
+        applier_code = applier.terminate()
+        capture_code = capture.terminate()
+    assert applier_code == 0, applier.log_file.read_text()[-3000:]
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
     _no_secret_anywhere(tmp_path / "log", tmp_path / "capture.log", tmp_path / "apply.log")
     assert SECRET not in output(booted) + output(verified) + output(changed)
     dumped = cdc("log", "dump", "--config", str(config))  # the transaction topic too
@@ -280,8 +282,10 @@ def test_mariadb_rules_keep_secrets_out_of_the_log_and_verify_through_them(
                        "--chunk-size", "8", "--timeout", "180s", timeout=240, env=env)
         assert verified.returncode == 0, output(verified) + applier.log_file.read_text()
     finally:
-        assert applier.terminate() == 0, applier.log_file.read_text()[-3000:]
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
+        applier_code = applier.terminate()
+        capture_code = capture.terminate()
+    assert applier_code == 0, applier.log_file.read_text()[-3000:]
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
     _no_secret_anywhere(tmp_path / "log", tmp_path / "capture.log", tmp_path / "apply.log")
     assert SECRET not in output(booted) + output(verified)
     events = read_topic(tmp_path / "log", f"{mysql_db.source}.{mysql_db.table('people')}")
@@ -316,7 +320,8 @@ def test_a_kafka_log_holds_no_secret_either(kafka_broker: Any, pg_db: Database,
         pg_db.execute("DELETE FROM people WHERE id % 3 = 0")
         wait_caught_up(pg_db, {**options, "path": str(tmp_path / "log")})
     finally:
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
+        capture_code = capture.terminate()
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
     reader = reader_from({**options, "path": str(tmp_path / "log")})
     assert reader is not None
     try:

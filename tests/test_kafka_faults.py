@@ -153,9 +153,11 @@ def test_capture_waits_out_a_whole_broker_outage(own_broker: Any, pg_db: Databas
         assert verified.returncode == 0, output(verified) + applier.log_file.read_text()
         assert "follower equals the leader" in verified.stdout
     finally:
-        assert applier.terminate() == 0, applier.log_file.read_text()[-3000:]
+        applier_code = applier.terminate()
         text = (tmp_path / "capture.log").read_text()
-        assert capture.terminate() == 0, text[-3000:]
+        capture_code = capture.terminate()
+    assert applier_code == 0, applier.log_file.read_text()[-3000:]
+    assert capture_code == 0, text[-3000:]
     # where the outage hit decides whether librdkafka waited it out or an error surfaced
     # and the daemon retried (test_an_append_during_an_outage_... covers the retry itself)
     assert "Traceback" not in text

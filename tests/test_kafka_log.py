@@ -305,7 +305,8 @@ def test_brokers_compact_the_log_and_a_new_follower_from_offset_0_equals_the_lea
                       "FROM generate_series(1001, 1060) g")
         wait_caught_up(pg_db, settings, 120)
     finally:
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
+        capture_code = capture.terminate()
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
     reader = log_reader(settings)
     assert reader is not None
     appended = sum(reader.end_offsets(topic).values())  # offsets are kept by compaction

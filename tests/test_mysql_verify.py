@@ -244,7 +244,8 @@ def test_verify_mariadb_follower_equal_then_different_then_capture_behind(
         assert "follower differs from the leader" in text
         sink.close()
     finally:
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
+        capture_code = capture.terminate()
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()
     # capture stopped: a write moves the server's binlog past what the log holds
     db.execute("UPDATE items SET v = v + 1 WHERE id = 1")
     behind = _verify(config, db, "--timeout", "2s")

@@ -111,7 +111,8 @@ def test_database_defaults_do_not_change_what_is_captured(german_cluster: Throwa
         _insert_rows(writer, columns, 101)
         wait_caught_up(pg_db, log, timeout=60)
     finally:
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
+        capture_code = capture.terminate()
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
     pg_db.drop()
     events = read_topic(log, f"{pg_db.source}.public.types_all")
     snapshot, streamed = _by_key(events, "r"), _by_key(events, "c")

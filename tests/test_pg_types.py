@@ -257,7 +257,8 @@ def test_every_type_through_snapshot_and_stream(pg_db: Database, tmp_path: Path)
         _insert_rows(pg_db, columns, 101)
         wait_caught_up(pg_db, log, timeout=60)
     finally:
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
+        capture_code = capture.terminate()
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()
 
     topic = f"{pg_db.source}.public.types_all"
     events = read_topic(log, topic)
@@ -335,10 +336,16 @@ def _check_dump(tmp_path: Path, config: Path, topic: str, columns: list[Col]) ->
 
 
 def test_ltree_extension_is_available(pg_db: Database) -> None:
+    """The extension types' coverage in test_every_type_through_snapshot_and_stream needs
+    ltree: installed, its columns are among the ones that test captures, and it works."""
     if not _ltree_available(pg_db):
         pytest.skip("the ltree extension is not installed (Debian: postgresql-contrib / the "
                     "postgresql-15 package's contrib part); ltree columns were left out of "
                     "test_every_type_through_snapshot_and_stream")
+    columns = _columns(pg_db)
+    assert [c.name for c in columns if c.sql_type == "ltree"] == ["lt"]
+    assert pg_db.execute("SELECT 'Top.Science'::ltree @> 'Top.Science.Astronomy'::ltree, "
+                         "nlevel('Top.Science.Astronomy')") == [(True, 3)]
 
 
 def test_quoted_schema_table_and_column_names(pg_db: Database, tmp_path: Path) -> None:
@@ -358,7 +365,8 @@ def test_quoted_schema_table_and_column_names(pg_db: Database, tmp_path: Path) -
         pg_db.execute('DELETE FROM "My Schema"."we.ird""name" WHERE "Id" = 2')
         wait_caught_up(pg_db, log, timeout=60)
     finally:
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
+        capture_code = capture.terminate()
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()
     topic = f'{pg_db.source}.My Schema.we.ird"name'
     events = read_topic(log, topic)
     ops = sorted((e.op, e.key) for e in events)

@@ -119,8 +119,10 @@ def test_sql_followers_equal_the_leader_and_hold_live_rows_only(
                 assert "follower equals the leader" in verified.stdout
         finally:
             apply.send_signal(signal.SIGTERM)
-            assert apply.wait(120) == 0
-            assert capture.terminate() == 0
+            apply_code = apply.wait(120)
+            capture_code = capture.terminate()
+        assert apply_code == 0
+        assert capture_code == 0
         live = pg_db.execute("SELECT count(*) FROM items")[0][0]
         for engine_url in (f"sqlite:///{sqlite}", url):
             engine = sa.create_engine(engine_url)

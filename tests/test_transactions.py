@@ -52,7 +52,8 @@ def captured(pg_db: Database, tmp_path: Path) -> tuple[Database, Path]:
             conn.commit()
         wait_caught_up(pg_db, tmp_path / "log")
     finally:
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
+        capture_code = capture.terminate()
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()
     return pg_db, tmp_path / "log"
 
 

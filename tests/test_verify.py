@@ -183,8 +183,10 @@ def test_verify_equal_then_names_what_was_changed_in_redis(pg_db: Database, tmp_
         assert "follower differs from the leader" in text
         assert "s per 100k rows" in text
     finally:
-        assert applier.terminate() == 0, (tmp_path / "apply.log").read_text()
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
+        applier_code = applier.terminate()
+        capture_code = capture.terminate()
+    assert applier_code == 0, (tmp_path / "apply.log").read_text()
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()
     print(f"\nverify end to end: {time.monotonic() - started:.1f} s")
 
 
@@ -202,4 +204,5 @@ def test_verify_names_the_stage_that_is_behind(pg_db: Database, tmp_path: Path,
         assert "apply is behind" in result.stderr
         assert "cdc apply --follower cache" in result.stderr
     finally:
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
+        capture_code = capture.terminate()
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()

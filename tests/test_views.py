@@ -544,7 +544,8 @@ views:
     finally:
         apply.send_signal(signal.SIGTERM)
         code = apply.wait(120)
-        assert capture.terminate() == 0
+        capture_code = capture.terminate()
+    assert capture_code == 0
     assert code == 1  # it ends with the view's error
     assert "correct views.labels.sql" in log_file.read_text()
     (tmp_path / "state" / "views" / "labels.duckdb").unlink()  # the state lost alone
@@ -634,5 +635,7 @@ views:
     finally:
         if apply is not None:
             apply.send_signal(signal.SIGTERM)
-            assert apply.wait(120) == 0, (tmp_path / "apply.log").read_text()[-3000:]
-        assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()[-3000:]
+        apply_code = apply.wait(120) if apply is not None else 0
+        capture_code = capture.terminate()
+    assert apply_code == 0, (tmp_path / "apply.log").read_text()[-3000:]
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
