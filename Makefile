@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test lint bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views clean
+.PHONY: setup demo test test-quick lint bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -12,6 +12,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q --durations=30 $(PYTEST_ARGS)
+
+# the edit-test loop: unit and contract tests, none that starts a database, a broker or Spark
+# (the `servers` marker, set in tests/conftest.py) and none marked slow; CI runs everything
+test-quick: setup
+	$(PY) -m pytest -q -m "not servers and not slow" --durations=10 $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -26,6 +26,18 @@ def expected_value(seq: int, key: int, size: int = 64) -> bytes:
     return (f"{seq}:{key}:".encode() + digest * (size // 64 + 1))[: max(size, 80)]
 
 
+#: fixtures that start a database, a broker, Spark or a cluster: a test using one (directly or
+#: through another fixture) is marked ``servers``; ``make test-quick`` runs the others
+SERVER_FIXTURES = {"pg_cluster", "mariadb_server", "mariadb_factory", "kafka_broker",
+                   "kafka_cluster", "spark", "own_broker", "cluster", "german_cluster"}
+
+
+def pytest_collection_modifyitems(items):  # type: ignore[no-untyped-def]
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.servers)
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_daemons():  # type: ignore[no-untyped-def]
     """A test that fails halfway may leave `cdc capture` / `cdc apply` running: killed here,

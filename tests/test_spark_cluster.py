@@ -3,8 +3,8 @@
 
 * Under a PostgreSQL write load of small transactions and of 20,000-row ``UPDATE``s (over
   100,000 changes in all: tens of megabytes of records, many times
-  ``spark.driver.maxResultSize``, which is 1m: no record is collected to the driver; the
-  million-change volume is ``bench/apply.py --master cluster``'s), ``cdc apply --master
+  ``spark.driver.maxResultSize``, which is 1m: no record is collected to the driver; a
+  million changes through the cluster is ``bench/apply.py --master cluster --changes 1000000``), ``cdc apply --master
   spark://...`` runs three followers (Redis, Delta SCD1, Delta SCD2) with speculative task
   duplicates on, while the test SIGKILLs (through ``tests/kills.py``, each while a batch is in
   flight) an executor (the worker starts another), a whole live worker (its tasks rerun on the
