@@ -44,8 +44,10 @@ def _no_leftover_daemons():  # type: ignore[no-untyped-def]
     so they never compete with later tests for the CPU or a replication slot."""
     yield
     from tests.pgkit import kill_leftover_daemons
+    from tests.sparkkit import stop_leftover_applies
 
     kill_leftover_daemons()
+    stop_leftover_applies()
 
 
 @pytest.fixture
@@ -163,8 +165,21 @@ def kafka_broker():  # type: ignore[no-untyped-def]
     broker.cleanup()
 
 
+def _cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs since boot (/proc/stat)."""
+    fields = [float(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return sum(fields) - idle, sum(fields)
+
+
+_RUN_STARTED = _cpu_times() if Path("/proc/stat").exists() else (0.0, 0.0)
+
+
 def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
-    """The deliberate SIGKILLs of the run (tests/kills.py), by kind and phase."""
+    """The deliberate SIGKILLs of the run (tests/kills.py), by kind and phase; how busy the
+    machine's CPUs were meanwhile (this run and anything else on the machine)."""
+    import os
+
     from tests.kills import summary_lines
 
     lines = summary_lines()
@@ -172,6 +187,12 @@ def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
         terminalreporter.write_sep("=", "SIGKILLs (tests/kills.py)")
         for line in lines:
             terminalreporter.write_line(line)
+    if Path("/proc/stat").exists():
+        busy, total = _cpu_times()
+        share = (busy - _RUN_STARTED[0]) / max(total - _RUN_STARTED[1], 1.0)
+        loads = " / ".join(f"{v:.2f}" for v in os.getloadavg())
+        terminalreporter.write_line(f"machine: {os.cpu_count()} CPUs {share:.0%} busy during the "
+                                    f"run; load average now {loads}")
 
 
 @pytest.fixture(scope="session")

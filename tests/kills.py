@@ -133,15 +133,23 @@ class Watch:
         while not self._stop.wait(SAMPLE_S):
             self._sample()
 
+    def _second_before(self, position: Any) -> Any:
+        """The newest sample at least :data:`WINDOW_S` old (or the oldest kept, or
+        ``position`` when there is none)."""
+        now = time.monotonic()
+        with self._lock:
+            older = [value for at, value in self._samples if now - at >= WINDOW_S]
+            earliest = self._samples[0][1] if self._samples else position
+        return older[-1] if older else earliest
+
     def wait_moving(self, timeout: float = 60) -> None:
-        """Until the position is known and has advanced since the oldest sample kept (the
-        process is at work); :class:`AssertionError` after ``timeout`` s."""
+        """Until the position is known and advanced in the last :data:`WINDOW_S` (the process
+        is at work); :class:`AssertionError` after ``timeout`` s."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                first = self._samples[0][1] if self._samples else None
                 last = self._samples[-1][1] if self._samples else None
-            if first is not None and last is not None and self.moved(first, last):
+            if last is not None and self.moved(self._second_before(last), last):
                 return
             time.sleep(SAMPLE_S)
         raise AssertionError(f"{self.kind} made no progress within {timeout} s")
@@ -169,17 +177,14 @@ class Watch:
             committed = (resumes_from() if (aim or read_before) and resumes_from is not None
                          else None)
             position = self.position()  # read last: the SIGKILL follows at once
-            if committed is None or time.monotonic() > deadline:
+            if not aim or committed is None or time.monotonic() > deadline:
                 break
-            if position is not None and self.ahead(position, committed):
+            if (position is not None and self.ahead(position, committed)
+                    and self.moved(self._second_before(position), position)):
                 break
             time.sleep(0.001)
+        second_before = self._second_before(position)
         action()
-        now = time.monotonic()
-        with self._lock:
-            older = [value for at, value in self._samples if now - at >= WINDOW_S]
-            earliest = self._samples[0][1] if self._samples else position
-        second_before = older[-1] if older else earliest
         kill = Kill(self.kind, phase, position, second_before, self.ahead, self.moved)
         KILLS.append(kill)
         self.restarted()

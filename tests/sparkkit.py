@@ -62,3 +62,79 @@ def tree_watch(kind: str, pids: Any, roots: list[Path], min_ticks: int = 5) -> W
 
     return Watch(kind, position, ahead=lambda at, committed: at[1] > committed,
                  moved=lambda before, now: now[0] - before[0] >= min_ticks)
+
+
+# ------------------------------------------------------------------ apply in this process
+
+#: in-process applies still running (the conftest stops them after each test)
+RUNNING: list[InProcessApply] = []
+
+
+class InProcessApply:
+    """``cdc apply`` of ``names`` (followers or views) run in this test process, in a thread, on
+    the session's shared SparkSession (the ``spark`` fixture: ask for it, so the session is the
+    tests' own) — for tests that check only what the followers hold, not the process (which
+    keep ``cdc apply`` subprocesses: SIGKILL, SIGTERM, metrics, the CLI end to end, the
+    demo). Continuous until :meth:`terminate`; ``once=True`` returns when caught up (use
+    :func:`apply_once`). ``spark.master`` and static ``spark.conf`` of the config do not apply:
+    the shared session is local mode."""
+
+    def __init__(self, config: Path, log_file: Path | None = None, *names: str,
+                 once: bool = False) -> None:
+        import threading
+
+        from cdc.config import load_config
+
+        self.config = load_config(config)
+        self.names = list(names) or ["cache"]
+        self.log_file = log_file or Path(config).parent / "apply.log"
+        self.once = once
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.job: Any = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="in-process apply")
+        self.thread.start()
+        RUNNING.append(self)
+
+    def _run(self) -> None:
+        import traceback
+
+        from spark_apply.jobs import run_apply
+
+        try:
+            self.job = run_apply(self.config, self.names, once=self.once, console=None,
+                                 stop=self.stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by terminate()/wait()
+            self.error = exc
+            self.log_file.write_text(traceback.format_exc())
+
+    def wait(self, timeout: float = 600) -> Any:
+        """Until a ``once`` run ended; its job (progress per name). Raises what it raised."""
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"apply of {self.names} still runs after {timeout} s"
+        RUNNING.remove(self)
+        if self.error is not None:
+            raise self.error
+        return self.job
+
+    def terminate(self, timeout: float = 120) -> int:
+        """Stop after the running batch (as SIGTERM does); 0 if the run ended cleanly."""
+        self.stop.set()
+        self.thread.join(timeout)
+        if self in RUNNING:
+            RUNNING.remove(self)
+        if self.thread.is_alive():
+            self.log_file.write_text(f"apply of {self.names} did not stop within {timeout} s")
+            return 1
+        return 0 if self.error is None else 1
+
+
+def apply_once(config: Path, *names: str) -> Any:
+    """``cdc apply --once`` of ``names`` in this process (see :class:`InProcessApply`); the
+    finished job."""
+    return InProcessApply(config, None, *names, once=True).wait()
+
+
+def stop_leftover_applies() -> None:
+    for run in list(RUNNING):
+        run.terminate(60)

@@ -38,6 +38,7 @@ from tests.pgkit import (
     wait_for,
     write_config,
 )
+from tests.sparkkit import apply_once
 
 SOURCES = {"sources": [{"name": "shop", "kind": "postgres", "dsn": "postgresql://cdc@h/shop",
                         "tables": ["public.orders", "public.customers"]}]}
@@ -325,11 +326,11 @@ def test_a_query_failing_in_sparks_plumbing_is_restarted(tmp_path: Path, redis_u
     assert job.restarts == {}
 
 
-def test_a_checkpoint_with_a_torn_first_write_is_resumed(tmp_path: Path,
-                                                          redis_url: str) -> None:
+def test_a_checkpoint_with_a_torn_first_write_is_resumed(tmp_path: Path, redis_url: str,
+                                                          spark: Any) -> None:
     """A SIGKILL while Spark wrote ``offsets/0`` leaves only its temporary file; Spark 4 then
     refuses batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). ``cdc apply`` removes such
-    torn writes and runs."""
+    torn writes and runs (in this process, on the shared session)."""
     config_path, workload = write_synthetic(tmp_path, redis_url, changes=200)
     checkpoint = load_config(config_path).follower_checkpoint("cache")
     (checkpoint / "offsets").mkdir(parents=True)
@@ -338,9 +339,7 @@ def test_a_checkpoint_with_a_torn_first_write_is_resumed(tmp_path: Path,
     torn.write_text('v1\n{"batchWatermarkMs":0')
     (checkpoint / "offsets" / "..0.18587aed-e909-4578-b39a-bd423336b1d7.tmp.crc").write_bytes(
         b"crc")
-    result = cdc("apply", "--config", str(config_path), "--follower", "cache", "--once",
-                 timeout=300)
-    assert result.returncode == 0, output(result)
+    apply_once(config_path, "cache")
     assert not torn.exists() and (checkpoint / "commits" / "0").exists()
     sink = open_sink(load_config(config_path), "cache")
     assert sink.watermark("shop") == {"lsn": 200}

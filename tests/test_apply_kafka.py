@@ -11,9 +11,6 @@ re-read for every micro-batch) — `cdc verify` passes for every follower.
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,8 @@ import pytest
 from cdc.config import load_config
 from sinks import open_sink
 from tests.kafkakit import kafka_yaml
-from tests.pgkit import PROJECT, Capture, Database, cdc, output, wait_caught_up, write_config
+from tests.pgkit import Capture, Database, cdc, output, wait_caught_up, write_config
+from tests.sparkkit import InProcessApply, apply_once
 
 pytestmark = [pytest.mark.timeout(900)]
 
@@ -62,31 +60,28 @@ def held(config: Path, name: str, topic: str) -> dict[str, dict[str, str]]:
 
 def apply_and_verify(config: Path, topic: str, verify: bool = True
                      ) -> dict[str, dict[str, str]]:
-    args = [arg for name in FOLLOWERS for arg in ("--follower", name)]
-    applied = cdc("apply", "--config", str(config), "--once", *args, timeout=600)
-    assert applied.returncode == 0, output(applied)
+    """``cdc apply --once`` of every follower (in this process, on the shared session), the
+    followers equal to each other; with ``verify``, ``cdc verify`` of each."""
+    apply_once(config, *FOLLOWERS)
     rows = {name: held(config, name, topic) for name in FOLLOWERS}
     assert rows["jvm"] == rows["python"] == rows["jvm_delta"]
     if not verify:
         return rows["jvm"]
     # verify waits for the followers to reach the leader's position: apply continuously
-    running = subprocess.Popen([sys.executable, "-m", "cdc.cli", "apply", "--config",
-                                str(config), *args], cwd=PROJECT, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    running = InProcessApply(config, config.parent / "apply.log", *FOLLOWERS)
     try:
-        for name in FOLLOWERS:
-            checked = cdc("verify", "--config", str(config), "--follower", name, "--timeout",
-                          "120s", timeout=300)
-            assert checked.returncode == 0, f"{name}: {output(checked)}"
+        results = {name: cdc("verify", "--config", str(config), "--follower", name,
+                             "--timeout", "120s", timeout=300) for name in FOLLOWERS}
     finally:
-        running.send_signal(signal.SIGTERM)
-        running_code = running.wait(120)
-    assert running_code == 0
+        running_code = running.terminate()
+    for name, checked in results.items():
+        assert checked.returncode == 0, f"{name}: {output(checked)}"
+    assert running_code == 0, running.log_file.read_text() if running.error else ""
     return rows["jvm"]
 
 
 def test_spark_kafka_reader_equals_the_log_reader_and_follows_add_column(
-        kafka_broker: Any, pg_db: Database, tmp_path: Path, redis_url: str) -> None:
+        kafka_broker: Any, pg_db: Database, tmp_path: Path, redis_url: str, spark: Any) -> None:
     pg_db.execute(TABLE)
     pg_db.execute(ROW, (1, 300))
     options = kafka_yaml(kafka_broker)

@@ -31,7 +31,6 @@ from cdc.config import load_config
 from cdc.snapshots import stored_progress
 from tests.pgkit import (
     LOAD_SCHEMA,
-    ApplyProcess,
     Capture,
     Database,
     Load,
@@ -46,6 +45,7 @@ from tests.pgkit import (
     wait_for,
     write_config,
 )
+from tests.sparkkit import InProcessApply
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -106,10 +106,10 @@ def _progress(config: Path, source: str, table: str) -> Any:
     return stored_progress(load_config(config), source).get(table)
 
 
-def _verified_by_redis(config: Path, tmp_path: Path) -> ApplyProcess:
-    """``cdc apply`` of the Redis follower started, then ``cdc verify`` of it exits 0; the
-    apply process (stop it at the end)."""
-    applier = ApplyProcess(config, tmp_path / "apply.log")
+def _verified_by_redis(config: Path, tmp_path: Path) -> InProcessApply:
+    """``cdc apply`` of the Redis follower started (in this process, on the shared session),
+    then ``cdc verify`` of it exits 0; the running apply (stop it at the end)."""
+    applier = InProcessApply(config, tmp_path / "apply.log", "cache")
     verified = cdc("verify", "--config", str(config), "--follower", "cache",
                    "--timeout", "180s", timeout=300)
     assert verified.returncode == 0, output(verified) + applier.log_file.read_text()[-3000:]

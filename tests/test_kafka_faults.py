@@ -15,7 +15,6 @@ import pytest
 from tests.kafkakit import broker_watch, kafka_yaml
 from tests.pgkit import (
     LOAD_SCHEMA,
-    ApplyProcess,
     Capture,
     Database,
     Load,
@@ -28,6 +27,7 @@ from tests.pgkit import (
     wait_for,
     write_config,
 )
+from tests.sparkkit import InProcessApply
 
 SEEDED = 300
 
@@ -112,8 +112,10 @@ def test_an_append_during_an_outage_fails_as_unavailable_and_the_writer_recovers
 
 
 def test_capture_waits_out_a_whole_broker_outage(own_broker: Any, pg_db: Database,
-                                                 tmp_path: Path, redis_url: str) -> None:
-    """The only broker SIGKILLed under load and started again 20 s later: the capture daemon
+                                                 tmp_path: Path, redis_url: str,
+                                                 spark: Any) -> None:
+    """The only broker SIGKILLed under load and started again 10 s later (over three times the
+    3 s delivery timeout), then once more while capture catches up: the capture daemon
     keeps running (librdkafka waits, or the failed commit is retried from what Kafka holds),
     and nothing is lost or doubled. Then a Redis follower applied from
     the Kafka log passes `cdc verify`."""
@@ -128,8 +130,8 @@ def test_capture_waits_out_a_whole_broker_outage(own_broker: Any, pg_db: Databas
     try:
         wait_for(lambda: load.committed > 30, 60, "load")
         wait_caught_up(pg_db, settings, 60)  # the daemon is streaming into Kafka
-        # twice: a 20 s outage while streaming, then a short one while capture catches up
-        for phase, outage in (("streaming", 20), ("catching up after an outage", 3)):
+        # twice: a 10 s outage while streaming, then a short one while capture catches up
+        for phase, outage in (("streaming", 10), ("catching up after an outage", 3)):
             before = _committed(pg_db)
             watch.wait_moving()
             watch.kill(phase, own_broker.kill, lambda: _stored_lsn(settings, pg_db),
@@ -146,7 +148,7 @@ def test_capture_waits_out_a_whole_broker_outage(own_broker: Any, pg_db: Databas
     assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
     figures = check_against_audit(pg_db, read_topic(settings, f"{pg_db.source}.public.items"))
     assert figures
-    applier = ApplyProcess(config, tmp_path / "apply.log")
+    applier = InProcessApply(config, tmp_path / "apply.log", "cache")
     try:
         verified = cdc("verify", "--config", str(config), "--follower", "cache",
                        "--timeout", "180s", timeout=300)

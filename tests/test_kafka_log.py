@@ -272,15 +272,17 @@ def test_sigkill_of_capture_into_kafka_loses_nothing(kafka_broker: Any, pg_db: D
 
 
 def test_brokers_compact_the_log_and_a_new_follower_from_offset_0_equals_the_leader(
-        kafka_broker: Any, pg_db: Database, tmp_path: Path, redis_url: str) -> None:
+        kafka_broker: Any, pg_db: Database, tmp_path: Path, redis_url: str, spark: Any) -> None:
     """Topics made with segment.ms 1 s and dirty ratio 0.01 (log.topic_config): after updates
     and deletes, `cdc log compact --wait` sees the broker's cleaner drop every superseded record
     (deadline 90 s); then `cdc apply --once` builds a new Redis follower from offset 0 of the
-    compacted topics, and it equals the table — deleted keys absent (their tombstones kept)."""
+    compacted topics (in this process, on the shared session), and it equals the table —
+    deleted keys absent (their tombstones kept)."""
     import time
 
     from cdc.config import load_config
     from sinks import open_sink
+    from tests.sparkkit import apply_once
 
     pg_db.execute(LOAD_SCHEMA)
     pg_db.execute("INSERT INTO items (id, v, amount, note) SELECT g, 1, g * 1.25, 'seed' "
@@ -323,9 +325,7 @@ def test_brokers_compact_the_log_and_a_new_follower_from_offset_0_equals_the_lea
     assert len(keys) == len(set(keys)) == 240 + len(deleted)
     assert {e.key for e in events if e.op == "tombstone"} == deleted
 
-    applied = cdc("apply", "--config", str(config), "--follower", "cache", "--once",
-                  timeout=600)
-    assert applied.returncode == 0, output(applied)
+    apply_once(config, "cache")  # in this process, on the shared session
     sink = open_sink(load_config(config), "cache")
     assert assert_follower_equals_log_and_table(sink, pg_db, settings, topic) == 240
 

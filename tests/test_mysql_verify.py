@@ -14,6 +14,7 @@ and a real Redis.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import struct
@@ -33,6 +34,7 @@ from sinks.base import canonical_text, row_text
 from tests import test_mysql_types as types_test
 from tests.mykit import MyDatabase, wait_caught_up, write_config
 from tests.pgkit import Capture, cdc, output
+from tests.sparkkit import apply_once
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -206,15 +208,15 @@ def _verify(config: Path, db: MyDatabase, *args: str) -> Any:
 
 
 def _apply_once(config: Path, db: MyDatabase) -> None:
+    """``cdc apply --once`` of the Redis follower, in this process on the shared session."""
     began = time.monotonic()
-    result = cdc("apply", "--config", str(config), "--follower", "cache", "--once", timeout=300,
-                 env=db.env())
-    assert result.returncode == 0, output(result)
+    os.environ.update(db.env())
+    apply_once(config, "cache")
     print(f"apply --once: {time.monotonic() - began:.1f} s")
 
 
 def test_verify_mariadb_follower_equal_then_different_then_capture_behind(
-        mysql_db: MyDatabase, tmp_path: Path, redis_url: str) -> None:
+        mysql_db: MyDatabase, tmp_path: Path, redis_url: str, spark: Any) -> None:
     from sinks import open_sink
 
     db = mysql_db

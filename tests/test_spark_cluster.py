@@ -3,13 +3,13 @@
 
 * Under a PostgreSQL write load of small transactions and of 20,000-row ``UPDATE``s (over
   100,000 changes in all: tens of megabytes of records, many times
-  ``spark.driver.maxResultSize``, which is 1m: no record is collected to the driver; a
-  million changes through the cluster is ``bench/apply.py --master cluster --changes 1000000``), ``cdc apply --master
-  spark://...`` runs three followers (Redis, Delta SCD1, Delta SCD2) with speculative task
-  duplicates on, while the test SIGKILLs (through ``tests/kills.py``, each while a batch is in
-  flight) an executor (the worker starts another), a whole live worker (its tasks rerun on the
-  other; a new worker joins) and the driver (restarted from the checkpoints). Afterwards
-  ``cdc verify`` exits 0 for every follower and each equals the table.
+  ``spark.driver.maxResultSize``, which is 1m: no record is collected to the driver; a million
+  changes through the cluster is ``bench/apply.py --master cluster --changes 1000000``),
+  ``cdc apply --master spark://...`` runs three followers (Redis, Delta SCD1, Delta SCD2) with
+  speculative task duplicates on, while the test SIGKILLs (through ``tests/kills.py``, each
+  while a batch is in flight) an executor (the worker starts another), a whole live worker
+  (its tasks rerun on the other; a new worker joins) and the driver (restarted from the
+  checkpoints). Afterwards ``cdc verify`` exits 0 for every follower and each equals the table.
 * One workload applied in local mode and on the cluster from the local log, and on the cluster
   from a Kafka log through Spark's Kafka source, gives identical followers.
 """
@@ -47,7 +47,7 @@ from tests.pgkit import (
     wait_for,
     write_config,
 )
-from tests.sparkkit import committed_batches, driver_watch, tree_watch
+from tests.sparkkit import apply_once, committed_batches, driver_watch, tree_watch
 
 pytestmark = [pytest.mark.timeout(1200)]
 
@@ -153,10 +153,16 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
     cache_checkpoint = tmp_path / "checkpoint-cache"
     roots = [tmp_path / f"checkpoint-{name}" for name in FOLLOWERS]
     phase = f"mid-batch ({backend} log)"
+    began = time.monotonic()
+
+    def step(what: str) -> None:  # where the time goes (pytest -s)
+        print(f"cluster test [{backend}] {time.monotonic() - began:6.1f} s: {what}", flush=True)
+
     run: Apply | None = Apply(config_path, tmp_path / "apply-1.log")
     try:
         assert run is not None
         wait_commits(cache_checkpoint, 2, run)
+        step("two batches committed")
         # an executor (the worker starts another): in flight, its tasks run again
         executors = cluster.executor_pids()
         assert executors, cluster.log_tail()
@@ -165,7 +171,9 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
             watch.wait_moving()
             watch.kill(phase, lambda: os.kill(victim, signal.SIGKILL),
                        lambda: committed_batches(roots), aim=60, read_before=True)
+        step("executor killed")
         wait_commits(cache_checkpoint, 2, run)
+        step("two more batches")
         # a whole live worker with an executor (a lost machine): its tasks rerun on the other
         index = next(i for i in cluster.live_workers() if cluster.executor_pids(i))
         worker = cluster.worker_processes[index]
@@ -176,19 +184,25 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
                        lambda: committed_batches(roots), aim=60, read_before=True)
         assert worker.poll() is not None and index not in cluster.live_workers()
         wait_commits(cache_checkpoint, 1, run)
+        step("worker killed, a batch more")
         cluster.wait_worker(cluster.start_worker())  # a new one joins
         wait_commits(cache_checkpoint, 1, run)
+        step("a new worker, a batch more")
         # the driver: restarted from the checkpoints, it replays the batch in flight
         with driver_watch(roots) as watch:
             watch.wait_moving()
             watch.kill(phase, run.kill, lambda: committed_batches(roots), aim=60)
         run = Apply(config_path, tmp_path / "apply-2.log")
         wait_commits(cache_checkpoint, 1, run)
+        step("driver killed, restarted, a batch committed")
         bulk.finish()
         load.finish()
         wait_caught_up(pg_db, log, timeout=300)
+        step("capture caught up")
         verified = verify_followers(config_path, FOLLOWERS)
+        step("verified")
         code, text = run.terminate()
+        step("apply stopped")
         run = None
     finally:
         if run is not None:
@@ -242,19 +256,20 @@ class BulkUpdates:
 
 def test_local_mode_cluster_and_kafka_give_identical_followers(
         cluster: ThrowawaySparkCluster, tmp_path: Path, redis_url: str,
-        kafka_broker: Any) -> None:
-    """One workload, three ways: the local log in local mode, the local log on the cluster, and
-    a Kafka log on the cluster read by Spark's Kafka source (in smaller batches). The followers
-    are identical, SCD2 history included."""
+        kafka_broker: Any, spark: Any) -> None:
+    """One workload, three ways: the local log in local mode (in this process, on the tests'
+    shared local session), the local log on the cluster, and a Kafka log on the cluster read by
+    Spark's Kafka source (in smaller batches). The followers are identical, SCD2 history
+    included."""
     from tests.test_apply import write_synthetic
 
     config_path, workload = write_synthetic(tmp_path, redis_url)
     base = json.loads(config_path.read_text())
-    append_synthetic(tmp_path / "log", workload, 40_000)
+    append_synthetic(tmp_path / "log", workload, 20_000)
     kafka_log = {**kafka_yaml(kafka_broker), "partitions": 4}
     drop_kafka_topics(kafka_broker, [ORDERS.topic])  # the synthetic topic's name is fixed
     try:
-        append_synthetic(kafka_log, Workload(keys=300), 40_000)  # the same seed: the same events
+        append_synthetic(kafka_log, Workload(keys=300), 20_000)  # the same seed: the same events
         results = {mode: apply_mode(cluster, tmp_path, base, redis_url, mode, kafka_log)
                    for mode in ("local", "cluster", "kafka")}
     finally:
@@ -280,7 +295,7 @@ def apply_mode(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, A
     """``cdc apply --once`` of the three followers in ``mode``; what each follower holds."""
     root = tmp_path / mode
     db = {"local": 1, "cluster": 2, "kafka": 5}[mode]
-    per_batch = 12000 if mode == "kafka" else 25000
+    per_batch = 8000 if mode == "kafka" else 10000  # two or three batches
     common: dict[str, Any] = {"max_records_per_batch": per_batch}
     if mode == "kafka":
         common["reader"] = "spark-kafka"
@@ -301,6 +316,14 @@ def apply_mode(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, A
         config["log"] = kafka_log
     path = tmp_path / f"{mode}.yaml"
     path.write_text(json.dumps(config))
+    if mode == "local":
+        apply_once(path, *FOLLOWERS)
+    else:
+        once_in_subprocess(path)
+    return held_by_followers(path)
+
+
+def once_in_subprocess(path: Path) -> None:
     args = [arg for name in FOLLOWERS for arg in ("--follower", name)]
     run = subprocess.Popen([sys.executable, "-m", "cdc.cli", "apply", "--config", str(path),
                             "--once", *args], cwd=PROJECT, stdout=subprocess.PIPE,
@@ -311,6 +334,9 @@ def apply_mode(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, A
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 0, text[-3000:]
+
+
+def held_by_followers(path: Path) -> dict[str, dict[str, dict[str, str]]]:
     loaded = load_config(path)
     held: dict[str, dict[str, dict[str, str]]] = {}
     for name in FOLLOWERS:

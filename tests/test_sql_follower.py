@@ -8,9 +8,6 @@ contract suite runs on both dialects too (``tests/test_sink_contract.py``)."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +23,6 @@ from cdc.types import ColumnType
 from sinks.base import Change, row_text
 from sinks.sql import SqlSink, SqlSinkError
 from tests.pgkit import (
-    PROJECT,
     Capture,
     Database,
     Load,
@@ -36,6 +32,7 @@ from tests.pgkit import (
     wait_caught_up,
     write_config,
 )
+from tests.sparkkit import InProcessApply
 
 #: every type of ``typed`` below, snapshot and stream, NaN/infinities, BC, arrays, JSON
 TYPED = """
@@ -81,7 +78,7 @@ SQLITE_TYPED = {"id": "BIGINT", "i8": "BIGINT", "raw": "BLOB", "flag": "BOOLEAN"
 
 
 def test_sql_followers_equal_the_leader_and_hold_live_rows_only(
-        tmp_path: Path, pg_db: Database, pg_cluster: Any) -> None:
+        tmp_path: Path, pg_db: Database, pg_cluster: Any, spark: Any) -> None:
     pg_db.execute("""
         CREATE TABLE items (id int PRIMARY KEY, v int NOT NULL, amount numeric(12,2), note text,
                             updated timestamptz NOT NULL DEFAULT now());
@@ -99,10 +96,7 @@ def test_sql_followers_equal_the_leader_and_hold_live_rows_only(
                               extra=followers)
         assert cdc("bootstrap", "--config", str(config)).returncode == 0
         capture = Capture(config, tmp_path / "capture.log").start()
-        apply = subprocess.Popen(
-            [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config), "--follower",
-             "lite", "--follower", "report"], cwd=PROJECT, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True)
+        apply = InProcessApply(config, tmp_path / "apply.log", "lite", "report")
         try:
             pg_db.execute("DELETE FROM items WHERE id <= 20")
             pg_db.execute("UPDATE items SET id = 1000 WHERE id = 50")  # a key change
@@ -118,10 +112,9 @@ def test_sql_followers_equal_the_leader_and_hold_live_rows_only(
                 assert verified.returncode == 0, output(verified)
                 assert "follower equals the leader" in verified.stdout
         finally:
-            apply.send_signal(signal.SIGTERM)
-            apply_code = apply.wait(120)
+            apply_code = apply.terminate()
             capture_code = capture.terminate()
-        assert apply_code == 0
+        assert apply_code == 0, (tmp_path / "apply.log").read_text() if apply.error else ""
         assert capture_code == 0
         live = pg_db.execute("SELECT count(*) FROM items")[0][0]
         for engine_url in (f"sqlite:///{sqlite}", url):

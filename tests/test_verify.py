@@ -25,7 +25,8 @@ from cdc.events import TableId
 from cdc.verify import chunk_checksum, row_digest_text
 from sinks.base import canonical_text, row_text
 from tests import test_pg_types as types_test
-from tests.pgkit import ApplyProcess, Capture, Database, cdc, output, write_config
+from tests.pgkit import Capture, Database, cdc, output, write_config
+from tests.sparkkit import InProcessApply
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -148,10 +149,10 @@ def _verify(config: Path, *args: str) -> Any:
 
 
 def test_verify_equal_then_names_what_was_changed_in_redis(pg_db: Database, tmp_path: Path,
-                                                           redis_url: str) -> None:
+                                                           redis_url: str, spark: Any) -> None:
     config = _setup(pg_db, tmp_path, redis_url)
     capture = Capture(config, tmp_path / "capture.log").start()
-    applier = ApplyProcess(config, tmp_path / "apply.log")
+    applier = InProcessApply(config, tmp_path / "apply.log", "cache")
     try:
         pg_db.execute("UPDATE items SET v = v + 1, note = NULL WHERE id % 10 = 0")
         pg_db.execute("DELETE FROM items WHERE id BETWEEN 2001 AND 2100")

@@ -572,11 +572,12 @@ def _wait_for_rows(sqlite: Path, table: str, timeout: float) -> None:
 
 
 def test_a_view_over_a_kafka_log_verifies_against_the_leader(
-        tmp_path: Path, pg_db: Any, kafka_broker: Any) -> None:
+        tmp_path: Path, pg_db: Any, kafka_broker: Any, spark: Any) -> None:
     """The view's query reads a Kafka-backed log (its tables' topics, whole transactions per
     batch) like a local one: applied until caught up, then ``cdc verify --view`` passes."""
     from tests.kafkakit import kafka_yaml
-    from tests.pgkit import PROJECT, Capture, cdc, output, wait_caught_up, write_config
+    from tests.pgkit import Capture, cdc, output, wait_caught_up, write_config
+    from tests.sparkkit import InProcessApply, apply_once
 
     pg_db.execute(SHOP)
     options = kafka_yaml(kafka_broker)
@@ -602,7 +603,7 @@ views:
     bootstrapped = cdc("bootstrap", "--config", str(config))
     assert bootstrapped.returncode == 0, output(bootstrapped)
     capture = Capture(config, tmp_path / "capture.log").start()
-    apply: subprocess.Popen[bytes] | None = None
+    apply: InProcessApply | None = None
     try:
         pg_db.execute("UPDATE orders SET amount = amount + 1, customer_id = 1 + id % 7 "
                       "WHERE id % 5 = 0; DELETE FROM orders WHERE id % 11 = 0; "
@@ -610,9 +611,7 @@ views:
                       "UPDATE customers SET name = 'renamed ' || id WHERE id % 4 = 0; "
                       "DELETE FROM customers WHERE id IN (3, 6)")
         wait_caught_up(pg_db, settings, 120)
-        once = cdc("apply", "--config", str(config), "--view", "revenue_by_customer", "--once",
-                   timeout=300)
-        assert once.returncode == 0, output(once)
+        apply_once(config, "revenue_by_customer")  # in this process, on the shared session
         engine = sa.create_engine(f"sqlite:///{sqlite}")
         try:
             with engine.connect() as conn:
@@ -623,19 +622,14 @@ views:
                              "ON c.id = o.customer_id")[0][0]
         assert held == live and live > 40
         # verify marks the log now and waits for the view's watermark: apply continuously
-        apply = subprocess.Popen(
-            [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config), "--view",
-             "revenue_by_customer"], cwd=PROJECT, stdout=subprocess.DEVNULL,
-            stderr=open(tmp_path / "apply.log", "wb"), start_new_session=True)  # noqa: SIM115
+        apply = InProcessApply(config, tmp_path / "apply.log", "revenue_by_customer")
         pg_db.execute("INSERT INTO orders VALUES (90001, 2, 12.34, 'x'), (90002, 5, 1.01, 'y')")
         verified = cdc("verify", "--config", str(config), "--view", "revenue_by_customer",
                        "--timeout", "120s", timeout=300)
         assert verified.returncode == 0, output(verified)
         assert verified.stdout.count("equals the leader") == 2, output(verified)
     finally:
-        if apply is not None:
-            apply.send_signal(signal.SIGTERM)
-        apply_code = apply.wait(120) if apply is not None else 0
+        apply_code = apply.terminate() if apply is not None else 0
         capture_code = capture.terminate()
-    assert apply_code == 0, (tmp_path / "apply.log").read_text()[-3000:]
+    assert apply_code == 0, (tmp_path / "apply.log").read_text()[-3000:] if apply else ""
     assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
