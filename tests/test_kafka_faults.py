@@ -228,3 +228,32 @@ def test_a_second_capture_daemon_fences_the_first(kafka_broker: Any, pg_db: Data
     assert "Traceback" not in text
     figures = check_against_audit(pg_db, read_topic(settings, f"{pg_db.source}.public.items"))
     assert figures
+
+
+def test_a_refresh_that_stops_short_of_a_commit_keeps_the_committed_offset(
+        kafka_broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a broker restart the offsets topic's last stable offset can stay behind a
+    transaction whose commit already succeeded (the coordinator writes its markers later). A
+    writer that re-reads its offsets then must still say what it committed, not the older
+    record before it (capture would take its slot as advanced by another consumer and stop:
+    seen when the only broker was killed twice in a row). The held-back end is simulated by
+    reading the offsets topic only up to the second commit's record."""
+    from cdc.config import LogConfig
+    from cdc.log.kafka import KafkaChangeLog
+
+    config = LogConfig(partitions=1, **kafka_yaml(kafka_broker))
+    writer = KafkaChangeLog(config).for_source("s1")
+    try:
+        writer.append([], {"s1": {"seq": 1}})
+        writer.append([], {"s1": {"seq": 2}})
+        held_back = writer._snapshot.source_at["s1"]  # the second commit's record
+        assert held_back > 0
+        writer._snapshot.next_offset = 0  # read the topic again from its start ...
+        real_high = writer._high
+        monkeypatch.setattr(writer, "_high", lambda name, partition: (
+            held_back if name == config.offsets_topic else real_high(name, partition)))
+        assert writer.source_offsets() == {"s1": {"seq": 2}}  # ... but only up to that record
+        monkeypatch.undo()
+        assert writer.source_offsets() == {"s1": {"seq": 2}}
+    finally:
+        writer.close()

@@ -321,18 +321,39 @@ from tests.test_search_sink import change, item, open_sink
 sink = open_sink(Path({path!r}))
 sink.apply([change(1, 1, item(1, 1))])
 writer = sink._open_writer()
-for key in range(2, 500):  # added but never committed
-    writer.add_document(sink._document(f"x{{key}}", key, change(key, 2, item(key, 2))))
 print("ready", flush=True)
-time.sleep(60)
+key = 2
+while True:  # added but never committed, until it is killed
+    writer.add_document(sink._document(f"x{{key}}", key, change(key, 2, item(key, 2))))
+    if key % 20 == 0:
+        print(key, flush=True)
+    key += 1
 """
 
 
 def test_a_killed_writer_leaves_the_last_commit_and_no_lock(tmp_path: Path) -> None:
+    """A writer SIGKILLed while it adds documents (through tests/kills.py: its position is the
+    documents it added, the committed position the one document committed before)."""
+    import threading
+
+    from tests.kills import Watch
+
     code = _KILLED_WRITER.format(root=str(Path(__file__).parents[1]), path=str(tmp_path / "s"))
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    added = [1]
+
+    def read() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.strip().isdigit():
+                added.append(int(line))
+
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        threading.Thread(target=read, daemon=True).start()
+        with Watch("search index writer", lambda: added[-1]) as watch:
+            watch.wait_moving()
+            watch.kill("adding documents", child.kill, lambda: 1)  # one document committed
     finally:
         child.kill()
         child.wait(timeout=30)

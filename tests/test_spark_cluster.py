@@ -148,7 +148,7 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
     result = cdc("bootstrap", "--config", str(config_path))
     assert result.returncode == 0, output(result)
     capture = Capture(config_path, tmp_path / "capture.log").start()
-    load = Load(pg_db, threads=2, key_changes=0.05, pause=0.01, seed=13).start()
+    load = Load(pg_db, threads=2, key_changes=0.05, pause=0.05, seed=13).start()
     bulk = BulkUpdates(pg_db, rounds=5 if backend == "local" else 0).start()
     cache_checkpoint = tmp_path / "checkpoint-cache"
     roots = [tmp_path / f"checkpoint-{name}" for name in FOLLOWERS]

@@ -225,19 +225,30 @@ def kafka_error(action: str, error: Any, where: str) -> LogError:
     return LogError(f"Kafka log at {where}: {action} failed: {text}", fix)
 
 
-def _failed_into(failures: list[Any]) -> Any:
-    """A delivery callback that keeps the errors of messages that failed delivery."""
-    def delivered(error: Any, _message: Any) -> None:
+def _failed_into(failures: list[Any], offsets: dict[str, int] | None = None,
+                 name: str = "") -> Any:
+    """A delivery callback that keeps the errors of messages that failed delivery (and, with
+    ``offsets``, the offset a delivered message got, as ``offsets[name]``)."""
+    def delivered(error: Any, message: Any) -> None:
         if error is not None:
             failures.append(error)
+        elif offsets is not None and message is not None and message.offset() is not None:
+            offsets[name] = int(message.offset())
     return delivered
 
 
 class _Snapshot:
-    """What the offsets topic says, read to its end: source offsets and topic descriptions."""
+    """What the offsets topic says, read to its end: source offsets and topic descriptions.
+
+    ``source_at`` keeps, per source, the offsets-topic offset of the record its value came from:
+    a value is only ever replaced by a record further along. A writer records its own commits
+    here as they succeed, so a refresh that stops short of them — the last stable offset held
+    back after a broker restart until the coordinator has written the markers of a transaction
+    whose commit already succeeded — cannot take the source back to an older offset."""
 
     def __init__(self) -> None:
         self.sources: dict[str, Any] = {}
+        self.source_at: dict[str, int] = {}
         self.topics: dict[str, dict[str, Any]] = {}
         self.next_offset = 0
 
@@ -295,7 +306,10 @@ class KafkaChangeLogReader(ChangeLogReader):
                     continue
                 data = json.loads(value)
                 if key.startswith("source:"):
-                    snap.sources[key[7:]] = data
+                    at = int(record.offset() or 0)
+                    if at > snap.source_at.get(key[7:], -1):
+                        snap.sources[key[7:]] = data
+                        snap.source_at[key[7:]] = at
                 elif key.startswith("topic:"):
                     snap.topics[key[6:]] = data
             snap.next_offset = end
@@ -755,12 +769,17 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                     self._send(producer, snap, more, extra, failures, 0)
                     self._flush(producer, failures)
                     placed.extend(r for r in extra if r is not None)
+            delivered_at: dict[str, int] = {}
             for name, offset in (source_offsets or {}).items():
                 self._produce(producer, self.config.offsets_topic, f"source:{name}".encode(),
-                              json.dumps(offset).encode(), 0, None, _failed_into(failures))
+                              json.dumps(offset).encode(), 0, None,
+                              _failed_into(failures, delivered_at, name))
             self._commit(producer, failures)
             for name, offset in (source_offsets or {}).items():
                 snap.sources[name] = json.loads(json.dumps(offset))
+                if name in delivered_at:  # where the committed value sits (see _Snapshot)
+                    snap.source_at[name] = max(delivered_at[name],
+                                               snap.source_at.get(name, -1))
             return placed
 
     def _send(self, producer: Producer, snap: _Snapshot, records: Sequence[Record],
