@@ -27,7 +27,8 @@ def expected_value(seq: int, key: int, size: int = 64) -> bytes:
 
 
 #: fixtures that start a database, a broker, Spark or a cluster: a test using one (directly or
-#: through another fixture) is marked ``servers``; ``make test-quick`` runs the others
+#: through another fixture) is marked ``servers`` (as are, by hand, tests that start their own:
+#: the demos, brokers with special settings, ...); ``make test-quick`` runs the others
 SERVER_FIXTURES = {"pg_cluster", "mariadb_server", "mariadb_factory", "kafka_broker",
                    "kafka_cluster", "spark", "own_broker", "cluster", "german_cluster"}
 

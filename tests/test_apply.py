@@ -222,6 +222,7 @@ def test_apply_once_from_postgres_capture(tmp_path: Path, pg_db: Any, redis_url:
           f"{replay_seconds:.1f} s, {progress.batches} batches, {progress.records} records")
 
 
+@pytest.mark.servers  # starts its own servers or Spark
 def test_continuous_apply_stops_cleanly_on_sigterm(tmp_path: Path, redis_url: str) -> None:
     config_path, workload = write_synthetic(tmp_path, redis_url, changes=3000,
                                             trigger_interval="200ms")

@@ -12,6 +12,7 @@ from tests.pgkit import cdc, output
 pytestmark = pytest.mark.timeout(420)
 
 
+@pytest.mark.servers  # starts its own servers or Spark
 def test_demo_with_mariadb_captures_a_live_workload(tmp_path: Path) -> None:
     result = cdc("demo", "--source", "mysql", "--dir", str(tmp_path / "demo"), "--seconds", "3",
                  timeout=400)

@@ -118,6 +118,7 @@ def test_bad_topics_are_refused(kafka_broker: Any) -> None:
         log.close()
 
 
+@pytest.mark.servers  # starts its own servers or Spark
 def test_unreachable_brokers_give_a_clear_error() -> None:
     from cdc.servers.postgres import free_port
 
@@ -330,6 +331,7 @@ def test_brokers_compact_the_log_and_a_new_follower_from_offset_0_equals_the_lea
     assert assert_follower_equals_log_and_table(sink, pg_db, settings, topic) == 240
 
 
+@pytest.mark.servers  # starts its own servers or Spark
 def test_authentication_and_authorization_errors_name_the_fix(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A broker with a SASL/PLAIN listener and the standard authorizer (no ACLs: only the

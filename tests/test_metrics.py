@@ -202,6 +202,7 @@ def test_capture_metrics_move_under_load_and_status_shows_everything(
 
 # --------------------------------------------------------------------------------- apply
 
+@pytest.mark.servers  # starts its own servers or Spark
 def test_apply_metrics_follow_the_watermark(tmp_path: Path, redis_url: str) -> None:
     config_path = tmp_path / "cdc.yaml"
     config_path.write_text(json.dumps({

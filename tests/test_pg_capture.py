@@ -151,6 +151,7 @@ def test_no_primary_key_with_replica_identity_full_and_configured_key(
     assert table_rows(pg_db, "nokey", key="code") == rows
 
 
+@pytest.mark.servers  # starts its own servers or Spark
 def test_demo_captures_a_live_workload(tmp_path: Path) -> None:
     """capture -> log -> Spark -> Redis, Delta, search; verify each; the summary (2-4 min)."""
     result = cdc("demo", "--dir", str(tmp_path / "demo"), "--seconds", "2", timeout=400)

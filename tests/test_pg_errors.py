@@ -206,6 +206,7 @@ def test_no_free_replication_slot(one_slot_cluster: ThrowawayPostgres, tmp_path:
     db.drop()
 
 
+@pytest.mark.servers  # starts its own servers or Spark
 def test_capture_reconnects_when_postgres_restarts(tmp_path: Path) -> None:
     pg = start_cluster()
     try:
