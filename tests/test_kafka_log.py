@@ -254,7 +254,7 @@ def test_sigkill_of_capture_into_kafka_loses_nothing(kafka_broker: Any, pg_db: D
     capture = Capture(config, tmp_path / "capture.log")
     try:
         with capture_watch(pg_db, capture, into="Kafka") as watch:
-            for _ in range(10):
+            for _ in range(6):
                 capture.start()
                 delay = rng.uniform(1.5, 3.0)
                 time.sleep(delay)

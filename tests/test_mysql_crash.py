@@ -36,7 +36,7 @@ from tests.pgkit import (
 
 pytestmark = pytest.mark.timeout(600)
 
-KILLS = 12
+KILLS = 10
 SCHEMA = """
 CREATE TABLE items (id INT PRIMARY KEY, v INT NOT NULL, amount DECIMAL(12,2), note TEXT,
                     updated DATETIME(6));

@@ -36,7 +36,7 @@ from tests.pgkit import (
 
 pytestmark = pytest.mark.timeout(600)
 
-KILLS = 12
+KILLS = 10
 
 
 def test_capture_survives_sigkill_under_load(pg_db: Database, tmp_path: Path) -> None:

@@ -270,8 +270,14 @@ def test_local_mode_cluster_and_kafka_give_identical_followers(
     drop_kafka_topics(kafka_broker, [ORDERS.topic])  # the synthetic topic's name is fixed
     try:
         append_synthetic(kafka_log, Workload(keys=300), 20_000)  # the same seed: the same events
-        results = {mode: apply_mode(cluster, tmp_path, base, redis_url, mode, kafka_log)
-                   for mode in ("local", "cluster", "kafka")}
+        paths = {mode: mode_config(cluster, tmp_path, base, redis_url, mode, kafka_log)
+                 for mode in ("local", "cluster", "kafka")}
+        # the two cluster applications side by side, a core each; local mode meanwhile
+        runs = [start_once(paths[mode]) for mode in ("cluster", "kafka")]
+        apply_once(paths["local"], *FOLLOWERS)
+        for run in runs:
+            finish_once(run)
+        results = {mode: held_by_followers(path) for mode, path in paths.items()}
     finally:
         drop_kafka_topics(kafka_broker, [ORDERS.topic])
     for name in FOLLOWERS:
@@ -289,10 +295,9 @@ def test_local_mode_cluster_and_kafka_give_identical_followers(
     assert history["local"] == history["cluster"] == history["kafka"]
 
 
-def apply_mode(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, Any],
-               redis_url: str, mode: str, kafka_log: dict[str, Any]
-               ) -> dict[str, dict[str, dict[str, str]]]:
-    """``cdc apply --once`` of the three followers in ``mode``; what each follower holds."""
+def mode_config(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, Any],
+                redis_url: str, mode: str, kafka_log: dict[str, Any]) -> Path:
+    """The config of the three followers in ``mode`` (written next to ``tmp_path``)."""
     root = tmp_path / mode
     db = {"local": 1, "cluster": 2, "kafka": 5}[mode]
     per_batch = 8000 if mode == "kafka" else 10000  # two or three batches
@@ -310,24 +315,24 @@ def apply_mode(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, A
               "spark": {"master": "local[2]" if mode == "local" else cluster.master_url,
                         "conf": {"spark.driver.maxResultSize": "1m",
                                  "spark.driver.host": "127.0.0.1",
-                                 "spark.task.maxFailures": "8",
+                                 "spark.task.maxFailures": "8", "spark.cores.max": "1",
                                  "spark.executor.memory": EXECUTOR_MEMORY}}}
     if mode == "kafka":
         config["log"] = kafka_log
     path = tmp_path / f"{mode}.yaml"
     path.write_text(json.dumps(config))
-    if mode == "local":
-        apply_once(path, *FOLLOWERS)
-    else:
-        once_in_subprocess(path)
-    return held_by_followers(path)
+    return path
 
 
-def once_in_subprocess(path: Path) -> None:
+def start_once(path: Path) -> subprocess.Popen[str]:
+    """``cdc apply --once`` of the three followers, a process of its own."""
     args = [arg for name in FOLLOWERS for arg in ("--follower", name)]
-    run = subprocess.Popen([sys.executable, "-m", "cdc.cli", "apply", "--config", str(path),
-                            "--once", *args], cwd=PROJECT, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "cdc.cli", "apply", "--config", str(path),
+                             "--once", *args], cwd=PROJECT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish_once(run: subprocess.Popen[str]) -> None:
     try:
         text, _ = run.communicate(timeout=600)
     finally:
