@@ -180,7 +180,8 @@ class Watch:
             if not aim or committed is None or time.monotonic() > deadline:
                 break
             if (position is not None and self.ahead(position, committed)
-                    and self.moved(self._second_before(position), position)):
+                    and self.moved(self._second_before(position), position)
+                    and self.ahead(position, resumes_from())):  # still: fire at once
                 break
             time.sleep(0.001)
         second_before = self._second_before(position)
