@@ -161,7 +161,8 @@ class Watch:
 
     def kill(self, phase: str, action: Callable[[], Any],
              resumes_from: Callable[[], Any] | None = None, detail: str = "",
-             aim: float = 0.0, read_before: bool = False) -> Kill:
+             aim: float = 0.0, read_before: bool = False,
+             freeze: tuple[Callable[[], Any], Callable[[], Any]] | None = None) -> Kill:
         """SIGKILL now (``action``) and record it. With ``resumes_from``, settle at once (read
         the committed position after the kill); else call :meth:`Kill.settle` later (e.g. once
         a killed broker is back and its log can be read).
@@ -171,9 +172,18 @@ class Watch:
         processes that are often caught up (a capture keeping pace with a light load).
 
         ``read_before``: read the committed position just before the SIGKILL, not after it —
-        for a killed server that holds it (a broker: nothing commits while it is down)."""
+        for a killed server that holds it (a broker: nothing commits while it is down).
+
+        ``freeze`` (``(stop, go_on)``, e.g. SIGSTOP and SIGCONT of the process group): with
+        ``aim``, each look is taken with the process stopped, so the SIGKILL lands exactly at
+        a moment seen in flight (a Spark driver may commit its batch between a look and a
+        SIGKILL sent after it)."""
         deadline = time.monotonic() + aim
+        frozen = False
         while True:
+            if freeze is not None and aim:
+                freeze[0]()
+                frozen = True
             committed = (resumes_from() if (aim or read_before) and resumes_from is not None
                          else None)
             position = self.position()  # read last: the SIGKILL follows at once
@@ -183,7 +193,10 @@ class Watch:
                     and self.moved(self._second_before(position), position)
                     and self.ahead(position, resumes_from())):  # still: fire at once
                 break
-            time.sleep(0.001)
+            if frozen:
+                freeze[1]()  # type: ignore[index]
+                frozen = False
+            time.sleep(0.001 if freeze is None else 0.02)
         second_before = self._second_before(position)
         action()
         kill = Kill(self.kind, phase, position, second_before, self.ahead, self.moved)

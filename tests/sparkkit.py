@@ -138,3 +138,20 @@ def apply_once(config: Path, *names: str) -> Any:
 def stop_leftover_applies() -> None:
     for run in list(RUNNING):
         run.terminate(60)
+
+
+def group_freeze(pid: int) -> tuple[Any, Any]:
+    """``freeze`` for :meth:`tests.kills.Watch.kill`: SIGSTOP / SIGCONT of process group
+    ``pid`` (a ``cdc apply`` started in a session of its own: driver, JVM, Python workers)."""
+    import contextlib
+    import signal
+
+    def stop() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGSTOP)
+
+    def go_on() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGCONT)
+
+    return stop, go_on

@@ -55,6 +55,7 @@ skipped a newer change would leave the follower stale), its tolerance of older r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -91,7 +92,7 @@ from tests.pgkit import (
     wait_for,
     write_config,
 )
-from tests.sparkkit import committed_batches, driver_watch
+from tests.sparkkit import committed_batches, driver_watch, group_freeze
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -134,6 +135,8 @@ class ApplyRun:
             os.killpg(pid, signal.SIGKILL)
         else:
             os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # if the kill aimed with SIGSTOP
+                os.killpg(pid, signal.SIGCONT)
         self.process.wait(30)
         killed = time.monotonic()
         while _group_alive(pid):
@@ -419,7 +422,8 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
             at = time.monotonic() - run.started
             lived: list[float] = []
             watch.kill(mode, lambda r=run, g=whole_group, out=lived: out.append(r.kill(g)),
-                       lambda: committed_batches(roots), aim=60)
+                       lambda: committed_batches(roots), aim=60,
+                       freeze=group_freeze(run.process.pid))
             jvm_lived = lived[0]
             in_flight = checkpoint.in_flight()
             kill = Kill(mode, whole_group, at, checkpoint.last("commits") - commits_at_start,

@@ -47,7 +47,13 @@ from tests.pgkit import (
     wait_for,
     write_config,
 )
-from tests.sparkkit import apply_once, committed_batches, driver_watch, tree_watch
+from tests.sparkkit import (
+    apply_once,
+    committed_batches,
+    driver_watch,
+    group_freeze,
+    tree_watch,
+)
 
 pytestmark = [pytest.mark.timeout(1200)]
 
@@ -191,7 +197,8 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
         # the driver: restarted from the checkpoints, it replays the batch in flight
         with driver_watch(roots) as watch:
             watch.wait_moving()
-            watch.kill(phase, run.kill, lambda: committed_batches(roots), aim=60)
+            watch.kill(phase, run.kill, lambda: committed_batches(roots), aim=60,
+                       freeze=group_freeze(run.process.pid))
         run = Apply(config_path, tmp_path / "apply-2.log")
         wait_commits(cache_checkpoint, 1, run)
         step("driver killed, restarted, a batch committed")

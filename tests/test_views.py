@@ -6,6 +6,7 @@ hand-made divergence."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -344,7 +345,7 @@ class ShopLoad:
 def test_views_in_every_follower_kind_verify_against_the_leader(
         tmp_path: Path, pg_db: Any, redis_url: str) -> None:
     from tests.pgkit import PROJECT, Capture, cdc, output, wait_caught_up, wait_for, write_config
-    from tests.sparkkit import committed_batches, driver_watch
+    from tests.sparkkit import committed_batches, driver_watch, group_freeze
 
     pg_db.execute(SHOP)
     sqlite = tmp_path / "reporting.sqlite"
@@ -400,8 +401,11 @@ views:
     def kill_apply(phase: str) -> None:
         def kill() -> None:
             apply.send_signal(signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # its JVM, stopped to aim,
+                os.killpg(apply.pid, signal.SIGCONT)  # sees it gone and exits
             apply.wait(30)
-        watch.kill(phase, kill, lambda: committed_batches(roots), aim=60)
+        watch.kill(phase, kill, lambda: committed_batches(roots), aim=60,
+                   freeze=group_freeze(apply.pid))
 
     apply = start_apply()
     load = ShopLoad(pg_db).start()
