@@ -24,7 +24,6 @@ Every kill is recorded in :data:`KILLS` by kind (what was killed) and phase (wha
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from collections import deque
@@ -90,17 +89,19 @@ class Watch:
 
     def __init__(self, kind: str, position: Callable[[], Any],
                  ahead: Callable[[Any, Any], bool] = _greater,
-                 moved: Callable[[Any, Any], bool] | None = None) -> None:
+                 moved: Callable[[Any, Any], bool] | None = None,
+                 close: Callable[[], Any] | None = None) -> None:
         """``ahead(position, committed)``: the position is past the committed one (default
-        ``>``); ``moved(before, now)``: the position advanced (default ``now > before``)."""
+        ``>``); ``moved(before, now)``: the position advanced (default ``now > before``);
+        ``close``: releases what ``position`` holds (a connection), at :meth:`stop`."""
         self.kind = kind
         self.position = position
         self.ahead = ahead
         self.moved = moved or (lambda before, now: bool(now > before))
+        self.close = close
         self._samples: deque[tuple[float, Any]] = deque(maxlen=int(4 * WINDOW_S / SAMPLE_S))
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._paused = False
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch {kind}")
 
     def start(self) -> Watch:
@@ -112,6 +113,8 @@ class Watch:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5)
+        if self.close is not None:
+            self.close()
 
     def __enter__(self) -> Watch:
         return self.start()
@@ -247,14 +250,6 @@ def descendants(pid: int) -> list[int]:
         out.append(current)
         todo.extend(parents.get(current, []))
     return out
-
-
-def sigkill(pid: int, group: bool = False) -> None:
-    """SIGKILL ``pid`` (or its whole process group)."""
-    if group:
-        os.killpg(pid, signal.SIGKILL)
-    else:
-        os.kill(pid, signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------ the summary

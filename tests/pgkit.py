@@ -211,7 +211,7 @@ def capture_watch(db: Database, capture: Capture, into: str = "") -> Watch:
 
     return Watch(f"capture daemon (PostgreSQL{' into ' + into if into else ''})", position,
                  ahead=lambda at, committed: at[0] > committed,
-                 moved=lambda before, now: now[1] > before[1])
+                 moved=lambda before, now: now[1] > before[1], close=sent.close)
 
 
 def kill_capture(watch: Watch, capture: Capture, phase: str, log: LogAt, source: str
@@ -221,7 +221,7 @@ def kill_capture(watch: Watch, capture: Capture, phase: str, log: LogAt, source:
                       lambda: int((stored_offset(log, source) or {}).get("lsn", 0)), aim=30)
 
 
-def snapshot_watch(log: Path, topic: str, leader: str) -> Watch:
+def snapshot_watch(log: Path, topic: str) -> Watch:
     """A :class:`tests.kills.Watch` of a ``cdc bootstrap`` process: its position is how many
     snapshot records of ``topic`` it has logged so far."""
     from cdc.log.local import LocalChangeLogReader
@@ -229,13 +229,11 @@ def snapshot_watch(log: Path, topic: str, leader: str) -> Watch:
     def logged() -> int:
         return sum(LocalChangeLogReader(log).end_offsets(topic).values())
 
-    watch = Watch("bootstrap", logged)
-    watch.leader = leader  # type: ignore[attr-defined]
-    return watch
+    return Watch("bootstrap", logged)
 
 
-def kill_bootstrap(watch: Watch, process: subprocess.Popen[Any], log: Path, source: str
-                   ) -> Kill:
+def kill_bootstrap(watch: Watch, process: subprocess.Popen[Any], log: Path, source: str,
+                   leader: str) -> Kill:
     """SIGKILL a bootstrap through ``watch``: in flight when it logged records in the second
     before and the log still says "bootstrapping" (a restart snapshots again from the start:
     it resumes from 0 records)."""
@@ -248,8 +246,7 @@ def kill_bootstrap(watch: Watch, process: subprocess.Popen[Any], log: Path, sour
         process.kill()
         process.wait()
 
-    return watch.kill(f"mid-snapshot ({watch.leader})", kill,  # type: ignore[attr-defined]
-                      resumes_from)
+    return watch.kill(f"mid-snapshot ({leader})", kill, resumes_from)
 
 
 class ApplyProcess:

@@ -95,9 +95,9 @@ def test_bootstrap_killed_mid_snapshot_is_redone(pg_db: Database, tmp_path: Path
             return False
         return sum(LocalChangeLogReader(log).end_offsets(topic).values()) > 3000
 
-    with snapshot_watch(log, topic, "PostgreSQL") as watch:
+    with snapshot_watch(log, topic) as watch:
         wait_for(partly_snapshotted, 60, "a partial snapshot", interval=0.005)
-        kill_bootstrap(watch, process, log, pg_db.source)
+        kill_bootstrap(watch, process, log, pg_db.source, "PostgreSQL")
     assert len(read_topic(log, topic)) < 150_000  # it really died mid-snapshot
     refused = cdc("capture", "--config", str(config), timeout=60)
     assert refused.returncode == 1 and "bootstrap did not finish" in output(refused)
