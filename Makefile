@@ -10,13 +10,18 @@ setup:
 demo: setup
 	$(VENV)/bin/cdc demo
 
+# two pytest-xdist workers, a test file each at a time, the longest first (tests/schedule.py);
+# PYTEST_WORKERS=0 runs everything in one process
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 test: setup
-	$(PY) -m pytest -q --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 # the edit-test loop: unit and contract tests, none that starts a database, a broker or Spark
 # (the `servers` marker, set in tests/conftest.py) and none marked slow; CI runs everything
 test-quick: setup
-	$(PY) -m pytest -q -m "not servers and not slow" --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not servers and not slow" --durations=10 $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -34,9 +34,22 @@ SERVER_FIXTURES = {"pg_cluster", "mariadb_server", "mariadb_factory", "kafka_bro
 
 
 def pytest_collection_modifyitems(items):  # type: ignore[no-untyped-def]
+    from tests.schedule import order
+
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.servers)
+    order(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
+    """``--dist loadfile`` as ``tests/schedule.py`` refines it; other modes as xdist has them."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.schedule import make_scheduler
+
+    return make_scheduler(config, log)
 
 
 @pytest.fixture(autouse=True)
@@ -176,14 +189,32 @@ def _cpu_times() -> tuple[float, float]:
 _RUN_STARTED = _cpu_times() if Path("/proc/stat").exists() else (0.0, 0.0)
 
 
+#: the kills of pytest-xdist workers, gathered by the controller as each worker ends
+_WORKER_KILLS: list[tuple[str, str, bool, bool]] = []
+
+
+def pytest_sessionfinish(session):  # type: ignore[no-untyped-def]
+    """In a pytest-xdist worker: hand this process's kills to the controller."""
+    if hasattr(session.config, "workeroutput"):
+        from tests.kills import kill_records
+
+        session.config.workeroutput["kills"] = kill_records()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # type: ignore[no-untyped-def]
+    """In the pytest-xdist controller: a worker ended; keep its kills for the summary."""
+    _WORKER_KILLS.extend(tuple(r) for r in getattr(node, "workeroutput", {}).get("kills", []))
+
+
 def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
-    """The deliberate SIGKILLs of the run (tests/kills.py), by kind and phase; how busy the
-    machine's CPUs were meanwhile (this run and anything else on the machine)."""
+    """The deliberate SIGKILLs of the run (tests/kills.py; every worker's), by kind and phase;
+    how busy the machine's CPUs were meanwhile (this run and anything else on the machine)."""
     import os
 
-    from tests.kills import summary_lines
+    from tests.kills import kill_records, summary_lines
 
-    lines = summary_lines()
+    lines = summary_lines(kill_records() + _WORKER_KILLS)
     if lines:
         terminalreporter.write_sep("=", "SIGKILLs (tests/kills.py)")
         for line in lines:

@@ -254,22 +254,28 @@ def descendants(pid: int) -> list[int]:
 
 # ------------------------------------------------------------------------------ the summary
 
-def summary_lines() -> list[str]:
-    """The kills of the run by kind and phase, and how many landed in flight."""
-    if not KILLS:
+def kill_records() -> list[tuple[str, str, bool, bool]]:
+    """This process's kills as plain tuples (kind, phase, in flight, settled): what a
+    pytest-xdist worker hands to the controller, which prints the run's summary."""
+    return [(k.kind, k.phase, k.in_flight, k.settled) for k in KILLS]
+
+
+def summary_lines(records: list[tuple[str, str, bool, bool]]) -> list[str]:
+    """The kills of the run (:func:`kill_records` of every process that ran tests) by kind and
+    phase, and how many landed in flight."""
+    if not records:
         return []
-    by_kind: dict[str, dict[str, list[Kill]]] = {}
-    for kill in KILLS:
-        by_kind.setdefault(kill.kind, {}).setdefault(kill.phase, []).append(kill)
-    total = len(KILLS)
-    landed = sum(k.in_flight for k in KILLS)
-    unsettled = sum(not k.settled for k in KILLS)
-    lines = [f"{total} SIGKILLs, {landed} asserted in flight"
+    by_kind: dict[str, dict[str, list[bool]]] = {}
+    for kind, phase, in_flight, _ in records:
+        by_kind.setdefault(kind, {}).setdefault(phase, []).append(in_flight)
+    landed = sum(record[2] for record in records)
+    unsettled = sum(not record[3] for record in records)
+    lines = [f"{len(records)} SIGKILLs, {landed} asserted in flight"
              + (f", {unsettled} not settled (their test failed first)" if unsettled else "")]
     for kind in sorted(by_kind):
         phases = by_kind[kind]
         count = sum(len(v) for v in phases.values())
-        in_flight = sum(k.in_flight for v in phases.values() for k in v)
+        in_flight = sum(sum(v) for v in phases.values())
         parts = ", ".join(f"{phase} {len(kills)}" for phase, kills in sorted(phases.items()))
         lines.append(f"  {kind}: {count} ({in_flight} in flight) - {parts}")
     return lines

@@ -531,11 +531,13 @@ def _cleanup_live() -> None:
 
 
 def _cds_archive() -> Path | None:
-    """Where the class archive for this ``java`` and jar folder lives (``None``: nowhere, the
-    folder is not writable and has none)."""
+    """Where the class archive for this ``java`` and classpath lives (``None``: nowhere, the
+    folder is not writable and has none). A JVM refuses an archive made for another classpath
+    (with a warning in the broker's output): a copied or moved jar folder makes a new one."""
     java = Path(find_java()).resolve()
     stat = java.stat()
-    key = hashlib.sha1(f"{java}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    key = hashlib.sha1(f"{java}:{stat.st_size}:{stat.st_mtime_ns}:{kafka_classpath()}"
+                       .encode()).hexdigest()[:12]
     path = jars_dir() / f"kafka-cds-{key}.jsa"
     return path if path.exists() or os.access(jars_dir(), os.W_OK) else None
 
