@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.errors import CdcError
+from cdc.jvm import jvm_options
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LOG4J = Path(__file__).resolve().parent / "log4j2.properties"
@@ -144,7 +145,8 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
 
     from spark_apply.source import register
 
-    java_options = f"-Dlog4j2.configurationFile=file:{LOG4J}"
+    extra = " ".join(jvm_options())
+    java_options = f"-Dlog4j2.configurationFile=file:{LOG4J}" + (f" {extra}" if extra else "")
     settings = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -152,6 +154,7 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
         "spark.default.parallelism": "2",
         "spark.sql.adaptive.enabled": "false",
         "spark.driver.extraJavaOptions": java_options,
+        **({"spark.executor.extraJavaOptions": extra} if extra else {}),
         "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.errors import CdcError
+from cdc.jvm import jvm_options as cdc_jvm_options
 from cdc.servers.postgres import free_port
 
 #: where scripts/fetch_jars.sh puts the jars, relative to the repository checkout
@@ -531,13 +532,14 @@ def _cleanup_live() -> None:
 
 
 def _cds_archive() -> Path | None:
-    """Where the class archive for this ``java`` and classpath lives (``None``: nowhere, the
-    folder is not writable and has none). A JVM refuses an archive made for another classpath
-    (with a warning in the broker's output): a copied or moved jar folder makes a new one."""
+    """Where the class archive for this ``java``, classpath and ``CDC_JVM_OPTIONS`` lives
+    (``None``: nowhere, the folder is not writable and has none). A JVM refuses an archive made
+    for another classpath (with a warning in the broker's output): a copied or moved jar folder
+    makes a new one."""
     java = Path(find_java()).resolve()
     stat = java.stat()
-    key = hashlib.sha1(f"{java}:{stat.st_size}:{stat.st_mtime_ns}:{kafka_classpath()}"
-                       .encode()).hexdigest()[:12]
+    key = hashlib.sha1(f"{java}:{stat.st_size}:{stat.st_mtime_ns}:{kafka_classpath()}:"
+                       f"{cdc_jvm_options()}".encode()).hexdigest()[:12]
     path = jars_dir() / f"kafka-cds-{key}.jsa"
     return path if path.exists() or os.access(jars_dir(), os.W_OK) else None
 
@@ -546,7 +548,8 @@ def _java_command(directory: Path, arguments: tuple[str, ...], jvm_options: tupl
                   may_dump: bool) -> tuple[list[str], Path | None]:
     """``java`` with our options and the classpath, running ``arguments``; and the path the
     JVM will write a class archive to when it exits, if it is the one to make it."""
-    options = [*jvm_options, "-Djava.awt.headless=true", "-XX:+ExitOnOutOfMemoryError",
+    options = [*jvm_options, *cdc_jvm_options(), "-Djava.awt.headless=true",
+               "-XX:+ExitOnOutOfMemoryError",
                f"-Dlog4j2.configurationFile={directory / 'log4j2.xml'}",
                f"-Dkafka.logs.dir={directory}"]
     classpath = kafka_classpath()

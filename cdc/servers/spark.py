@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.errors import CdcError
+from cdc.jvm import jvm_options
 from cdc.servers.postgres import free_port
 
 #: what an application on this cluster may ask per executor (a worker offers ``memory``)
@@ -73,6 +74,9 @@ class ThrowawaySparkCluster:
         env.update({"SPARK_HOME": str(spark_home()), "SPARK_LOG_DIR": str(self.directory),
                     "SPARK_DAEMON_MEMORY": "256m", "SPARK_LOCAL_IP": "127.0.0.1",
                     "SPARK_NO_DAEMONIZE": "1"})
+        if jvm_options():
+            env["SPARK_DAEMON_JAVA_OPTS"] = " ".join(
+                filter(None, [env.get("SPARK_DAEMON_JAVA_OPTS", ""), *jvm_options()]))
         return env
 
     def start(self, timeout: float = 90.0) -> ThrowawaySparkCluster:
