@@ -31,3 +31,34 @@ def test_no_assert_inside_finally() -> None:
     offenders = [f"{path.name}:{line}" for path in sorted(TESTS.glob("*.py"))
                  for line in asserts_in_finally(path.read_text())]
     assert offenders == [], offenders
+
+
+def test_the_schedule_names_test_files_that_exist() -> None:
+    """``tests/schedule.py`` orders and groups files by name: a renamed file would silently
+    fall back to the default order, or split a shared unit in two."""
+    from tests.schedule import LONGEST_FIRST, SHARED
+
+    named = set(LONGEST_FIRST) | set(SHARED) | set(SHARED.values())
+    assert named and all((TESTS / name).is_file() for name in named), \
+        sorted(name for name in named if not (TESTS / name).is_file())
+
+
+def test_the_schedule_puts_longest_first_and_keeps_units_together() -> None:
+    from tests.schedule import LONGEST_FIRST, order, unit_of
+
+    class Item:
+        def __init__(self, nodeid: str, servers: bool) -> None:
+            self.nodeid, self.servers = nodeid, servers
+
+        def get_closest_marker(self, name: str) -> object:
+            return object() if name == "servers" and self.servers else None
+
+    items = [Item("tests/test_a.py::t", False), Item("tests/test_kafka_server.py::t", True),
+             Item(f"tests/{LONGEST_FIRST[1]}::t", True), Item("tests/test_b.py::t", True),
+             Item(f"tests/{LONGEST_FIRST[0]}::t", True)]
+    order(items)
+    units = [unit_of(item.nodeid).split("/")[1] for item in items]
+    # the spark cluster's file, then the three-broker unit (test_kafka_server.py with it)
+    assert units[:3] == [LONGEST_FIRST[0], LONGEST_FIRST[1], LONGEST_FIRST[1]]
+    assert items[-1].nodeid == "tests/test_a.py::t"  # the quick ones last
+    assert unit_of("tests/test_kafka_server.py::x") == "tests/test_kafka_faults.py"
