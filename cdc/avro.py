@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import re
 import struct
 import threading
@@ -38,6 +37,7 @@ from cdc.events import ChangeEvent, Column, Op, TableSchema, encode_key
 from cdc.log.base import Record, SchemaRegistry
 from cdc.log.schemas import RegisteredSchema
 from cdc.source import EnvelopeSource, envelope_source
+from cdc.speedups import pure_python
 from cdc.types import ColumnType
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
@@ -278,7 +278,7 @@ def envelope_tail(out: bytearray, pieces: tuple[bytes, bytes, bytes], sequence: 
 
 
 ENVELOPE_TAIL: Callable[..., None] = envelope_tail
-if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+if not pure_python():
     with contextlib.suppress(ImportError):  # the compiled twin (cdc/_fast.pyx), when built
         from cdc._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore]
             envelope_tail as ENVELOPE_TAIL,  # noqa: N811

@@ -18,13 +18,13 @@ Anything else raises :class:`cdc.avrowriter.Unsupported`, and the caller decodes
 from __future__ import annotations
 
 import contextlib
-import os
 import struct
 from collections.abc import Callable
 from decimal import Context
 from typing import Any
 
 from cdc.avrowriter import Unsupported
+from cdc.speedups import pure_python
 
 #: (buffer, position) -> (value, next position)
 Reader = Callable[[bytes, int], tuple[Any, int]]
@@ -83,7 +83,7 @@ _SCOPE: dict[str, Any] = {"rl": read_long, "pf": _FLOAT, "pd": _DOUBLE}
 #: ``cdc._fast.run_program`` (runs a :func:`compile_program` program), when built; None:
 #: the generated Python of :func:`compile_projection` is used
 RUN_PROGRAM: Callable[[Any, bytes, int], tuple[Any, Any, Any]] | None = None
-if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+if not pure_python():
     with contextlib.suppress(ImportError):
         from cdc._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore]
             run_program as RUN_PROGRAM,  # noqa: F401

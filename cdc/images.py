@@ -24,7 +24,6 @@ the same type; anything else is reported as unavailable, never silently NULL.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,6 +32,7 @@ from cdc.avro import EventCodec, TableCodec
 from cdc.events import TableSchema
 from cdc.log.base import AppendResult, ChangeLogReader, Record
 from cdc.log.partitioner import partition_for
+from cdc.speedups import pure_python
 
 Image = tuple[int, dict[str, Any]]  # (schema id, after image by Avro field name)
 #: a key's latest record in the log: its offset, and where its bytes are when the log says
@@ -82,7 +82,7 @@ class KeyIndex:
         return len(self._entries)
 
 
-if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+if not pure_python():
     with contextlib.suppress(ImportError):  # the compiled twin, when built
         from cdc._fast import KeyIndex  # type: ignore[import-not-found,no-redef,assignment,unused-ignore] # noqa: F811
 
@@ -132,7 +132,7 @@ def remember_all(records: list[Record], topics: set[str],
 
 INDEX_APPENDED: Callable[..., None] = index_appended
 REMEMBER_ALL: Callable[..., int] = remember_all
-if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+if not pure_python():
     with contextlib.suppress(ImportError):  # the compiled twins, when built
         from cdc._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore]
             index_appended as INDEX_APPENDED,  # noqa: N812

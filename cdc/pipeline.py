@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from cdc.observe import NO_OBSERVER, CaptureObserver
 from cdc.offsets import SourceOffset
 from cdc.position import Position
 from cdc.source import EncodedBatch
+from cdc.speedups import pure_python
 from cdc.transactions import (
     BEGIN,
     END,
@@ -56,7 +56,7 @@ def value_bytes(records: list[Record]) -> int:
 
 
 VALUE_BYTES = value_bytes
-if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+if not pure_python():
     with contextlib.suppress(ImportError):  # the compiled twin, when built
         from cdc._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore]
             value_bytes as VALUE_BYTES,  # noqa: N812

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +30,7 @@ import fastavro
 from cdc.avro import MAGIC, fixed_schema
 from cdc.avrowriter import Unsupported, Writer, compile_parts
 from cdc.log.base import AppendResult, Record, SchemaRegistry
+from cdc.speedups import pure_python
 
 #: the suffix of a source's transaction topic
 TOPIC_SUFFIX = "transaction"
@@ -147,7 +147,7 @@ def advance(ends: Ends, results: Sequence[AppendResult]) -> None:
             parts[key] = result.offset + 1
 
 
-if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+if not pure_python():
     with contextlib.suppress(ImportError):  # the compiled twin (cdc/_fast.pyx), when built
         from cdc._fast import advance  # type: ignore[import-not-found,no-redef,unused-ignore] # noqa: F811
 

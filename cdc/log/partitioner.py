@@ -8,7 +8,8 @@ be used for this.
 from __future__ import annotations
 
 import contextlib
-import os
+
+from cdc.speedups import pure_python
 
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
@@ -46,7 +47,7 @@ def partition_for(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+if not pure_python():
     # the compiled twins (cdc/log/_fast.pyx), when the install could build them
     with contextlib.suppress(ImportError):
         from cdc.log._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore] # noqa: F401

@@ -36,6 +36,7 @@ from typing import Any
 
 from cdc.errors import LogCorruptError
 from cdc.log.partitioner import partition_for
+from cdc.speedups import pure_python
 
 HEADER = struct.Struct("<IIqqBHII")
 PREFIX = struct.Struct("<II")
@@ -178,7 +179,7 @@ def parse_records(buffer: bytes, cursor: int, buffer_start: int, verify: bool
     return out, cursor, -1
 
 
-if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+if not pure_python():
     with contextlib.suppress(ImportError):
         from cdc.log._fast import (  # type: ignore[import-not-found,no-redef,unused-ignore] # noqa: F401
             crc32,  # new with this frame_records: an older build is not taken at all

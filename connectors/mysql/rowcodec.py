@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import struct
 from collections.abc import Sequence
 from typing import Any
 
+from cdc.speedups import pure_python
 from cdc.types import days_from_civil
 
 # fast kinds
@@ -643,7 +643,7 @@ _pure_decode_rows = decode_rows
 _pure_build_records = build_records
 _pure_encode_text_rows = encode_text_rows
 _pure_snapshot_records = snapshot_records
-if os.environ.get("CDC_PURE_PYTHON", "") != "1":
+if not pure_python():
     with contextlib.suppress(ImportError):  # the compiled twin, when built
         from connectors.mysql._fast import (  # type: ignore[import-not-found,no-redef]
             build_records,

@@ -10,12 +10,12 @@ Insert ``I``, Update ``U``, Delete ``D``, Truncate ``T``, logical decoding Messa
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 from cdc.errors import CdcError
+from cdc.speedups import pure_python
 
 PG_EPOCH_MICROS = 946_684_800_000_000  # 2000-01-01 in microseconds since the Unix epoch
 
@@ -170,7 +170,7 @@ def _tuple(data: bytes, at: int) -> tuple[TupleData, int]:
 def _compiled_parser() -> Any:
     """The compiled tuple parser (connectors/postgres/_fast), unless absent or
     ``CDC_PURE_PYTHON=1``."""
-    if os.environ.get("CDC_PURE_PYTHON", "") == "1":
+    if pure_python():
         return None
     try:
         from connectors.postgres import _fast  # type: ignore[attr-defined]

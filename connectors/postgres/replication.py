@@ -13,7 +13,6 @@ already durable in the change log.
 from __future__ import annotations
 
 import ctypes
-import os
 import select
 import struct
 import time
@@ -25,6 +24,7 @@ from psycopg import pq
 
 from cdc.errors import CdcError
 from cdc.position import format_lsn
+from cdc.speedups import pure_python
 from connectors.postgres.pgoutput import PG_EPOCH_MICROS
 
 _XLOG = struct.Struct(">QQq")
@@ -58,7 +58,7 @@ def compiled_drain(pgconn: Any) -> Callable[..., tuple[int, int]] | None:
     """The compiled drain (``connectors/postgres/_fast.pyx``), bound to the libpq that made
     ``pgconn``; None where it cannot be (not built, ``CDC_PURE_PYTHON=1``, or that libpq is
     not found in this process: then :meth:`ReplicationStream._drain` runs)."""
-    if os.environ.get("CDC_PURE_PYTHON", "") == "1" or not getattr(pgconn, "pgconn_ptr", None):
+    if pure_python() or not getattr(pgconn, "pgconn_ptr", None):
         return None
     try:
         from connectors.postgres import _fast  # type: ignore[attr-defined]

@@ -28,11 +28,11 @@ plain tuples so both implementations read the same data:
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cdc.speedups import pure_python
 from cdc.types import days_from_civil
 from connectors.postgres import types as pgt
 
@@ -711,7 +711,7 @@ def encode_copy(plan: CopyPlan, data: bytes, start: int, number: int, records: l
 
 
 def _pure() -> bool:
-    return os.environ.get("CDC_PURE_PYTHON", "") == "1"
+    return pure_python()
 
 
 def implementation() -> str:
