@@ -95,6 +95,13 @@ def row_text(row: Mapping[str, Any]) -> dict[str, str]:
             for column, value in row.items() if value is not None}
 
 
+def key_group(key: bytes, groups: int) -> int:
+    """The one rule that groups keys (a Delta bucket, the task that owns a key):
+    ``crc32(key's JSON bytes) % groups``, in ``range(groups)``. ``spark_apply/jobs.py`` computes
+    the same in the JVM (``pmod(crc32(key), groups)``) to repartition by it."""
+    return zlib.crc32(key) % groups
+
+
 class Sink(ABC):
     """One follower's storage."""
 
@@ -126,8 +133,7 @@ class Sink(ABC):
         :meth:`owner_groups`, else ``crc32(key) % writers``. (Spark computes the same in the
         JVM: ``pmod(pmod(crc32(key), groups), writers)``.)"""
         groups = self.owner_groups(topic)
-        crc = zlib.crc32(key)
-        return (crc % groups if groups else crc) % writers
+        return (key_group(key, groups) if groups else zlib.crc32(key)) % writers
 
     def refresh(self) -> None:  # noqa: B027 (optional: sinks that cache nothing)
         """Forget what this process cached about the follower's storage that another writer

@@ -71,7 +71,6 @@ import json
 import math
 import tempfile
 import time
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,7 +81,7 @@ import pyarrow.compute as pc
 
 from cdc.errors import CdcError
 from cdc.events import TableId
-from sinks.base import ApplyStats, Change, Sink, canonical_text, cell_text
+from sinks.base import ApplyStats, Change, Sink, canonical_text, cell_text, key_group
 from sinks.watermarks import WatermarkFile, replace_file
 
 if TYPE_CHECKING:
@@ -147,8 +146,8 @@ def table_dir(root: Path, topic: str) -> Path:
 
 
 def bucket_of(key: str, buckets: int) -> int:
-    """The bucket of a key's JSON text: ``crc32(UTF-8 bytes) % buckets``."""
-    return zlib.crc32(key.encode()) % buckets
+    """The bucket of a key's JSON text: :func:`~sinks.base.key_group` of its UTF-8 bytes."""
+    return key_group(key.encode(), buckets)
 
 
 def reserved_columns(mode: Mode) -> tuple[str, ...]:
@@ -444,7 +443,7 @@ class DeltaSink(Sink):
 
     def owner(self, topic: str, key: bytes, writers: int) -> int:
         """The task of ``key``'s bucket (``bucket % writers``)."""
-        return (zlib.crc32(key) % self.owner_groups(topic)) % writers
+        return key_group(key, self.owner_groups(topic)) % writers
 
     def refresh(self) -> None:
         """Tables are re-read at the next write: other tasks committed since."""

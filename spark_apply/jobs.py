@@ -257,7 +257,8 @@ class BatchHandler:
         return [pickle.loads(row["report"]) for row in rows]  # noqa: S301 - our own tasks'
 
     def _owner_column(self, names: dict[str, Any]) -> Any:
-        """``Sink.owner``'s grouping in the JVM: ``crc32(key) % owner_groups(topic)``."""
+        """``Sink.owner``'s grouping in the JVM: :func:`sinks.base.key_group` with
+        ``owner_groups(topic)`` (``pmod(crc32(key), groups)``)."""
         from pyspark.sql import functions as F
 
         crc = F.crc32(F.col("key").cast("binary"))
