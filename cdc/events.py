@@ -77,6 +77,18 @@ def topic_name(source: str, table: TableId) -> str:
     return f"{source}.{table.schema}.{table.table}"
 
 
+def split_topic(topic: str) -> tuple[str, TableId]:
+    """:func:`topic_name` read back: ``(source, table)`` of ``<source>.<schema>.<table>``.
+    Source names hold no dots, so the first dot ends the source; a schema holding a dot is
+    ambiguous here (readers that know the topic's meta use its ``table`` instead)."""
+    source, _, rest = topic.partition(".")
+    schema, _, table = rest.partition(".")
+    if not (source and schema and table):
+        raise SchemaError(f"{topic!r} is not a change log topic name (source.schema.table)",
+                          "pass a topic as listed by `cdc log stats`")
+    return source, TableId(schema, table)
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of a captured table."""

@@ -42,7 +42,7 @@ import redis
 
 from cdc.config import Secret, check_key_template
 from cdc.errors import CdcError
-from cdc.events import TableId
+from cdc.events import TableId, split_topic
 from sinks.base import ApplyStats, Change, Sink, canonical_text, row_text
 
 POSITION_FIELD = "_cdc_position"
@@ -171,24 +171,13 @@ def glob_escape(text: str) -> str:
     return "".join("\\" + char if char in _GLOB_SPECIAL else char for char in text)
 
 
-def split_topic(topic: str) -> tuple[str, TableId]:
-    """``(source, table)`` of a topic named ``<source>.<schema>.<table>`` (source names hold no
-    dots; a schema holding dots needs the sink's ``tables`` map)."""
-    source, _, rest = topic.partition(".")
-    schema, _, table = rest.partition(".")
-    if not (source and schema and table):
-        raise RedisSinkError(f"{topic!r} is not a change log topic name (source.schema.table)",
-                             "pass a topic as listed by `cdc log stats`")
-    return source, TableId(schema, table)
-
-
 class RedisSink(Sink):
     """A Redis follower (layout and gate: the module docstring).
 
     ``tables`` maps topic names to ``(source, TableId)``; topics missing from it are split with
-    :func:`split_topic`. ``chunk_rows`` changes go into one script call; ``pipeline_calls``
-    calls share one round trip. ``password`` (if given) overrides one in the URL. Connecting
-    is lazy: :meth:`check` PINGs.
+    :func:`cdc.events.split_topic`. ``chunk_rows`` changes go into one script call;
+    ``pipeline_calls`` calls share one round trip. ``password`` (if given) overrides one in the
+    URL. Connecting is lazy: :meth:`check` PINGs.
     """
 
     def __init__(self, name: str, url: str | Secret, *,

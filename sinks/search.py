@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 import tantivy
 
 from cdc.errors import CdcError
-from cdc.events import TableId
+from cdc.events import TableId, split_topic
 from sinks.base import ApplyStats, Change, Sink, row_text
 from sinks.watermarks import WatermarkFile
 
@@ -146,15 +146,6 @@ def build_schema() -> tantivy.Schema:
     builder.add_text_field(ALL)
     builder.add_json_field(EXACT, tokenizer_name="raw")
     return builder.build()
-
-
-def _split_topic(topic: str) -> tuple[str, TableId]:
-    source, _, rest = topic.partition(".")
-    schema, _, table = rest.partition(".")
-    if not (source and schema and table):
-        raise SearchSinkError(f"{topic!r} is not a change log topic name (source.schema.table)",
-                              "pass a topic as listed by `cdc log stats`")
-    return source, TableId(schema, table)
 
 
 @dataclass
@@ -394,7 +385,7 @@ class SearchSink(Sink):
         """The configured text columns of ``change``'s table (``None``: every string)."""
         if change.topic not in self._text_columns:
             known = self.tables.get(change.topic)
-            table = known[1] if known is not None else _split_topic(change.topic)[1]
+            table = known[1] if known is not None else split_topic(change.topic)[1]
             self._text_columns[change.topic] = self.text_fields.get(table)
         return self._text_columns[change.topic]
 

@@ -11,7 +11,17 @@ import pytest
 
 from cdc.avro import EventCodec, value_schema
 from cdc.errors import EncodingError, SchemaError
-from cdc.events import ChangeEvent, Column, Op, TableId, TableSchema, TransactionInfo, encode_key
+from cdc.events import (
+    ChangeEvent,
+    Column,
+    Op,
+    TableId,
+    TableSchema,
+    TransactionInfo,
+    encode_key,
+    split_topic,
+    topic_name,
+)
 from cdc.log.schemas import SchemaStore
 from cdc.position import Position
 from cdc.types import INT32_MAX, INT64_MAX, INT64_MIN, ColumnType
@@ -207,6 +217,15 @@ def test_table_id_parsing() -> None:
     assert TableId.parse('"My Schema"."a.b""c"') == TableId("My Schema", 'a.b"c')
     with pytest.raises(SchemaError):
         TableId.parse("orders")
+
+
+def test_topic_names_read_back() -> None:
+    table = TableId("public", "orders")
+    assert split_topic(topic_name("shop", table)) == ("shop", table)
+    assert split_topic("shop.public.a.b") == ("shop", TableId("public", "a.b"))
+    for bad in ("shop", "shop.public", ".public.orders"):
+        with pytest.raises(SchemaError, match="not a change log topic name"):
+            split_topic(bad)
 
 
 def test_dump_json_is_strict_json(codec: EventCodec) -> None:
