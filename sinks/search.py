@@ -40,16 +40,18 @@ fields ``_cdc_all``, ``_cdc_text`` and ``_cdc_exact``: a bare word searches ever
 delete markers never match.
 
 Version gate, per :meth:`SearchSink.apply` call: the documents of the batch's keys are found by
-``term_set_query`` on ``_cdc_id`` (in chunks of :data:`LOOKUP_CHUNK`), and their position words
-and hashes read from the fast fields in one call per field. A change is applied only when its
-position is strictly greater than the document's (row or marker). The old documents of the
+``term_set_query`` on ``_cdc_id`` (in chunks of :data:`LOOKUP_CHUNK`; every matching document,
+should an id hold more than one), and their position words and hashes read from the fast fields
+in one call per field. A change is applied only when its position is strictly greater than the
+newest document's of its id (row or marker). The old documents of the
 changes that pass are deleted by one ``term_set_query`` (issued before the adds, so it cannot
 touch them), then the new documents are added: a row, or — for a delete or tombstone — a marker
 (none when ``tombstone_retention`` is 0). Markers older than the retention are deleted in the same
 commit. One ``commit`` per call: a crash leaves the index as it was before or after the whole
 batch. The writer is opened by :meth:`SearchSink.check` or the first :meth:`SearchSink.apply`
-and kept; readers (``read``, ``keys``, ``watermark``, ``search``) never take the lock, so
-``cdc verify`` and ``cdc search`` run beside ``cdc apply``.
+and kept (opening it, and each rollback, first spends the opstamp Tantivy reuses: see
+:func:`_fresh_writer`); readers (``read``, ``keys``, ``watermark``, ``search``) never take the
+lock, so ``cdc verify`` and ``cdc search`` run beside ``cdc apply``.
 """
 
 from __future__ import annotations
@@ -221,6 +223,7 @@ class SearchSink(Sink):
                     "running", "stop the other `cdc apply` (one apply per follower), or give "
                     f"this follower its own followers.{self.name}.path") from None
             raise self._error("open the index writer of", exc) from None
+        _fresh_writer(self._writer)
         return self._writer
 
     def _open_index(self, create: bool) -> tantivy.Index | None:
@@ -345,6 +348,7 @@ class SearchSink(Sink):
                 writer.commit()
         except BaseException as exc:
             writer.rollback()
+            _fresh_writer(writer)  # rollback() reopens the writer at the last commit
             if isinstance(exc, ValueError):
                 raise self._error("write", exc) from None
             raise
@@ -371,7 +375,14 @@ class SearchSink(Sink):
     def _lookup(self, searcher: tantivy.Searcher, ids: list[str], by_hash: Mapping[int, str],
                 out: dict[str, bytes]) -> None:
         query = tantivy.Query.term_set_query(self.schema, ID, ids)
-        hits = searcher.search(query, len(ids), count=False).hits
+        limit = len(ids)
+        while True:  # every matching document: an id may hold more than one
+            found = searcher.search(query, limit, count=True)
+            total = int(found.count)  # type: ignore[attr-defined]
+            if total <= limit:
+                break
+            limit = total
+        hits = found.hits
         if not hits:
             return
         addresses = [address for _, address in hits]
@@ -379,7 +390,11 @@ class SearchSink(Sink):
         columns = [searcher.fast_field_values(word, addresses) for word in WORDS]
         pack = _WORDS.pack
         for digest, w0, w1, w2, w3 in zip(hashes, *columns, strict=True):
-            out[by_hash[int(digest)]] = pack(w0, w1, w2, w3)[:int(w3) & 0xFF]
+            identity = by_hash[int(digest)]
+            position = pack(w0, w1, w2, w3)[:int(w3) & 0xFF]
+            held = out.get(identity)
+            if held is None or position > held:  # the newest document of the id decides
+                out[identity] = position
 
     def _columns_of(self, change: Change) -> tuple[str, ...] | None:
         """The configured text columns of ``change``'s table (``None``: every string)."""
@@ -537,6 +552,21 @@ class SearchSink(Sink):
             result.hits.append(Hit(_stored(doc, TOPIC), _stored(doc, KEY),
                                    json.loads(_stored(doc, ROW)), float(score)))
         return result
+
+
+def _fresh_writer(writer: tantivy.IndexWriter) -> None:
+    """Make a freshly opened (or rolled back) writer safe after a crash. Tantivy restarts a
+    writer's opstamps *at* the last commit's opstamp, so (1) its first operation shares that
+    opstamp: a merge of committed segments started before the writer's first commit targets
+    that same opstamp, skips the operation on segments whose deletes are already "at" it and,
+    when the merge's first segment applied it, never applies it to the merged segment — the
+    documents it deleted come back (a row beside its newer marker); and (2) a replay of the
+    killed run's operations reaches the same commit opstamp, whose ``<segment>.<opstamp>.del``
+    files the killed commit may have left behind: every commit then fails with
+    FileAlreadyExists. So: remove the files no commit references, then spend the reused
+    opstamp on a delete that matches nothing."""
+    writer.garbage_collect_files()
+    writer.delete_documents_by_term(ID, "")  # no document has an empty _cdc_id
 
 
 def _count(searcher: tantivy.Searcher, query: tantivy.Query) -> int:
