@@ -378,9 +378,6 @@ class EventCodec:
         block.update(event.source_info)
         return block
 
-    def encode_value(self, event: ChangeEvent, fill: Filler | None = None) -> bytes:
-        return self.encode(event, fill)
-
     def encode(self, event: ChangeEvent, fill: Filler | None = None) -> bytes:
         """The log value of ``event``.
 

@@ -66,16 +66,6 @@ class OpenTransaction:
     ends: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-@dataclass
-class Boundary:
-    """The end of a transaction (``txn``) or of a snapshot checkpoint (``txn is None``) after
-    the first ``index`` records of the dispatcher's buffer."""
-
-    index: int
-    txn: OpenTransaction | None
-    position: bytes
-
-
 class TransactionEvents:
     """Encodes (and decodes) one source's transaction events."""
 

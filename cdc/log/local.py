@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from cdc.errors import LogCorruptError, LogError, LogLockedError, storage_error
 from cdc.log.base import (
@@ -759,8 +759,3 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview, at: int) -> None:
         written = os.pwrite(fd, view, at)
         view = view[written:]
         at += written
-
-
-def topic_of_dir(name: str) -> str:
-    """Inverse of the directory naming in :func:`topic_dir`."""
-    return unquote(name)

@@ -41,8 +41,6 @@ SNAPSHOT_CONNECT_ARGS: dict[str, Any] = {
     "charset": "utf8mb4",
     "init_command": "SET time_zone = '+00:00'",
 }
-#: the statement that gives a session the settings above (for a connection made otherwise)
-SNAPSHOT_SESSION_SQL = "SET time_zone = '+00:00'"
 
 SPATIAL_TYPES = frozenset({
     "geometry", "point", "linestring", "polygon", "multipoint", "multilinestring",
@@ -676,10 +674,6 @@ def refine(binlog_columns: Sequence[MyColumn], info_schema_columns: Sequence[MyC
 def _json_longtext(info: MyColumn, binlog: MyColumn) -> bool:
     """MariaDB JSON (a LONGTEXT) may be described as json by the catalog."""
     return info.data_type.lower() == "json" and binlog.data_type in TEXT_TYPES
-
-
-def is_spatial(column: MyColumn) -> bool:
-    return column.data_type.lower() in SPATIAL_TYPES
 
 
 # ------------------------------------------------------------------- information_schema
