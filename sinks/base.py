@@ -95,6 +95,20 @@ def row_text(row: Mapping[str, Any]) -> dict[str, str]:
             for column, value in row.items() if value is not None}
 
 
+def newest_per_key(changes: Sequence[Change]) -> Sequence[Change]:
+    """One change per ``(topic, key)``: the one with the highest ``position`` (bytes compared
+    unsigned, left to right); **on equal positions the later one in** ``changes`` — a delete
+    and its tombstone share a position and the tombstone comes later, the fold's rule
+    (``spark_apply/fold.py``: the higher log offset). ``changes`` itself when it already holds
+    one change per key (the fold's output always does); otherwise in first-seen key order."""
+    newest: dict[tuple[str, str], Change] = {}
+    for change in changes:
+        held = newest.get((change.topic, change.key))
+        if held is None or change.position >= held.position:
+            newest[(change.topic, change.key)] = change
+    return changes if len(newest) == len(changes) else list(newest.values())
+
+
 def key_group(key: bytes, groups: int) -> int:
     """The one rule that groups keys (a Delta bucket, the task that owns a key):
     ``crc32(key's JSON bytes) % groups``, in ``range(groups)``. ``spark_apply/jobs.py`` computes

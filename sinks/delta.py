@@ -81,7 +81,15 @@ import pyarrow.compute as pc
 
 from cdc.errors import CdcError
 from cdc.events import TableId
-from sinks.base import ApplyStats, Change, Sink, canonical_text, cell_text, key_group
+from sinks.base import (
+    ApplyStats,
+    Change,
+    Sink,
+    canonical_text,
+    cell_text,
+    key_group,
+    newest_per_key,
+)
 from sinks.watermarks import WatermarkFile, replace_file
 
 if TYPE_CHECKING:
@@ -603,7 +611,7 @@ class DeltaSink(Sink):
         state = self._open(topic)
         given = len(batch)
         if self.mode == "scd1":
-            batch = _newest_per_key(batch)  # a MERGE refuses two source rows per target row
+            batch = list(newest_per_key(batch))  # MERGE: one source row per target row
         arrays: dict[str, pa.Array] = {}
         columns = self._plan_columns(topic, state, row_columns([c.row for c in batch]),
                                      len(batch), arrays)
@@ -910,17 +918,6 @@ class DeltaSink(Sink):
         state.live = None
         result.seconds = time.monotonic() - started
         return result
-
-
-def _newest_per_key(batch: list[Change]) -> list[Change]:
-    """``batch`` with one change per key: the highest position (the later one on a tie).
-    ``batch`` itself when it already has one per key (the fold's output)."""
-    newest: dict[str, Change] = {}
-    for change in batch:
-        held = newest.get(change.key)
-        if held is None or change.position >= held.position:
-            newest[change.key] = change
-    return batch if len(newest) == len(batch) else list(newest.values())
 
 
 @dataclass

@@ -71,7 +71,7 @@ import tantivy
 
 from cdc.errors import CdcError
 from cdc.events import TableId, split_topic
-from sinks.base import ApplyStats, Change, Sink, row_text
+from sinks.base import ApplyStats, Change, Sink, newest_per_key, row_text
 from sinks.watermarks import WatermarkFile
 
 if TYPE_CHECKING:
@@ -309,12 +309,8 @@ class SearchSink(Sink):
         """The gate and the writes of the module docstring, in one commit."""
         stats = ApplyStats()
         writer = self._open_writer()
-        newest: dict[str, Change] = {}
-        for change in changes:  # at most one per key is the contract; keep the newest anyway
-            identity = doc_id(change.topic, change.key)
-            held = newest.get(identity)
-            if held is None or change.position > held.position:
-                newest[identity] = change
+        # at most one per key is the contract; keep the newest anyway
+        newest = {doc_id(change.topic, change.key): change for change in newest_per_key(changes)}
         searcher = self._searcher(create=True)
         assert searcher is not None
         hashes = {identity: id_hash(identity) for identity in newest}

@@ -112,7 +112,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.errors import CdcError
-from sinks.base import ApplyStats, Change, Sink, canonical_text, cell_text
+from sinks.base import ApplyStats, Change, Sink, canonical_text, cell_text, newest_per_key
 
 #: changes per gate statement (see :meth:`SqlSink._gate`)
 GATE_ROWS = 5000
@@ -779,14 +779,10 @@ class SqlSink(Sink):
         return stats
 
     def _apply_topic(self, topic: str, batch: Sequence[Change]) -> ApplyStats:
-        newest: dict[str, Change] = {}
-        for change in batch:
-            seen = newest.get(change.key)
-            if seen is None or change.position > seen.position:
-                newest[change.key] = change
+        newest = list(newest_per_key(batch))
         for _ in range(_RESHAPES):
             try:
-                stats = self._apply_newest(topic, list(newest.values()))
+                stats = self._apply_newest(topic, newest)
             except _Reshape as need:  # the batch was rolled back: change the table, go again
                 self._reshape(topic, *need.args)
                 continue

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sinks.base import ApplyStats, Change, Sink
+from sinks.base import ApplyStats, Change, Sink, newest_per_key
 from spark_apply.latency import LatencyHistogram
 from spark_apply.source import Range, read_range
 
@@ -239,22 +239,12 @@ def fold_raw(records: Iterable[RawRecord], decode: Decode, history: bool,
     else:
         changes = [change for (_, key), (position, _, payload, item) in best.items()
                    if (change := decode(item, key, position, payload)) is not None]
-        changes.extend(_newest(direct))
+        changes.extend(newest_per_key(direct))
     for change in changes:
         if change.ts_ms is not None and (report.newest_ts_ms is None
                                          or change.ts_ms > report.newest_ts_ms):
             report.newest_ts_ms = change.ts_ms
     return changes
-
-
-def _newest(direct: list[Change]) -> list[Change]:
-    """Per (topic, key), the newest of the changes decoded as they came (key ``{}``)."""
-    newest: dict[tuple[str, str], Change] = {}
-    for change in direct:
-        seen = newest.get((change.topic, change.key))
-        if seen is None or change.position >= seen.position:
-            newest[(change.topic, change.key)] = change
-    return list(newest.values())
 
 
 def _owner_filter(task: ApplyTask, sink: Sink) -> Any:

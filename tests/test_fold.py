@@ -101,3 +101,26 @@ def test_the_tasks_history_is_every_position_in_order() -> None:
                 if r["op"] not in ("w", "t")}
     assert len(changes) == len(distinct)
     assert any(r["op"] is None for r in rows)  # tombstones were there to be dropped
+
+
+def test_newest_per_key_is_the_folds_rule_on_changes() -> None:
+    """sinks.base.newest_per_key, used by every sink that takes an unfolded batch: the highest
+    position per (topic, key); on equal positions the later change (the tombstone after its
+    delete); the input itself when it already holds one change per key."""
+    from sinks.base import Change, newest_per_key
+
+    def change(topic: str, key: int, seq: int, row: Any, op: str) -> Change:
+        return Change(topic, "src", "public.items", f'{{"id":{key}}}', pos(seq), row, op)
+
+    other = "src.public.other"
+    delete = change(TOPIC, 1, 5, None, "d")
+    tombstone = change(TOPIC, 1, 5, None, "")
+    batch = [change(TOPIC, 1, 3, {"id": 1}, "u"), delete, tombstone, change(TOPIC, 1, 4, {}, "u"),
+             change(other, 1, 2, {"id": 1}, "c"), change(TOPIC, 2, 9, {"id": 2}, "c")]
+    newest = newest_per_key(batch)
+    assert [(c.topic, c.key) for c in newest] == [(TOPIC, '{"id":1}'), (other, '{"id":1}'),
+                                                  (TOPIC, '{"id":2}')]
+    assert newest[0] is tombstone and newest_per_key([delete, tombstone])[0] is tombstone
+    assert newest_per_key([tombstone, delete])[0] is delete  # the later one, not the first
+    unique = newest[1:]
+    assert newest_per_key(unique) is unique
