@@ -74,9 +74,10 @@ class ThrowawaySparkCluster:
         env.update({"SPARK_HOME": str(spark_home()), "SPARK_LOG_DIR": str(self.directory),
                     "SPARK_DAEMON_MEMORY": "256m", "SPARK_LOCAL_IP": "127.0.0.1",
                     "SPARK_NO_DAEMONIZE": "1"})
-        if jvm_options():
+        extra = jvm_options()
+        if extra:
             env["SPARK_DAEMON_JAVA_OPTS"] = " ".join(
-                filter(None, [env.get("SPARK_DAEMON_JAVA_OPTS", ""), *jvm_options()]))
+                filter(None, [env.get("SPARK_DAEMON_JAVA_OPTS", ""), *extra]))
         return env
 
     def start(self, timeout: float = 90.0) -> ThrowawaySparkCluster:
