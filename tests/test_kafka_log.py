@@ -373,3 +373,18 @@ def test_authentication_and_authorization_errors_name_the_fix(
             KafkaChangeLog(config)  # creates its internal topics: alice may not
         assert "grant this principal" in raised.value.fix, raised.value
         assert "alice-Secret-42" not in str(raised.value) + raised.value.fix
+
+
+def test_a_writer_found_fenced_mid_write_says_so(kafka_broker: Any) -> None:
+    """A fenced producer may learn it while it is still producing a large append: `produce`
+    then fails with only "Local: Fatal error" (seen when two capture daemons overlapped); the
+    error must still say that another process took over."""
+    config = _config(kafka_broker)
+    first = KafkaChangeLog(config).for_source("s1")
+    first.ensure_topic("s1.public.t", {"source": "s1"})
+    first.append(_records("s1.public.t", 2), {"s1": {"seq": 2}})
+    second = KafkaChangeLog(config).for_source("s1")  # init_transactions fences `first`
+    with pytest.raises(LogFencedError, match="another process took over"):
+        first.append(_records("s1.public.t", 200_000, "x"), {"s1": {"seq": 4}})
+    for log in (first, second):
+        log.close()

@@ -664,7 +664,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         try:
             producer.begin_transaction()
         except KafkaException as exc:
-            raise self._failure("beginning a transaction", exc) from None
+            raise self._refused(producer, "beginning a transaction", exc) from None
 
     def _produce(self, producer: Producer, topic: str, key: bytes, value: bytes | None,
                  partition: int, position: bytes | None, on_delivery: Any) -> None:
@@ -678,8 +678,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
             except BufferError:
                 self._call(producer, f"writing to {topic}", producer.poll, 0.05)
             except KafkaException as exc:
-                self._abort(producer)
-                raise self._failure(f"writing to {topic}", exc) from None
+                raise self._refused(producer, f"writing to {topic}", exc) from None
 
     def _commit(self, producer: Producer, failures: list[Any]) -> None:
         """Commit the open transaction. When it fails because a message produced since the
@@ -711,10 +710,15 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
             cause = exc if isinstance(exc, KafkaException) else exc.__cause__
             if not isinstance(cause, KafkaException):
                 raise
-            fatal = self._abort(producer)
-            # a broker may answer a fenced commit with UNKNOWN before librdkafka turns fatal:
-            # the abort then says what really happened
-            raise self._failure(action, fatal or cause) from None
+            raise self._refused(producer, action, cause) from None
+
+    def _refused(self, producer: Producer, action: str, exc: KafkaException) -> LogError:
+        """Abort the open transaction after ``action`` failed with ``exc``; the error to raise.
+        The abort says what really happened when ``exc`` does not: a broker may answer a fenced
+        commit with UNKNOWN before librdkafka turns fatal, and ``produce`` on a fenced producer
+        says only "Local: Fatal error" (a plain error, not flagged fatal)."""
+        fatal = self._abort(producer)
+        return self._failure(action, fatal or exc)
 
     def _abort(self, producer: Producer) -> KafkaException | None:
         """Abort the open transaction; the fatal error (e.g. fencing) that refused it, if any."""
@@ -729,7 +733,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
     def _failure(self, action: str, exc: KafkaException) -> LogError:
         error = exc.args[0] if exc.args else None
         if isinstance(error, KafkaError) and (error.fatal() or error.code() in (
-                KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                KafkaError._FENCED, KafkaError._FATAL, KafkaError.PRODUCER_FENCED,
                 KafkaError.INVALID_PRODUCER_EPOCH)):
             self._producer = None
             return LogFencedError(
