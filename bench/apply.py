@@ -152,7 +152,7 @@ def task_alone(config_path: Path, log: Log, url: str, profile: bool
                ) -> tuple[float, float, str]:
     """:func:`run_task` over the whole log in this process (one task, no Spark) into the
     flushed server: (changes/s, seconds, profile text)."""
-    from sinks import open_sink
+    from cdc.sink import open_sink
     from spark_apply.tasks import ApplyTask, FollowerHandle, run_task
 
     config = load_config(config_path)
@@ -194,10 +194,9 @@ def read_fold_alone(log: Log) -> tuple[list[Any], float]:
 
 def default_batch(follower: str) -> int:
     """The follower kind's default ``max_records_per_batch`` (the default path)."""
-    from cdc.config import DeltaFollowerConfig, RedisFollowerConfig, SearchFollowerConfig
+    from cdc.config import follower_kinds
 
-    kind = {"redis": RedisFollowerConfig, "delta": DeltaFollowerConfig,
-            "search": SearchFollowerConfig}[follower]
+    kind = follower_kinds()[follower]
     return int(kind.model_fields["max_records_per_batch"].default)
 
 

@@ -624,9 +624,9 @@ def measure_capture(bench: Bench, source: str, profile_to: Path | None = None) -
 
 def measure_receive_only(bench: Bench) -> Result:
     """psycopg's replication receive with no decoding: the ceiling of a Python consumer."""
-    from cdc.config import PostgresSourceConfig as SourceConfig
     from connectors.postgres.connection import connect
     from connectors.postgres.replication import ReplicationStream
+    from connectors.postgres.settings import PostgresSourceConfig as SourceConfig
 
     config = SourceConfig(name="benchraw", kind="postgres", dsn=bench.dsn(), tables=[TABLE],
                           slot=RAW_SLOT, publication=RAW_SLOT)
@@ -662,8 +662,8 @@ def measure_receive_only(bench: Bench) -> Result:
 
 def measure_decode(bench: Bench) -> Result:
     """Receive + our pgoutput decode into ChangeEvents (raw text rows), without Avro or the log."""
-    from cdc.config import PostgresSourceConfig as SourceConfig
     from cdc.events import ChangeEvent
+    from connectors.postgres.settings import PostgresSourceConfig as SourceConfig
     from connectors.postgres.source import PostgresSource
 
     config = SourceConfig(name="benchdecode", kind="postgres", dsn=bench.dsn(), tables=[TABLE],

@@ -562,9 +562,10 @@ retain_option = click.option(
 
 
 def _warehouse(config_path: str | None, follower: str, retain: str, optimize: bool) -> None:
-    from cdc.config import DeltaFollowerConfig, parse_duration
-    from sinks import open_sink
+    from cdc.config import parse_duration
+    from cdc.sink import open_sink
     from sinks.delta import DeltaSink, maintenance_table
+    from sinks.delta_settings import DeltaFollowerConfig
 
     config = _load(config_path)
     kind = config.follower(follower)
@@ -627,8 +628,8 @@ def verify_cmd(config_path: str | None, follower: str | None, view: str | None, 
     """Compare a follower (or a view in its followers) with the leader: exit 0 when equal, 1
     listing differing keys, 3 when the follower did not catch up in time."""
     from cdc.config import parse_duration
+    from cdc.sink import open_sink
     from cdc.verify import print_report, verify
-    from sinks import open_sink
 
     config = _load(config_path)
     try:
@@ -653,7 +654,7 @@ def verify_cmd(config_path: str | None, follower: str | None, view: str | None, 
 def _verify_view(config: Config, view: str, follower: str | None, timeout: float,
                  chunk_size: int, limit: int) -> int:
     """``cdc verify --view``: each chosen follower of the view; the exit code."""
-    from sinks import open_sink
+    from cdc.sink import open_sink
     from views.sink import view_holds
     from views.verify import print_view_report, verify_view
 

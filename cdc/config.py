@@ -23,12 +23,11 @@ and the fix. DSNs are secrets: they are kept as :class:`Secret` and only ever sh
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
-import string
-import zlib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
@@ -38,10 +37,12 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 
+from cdc import plugins
 from cdc.errors import ConfigError
 from cdc.events import TableId, topic_name
 
@@ -127,7 +128,8 @@ class Secret:
         return hash(self._value)
 
 
-def _to_secret(value: Any) -> Secret:
+def to_secret(value: Any) -> Secret:
+    """``value`` as a :class:`Secret` (a pydantic before-validator for connection strings)."""
     if isinstance(value, Secret):
         return value
     if not isinstance(value, str) or not value.strip():
@@ -135,7 +137,7 @@ def _to_secret(value: Any) -> Secret:
     return Secret(value)
 
 
-SecretDsn = Annotated[Secret, BeforeValidator(_to_secret)]
+SecretDsn = Annotated[Secret, BeforeValidator(to_secret)]
 
 
 class _Strict(BaseModel):
@@ -231,8 +233,26 @@ class ColumnSettings(_Strict):
         return self
 
 
+def check_table_names(value: list[str]) -> list[str]:
+    """``value`` if every entry is a schema-qualified table name, listed once; ``ValueError``
+    naming the first that is not."""
+    for index, table in enumerate(value):
+        if not _TABLE_NAME.match(table):
+            raise ValueError(
+                f"table #{index + 1} {table!r} is not schema-qualified: write it as "
+                "schema.table, e.g. public.orders (quote names with odd characters)"
+            )
+    if len(set(value)) != len(value):
+        raise ValueError("lists a table twice")
+    return value
+
+
 class SourceConfig(_Strict):
-    """What every source has, whatever its kind (the base of each kind's config)."""
+    """What every source has, whatever its kind: the base of each kind's settings model, which
+    its connector package declares and registers (:mod:`cdc.plugins`)."""
+
+    #: the connector class, ``"module:Class"`` (set by each kind)
+    connector: ClassVar[str]
 
     name: str
     kind: str
@@ -266,15 +286,7 @@ class SourceConfig(_Strict):
     @field_validator("tables")
     @classmethod
     def _tables_ok(cls, value: list[str]) -> list[str]:
-        for index, table in enumerate(value):
-            if not _TABLE_NAME.match(table):
-                raise ValueError(
-                    f"table #{index + 1} {table!r} is not schema-qualified: write it as "
-                    "schema.table, e.g. public.orders (quote names with odd characters)"
-                )
-        if len(set(value)) != len(value):
-            raise ValueError("lists a table twice")
-        return value
+        return check_table_names(value)
 
     @model_validator(mode="after")
     def _keys_name_tables(self) -> SourceConfig:
@@ -311,115 +323,15 @@ class SourceConfig(_Strict):
         return os.environ.get(self.password_env) if self.password_env else None
 
 
-class PostgresSourceConfig(SourceConfig):
-    """A PostgreSQL leader (``connectors/postgres/``): pgoutput over a replication slot."""
+class FollowerConfig(_Strict):
+    """What every follower kind has: what it follows and how ``cdc apply`` feeds it. The base
+    of each kind's settings model, which its sink package declares and registers
+    (:mod:`cdc.plugins`)."""
 
-    kind: Literal["postgres"]
-    #: replication slot and publication names (default: cdc_<name>)
-    slot: str | None = None
-    publication: str | None = None
-    #: ``cdc status`` warns when the slot retains more WAL than this
-    warn_retained_wal: Size = Field(1024**3, ge=0)
+    #: the sink class, ``"module:Class"`` (set by each kind)
+    sink: ClassVar[str]
 
-    @property
-    def slot_name(self) -> str:
-        return self.slot or "cdc_" + re.sub(r"[^a-z0-9_]", "_", self.name.lower())
-
-    @property
-    def publication_name(self) -> str:
-        return self.publication or f"cdc_{self.name}"
-
-    @field_validator("slot")
-    @classmethod
-    def _slot_ok(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[a-z0-9_]{1,63}", value):
-            raise ValueError("replication slot names may hold only lower-case letters, digits "
-                             "and '_' (max 63)")
-        return value
-
-
-class MySqlSourceConfig(SourceConfig):
-    """A MySQL or MariaDB leader (``connectors/mysql/``): the row binlog, as a replica."""
-
-    kind: Literal["mysql"]
-    #: the replica id capture registers with; it must differ from the server's own and from
-    #: every other replica's (default: derived from the source name, stable across restarts)
-    server_id: int | None = Field(None, ge=1, le=2**32 - 1)
-    #: ``cdc status`` warns when the server's oldest binlog is within this many binlog files
-    #: of the stored position (it will be purged soon)
-    warn_purge_files: int = Field(2, ge=0)
-    #: read timeout on the replication connection; the server sends a heartbeat event at half
-    #: of it when idle
-    read_timeout: Duration = Field(30.0, gt=1)
-    #: the table incremental snapshots write their watermarks to (``database.table``; default:
-    #: ``cdc_signal`` in the database of the first captured table). Capture creates it if it
-    #: may; it must not be one of ``tables``
-    signal_table: str | None = None
-
-    @model_validator(mode="after")
-    def _signal_not_captured(self) -> MySqlSourceConfig:
-        if self.signal_table is not None:
-            SourceConfig._tables_ok([self.signal_table])
-            if self.signal_table in self.tables:
-                raise ValueError("signal_table is one of tables: it holds capture's own "
-                                 "watermarks, so it must not be captured")
-        return self
-
-    @property
-    def signal_table_id(self) -> TableId:
-        """Where incremental snapshots write their watermarks (see ``signal_table``)."""
-        if self.signal_table is not None:
-            return TableId.parse(self.signal_table)
-        return TableId(TableId.parse(self.tables[0]).schema, "cdc_signal")
-
-    @property
-    def replica_id(self) -> int:
-        """``server_id``, or one derived from the name (in 1,000,000 .. 2^31)."""
-        if self.server_id is not None:
-            return self.server_id
-        return 1_000_000 + zlib.crc32(self.name.encode()) % (2**31 - 1_000_000)
-
-
-#: one source, by its ``kind``
-AnySourceConfig = Annotated[PostgresSourceConfig | MySqlSourceConfig, Field(discriminator="kind")]
-SOURCE_KINDS: dict[str, type[SourceConfig]] = {
-    "postgres": PostgresSourceConfig, "mysql": MySqlSourceConfig}
-
-
-FOLLOWER_KEY_FIELDS = frozenset({"schema", "table", "source", "key", "key_json"})
-
-
-def check_key_template(template: str) -> str:
-    """``template`` if it is a usable Redis key template; ``ValueError`` naming the problem.
-
-    Allowed fields: ``{schema}``, ``{table}``, ``{source}``, ``{key}``, ``{key_json}``; one of
-    the last two must appear (or every row of a table would share one key)."""
-    try:
-        names = [name for _, name, _, _ in string.Formatter().parse(template)
-                 if name is not None]
-    except ValueError as exc:
-        raise ValueError(f"key_template {template!r} is not a valid template ({exc}); write "
-                         "literal braces as {{ and }}") from None
-    unknown = sorted(set(names) - FOLLOWER_KEY_FIELDS)
-    if unknown:
-        raise ValueError(f"key_template uses unknown field(s) {unknown}; allowed: "
-                         + ", ".join("{" + f + "}" for f in sorted(FOLLOWER_KEY_FIELDS)))
-    if "key" not in names and "key_json" not in names:
-        raise ValueError("key_template must contain {key} or {key_json}, or every row of a "
-                         "table would share one Redis key")
-    return template
-
-
-def _to_redis_url(value: Any) -> Secret:
-    secret = _to_secret(value)
-    scheme = secret.reveal().split("://", 1)[0].lower() if "://" in secret.reveal() else ""
-    if scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"expected a Redis URL such as redis://127.0.0.1:6379/0, got {secret}")
-    return secret
-
-
-class _FollowerBase(_Strict):
-    """What every follower kind has: what it follows and how ``cdc apply`` feeds it."""
+    kind: str
 
     #: sources to follow (default: every source)
     sources: list[str] | None = Field(None, min_length=1)
@@ -441,98 +353,11 @@ class _FollowerBase(_Strict):
     @field_validator("tables")
     @classmethod
     def _follower_tables_ok(cls, value: list[str] | None) -> list[str] | None:
-        return None if value is None else SourceConfig._tables_ok(value)
+        return None if value is None else check_table_names(value)
 
-
-class RedisFollowerConfig(_FollowerBase):
-    """A Redis cache: one hash per row (``sinks/redis.py``)."""
-
-    kind: Literal["redis"]
-    url: Annotated[Secret, BeforeValidator(_to_redis_url)]
-    #: name of an environment variable holding the Redis password (never put it in the file)
-    password_env: str | None = None
-    #: Redis key of a row: {schema} {table} {source} {key} {key_json}
-    key_template: str = "{schema}.{table}:{key}"
-
-    @field_validator("key_template")
-    @classmethod
-    def _template_ok(cls, value: str) -> str:
-        return check_key_template(value)
-
-    def password(self) -> str | None:
-        """The password from ``password_env``, if configured and set."""
-        return os.environ.get(self.password_env) if self.password_env else None
-
-
-class DeltaFollowerConfig(_FollowerBase):
-    """A Delta Lake warehouse: one Delta table per source table (``sinks/delta.py``)."""
-
-    kind: Literal["delta"]
-    #: the directory holding the tables (relative: against the config file's directory)
-    path: Path
-    #: scd1: the current state of each row; scd2: its whole history (valid_from/valid_to)
-    mode: Literal["scd1", "scd2"] = "scd1"
-    #: each table is partitioned into this many buckets by a hash of the key, so a MERGE
-    #: rewrites only the files of the buckets a batch touches
-    buckets: int = Field(16, ge=1, le=4096)
-    #: admission control: bigger batches amortise a MERGE's fixed cost
-    max_records_per_batch: int = Field(500_000, ge=1)
-
-
-class SearchFollowerConfig(_FollowerBase):
-    """An embedded Tantivy full-text index (``sinks/search.py``)."""
-
-    kind: Literal["search"]
-    #: the index directory (relative: against the config file's directory)
-    path: Path
-    #: per table (schema.table), the columns indexed as full text (tokenized); default:
-    #: every string column of the table. Every column is stored either way.
-    text_fields: dict[str, list[str]] = Field(default_factory=dict)
-    #: memory for Tantivy's index writer
-    writer_memory: Size = Field(64 * 1024**2, ge=16 * 1024**2)
-
-    @field_validator("text_fields")
-    @classmethod
-    def _text_tables_ok(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
-        SourceConfig._tables_ok(list(value))
-        return value
-
-
-def _to_sql_url(value: Any) -> Secret:
-    secret = _to_secret(value)
-    if "://" not in secret.reveal():
-        raise ValueError("expected an SQLAlchemy database URL such as postgresql+psycopg://"
-                         f"user@host/db or sqlite:///path/file.db, got {secret}")
-    return secret
-
-
-class SqlFollowerConfig(_FollowerBase):
-    """A SQL database SQLAlchemy reaches: the captured tables as plain tables of live rows
-    (``sinks/sql.py``; issue 14, in progress)."""
-
-    kind: Literal["sql"]
-    #: an SQLAlchemy URL (``postgresql+psycopg://user@host/db``, ``sqlite:///path/file.db``)
-    url: Annotated[Secret, BeforeValidator(_to_sql_url)]
-    #: name of an environment variable holding the database password (never put it in the file)
-    password_env: str | None = None
-
-    def database_url(self) -> str:
-        """The URL with the password from ``password_env`` put in, if configured and set."""
-        url = self.url.reveal()
-        password = os.environ.get(self.password_env) if self.password_env else None
-        if not password:
-            return url
-        import sqlalchemy as sa
-
-        return sa.make_url(url).set(password=password).render_as_string(hide_password=False)
-
-
-#: one follower, by its ``kind``
-FollowerConfig = Annotated[RedisFollowerConfig | DeltaFollowerConfig | SearchFollowerConfig
-                           | SqlFollowerConfig, Field(discriminator="kind")]
-FOLLOWER_KINDS: dict[str, type[BaseModel]] = {
-    "redis": RedisFollowerConfig, "delta": DeltaFollowerConfig, "search": SearchFollowerConfig,
-    "sql": SqlFollowerConfig}
+    def check_followed(self, name: str, tables: set[TableId]) -> None:
+        """Raise ``ValueError`` naming the problem if this follower's own settings name tables
+        outside ``tables`` (what follower ``name`` follows); nothing by default."""
 
 
 class ViewConfig(_Strict):
@@ -646,7 +471,8 @@ class Config(_Strict):
     log: LogConfig = LogConfig()
     spark: SparkConfig = SparkConfig()
     metrics: MetricsConfig = MetricsConfig()
-    sources: list[AnySourceConfig] = Field(default_factory=list)
+    #: each validated as its kind's registered model (:func:`config_model`)
+    sources: list[SourceConfig] = Field(default_factory=list)
     followers: dict[str, FollowerConfig] = Field(default_factory=dict)
     views: dict[str, ViewConfig] = Field(default_factory=dict)
     #: where the file was read from (set by :func:`load_config`, not by the user)
@@ -702,12 +528,8 @@ class Config(_Strict):
         if follower.reader == "spark-kafka" and self.log.backend != "kafka":
             raise ValueError(f"followers.{name}.reader: spark-kafka reads only a Kafka log "
                              "(log.backend: kafka); use reader: log or auto")
-        if isinstance(follower, SearchFollowerConfig):
-            wanted = {TableId.parse(t) for t in follower.tables} if follower.tables else offered
-            stray = [t for t in follower.text_fields if TableId.parse(t) not in wanted]
-            if stray:
-                raise ValueError(f"followers.{name}.text_fields: {stray} are not tables this "
-                                 "follower follows (correct the names, or remove them)")
+        follower.check_followed(
+            name, {TableId.parse(t) for t in follower.tables} if follower.tables else offered)
 
     @property
     def log_path(self) -> Path:
@@ -742,13 +564,6 @@ class Config(_Strict):
                     out[topic_name(source_name, table)] = (source_name, table)
         return out
 
-    def follower_path(self, name: str) -> Path:
-        """The ``path`` of a Delta or search follower, resolved against the config file's
-        directory."""
-        path: Path = getattr(self.follower(name), "path")  # noqa: B009 - only some kinds
-        path = path.expanduser()
-        return path if path.is_absolute() else (self.base_dir / path).resolve()
-
     def follower_checkpoint(self, name: str) -> Path:
         """Spark's checkpoint directory for follower or view ``name`` (relative paths: against
         the config file's directory)."""
@@ -756,16 +571,17 @@ class Config(_Strict):
         if path is None:
             folder = f"view-{name}" if name in self.views else name
             return self.log_path.parent / "state" / "apply" / folder
-        return self._resolve(path)
+        return self.resolve(path)
 
     def view_state(self, name: str) -> Path:
         """The DuckDB file holding view ``name``'s state."""
         path = self.views[name].state
         if path is None:
             return self.log_path.parent / "state" / "views" / f"{name}.duckdb"
-        return self._resolve(path)
+        return self.resolve(path)
 
-    def _resolve(self, path: Path) -> Path:
+    def resolve(self, path: Path) -> Path:
+        """``path`` with ``~`` expanded, relative to the config file's directory."""
         path = path.expanduser()
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
@@ -794,8 +610,55 @@ _FIX_BY_TYPE = {
     "dict_type": "write a mapping of key: value pairs",
     "string_type": "write a string",
 }
-_KINDS_OF = {"followers": ("follower", "redis, delta, search or sql"),
-             "sources": ("source", "'postgres' or 'mysql'")}
+
+
+@functools.cache
+def source_kinds() -> dict[str, type[SourceConfig]]:
+    """Source kind -> its settings model, as registered (:mod:`cdc.plugins`)."""
+    return plugins.registered(plugins.SOURCE_GROUP, SourceConfig)
+
+
+@functools.cache
+def follower_kinds() -> dict[str, type[FollowerConfig]]:
+    """Follower kind -> its settings model, as registered (:mod:`cdc.plugins`)."""
+    return plugins.registered(plugins.FOLLOWER_GROUP, FollowerConfig)
+
+
+def _one_of(models: dict[str, Any], base: type[BaseModel]) -> Any:
+    """The type of one entry: the registered models, told apart by ``kind``."""
+    if not models:
+        return base
+    if len(models) == 1:  # pydantic's discriminator needs a union: one model is its own type
+        return next(iter(models.values()))
+    return Annotated[Union[tuple(models.values())], Field(discriminator="kind")]  # noqa: UP007
+
+
+@functools.cache
+def config_model() -> type[Config]:
+    """:class:`Config` with ``sources`` and ``followers`` validated as the kinds registered
+    now (built once per process; :func:`forget_kinds` after installing a plugin at run time)."""
+    source: Any = _one_of(source_kinds(), SourceConfig)
+    follower: Any = _one_of(follower_kinds(), FollowerConfig)
+    model: type[Config] = create_model(
+        "Config", __base__=Config, __module__=__name__,
+        sources=(list[source], Field(default_factory=list)),
+        followers=(dict[str, follower], Field(default_factory=dict)))
+    return model
+
+
+def forget_kinds() -> None:
+    """Look the registered kinds up again at the next config read."""
+    for cached in (source_kinds, follower_kinds, config_model):
+        cached.cache_clear()
+
+
+def _kinds_of(section: str) -> tuple[str, list[str]]:
+    """What an entry of ``section`` is called, and its registered kinds."""
+    if section == "followers":
+        return "follower", list(follower_kinds())
+    if section == "sources":
+        return "source", list(source_kinds())
+    return "entry", []
 
 
 def _tagged_model(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
@@ -803,11 +666,12 @@ def _tagged_model(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
     name or a source's index (``followers.cache.redis.url``, ``sources.0.mysql.dsn``)."""
     if len(loc) < 3:
         return None
-    if loc[0] == "followers" and loc[2] in FOLLOWER_KINDS:
-        return FOLLOWER_KINDS[str(loc[2])]
-    if loc[0] == "sources" and loc[2] in SOURCE_KINDS:
-        return SOURCE_KINDS[str(loc[2])]
-    return None
+    kinds: dict[str, type[BaseModel]] = {}
+    if loc[0] == "followers":
+        kinds.update(follower_kinds())
+    elif loc[0] == "sources":
+        kinds.update(source_kinds())
+    return kinds.get(str(loc[2])) if len(kinds) > 1 else None
 
 
 def _untagged(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
@@ -860,16 +724,25 @@ def _describe(error: Any) -> str:
         return f"{key}: unknown key\n  fix: remove it or correct the spelling ({hint})"
     message = str(error["msg"]).removeprefix("Value error, ")
     fix = _FIX_BY_TYPE.get(kind, "correct the value")
-    what, kinds = _KINDS_OF.get(str(loc[0]) if loc else "", ("entry", ""))
+    what, kinds = _kinds_of(str(loc[0]) if loc else "")
+    named = _either(kinds)
     if kind == "union_tag_not_found":
         key, message = f"{key}.kind", f"missing: every {what} needs a kind"
-        fix = f"add `kind:` ({kinds})"
+        fix = f"add `kind:` ({named})"
     elif kind == "union_tag_invalid":
-        key, message = f"{key}.kind", f"unknown {what} kind {error['input'].get('kind')!r}"
-        fix = f"set `kind:` to {kinds}"
+        given = str(error["input"].get("kind"))
+        key, message = f"{key}.kind", f"unknown {what} kind {given!r}"
+        close = difflib.get_close_matches(given, kinds, n=1)
+        fix = f"set `kind:` to {named}" + (f" (did you mean {close[0]!r}?)" if close else "")
     if kind == "missing" and loc and loc[-1] == "sources":
         fix = "add a `sources:` list naming the databases to capture"
     return f"{key}: {message}\n  fix: {fix}"
+
+
+def _either(kinds: list[str]) -> str:
+    """``'a', 'b' or 'c'``: the registered kinds, for a fix."""
+    quoted = [repr(k) for k in kinds] or ["none registered (is the project installed?)"]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
 
 
 def parse_config(data: Any, base_dir: Path, origin: str = "config") -> Config:
@@ -882,7 +755,7 @@ def parse_config(data: Any, base_dir: Path, origin: str = "config") -> Config:
     if "base_dir" in data:
         raise ConfigError(f"{origin}: base_dir: unknown key", "remove it")
     try:
-        return Config.model_validate({**data, "base_dir": base_dir})
+        return config_model().model_validate({**data, "base_dir": base_dir})
     except ValidationError as exc:
         details = "\n".join(_describe(error) for error in exc.errors())
         count = len(exc.errors())

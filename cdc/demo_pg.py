@@ -518,7 +518,7 @@ class LiveResult:
 
 def _verify_view(config: Config, console: Console) -> dict[str, Any]:
     """``cdc verify --view`` of the demo's view in each of its followers."""
-    from sinks import open_sink
+    from cdc.sink import open_sink
     from views.sink import view_holds
     from views.verify import print_view_report, verify_view
 
@@ -540,8 +540,8 @@ def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
     """Capture in a thread and the follower running: wait until the follower has caught up,
     measure ``seconds`` of workload, stop the workload, then ``cdc verify`` (capture and apply
     still running: verify's heartbeat must travel through both)."""
+    from cdc.sink import open_sink
     from cdc.verify import verify
-    from sinks import open_sink
 
     stop = threading.Event()
     errors: list[BaseException] = []

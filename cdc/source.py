@@ -55,7 +55,6 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from cdc.errors import CdcError, ConfigError
@@ -67,8 +66,6 @@ if TYPE_CHECKING:
     from cdc.avro import EventCodec
     from cdc.config import SourceConfig
     from cdc.log.base import Record
-
-ENTRY_POINT_GROUP = "cdc.connectors"
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,24 +400,19 @@ class Connector(ABC):
 
 # ------------------------------------------------------------------------------ the registry
 
-@functools.cache
-def _registered() -> dict[str, Any]:
-    return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
-
-
 def connector_class(kind: str) -> type[Connector]:
-    """The connector class for ``kind``; :class:`ConfigError` for an unknown one."""
-    point = _registered().get(kind)
-    if point is None:
-        known = ", ".join(sorted(_registered())) or "none (is the project installed?)"
+    """The connector class of source kind ``kind`` (its settings model names it);
+    :class:`ConfigError` for an unknown kind or a broken plugin."""
+    from cdc import config, plugins
+
+    model = config.source_kinds().get(kind)
+    if model is None:
+        known = ", ".join(config.source_kinds()) or "none (is the project installed?)"
         raise ConfigError(f"no connector for source kind {kind!r} (known: {known})",
                           "correct the source's `kind:`, or reinstall the project "
                           "(pip install -e .) so its connectors are registered")
-    cls = point.load()
-    if not (isinstance(cls, type) and issubclass(cls, Connector)):
-        raise ConfigError(f"the connector registered for kind {kind!r} ({point.value}) is not a "
-                          "cdc.source.Connector", "fix or remove the plugin that registers it")
-    return cls
+    found: type[Connector] = plugins.implementation(model.connector, Connector, kind)
+    return found
 
 
 def connector_for(config: SourceConfig) -> Connector:
@@ -432,7 +424,9 @@ def connector_for(config: SourceConfig) -> Connector:
 def envelope_source(connector: str) -> EnvelopeSource:
     """The :class:`EnvelopeSource` whose Debezium connector name is ``connector``
     (``postgresql``, ``mysql``), looked up among the registered connectors."""
-    for kind in sorted(_registered()):
+    from cdc.config import source_kinds
+
+    for kind in source_kinds():
         spec = connector_class(kind).envelope()
         if spec.connector == connector:
             return spec

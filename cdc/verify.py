@@ -51,8 +51,8 @@ from cdc.config import Config
 from cdc.errors import CdcError
 from cdc.events import TableId
 from cdc.offsets import offset_order, offset_text
+from cdc.sink import Sink, row_text
 from cdc.source import Chunk, Leader, Target, connector_for
-from sinks.base import Sink, row_text
 
 #: follower keys looked up on the leader per query
 EXTRA_BATCH = 1000

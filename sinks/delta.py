@@ -16,7 +16,7 @@ Columns of a table: the source table's columns under their original names (the v
 ``cdc.column``), typed from the topic's newest Avro value schema in the log's schema store:
 ``boolean`` -> boolean; ``int``/``long`` without a ``connect.name`` (not a date/time) -> long;
 ``float``/``double`` -> double (NaN and ±Infinity kept); anything else -> string holding
-:func:`~sinks.base.canonical_text` of the JSON form. Without a schema the type is inferred from
+:func:`~cdc.sink.canonical_text` of the JSON form. Without a schema the type is inferred from
 the batch's values. Reserved columns (a source column with one of these names, compared without
 case, is refused with :class:`DeltaSinkError`):
 
@@ -57,7 +57,7 @@ Semantics, stated exactly:
   included (the table is rewritten once, in one commit). A string column stays a string column.
 * **Reading.** :meth:`read`/:meth:`keys` return the live rows (scd1: not markers; scd2:
   ``is_current``) as ``{column: canonical text}`` of the non-null columns — exactly what
-  :func:`~sinks.base.row_text` gives for the leader's JSON row. :func:`current_files` lists the
+  :func:`~cdc.sink.row_text` gives for the leader's JSON row. :func:`current_files` lists the
   live parquet files for readers without Delta support (Spark without Delta's jars, DuckDB).
 """
 
@@ -81,21 +81,25 @@ import pyarrow.compute as pc
 
 from cdc.errors import CdcError
 from cdc.events import TableId
-from sinks.base import (
+from cdc.log.open import log_settings
+from cdc.sink import (
     ApplyStats,
     Change,
     Sink,
+    Topics,
     canonical_text,
     cell_text,
     key_group,
     newest_per_key,
 )
+from sinks.delta_settings import DeltaFollowerConfig
 from sinks.watermarks import WatermarkFile, replace_file
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
     from rich.table import Table
 
+    from cdc.config import Config, FollowerConfig
     from cdc.log.base import SchemaRegistry
 
 KEY = "_cdc_key"
@@ -154,7 +158,7 @@ def table_dir(root: Path, topic: str) -> Path:
 
 
 def bucket_of(key: str, buckets: int) -> int:
-    """The bucket of a key's JSON text: :func:`~sinks.base.key_group` of its UTF-8 bytes."""
+    """The bucket of a key's JSON text: :func:`~cdc.sink.key_group` of its UTF-8 bytes."""
     return key_group(key.encode(), buckets)
 
 
@@ -225,7 +229,7 @@ def kind_array(kind: Kind, values: Sequence[Any],
     :func:`value_types` are ``types``, if known), or ``None`` when a non-null value does not
     fit exactly: ``bool`` takes booleans, ``int64`` integers in its range (not booleans),
     ``float64`` floats and the strings ``NaN``/``Infinity``/``-Infinity``; ``string`` takes
-    everything, as :func:`~sinks.base.canonical_text`."""
+    everything, as :func:`~cdc.sink.canonical_text`."""
     if types is None:
         types = value_types(values)
     if kind == "string":
@@ -391,6 +395,14 @@ class DeltaSink(Sink):
     created with, stored in its description); ``log_path`` is the change log's directory, whose
     schema store gives column types.
     """
+
+    @classmethod
+    def from_settings(cls, config: Config, name: str, settings: FollowerConfig,
+                      topics: Topics) -> DeltaSink:
+        assert isinstance(settings, DeltaFollowerConfig)
+        return cls(name, config.resolve(settings.path), tables=topics, mode=settings.mode,
+                   buckets=settings.buckets, tombstone_retention=settings.tombstone_retention,
+                   log_path=config.log_path, log=log_settings(config))
 
     def __init__(self, name: str, root: Path, *, tables: Mapping[str, tuple[str, TableId]],
                  mode: Mode = "scd1", buckets: int = 16,

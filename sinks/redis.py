@@ -5,10 +5,10 @@ Layout (the names below are exact; ``docs/followers.md`` shows an example):
 ``<row key>`` — a **hash**, one per live row
     The row key is ``key_template`` rendered with ``{schema}``, ``{table}`` (the table's names,
     unquoted), ``{source}`` (the source name), ``{key}`` (the key columns' values as
-    :func:`~sinks.base.canonical_text`, in key order, joined by ``:``) and ``{key_json}`` (the
+    :func:`~cdc.sink.canonical_text`, in key order, joined by ``:``) and ``{key_json}`` (the
     key's JSON text as in the log, e.g. ``{"id":42}``). Default ``{schema}.{table}:{key}``, e.g.
     ``public.orders:42``. Fields: every non-null column -> its canonical text
-    (:func:`~sinks.base.row_text`), plus two reserved fields: ``_cdc_position`` = the lowercase
+    (:func:`~cdc.sink.row_text`), plus two reserved fields: ``_cdc_position`` = the lowercase
     hex of the position bytes the row reflects, and ``_cdc_key`` = the key's JSON text. A
     column with a reserved name cannot be followed (:class:`RedisSinkError`).
 ``cdc:deleted:<row key>`` — a **string**, the delete marker
@@ -40,10 +40,11 @@ from typing import Any
 
 import redis
 
-from cdc.config import Secret, check_key_template
+from cdc.config import Config, FollowerConfig, Secret
 from cdc.errors import CdcError
 from cdc.events import TableId, split_topic
-from sinks.base import ApplyStats, Change, Sink, canonical_text, row_text
+from cdc.sink import ApplyStats, Change, Sink, Topics, canonical_text, row_text
+from sinks.redis_settings import RedisFollowerConfig, check_key_template
 
 POSITION_FIELD = "_cdc_position"
 KEY_FIELD = "_cdc_key"
@@ -179,6 +180,14 @@ class RedisSink(Sink):
     ``pipeline_calls`` calls share one round trip. ``password`` (if given) overrides one in the
     URL. Connecting is lazy: :meth:`check` PINGs.
     """
+
+    @classmethod
+    def from_settings(cls, config: Config, name: str, settings: FollowerConfig,
+                      topics: Topics) -> RedisSink:
+        assert isinstance(settings, RedisFollowerConfig)
+        return cls(name, settings.url, key_template=settings.key_template,
+                   tombstone_retention=settings.tombstone_retention, tables=topics,
+                   password=settings.password())
 
     def __init__(self, name: str, url: str | Secret, *,
                  key_template: str = DEFAULT_KEY_TEMPLATE,

@@ -25,7 +25,7 @@ so a column of the same name can still be queried through the JSON fields):
 ``_cdc_deleted`` (u64 indexed + fast): 1 on a delete marker (absent on a row)
 ``_cdc_deleted_at`` (u64 fast, markers only): when the delete was applied (ms since the epoch)
 ``_cdc_row`` (bytes, stored, rows only)
-    UTF-8 JSON of :func:`~sinks.base.row_text`: what :meth:`SearchSink.read` returns, exactly.
+    UTF-8 JSON of :func:`~cdc.sink.row_text`: what :meth:`SearchSink.read` returns, exactly.
 ``_cdc_text`` (JSON, ``default`` tokenizer), ``_cdc_all`` (text, ``default`` tokenizer)
     The row's text columns as ``{column: text}``, and their texts joined by newlines. Text
     columns: ``text_fields`` for the table if configured, else every column whose JSON-form
@@ -71,13 +71,14 @@ import tantivy
 
 from cdc.errors import CdcError
 from cdc.events import TableId, split_topic
-from sinks.base import ApplyStats, Change, Sink, newest_per_key, row_text
+from cdc.sink import ApplyStats, Change, Sink, Topics, newest_per_key, row_text
+from sinks.search_settings import SearchFollowerConfig
 from sinks.watermarks import WatermarkFile
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from cdc.config import Config
+    from cdc.config import Config, FollowerConfig
 
 ID, TOPIC, KEY, POSITION = "_cdc_id", "_cdc_topic", "_cdc_key", "_cdc_position"
 WORDS = ("_cdc_p0", "_cdc_p1", "_cdc_p2", "_cdc_p3")
@@ -156,7 +157,7 @@ class Hit:
 
     topic: str
     key: str
-    #: the row as :func:`~sinks.base.row_text`
+    #: the row as :func:`~cdc.sink.row_text`
     row: dict[str, str]
     score: float
 
@@ -181,6 +182,14 @@ class SearchSink(Sink):
 
     #: a Tantivy index has one writer: ``cdc apply`` writes it from the driver
     executor_writes = False
+
+    @classmethod
+    def from_settings(cls, config: Config, name: str, settings: FollowerConfig,
+                      topics: Topics) -> SearchSink:
+        assert isinstance(settings, SearchFollowerConfig)
+        return cls(name, config.resolve(settings.path), tables=topics,
+                   text_fields=settings.text_fields, writer_memory=settings.writer_memory,
+                   tombstone_retention=settings.tombstone_retention, log_path=config.log_path)
 
     def __init__(self, name: str, path: Path, tables: Mapping[str, tuple[str, TableId]],
                  text_fields: Mapping[str, list[str]], writer_memory: int,
@@ -594,9 +603,6 @@ def search_follower(config: Config, name: str, query: str, *, table: str | None 
     """``cdc search``: the rows of search follower ``name`` matching ``query`` (only ``table``,
     ``schema.table``, when given). :class:`CdcError` with the fix for an unknown follower,
     one of another kind, a table it does not follow, a missing index or a bad query."""
-    from cdc.config import SearchFollowerConfig
-    from sinks import open_sink
-
     follower = config.follower(name)
     if not isinstance(follower, SearchFollowerConfig):
         searchable = [n for n, f in config.followers.items()
@@ -613,9 +619,8 @@ def search_follower(config: Config, name: str, query: str, *, table: str | None 
             shown = ", ".join(sorted({str(held) for _, held in followed.values()})) or "none"
             raise CdcError(f"follower {name} does not follow table {wanted}",
                            f"pass one of its tables to --table ({shown})")
-    sink = open_sink(config, name)
+    sink = SearchSink.from_settings(config, name, follower, config.follower_topics(name))
     try:
-        assert isinstance(sink, SearchSink)
         return sink.search(query, topics=topics, limit=limit)
     finally:
         sink.close()

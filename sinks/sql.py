@@ -1,5 +1,5 @@
 """The SQL follower: captured tables as plain tables of any database SQLAlchemy reaches
-(PostgreSQL and SQLite tested), behind the version gate of ``sinks/base.py``.
+(PostgreSQL and SQLite tested), behind the version gate of ``cdc/sink.py``.
 
 *Work in progress (issue 14).* Not yet: expiring delete markers after ``tombstone_retention``
 (they are kept), and dialects other than PostgreSQL and SQLite (the gate needs ``INSERT ... ON
@@ -55,7 +55,7 @@ bytes                   BYTEA                                  BLOB
 everything else         TEXT                                   TEXT
 ======================  =====================================  =========================
 
-TEXT always holds :func:`~sinks.base.canonical_text` of the JSON form (``docs/types.md``):
+TEXT always holds :func:`~cdc.sink.canonical_text` of the JSON form (``docs/types.md``):
 strings as they are, other values as compact JSON (``[1,null,3]``, ``{"x":1.5,...}``).
 Other dialects would get SQLite's column types as SQLAlchemy's generic types (Boolean,
 BigInteger, LargeBinary, Text). Notes:
@@ -109,10 +109,23 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdc.errors import CdcError
-from sinks.base import ApplyStats, Change, Sink, canonical_text, cell_text, newest_per_key
+from cdc.log.open import log_settings
+from cdc.sink import (
+    ApplyStats,
+    Change,
+    Sink,
+    Topics,
+    canonical_text,
+    cell_text,
+    newest_per_key,
+)
+from sinks.sql_settings import SqlFollowerConfig
+
+if TYPE_CHECKING:
+    from cdc.config import Config, FollowerConfig
 
 #: changes per gate statement (see :meth:`SqlSink._gate`)
 GATE_ROWS = 5000
@@ -496,6 +509,14 @@ class SqlSink(Sink):
     """One follower in one SQL database (``url``: an SQLAlchemy URL). ``log_path``/``log``:
     the change log (its settings, ``cdc.log.open.log_settings``), whose schema store types
     the columns."""
+
+    @classmethod
+    def from_settings(cls, config: Config, name: str, settings: FollowerConfig,
+                      topics: Topics) -> SqlSink:
+        assert isinstance(settings, SqlFollowerConfig)
+        return cls(name, settings.database_url(), tables=topics,
+                   tombstone_retention=settings.tombstone_retention,
+                   log_path=config.log_path, log=log_settings(config))
 
     def __init__(self, name: str, url: str, tables: Mapping[str, tuple[str, Any]] | None = None,
                  tombstone_retention: float = 24 * 3600.0, *, log_path: Path | None = None,

@@ -17,7 +17,7 @@ the two agree (``tests/test_fold.py``):
 * Records are grouped by ``(topic, key)``; the group's winner is the record with the highest
   ``position`` (bytes compared unsigned, left to right); on equal positions the highest
   ``offset`` wins — a delete and its tombstone share a position, and the tombstone comes later.
-* The winner becomes one :class:`~sinks.base.Change`: ``row`` = ``json.loads(after)`` for
+* The winner becomes one :class:`~cdc.sink.Change`: ``row`` = ``json.loads(after)`` for
   ``c``/``u``/``r``, ``None`` for a delete or tombstone.
 * Truncate records (``op = 't'``, key ``{}``) are dropped: they are table-level, and the
   per-key tombstones written after them do the work.
@@ -28,7 +28,7 @@ the two agree (``tests/test_fold.py``):
   source; snapshot reads, truncates and tombstones excluded), folded away or not.
 
 A winner is only the newest *in its batch*; whether it is newer than what the follower holds is
-the sink's version gate (``sinks/base.py``).
+the sink's version gate (``cdc/sink.py``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.offsets import offset_order
-from sinks.base import Change
+from cdc.sink import Change
 
 #: ``op`` of a watermark row
 WATERMARK = "w"

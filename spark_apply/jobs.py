@@ -43,11 +43,11 @@ from cdc.config import Config
 from cdc.errors import CdcError, LogError
 from cdc.log.base import stale_partitions
 from cdc.log.open import log_settings, must_read
+from cdc.sink import Sink
 from cdc.transactions import is_transaction_topic
-from sinks.base import Sink
 from spark_apply.checkpoint import remove_torn_writes, resume_offsets
 from spark_apply.latency import LatencyHistogram, format_seconds
-from spark_apply.tasks import FollowerHandle
+from spark_apply.tasks import FollowerHandle, open_target
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ class BatchHandler:
         return [pickle.loads(row["report"]) for row in rows]  # noqa: S301 - our own tasks'
 
     def _owner_column(self, names: dict[str, Any]) -> Any:
-        """``Sink.owner``'s grouping in the JVM: :func:`sinks.base.key_group` with
+        """``Sink.owner``'s grouping in the JVM: :func:`cdc.sink.key_group` with
         ``owner_groups(topic)`` (``pmod(crc32(key), groups)``)."""
         from pyspark.sql import functions as F
 
@@ -400,8 +400,6 @@ class ApplyJob:
     @classmethod
     def prepare(cls, config: Config, names: Sequence[str]) -> ApplyJob:
         """Validate the followers, the log and every sink's connection; no Spark yet."""
-        from sinks import open_sink
-
         if not names:
             raise CdcError("no follower given",
                            "pass --follower NAME (one of the names under `followers:`)")
@@ -419,7 +417,7 @@ class ApplyJob:
         sinks: dict[str, Sink] = {}
         try:
             for name in chosen:
-                sink = open_sink(config, name)
+                sink = open_target(config, name)
                 sinks[name] = sink
                 sink.check()
         except BaseException:

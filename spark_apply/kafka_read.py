@@ -236,7 +236,7 @@ def kafka_task(handle: Any, topics: Mapping[str, Range]) -> Any:
 
 
 class KafkaRowDecoder:
-    """Turns a decoded row of :func:`kafka_frame` into a :class:`~sinks.base.Change`."""
+    """Turns a decoded row of :func:`kafka_frame` into a :class:`~cdc.sink.Change`."""
 
     def __init__(self, handle: Any) -> None:
         from spark_apply.source import _open
@@ -246,7 +246,7 @@ class KafkaRowDecoder:
 
     def change(self, item: Range, key: bytes, position: bytes, row: Mapping[str, Any]) -> Any:
         """The row's change (``None`` for a truncate)."""
-        from sinks.base import Change
+        from cdc.sink import Change
 
         value = row["value"]
         base: dict[str, Any] = {"topic": item.topic, "source": item.source or "",

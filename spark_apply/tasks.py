@@ -21,7 +21,7 @@ Contracts, stated exactly:
   (position, offset) wins; truncates never compete; ``Sink.folds`` False keeps every record
   (truncates dropped) in (position, offset) order per key. Only winners are decoded (a
   truncate's key, ``{}``, is decoded as it comes, so a truncate never hides a record).
-* **The gate.** Each write is the sink's per-key compare-and-set (``sinks/base.py``): a task
+* **The gate.** Each write is the sink's per-key compare-and-set (``cdc/sink.py``): a task
   replayed after a failure, a speculative duplicate, or a task still writing after its worker
   was declared lost cannot overwrite newer data.
 * **Watermarks** are *not* written by tasks: the driver writes them after every task of the
@@ -37,11 +37,14 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sinks.base import ApplyStats, Change, Sink, newest_per_key
+from cdc.sink import ApplyStats, Change, Sink, newest_per_key, open_sink
 from spark_apply.latency import LatencyHistogram
 from spark_apply.source import Range, read_range
+
+if TYPE_CHECKING:
+    from cdc.config import Config
 
 #: ops whose ``source_ts_ms`` is a commit at the source (latency is measured for them)
 COMMITS = frozenset({"c", "u", "d"})
@@ -127,14 +130,22 @@ class FollowerHandle:
         key = (self.token, self.name)
         sink = _SINKS.get(key)
         if sink is None:
-            from sinks import open_sink
-
             for variable, value in self.secrets:
                 os.environ.setdefault(variable, value)
             for old in [k for k in _SINKS if k[1] == self.name]:
                 _SINKS.pop(old).close()
-            sink = _SINKS[key] = open_sink(self.config, self.name)
+            sink = _SINKS[key] = open_target(self.config, self.name)
         return sink
+
+
+def open_target(config: Config, name: str) -> Sink:
+    """What ``cdc apply`` writes for ``name``: a view's sink (``views/sink.py``: it writes
+    through its followers' sinks) or a follower's own (:func:`cdc.sink.open_sink`)."""
+    if name in config.views:
+        from views.sink import ViewSink
+
+        return ViewSink(config, name)
+    return open_sink(config, name)
 
 
 _SINKS: dict[tuple[str, str], Sink] = {}

@@ -539,7 +539,7 @@ def assert_follower_equals_log_and_table(sink: Any, db: Database, log: LogAt, to
                                          table: str = "public.items") -> int:
     """Redis holds exactly the table's keys, each row equal (as text) to the log's newest
     image of that key, whose v and note equal the table's. Returns the row count."""
-    from sinks.base import row_text
+    from cdc.sink import row_text
 
     expected = latest_rows(read_topic(log, topic))
     rows = table_rows(db, table)

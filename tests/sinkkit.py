@@ -19,13 +19,16 @@ from typing import Any, Literal
 
 from cdc.events import TableId
 from cdc.position import Position
-from sinks.base import ApplyStats, Change, Sink, row_text
+from cdc.sink import ApplyStats, Change, Sink, row_text
 from spark_apply.fold import fold_records
 
 TOPIC = "src.public.items"
 TABLE = TableId("public", "items")
 #: every sink kind of the contract suite
-KINDS = ("redis", "delta-scd1", "delta-scd2", "search", "sql-sqlite", "sql-postgres")
+KINDS = ("redis", "delta-scd1", "delta-scd2", "search", "sql-sqlite", "sql-postgres",
+         "plugin-lite")
+#: the out-of-tree follower kind (``kind: lite``), installed as a package of its own
+PLUGIN_SOURCE = Path(__file__).parent / "plugin" / "cdc_lite.py"
 
 
 def pos(seq: int, ordinal: int = 1) -> bytes:
@@ -210,7 +213,39 @@ def build_sink(kind: str, settings: dict[str, str]) -> Sink:
         from sinks.sql import SqlSink
 
         return SqlSink("db", settings["url"], tables={TOPIC: ("src", TABLE)})
+    if kind == "plugin-lite":
+        return _plugin_sink(root, settings.get("plugin"))
     raise ValueError(f"no sink kind {kind!r}")
+
+
+def install_plugin(directory: Path) -> Path:
+    """Make ``directory`` an installed package holding the ``lite`` follower kind: its module
+    and a dist-info whose entry point registers it in ``cdc.followers``, as ``pip install``
+    would leave them; returns ``directory`` (put it on ``sys.path`` to install it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cdc_lite.py").write_text(PLUGIN_SOURCE.read_text())
+    info = directory / "cdc_lite-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cdc-lite\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[cdc.followers]\nlite = cdc_lite:LiteFollowerConfig\n")
+    return directory
+
+
+def _plugin_sink(root: Path, plugin: str | None) -> Sink:
+    """The ``lite`` follower ``ext`` under ``root``, opened as ``cdc apply`` opens any: from a
+    config naming its kind. ``plugin``: the directory :func:`install_plugin` made (put on
+    ``sys.path`` here, e.g. in a racing writer's process)."""
+    import sys
+
+    from cdc.config import forget_kinds, parse_config
+    from cdc.sink import open_sink
+
+    if plugin is not None and plugin not in sys.path:
+        sys.path.insert(0, plugin)
+        forget_kinds()
+    config = parse_config({"followers": {"ext": {"kind": "lite", "path": "lite"}}}, root)
+    return open_sink(config, "ext")
 
 
 def race_writer(kind: str, settings: dict[str, str], conn: Any, barrier: Any) -> None:

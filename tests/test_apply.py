@@ -20,9 +20,8 @@ import pytest
 from cdc.config import load_config, parse_config
 from cdc.errors import ConfigError
 from cdc.servers.postgres import free_port
+from cdc.sink import open_sink, row_text
 from cdc.synthetic import ORDERS, Workload
-from sinks import open_sink
-from sinks.base import row_text
 from sinks.redis import RedisSink
 from tests.pgkit import (
     PROJECT,

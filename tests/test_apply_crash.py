@@ -74,9 +74,8 @@ import redis
 from cdc.config import load_config
 from cdc.events import TableId
 from cdc.log.local import LocalChangeLogReader
+from cdc.sink import open_sink, row_text
 from cdc.transactions import TOPIC_SUFFIX as TRANSACTION_SUFFIX
-from sinks import open_sink
-from sinks.base import row_text
 from sinks.redis import DELETED_PREFIX, POSITION_FIELD, RedisSink
 from tests.kills import Watch
 from tests.pgkit import (

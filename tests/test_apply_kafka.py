@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cdc.config import load_config
-from sinks import open_sink
+from cdc.sink import open_sink
 from tests.kafkakit import kafka_yaml
 from tests.pgkit import Capture, Database, cdc, output, wait_caught_up, write_config
 from tests.sparkkit import InProcessApply, apply_once

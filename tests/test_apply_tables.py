@@ -17,9 +17,8 @@ from cdc.avro import EventCodec
 from cdc.config import load_config
 from cdc.log.local import LocalChangeLogReader
 from cdc.log.schemas import SchemaStore
+from cdc.sink import Sink, open_sink, row_text
 from cdc.synthetic import ORDERS, Workload
-from sinks import open_sink
-from sinks.base import Sink, row_text
 from tests.pgkit import latest_rows, read_topic
 from tests.test_apply import SOURCES, append_synthetic
 

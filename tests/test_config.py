@@ -68,7 +68,9 @@ def test_wrong_types_and_values(tmp_path: Path) -> None:
     message = error_of(tmp_path, GOOD.replace("partitions: 8", "partitions: many")
                        .replace("kind: postgres", "kind: oracle"))
     assert "log.partitions" in message and "whole number" in message
-    assert "sources[0].kind" in message and "'postgres' or 'mysql'" in message
+    assert "sources[0].kind" in message and "'mysql' or 'postgres'" in message
+    typo = error_of(tmp_path, GOOD.replace("kind: postgres", "kind: postgre"))
+    assert "unknown source kind 'postgre'" in typo and "did you mean 'postgres'?" in typo
     assert "2 problems" in message
 
 
@@ -195,14 +197,14 @@ def test_spark_section_and_master_validation(tmp_path: Path) -> None:
     assert "--master" in result.stderr and "not a Spark master URL" in result.stderr
 
 
-def test_a_follower_kind_without_a_sink_is_a_config_error(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    import sinks
-    from sinks import open_sink
+def test_a_follower_kind_whose_sink_does_not_load_is_a_config_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc.sink import open_sink
+    from sinks.search_settings import SearchFollowerConfig
 
     config = parse_config({"followers": {"idx": {"kind": "search", "path": str(tmp_path)}}},
                           tmp_path)
-    monkeypatch.delitem(sinks.REGISTRY, "search")
-    with pytest.raises(ConfigError, match="no follower kind 'search'.*") as raised:
+    monkeypatch.setattr(SearchFollowerConfig, "sink", "sinks.search:NoSuchSink")
+    with pytest.raises(ConfigError, match="kind 'search'.*sinks.search:NoSuchSink") as raised:
         open_sink(config, "idx")
-    assert "redis" in str(raised.value) and "delta" in str(raised.value)
+    assert "fix or uninstall the package" in str(raised.value)

@@ -24,8 +24,8 @@ import pytest
 
 from cdc.events import Column, TableId, TableSchema
 from cdc.log.schemas import SchemaStore
+from cdc.sink import Change, row_text
 from cdc.types import ColumnType, Interval
-from sinks.base import Change, row_text
 from sinks.delta import (
     DeltaSink,
     DeltaSinkError,

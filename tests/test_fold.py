@@ -104,10 +104,10 @@ def test_the_tasks_history_is_every_position_in_order() -> None:
 
 
 def test_newest_per_key_is_the_folds_rule_on_changes() -> None:
-    """sinks.base.newest_per_key, used by every sink that takes an unfolded batch: the highest
+    """cdc.sink.newest_per_key, used by every sink that takes an unfolded batch: the highest
     position per (topic, key); on equal positions the later change (the tombstone after its
     delete); the input itself when it already holds one change per key."""
-    from sinks.base import Change, newest_per_key
+    from cdc.sink import Change, newest_per_key
 
     def change(topic: str, key: int, seq: int, row: Any, op: str) -> Change:
         return Change(topic, "src", "public.items", f'{{"id":{key}}}', pos(seq), row, op)

@@ -282,7 +282,7 @@ def test_brokers_compact_the_log_and_a_new_follower_from_offset_0_equals_the_lea
     import time
 
     from cdc.config import load_config
-    from sinks import open_sink
+    from cdc.sink import open_sink
     from tests.sparkkit import apply_once
 
     pg_db.execute(LOAD_SCHEMA)

@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cdc.config import load_config, parse_config
 from cdc.errors import ConfigError
 from cdc.servers.postgres import free_port
+from cdc.sink import open_sink
 from cdc.synthetic import Workload
-from sinks import open_sink
 from tests.pgkit import (
     DAEMONS,
     LOAD_SCHEMA,

@@ -131,11 +131,11 @@ def test_compiled_decoder_equals_pure_python(mysql_db: MyDatabase, tmp_path: Pat
         WriteRowsEvent,
     )
 
-    from cdc.config import MySqlSourceConfig
     from cdc.events import TableId
     from connectors.mysql import _fast  # type: ignore[attr-defined]
     from connectors.mysql.catalog import table_info
     from connectors.mysql.schema import build
+    from connectors.mysql.settings import MySqlSourceConfig
     from connectors.mysql.types import prepare_table_map
 
     db = mysql_db

@@ -27,10 +27,10 @@ import redis
 
 from cdc.config import load_config, parse_config
 from cdc.events import TableId
+from cdc.sink import canonical_text, row_text
 from cdc.verify import chunk_checksum, row_digest_text
 from connectors.mysql.catalog import qualified
 from connectors.mysql.connection import query, quote_ident
-from sinks.base import canonical_text, row_text
 from tests import test_mysql_types as types_test
 from tests.mykit import MyDatabase, wait_caught_up, write_config
 from tests.pgkit import Capture, cdc, output
@@ -217,7 +217,7 @@ def _apply_once(config: Path, db: MyDatabase) -> None:
 
 def test_verify_mariadb_follower_equal_then_different_then_capture_behind(
         mysql_db: MyDatabase, tmp_path: Path, redis_url: str, spark: Any) -> None:
-    from sinks import open_sink
+    from cdc.sink import open_sink
 
     db = mysql_db
     started = time.monotonic()

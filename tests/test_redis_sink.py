@@ -13,7 +13,7 @@ import pytest
 from cdc.events import TableId
 from cdc.position import Position
 from cdc.servers.postgres import free_port
-from sinks.base import Change
+from cdc.sink import Change
 from sinks.redis import (
     DELETED_PREFIX,
     KEY_FIELD,
@@ -47,7 +47,7 @@ def test_default_layout_and_row_text(redis_url: str) -> None:
 
 
 def test_canonical_text_is_compact_json() -> None:
-    from sinks.base import canonical_text
+    from cdc.sink import canonical_text
 
     def reference(value: Any) -> str:
         return value if isinstance(value, str) else json.dumps(

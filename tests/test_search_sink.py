@@ -20,7 +20,7 @@ import tantivy
 import sinks.search as search_module
 from cdc.events import TableId
 from cdc.position import Position
-from sinks.base import Change, row_text
+from cdc.sink import Change, row_text
 from sinks.search import (
     DELETED,
     SearchQueryError,
@@ -393,7 +393,7 @@ def run_cdc(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_cdc_search_command(tmp_path: Path) -> None:
     from cdc.config import load_config
-    from sinks import open_sink as open_configured
+    from cdc.sink import open_sink as open_configured
 
     (tmp_path / "cdc.yaml").write_text(json.dumps({
         "log": {"path": "./log"},

@@ -1,4 +1,4 @@
-"""The follower contract (``sinks/base.py``), once for every sink kind, through the public Sink
+"""The follower contract (``cdc/sink.py``), once for every sink kind, through the public Sink
 API only (apply, set_watermark, watermark, read, keys, check, owner, refresh, close).
 
 Every sink runs on a real server or in a real directory: Redis on the session's redis-server,
@@ -23,7 +23,7 @@ import pytest
 from cdc.errors import CdcError
 from cdc.position import Position
 from cdc.servers.postgres import free_port
-from sinks.base import Change, Sink, row_text
+from cdc.sink import Change, Sink, row_text
 from tests.sinkkit import (
     KINDS,
     TOPIC,
@@ -33,6 +33,7 @@ from tests.sinkkit import (
     changes_of,
     expected_rows,
     held_rows,
+    install_plugin,
     key_json,
     pos,
     race_writer,
@@ -54,7 +55,23 @@ def settings(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> dict[
     if kind == "sql-postgres":
         database = request.getfixturevalue("pg_db")
         return {"url": database.dsn().replace("postgresql://", "postgresql+psycopg://", 1)}
+    if kind == "plugin-lite":
+        return {"root": str(tmp_path / "follower"), "plugin": request.getfixturevalue("plugin")}
     return {"root": str(tmp_path / "follower")}
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The out-of-tree ``lite`` follower kind installed on a temporary ``sys.path`` entry
+    (``tests/plugin/cdc_lite.py``), uninstalled afterwards."""
+    from cdc.config import forget_kinds
+
+    directory = install_plugin(tmp_path / "site-packages")
+    monkeypatch.syspath_prepend(str(directory))
+    forget_kinds()
+    yield str(directory)
+    monkeypatch.undo()
+    forget_kinds()
 
 
 @pytest.fixture
@@ -335,7 +352,7 @@ def test_owner_is_stable_and_in_range(kind: str, settings: dict[str, str], sink:
 
 #: what the fix of a failed check() names, per kind
 FIX_NAMES = {"redis": "url", "delta-scd1": "path", "delta-scd2": "path", "search": "path",
-             "sql-sqlite": "url", "sql-postgres": "url"}
+             "sql-sqlite": "url", "sql-postgres": "url", "plugin-lite": "path"}
 
 
 def test_check_passes_or_names_the_fix(kind: str, sink: Sink, tmp_path: Path) -> None:
@@ -419,3 +436,25 @@ def test_racing_writers_the_newer_batch_wins(kind: str, settings: dict[str, str]
             child.join(timeout=60)
             if child.is_alive():
                 child.kill()
+
+
+def test_an_installed_follower_kind_is_validated_like_the_project_s_own(
+        plugin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config knows the out-of-tree kind once its package is on the path: its own keys are
+    checked (did-you-mean from its model), a misspelt kind suggests it, and without the
+    package the kind is unknown again, naming the registered ones."""
+    from cdc.config import forget_kinds, parse_config
+    from cdc.errors import ConfigError
+
+    def problem(follower: dict[str, Any]) -> str:
+        with pytest.raises(ConfigError) as caught:
+            parse_config({"followers": {"ext": follower}}, tmp_path)
+        return str(caught.value)
+
+    assert "did you mean 'path'?" in problem({"kind": "lite", "paht": "x"})
+    assert "did you mean 'lite'?" in problem({"kind": "lyte", "path": "x"})
+    parse_config({"followers": {"ext": {"kind": "lite", "path": "x"}}}, tmp_path)
+    monkeypatch.undo()
+    forget_kinds()
+    message = problem({"kind": "lite", "path": "x"})
+    assert "unknown follower kind 'lite'" in message and "'redis'" in message

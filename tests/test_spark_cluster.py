@@ -30,8 +30,8 @@ import pytest
 
 from cdc.config import load_config
 from cdc.servers.spark import EXECUTOR_MEMORY, ThrowawaySparkCluster
+from cdc.sink import open_sink
 from cdc.synthetic import ORDERS, Workload
-from sinks import open_sink
 from tests.kafkakit import drop_kafka_topics, kafka_yaml
 from tests.pgkit import (
     PROJECT,

@@ -168,7 +168,7 @@ def test_delta_tables_are_readable_and_writable_both_ways(  # type: ignore[no-un
         spark, tmp_path: Path) -> None:
     """A table the Delta follower wrote (delta-rs) is read by Spark with delta-spark, a MERGE by
     delta-spark is seen by the follower, and the follower keeps writing the table after it."""
-    from sinks.base import Change
+    from cdc.sink import Change
     from sinks.delta import DeltaSink, table_dir
 
     topic = "shop.public.t"

@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from cdc.avro import value_schema
 from cdc.events import Column, TableId, TableSchema
 from cdc.log.schemas import SchemaStore
+from cdc.sink import Change, row_text
 from cdc.types import ColumnType
-from sinks.base import Change, row_text
 from sinks.sql import SqlSink, SqlSinkError
 from tests.pgkit import (
     Capture,

@@ -15,8 +15,8 @@ import redis
 
 from cdc.config import load_config
 from cdc.log.open import log_settings
+from cdc.sink import open_sink
 from cdc.synthetic import ORDERS, Workload
-from sinks import open_sink
 from spark_apply.jobs import ApplyJob, FollowerStaleError
 from tests.kafkakit import kafka_yaml
 from tests.pgkit import append_synthetic, cdc, latest_rows, output, read_topic

@@ -22,8 +22,8 @@ import pytest
 import redis
 
 from cdc.events import TableId
+from cdc.sink import canonical_text, row_text
 from cdc.verify import chunk_checksum, row_digest_text
-from sinks.base import canonical_text, row_text
 from tests import test_pg_types as types_test
 from tests.pgkit import Capture, Database, cdc, output, write_config
 from tests.sparkkit import InProcessApply

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.events import TableId, topic_name
-from sinks.base import ApplyStats, Change, Sink, row_text
+from cdc.sink import ApplyStats, Change, Sink, row_text
 from views.definition import ViewDefinitionError, ViewPlan, analyze
 from views.state import BaseChange, ViewChange, ViewError, ViewState
 from views.types import duckdb_type
@@ -136,7 +136,7 @@ _SHARED_GUARD = threading.Lock()
 
 def _acquire(config: Config, follower: str) -> _Shared:
     """The shared sink of ``follower`` holding every view of ``config`` it holds."""
-    from sinks import open_sink
+    from cdc.sink import open_sink
 
     key = (str(config.log_path), follower)
     with _SHARED_GUARD:

@@ -31,7 +31,7 @@ from typing import Any
 
 from cdc.errors import CdcError
 from cdc.events import TableId
-from sinks.base import canonical_text
+from cdc.sink import canonical_text
 from views.definition import AFFECTED, IMAGES, KEY_COLUMN, LINEAGE, ViewPlan
 from views.types import json_form
 

@@ -35,9 +35,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cdc.errors import CdcError
+from cdc.sink import Sink, row_text
 from cdc.source import Leader, connector_for
 from cdc.verify import Difference, wait_for_follower
-from sinks.base import Sink, row_text
 from views.definition import approximate_columns
 from views.sink import declared_columns, schema_store, view_plan, view_topic, watermark_name
 from views.types import json_form, same_cell

@@ -1,7 +1,7 @@
 """The leader side of ``cdc verify`` for MySQL/MariaDB: binlog-position targets, key-ordered
 chunks with checksums computed in SQL, and exact rows for chunks whose checksums differ.
 
-What a follower holds per row (``sinks/base.py``) is ``{column: canonical_text(value)}`` of the
+What a follower holds per row (``cdc/sink.py``) is ``{column: canonical_text(value)}`` of the
 row's JSON form (``docs/types.md``, "MySQL and MariaDB"), keyed by the key's JSON text. This
 module reproduces both *in MariaDB SQL*, per column type, so a chunk is summarised on the server:
 
@@ -52,12 +52,12 @@ import fastavro
 import pymysql
 
 from cdc.avro import json_form, value_schema
-from cdc.config import MySqlSourceConfig
 from cdc.events import TableId, encode_key, topic_name
 from cdc.source import Chunk, Leader, Target
 from connectors.mysql import catalog
 from connectors.mysql.connection import SourceError, connect, query, quote_ident, translate
 from connectors.mysql.schema import CapturedTable, build
+from connectors.mysql.settings import MySqlSourceConfig
 from connectors.mysql.types import MyColumn, column_type, snapshot_expression
 
 #: the session's GROUP_CONCAT limit (bytes): a chunk's row texts concatenated must fit

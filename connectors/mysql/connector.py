@@ -25,7 +25,7 @@ import pymysql
 
 from cdc.avro import EventCodec, fixed_schema
 from cdc.avrowriter import write_long
-from cdc.config import MySqlSourceConfig, SourceConfig
+from cdc.config import SourceConfig
 from cdc.errors import ConfigError
 from cdc.events import ChangeEvent, Op, TableId, TableSchema
 from cdc.log.base import Record
@@ -48,6 +48,7 @@ from connectors.mysql.connection import (
     connect,
     query,
 )
+from connectors.mysql.settings import MySqlSourceConfig
 
 if TYPE_CHECKING:
     from connectors.mysql.schema import CapturedTable

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdc.config import MySqlSourceConfig
 from cdc.events import Column, TableId, TableSchema
 from connectors.mysql.connection import SourceError
+from connectors.mysql.settings import MySqlSourceConfig
 from connectors.mysql.types import MyColumn, binlog_converter, column_type, snapshot_converter
 
 CONNECTOR = "mysql"

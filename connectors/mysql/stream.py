@@ -53,7 +53,6 @@ from pymysqlreplication.row_event import (
 )
 
 from cdc.avro import EventCodec
-from cdc.config import MySqlSourceConfig
 from cdc.events import ChangeEvent, Op, TableId, TableSchema, TransactionInfo, encode_key
 from cdc.log.base import Record
 from cdc.offsets import SourceOffset
@@ -77,6 +76,7 @@ from connectors.mysql.rowcodec import (
     plan_for,
 )
 from connectors.mysql.schema import CapturedTable, build
+from connectors.mysql.settings import MySqlSourceConfig
 from connectors.mysql.types import prepare_table_map, refine
 
 log = logging.getLogger("cdc.capture")

@@ -1,7 +1,7 @@
 """The leader side of ``cdc verify`` for PostgreSQL: heartbeat targets, key-ordered chunks with
 checksums computed in SQL, and exact rows for chunks whose checksums differ.
 
-What a follower holds per row (``sinks/base.py``) is ``{column: canonical_text(value)}`` of the
+What a follower holds per row (``cdc/sink.py``) is ``{column: canonical_text(value)}`` of the
 row's JSON form (``docs/types.md``), keyed by the key's JSON text. This module reproduces both
 *in SQL*, per PostgreSQL type, so a chunk of rows can be summarised on the server:
 
@@ -35,13 +35,13 @@ import fastavro
 import psycopg
 
 from cdc.avro import json_form, value_schema
-from cdc.config import PostgresSourceConfig
 from cdc.events import TableId, encode_key, topic_name
 from cdc.position import format_lsn, parse_lsn
 from cdc.source import Chunk, Leader, Target
 from connectors.postgres import catalog
 from connectors.postgres.connection import SourceError, connect
 from connectors.postgres.replication import quote_ident, quote_literal
+from connectors.postgres.settings import PostgresSourceConfig
 from connectors.postgres.source import HEARTBEAT_PREFIX, CapturedTable, database_of
 from connectors.postgres.types import ARRAYS, BIT, NUMERIC, VARBIT
 

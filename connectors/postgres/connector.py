@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from cdc.avro import EventCodec, fixed_schema
-from cdc.config import PostgresSourceConfig, SourceConfig
+from cdc.config import SourceConfig
 from cdc.errors import CdcError, ConfigError
 from cdc.events import ChangeEvent, TableId, TableSchema
 from cdc.log.base import Record
@@ -42,6 +42,7 @@ from cdc.source import (
 from connectors.postgres import catalog
 from connectors.postgres.connection import SourceError, SourceUnavailable
 from connectors.postgres.replication import ReplicationError
+from connectors.postgres.settings import PostgresSourceConfig
 from connectors.postgres.snapshot import SnapshotSession
 from connectors.postgres.source import HEARTBEAT_PREFIX, PostgresSource, PostgresStream
 from connectors.postgres.source import Checkpoint as PgCheckpoint

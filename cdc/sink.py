@@ -39,10 +39,19 @@ import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from cdc.errors import ConfigError
+from cdc.events import TableId
 
 # the text of a JSON-form value lives with the types (capture's column hashes use it too)
 from cdc.types import canonical_text as canonical_text
+
+if TYPE_CHECKING:
+    from cdc.config import Config, FollowerConfig
+
+#: topic -> (source, table) of what a sink holds
+Topics = dict[str, tuple[str, TableId]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +126,9 @@ def key_group(key: bytes, groups: int) -> int:
 
 
 class Sink(ABC):
-    """One follower's storage."""
+    """One follower's storage. A follower kind is a settings model (a
+    :class:`cdc.config.FollowerConfig` registered in ``cdc.followers``, :mod:`cdc.plugins`)
+    naming its Sink class, which :func:`open_sink` builds with :meth:`from_settings`."""
 
     name: str
     #: True: :meth:`apply` gets the fold (at most one change per key: the newest of the
@@ -131,6 +142,16 @@ class Sink(ABC):
     #: True: tasks split a batch by :meth:`owner` (each reads every range, keeps its keys);
     #: False: by whole log partitions (cheaper: each record is read once)
     split_by_owner: bool = False
+
+    @classmethod
+    def from_settings(cls, config: Config, name: str, settings: FollowerConfig,
+                      topics: Topics) -> Sink:
+        """The sink of follower ``name`` configured by ``settings`` (this kind's model, within
+        ``config``), holding ``topics``. Connect nothing yet: :meth:`check` does that. Every
+        follower kind's sink implements it; a sink that is no kind of its own (a view writes
+        through its followers' sinks) does not."""
+        raise ConfigError(f"{cls.__qualname__} is not a follower kind's sink",
+                          "name a Sink that implements from_settings in the kind's settings")
 
     def check(self) -> None:  # noqa: B027 (optional: sinks without a server have nothing to ask)
         """Raise a :class:`~cdc.errors.CdcError` with the fix if the follower cannot be
@@ -178,3 +199,20 @@ class Sink(ABC):
 
     def close(self) -> None:  # noqa: B027 (optional hook: most sinks hold one connection)
         """Release connections."""
+
+
+def open_sink(config: Config, name: str, topics: Topics | None = None) -> Sink:
+    """The sink of follower ``name`` (:class:`~cdc.errors.ConfigError` if there is none, or if
+    its kind has no sink), holding ``topics`` (default: the tables it follows). Nothing is
+    connected yet: :meth:`Sink.check` does that. (A view is not a follower: it writes through
+    its followers' sinks, ``views/sink.py``.)"""
+    from cdc import plugins
+    from cdc.config import FollowerConfig
+
+    settings = config.follower(name)
+    if not isinstance(settings, FollowerConfig):
+        raise ConfigError(f"{name} is a view, not a follower: it has no sink of its own",
+                          "pass a name under `followers:`")
+    sink_class: type[Sink] = plugins.implementation(settings.sink, Sink, settings.kind)
+    return sink_class.from_settings(config, name, settings,
+                                    config.follower_topics(name) if topics is None else topics)

@@ -1,0 +1,38 @@
+"""The settings of a ``kind: search`` follower (registered in ``cdc.followers``; light: the
+sink's libraries are imported only when ``sinks/search.py`` opens it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from cdc.config import FollowerConfig, Size, check_table_names
+from cdc.events import TableId
+
+
+class SearchFollowerConfig(FollowerConfig):
+    """An embedded Tantivy full-text index (``sinks/search.py``)."""
+
+    kind: Literal["search"]
+    sink: ClassVar[str] = "sinks.search:SearchSink"
+    #: the index directory (relative: against the config file's directory)
+    path: Path
+    #: per table (schema.table), the columns indexed as full text (tokenized); default:
+    #: every string column of the table. Every column is stored either way.
+    text_fields: dict[str, list[str]] = Field(default_factory=dict)
+    #: memory for Tantivy's index writer
+    writer_memory: Size = Field(64 * 1024**2, ge=16 * 1024**2)
+
+    @field_validator("text_fields")
+    @classmethod
+    def _text_tables_ok(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        check_table_names(list(value))
+        return value
+
+    def check_followed(self, name: str, tables: set[TableId]) -> None:
+        stray = [t for t in self.text_fields if TableId.parse(t) not in tables]
+        if stray:
+            raise ValueError(f"followers.{name}.text_fields: {stray} are not tables this "
+                             "follower follows (correct the names, or remove them)")
