@@ -27,7 +27,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/vulture cdc connectors sinks spark_apply views --min-confidence 80
+	$(VENV)/bin/vulture cdc cdc_app connectors sinks spark_apply views --min-confidence 80
 
 bench: setup
 	$(PY) bench/log_append.py

@@ -16,11 +16,11 @@ log; the JSON's ``goals`` says which are met):
   with the Delta and search followers in the same ``cdc apply`` (``--follower redis``).
 
 ``--master cluster`` starts a throwaway Spark standalone cluster (2 workers x 1 core,
-``cdc.servers.spark``) and runs the throughput phase on it; ``--log kafka`` puts the log in a
+``cdc_app.servers.spark``) and runs the throughput phase on it; ``--log kafka`` puts the log in a
 throwaway Kafka broker (written with ``KafkaChangeLog``, read by Spark's Kafka source). These
 variants skip the latency phase and the references and report no goals.
 
-One run, throwaway servers (``cdc.servers``), one SparkSession (``bench/common.py``):
+One run, throwaway servers (``cdc_app.servers``), one SparkSession (``bench/common.py``):
 
 **Throughput into Redis** (``--changes`` inserts over distinct keys, so folding cannot collapse
 the work)
@@ -106,8 +106,8 @@ from bench.common import (  # noqa: E402
 )
 from cdc.config import load_config  # noqa: E402
 from cdc.events import Op  # noqa: E402
-from cdc.servers.postgres import ThrowawayPostgres  # noqa: E402
-from cdc.servers.redis import ThrowawayRedis  # noqa: E402
+from cdc_app.servers.postgres import ThrowawayPostgres  # noqa: E402
+from cdc_app.servers.redis import ThrowawayRedis  # noqa: E402
 
 # ------------------------------------------------------------------------------ throughput
 
@@ -344,7 +344,7 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-#: the demo's three followers (``cdc/demo_pg.py``: Redis, Delta SCD1 with 4 buckets, search)
+#: the demo's three followers (``cdc_app/demo_pg.py``: Redis, Delta SCD1 with 4 buckets, search)
 LIVE_FOLLOWERS = ("cache", "warehouse", "search")
 
 

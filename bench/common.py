@@ -44,7 +44,7 @@ from rich.console import Console  # noqa: E402
 from cdc.avro import EventCodec  # noqa: E402
 from cdc.events import ChangeEvent, Op, TableSchema, TransactionInfo  # noqa: E402
 from cdc.position import Position  # noqa: E402
-from cdc.synthetic import ORDERS  # noqa: E402
+from cdc_app.synthetic import ORDERS  # noqa: E402
 
 console = Console(stderr=True)
 #: a DSN nobody listens on: the throughput phases never start capture
@@ -272,13 +272,13 @@ class BenchEnv:
     def __enter__(self) -> BenchEnv:
         self.results.update(master=self.master, log=self.log_backend, uptime_start=uptime())
         if self.log_backend == "kafka":
-            from cdc.servers.kafka import ThrowawayKafka
+            from cdc_app.servers.kafka import ThrowawayKafka
 
             console.print("starting a throwaway Kafka broker ...")
             self.kafka = ThrowawayKafka().start()
             self._stack.callback(self._stop_kafka)
         if self.master == "cluster":
-            from cdc.servers.spark import EXECUTOR_MEMORY, ThrowawaySparkCluster
+            from cdc_app.servers.spark import EXECUTOR_MEMORY, ThrowawaySparkCluster
 
             console.print("starting a throwaway Spark cluster (2 workers x 1 core) ...")
             self.cluster = ThrowawaySparkCluster(workers=2, cores=1).start()

@@ -4,7 +4,7 @@ against capture into the local log.
 Run with ``make bench-kafka`` or ``.venv/bin/python bench/kafka_log.py [--records N]
 [--capture-rows N] [--transaction-ms D] [--no-capture] [--profile]``.
 
-One run, one throwaway single-node KRaft broker (``cdc.servers.kafka.ThrowawayKafka``: combined
+One run, one throwaway single-node KRaft broker (``cdc_app.servers.kafka.ThrowawayKafka``: combined
 broker and controller, replication factor 1, 1 GB heap), everything on the same broker:
 
 1. **ours**: ``KafkaChangeLog.for_source(source).append(batch, {source: offset})`` of ``--records``
@@ -83,15 +83,15 @@ import cdc.log.kafka as kafka_backend  # noqa: E402
 from bench import pg_capture as pgc  # noqa: E402
 from bench.log_append import build_records, filesystem  # noqa: E402
 from cdc.config import LogConfig  # noqa: E402
-from cdc.console import make_console  # noqa: E402
 from cdc.log.base import ChangeLogReader, Record  # noqa: E402
 from cdc.log.kafka import KafkaChangeLog, KafkaChangeLogReader  # noqa: E402
 from cdc.log.local import LocalChangeLogReader  # noqa: E402
 from cdc.log.partitioner import partition_for  # noqa: E402
 from cdc.position import format_lsn  # noqa: E402
-from cdc.servers.kafka import ThrowawayKafka, find_java, kafka_classpath, kafka_version  # noqa: E402
-from cdc.servers.postgres import ThrowawayPostgres  # noqa: E402
-from cdc.synthetic import ORDERS  # noqa: E402
+from cdc_app.console import make_console  # noqa: E402
+from cdc_app.servers.kafka import ThrowawayKafka, find_java, kafka_classpath, kafka_version  # noqa: E402
+from cdc_app.servers.postgres import ThrowawayPostgres  # noqa: E402
+from cdc_app.synthetic import ORDERS  # noqa: E402
 
 PARTITIONS = 8  # log.partitions' default, and bench/log_append.py's
 BATCHES = (1_000, 10_000)
@@ -565,7 +565,7 @@ def profile_child(config: str, out: str) -> int:
     import threading
 
     import cdc.coordinator as coordinator
-    from cdc.cli import main as cli_main
+    from cdc_app.cli import main as cli_main
 
     stream, appends = cProfile.Profile(), cProfile.Profile()
     original_run, original_append = coordinator.StreamRunner.run, KafkaChangeLog.append

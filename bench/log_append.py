@@ -51,14 +51,14 @@ from rich.progress import (
 from rich.table import Table
 
 from cdc.avro import EventCodec
-from cdc.console import make_console
 from cdc.log.base import Record
 from cdc.log.group_commit import GroupCommitter
 from cdc.log.local import LocalChangeLog
 from cdc.log.partitioner import partition_for
 from cdc.log.schemas import SchemaStore
 from cdc.log.segment import encode_record
-from cdc.synthetic import ORDERS, Workload
+from cdc_app.console import make_console
+from cdc_app.synthetic import ORDERS, Workload
 
 PROJECT = Path(__file__).resolve().parent.parent
 PARTITIONS = 8

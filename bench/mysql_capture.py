@@ -4,11 +4,11 @@ on one binlog backlog; snapshot against ``mariadb --quick``; one huge transactio
 Run with ``make bench-mysql`` or ``.venv/bin/python bench/mysql_capture.py [--rows N] [--batch B]
 [--updates F] [--huge-rows H] [--no-debezium] [--profile] [--keep]``.
 
-One run, one throwaway MariaDB 10.11 server (``cdc.servers.mysql.ThrowawayMariaDB``, started with
-``--version=5.5.5-10.11.x-MariaDB-log`` so that Debezium's MySQL connector parses it), one table
-``bench.bench`` of 12 mixed columns (bigint key, int, decimal(12,2), double, datetime(6),
-timestamp(6), date, varchar(100), a ~200-byte text, json, enum, tinyint), one capture user with
-REPLICATION SLAVE, REPLICATION CLIENT and SELECT:
+One run, one throwaway MariaDB 10.11 server (``cdc_app.servers.mysql.ThrowawayMariaDB``,
+started with ``--version=5.5.5-10.11.x-MariaDB-log`` so that Debezium's MySQL connector parses
+it), one table ``bench.bench`` of 12 mixed columns (bigint key, int, decimal(12,2), double,
+datetime(6), timestamp(6), date, varchar(100), a ~200-byte text, json, enum, tinyint), one
+capture user with REPLICATION SLAVE, REPLICATION CLIENT and SELECT:
 
 1. ``cdc bootstrap`` on the empty table (and one for the profiled run), so that ``cdc capture``
    streams the whole backlog; the binlog position then is the start of the range;
@@ -75,10 +75,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from cdc.console import make_console
 from cdc.log.local import LocalChangeLogReader
 from cdc.offsets import offset_order, offset_text
-from cdc.servers.mysql import ThrowawayMariaDB, debezium_version_string, find_program
+from cdc_app.console import make_console
+from cdc_app.servers.mysql import ThrowawayMariaDB, debezium_version_string, find_program
 
 PROJECT = Path(__file__).resolve().parent.parent
 DATABASE = "bench"
@@ -303,7 +303,7 @@ def write_config(bench: Bench, source: str) -> Path:
 
 
 def cdc_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cdc.cli", *args]
+    return [sys.executable, "-m", "cdc_app.cli", *args]
 
 
 def client_command(program: str, bench: Bench) -> list[str]:
@@ -1053,7 +1053,7 @@ def profile_child(config: str, out: str) -> int:
     """``cdc capture`` with its capture (stream runner) thread and its binlog reader thread
     each under cProfile (cProfile sees one thread only): ``out`` and ``out.reader``."""
     import cdc.coordinator as coordinator
-    from cdc.cli import main
+    from cdc_app.cli import main
     from connectors.mysql import stream as mysql_stream
 
     def wrap(original: Callable[[Any], None], path: str) -> Callable[[Any], None]:

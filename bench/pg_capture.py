@@ -3,7 +3,7 @@
 Run with ``make bench-pg`` or ``.venv/bin/python bench/pg_capture.py [--rows N] [--batch B]
 [--updates F] [--no-debezium] [--no-diagnostics] [--profile] [--pure-python] [--keep]``.
 
-One run, one throwaway PostgreSQL server (``cdc.servers.postgres.ThrowawayPostgres``), one table
+One run, one throwaway PostgreSQL server (``cdc_app.servers.postgres.ThrowawayPostgres``), one table
 ``public.bench`` of 12 mixed columns (bigint key, int, numeric(12,2), unconstrained numeric,
 timestamptz, date, boolean, jsonb, uuid, varchar, a 2 kB text that is TOASTed out of line, a
 double):
@@ -75,10 +75,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from cdc.console import make_console
 from cdc.log.local import LocalChangeLogReader
 from cdc.position import format_lsn, parse_lsn
-from cdc.servers.postgres import ThrowawayPostgres, find_bin_dir
+from cdc_app.console import make_console
+from cdc_app.servers.postgres import ThrowawayPostgres, find_bin_dir
 
 PROJECT = Path(__file__).resolve().parent.parent
 DATABASE = "bench"
@@ -318,7 +318,7 @@ def write_config(path: Path, log: Path, source: str, dsn: str,
 
 
 def cdc_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cdc.cli", *args]
+    return [sys.executable, "-m", "cdc_app.cli", *args]
 
 
 # ------------------------------------------------------------------------------ pgoutput file
@@ -927,7 +927,7 @@ def measure_incremental(bench: Bench) -> Result:
     capture``, chunk by chunk between watermarks), timed by the snapshot's own start and end
     in the stored progress (capture's start-up excluded)."""
     from cdc.config import load_config
-    from cdc.snapshots import stored_progress
+    from cdc_app.snapshots import stored_progress
 
     with bench.connect() as conn:
         conn.execute(f"CREATE TABLE IF NOT EXISTS {SEED_TABLE} (id int PRIMARY KEY)")
@@ -973,7 +973,7 @@ def measure_incremental(bench: Bench) -> Result:
 def profile_child(config: str, out: str) -> int:
     """``cdc capture`` with its stream thread under cProfile (cProfile sees one thread only)."""
     import cdc.coordinator as coordinator
-    from cdc.cli import main
+    from cdc_app.cli import main
 
     original = coordinator.StreamRunner.run
 

@@ -2,7 +2,7 @@
 
 Run with ``.venv/bin/python bench/pg_huge_txn.py [--rows N] [--keep] [--dir D]``.
 
-One throwaway server (``cdc.servers.postgres.ThrowawayPostgres``, the same settings as
+One throwaway server (``cdc_app.servers.postgres.ThrowawayPostgres``, the same settings as
 ``bench/pg_capture.py``), one table ``public.huge (id bigint PRIMARY KEY, v int, note text)``
 with 1,000 rows, bootstrapped into a fresh log; ``cdc capture`` (default settings: 50 ms commit
 interval, 20,000 records a group) is started and idle. Then ONE transaction inserts ``--rows``
@@ -44,11 +44,11 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from cdc.console import make_console
 from cdc.log.local import LocalChangeLogReader
 from cdc.position import format_lsn, parse_lsn
-from cdc.servers.postgres import ThrowawayPostgres
 from cdc.status import status_path
+from cdc_app.console import make_console
+from cdc_app.servers.postgres import ThrowawayPostgres
 
 PROJECT = Path(__file__).resolve().parent.parent
 DATABASE = "bench"
@@ -186,14 +186,14 @@ def run(args: argparse.Namespace, work: Path, pg: ThrowawayPostgres) -> int:
     console.print(f"PostgreSQL {row[0] if row else '?'} on port {pg.port} "
                   f"(logical_decoding_work_mem {work_mem[0] if work_mem else '?'}); "
                   f"work directory {work}", highlight=False)
-    boot = subprocess.run([sys.executable, "-m", "cdc.cli", "bootstrap", "--config", str(config)],
-                          cwd=PROJECT, capture_output=True, text=True, timeout=300)
+    boot = subprocess.run([sys.executable, "-m", "cdc_app.cli", "bootstrap", "--config",
+                           str(config)], cwd=PROJECT, capture_output=True, text=True, timeout=300)
     if boot.returncode != 0:
         raise RuntimeError(f"cdc bootstrap exited {boot.returncode}:\n{boot.stdout}{boot.stderr}")
 
     out = work / "capture.out"
     with open(out, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "cdc.cli", "capture", "--config",
+        proc = subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "capture", "--config",
                                  str(config)], stdout=sink, stderr=subprocess.STDOUT, cwd=PROJECT)
     try:
         return measure(args, console, bars, dsn, log, out, proc, statements, changes, records,

@@ -20,7 +20,7 @@ from pathlib import Path
 from cdc.avro import EventCodec
 from cdc.log.local import LocalChangeLog, LocalChangeLogReader
 from cdc.log.schemas import SchemaStore
-from cdc.synthetic import ORDERS, Workload
+from cdc_app.synthetic import ORDERS, Workload
 
 
 def write_log(path: Path, records: int) -> None:

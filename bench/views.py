@@ -311,7 +311,7 @@ def sql_follower(env: BenchEnv, changes: int) -> dict[str, Any]:
     database through ``kind: sql``."""
     import psycopg
 
-    from cdc.servers.postgres import ThrowawayPostgres
+    from cdc_app.servers.postgres import ThrowawayPostgres
 
     console.print(f"SQL follower: {changes:,} changes into PostgreSQL ...")
     with ThrowawayPostgres() as pg:

@@ -433,3 +433,16 @@ class IncrementalSnapshots:
                  "tombstoned, %.1f s (%.0f rows/s)", self.source, name, progress.rows,
                  progress.chunks, progress.tombstones, seconds, progress.rows / seconds)
 
+
+def describe_progress(progress: TableProgress) -> dict[str, Any]:
+    """One table's snapshot for ``cdc status``: rows, rate and ETA."""
+    now_ms = (progress.finished_ms or int(time.time() * 1000))
+    seconds = max((now_ms - progress.started_ms) / 1000, 1e-3)
+    rate = progress.rows / seconds
+    left = None
+    if progress.active and progress.estimated and rate > 0:
+        left = max(progress.estimated - progress.rows, 0) / rate
+    return {"request": progress.request, "phase": progress.phase, "rows": progress.rows,
+            "estimated": progress.estimated, "chunks": progress.chunks,
+            "tombstones": progress.tombstones, "rows_per_s": round(rate, 1),
+            "eta_s": None if left is None else round(left, 1), "error": progress.error}

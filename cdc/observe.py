@@ -1,8 +1,9 @@
-"""What capture tells an observer about itself (``cdc capture --metrics-port``: :mod:`cdc.metrics`).
+"""What capture tells an observer about itself (``cdc capture --metrics-port``:
+:mod:`cdc_app.metrics`).
 
 The core calls these hooks at most once per commit, flush, idle wait, error or snapshot
 progress step — never once per event — so an observer must be cheap but need not be fast
-per event. The default observer does nothing; :class:`cdc.metrics.CaptureMetrics` turns the
+per event. The default observer does nothing; :class:`cdc_app.metrics.CaptureMetrics` turns the
 calls into Prometheus metrics. Hooks may be called from a capture thread or from the
 dispatcher's background commit thread, and must never raise.
 """

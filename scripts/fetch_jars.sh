@@ -4,7 +4,7 @@
 # these folders.
 #   scripts/jvm/kafka/pom.xml -> .cache/jars/kafka: the jars the throwaway Kafka brokers run from
 #     (the broker, kafka-tools, a log4j2 slf4j binding, and everything they depend on), read by
-#     cdc/servers/kafka.py
+#     cdc_app/servers/kafka.py
 #   scripts/jvm/spark/pom.xml -> .cache/jars/spark: Spark's Kafka source, spark-avro and
 #     delta-spark with their runtime dependencies, less what pyspark ships in its own jars/
 #     folder; spark_apply/session.py passes them with `spark.jars`

@@ -53,7 +53,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 
 # Apache Kafka's jars (broker, kafka-tools) from Maven into .cache/jars/kafka, once: tests, the
-# demo and the benchmarks run throwaway KRaft brokers from them (cdc/servers/kafka.py); and Spark's
+# demo and the benchmarks run throwaway KRaft brokers from them (cdc_app/servers/kafka.py); and Spark's
 # Kafka source, spark-avro and delta-spark into .cache/jars/spark, which spark_apply/session.py
 # passes with `spark.jars` (never fetched at run time)
 bash scripts/fetch_jars.sh

@@ -93,7 +93,7 @@ class FollowerProgress:
     #: a CdcError raised inside the handler (re-raised by the job with its fix)
     error: CdcError | None = None
     #: told of each applied batch, failure and restart (``cdc apply --metrics-port``:
-    #: :class:`cdc.metrics.ApplyMetrics`)
+    #: :class:`cdc_app.metrics.ApplyMetrics`)
     observer: Any = None
 
 
@@ -675,7 +675,7 @@ def run_apply(config: Config, names: Sequence[str], once: bool, console: Console
     if stop is not None:
         job.stop = stop
     for progress in job.progress.values():
-        progress.observer = observer  # metrics: cdc.metrics.ApplyMetrics
+        progress.observer = observer  # metrics: cdc_app.metrics.ApplyMetrics
     try:
         if job.stop.is_set():
             return job

@@ -103,7 +103,7 @@ def pg_db(pg_cluster):  # type: ignore[no-untyped-def]
 def redis_server():  # type: ignore[no-untyped-def]
     """One throwaway redis-server (free loopback port, no persistence) for the whole session.
     Tests that need an empty server call ``FLUSHALL`` themselves (``redis_url`` does)."""
-    from cdc.servers.redis import ThrowawayRedis
+    from cdc_app.servers.redis import ThrowawayRedis
 
     server = ThrowawayRedis().start()
     yield server
@@ -177,7 +177,7 @@ def kafka_broker():  # type: ignore[no-untyped-def]
     """One throwaway Apache Kafka broker (KRaft, one combined broker+controller node, from the
     jars `make setup` fetched) for the whole session; ``kafka_broker.bootstrap_servers``. Tests
     create topics with names of their own (``auto.create.topics.enable=false``)."""
-    from cdc.servers.kafka import ThrowawayKafka
+    from cdc_app.servers.kafka import ThrowawayKafka
 
     broker = ThrowawayKafka().start()
     yield broker
@@ -237,7 +237,7 @@ def kafka_cluster():  # type: ignore[no-untyped-def]
     """One throwaway three-node KRaft cluster (replication factor 3, min.insync.replicas 2),
     started the first time a test asks for it and shared by every test that needs three
     brokers. Tests kill and restart single nodes; each must leave all three running."""
-    from cdc.servers.kafka import ThrowawayKafkaCluster
+    from cdc_app.servers.kafka import ThrowawayKafkaCluster
 
     cluster = ThrowawayKafkaCluster().start()
     yield cluster

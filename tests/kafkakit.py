@@ -20,7 +20,7 @@ def kafka_yaml(broker: Any, prefix: str | None = None) -> dict[str, Any]:
 
 def latest(log: LogAt, topic: str) -> dict[str, Any]:
     """The latest row per key (key text -> row) of ``topic``; deleted keys left out."""
-    from cdc.logview import fold_latest
+    from cdc_app.logview import fold_latest
 
     reader = log_reader(log)
     assert reader is not None

@@ -1,4 +1,4 @@
-"""Helpers for tests against real throwaway MariaDB servers (``cdc/servers/mysql.py``): a fresh
+"""Helpers for tests against real throwaway MariaDB servers (``cdc_app/servers/mysql.py``): a fresh
 database per test with its own capture user, password (in an environment variable), source name
 and replica ``server_id``; configs for a ``kind: mysql`` source; binlog positions and GTIDs.
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pymysql
 from pymysql.constants import CLIENT
 
-from cdc.servers.mysql import ThrowawayMariaDB
+from cdc_app.servers.mysql import ThrowawayMariaDB
 
 if TYPE_CHECKING:
     from tests.pgkit import LogAt

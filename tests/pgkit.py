@@ -24,7 +24,7 @@ from cdc.avro import EventCodec
 from cdc.log.base import ChangeLogReader
 from cdc.log.open import reader_from
 from cdc.position import Position, parse_lsn
-from cdc.servers.postgres import ThrowawayPostgres
+from cdc_app.servers.postgres import ThrowawayPostgres
 from tests.kills import Kill, Watch, cpu_ticks
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -119,7 +119,7 @@ def write_config(directory: Path, db: Database, tables: list[str], *, dsn: str |
 def cdc(*args: str, timeout: float = 120, env: dict[str, str] | None = None
         ) -> subprocess.CompletedProcess[str]:
     """Run the ``cdc`` command line; never raises on a non-zero exit."""
-    return subprocess.run([sys.executable, "-m", "cdc.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cdc_app.cli", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=PROJECT,
                           env={**os.environ, **(env or {})})
 
@@ -154,7 +154,7 @@ class Capture:
     def start(self) -> Capture:
         with open(self.log_file, "ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cdc.cli", "capture", "--config", str(self.config)],
+                [sys.executable, "-m", "cdc_app.cli", "capture", "--config", str(self.config)],
                 stdout=err, stderr=err, cwd=PROJECT)
         DAEMONS.append(self.process)
         return self
@@ -255,7 +255,7 @@ class ApplyProcess:
     def __init__(self, config: Path, log_file: Path, follower: str = "cache") -> None:
         with open(log_file, "ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config),
+                [sys.executable, "-m", "cdc_app.cli", "apply", "--config", str(config),
                  "--follower", follower], stdout=err, stderr=err, cwd=PROJECT)
         DAEMONS.append(self.process)
         self.log_file = log_file
@@ -554,10 +554,10 @@ def assert_follower_equals_log_and_table(sink: Any, db: Database, log: LogAt, to
 
 
 def append_synthetic(log: LogAt, workload: Any, changes: int) -> None:
-    """``changes`` events of the synthetic ``shop`` workload (:class:`cdc.synthetic.Workload`)
+    """``changes`` events of the synthetic ``shop`` workload (:class:`cdc_app.synthetic.Workload`)
     appended to ``log`` (either backend) with the source offset ``{"lsn": workload.seq}``."""
     from cdc.log.open import writer_from
-    from cdc.synthetic import ORDERS
+    from cdc_app.synthetic import ORDERS
 
     settings = {"backend": "local", "path": str(log)} if isinstance(log, Path) else log
     writer = writer_from({"partitions": 4, "fsync": False, **settings}).for_source("shop")

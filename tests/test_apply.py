@@ -19,9 +19,9 @@ import pytest
 
 from cdc.config import load_config, parse_config
 from cdc.errors import ConfigError
-from cdc.servers.postgres import free_port
 from cdc.sink import open_sink, row_text
-from cdc.synthetic import ORDERS, Workload
+from cdc_app.servers.postgres import free_port
+from cdc_app.synthetic import ORDERS, Workload
 from sinks.redis import RedisSink
 from tests.pgkit import (
     PROJECT,
@@ -227,7 +227,7 @@ def test_continuous_apply_stops_cleanly_on_sigterm(tmp_path: Path, redis_url: st
                                             trigger_interval="200ms")
     log = tmp_path / "log"
     sink = open_sink(load_config(config_path), "cache")
-    process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "apply", "--config",
+    process = subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "apply", "--config",
                                 str(config_path), "--follower", "cache"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=PROJECT)
     try:
@@ -251,7 +251,7 @@ def test_continuous_apply_stops_cleanly_on_sigterm(tmp_path: Path, redis_url: st
 
 def test_redis_lost_during_apply_is_reported_and_nothing_is_committed(
         tmp_path: Path, spark: Any) -> None:
-    from cdc.servers.redis import ThrowawayRedis
+    from cdc_app.servers.redis import ThrowawayRedis
     from sinks.redis import RedisSinkError
     from spark_apply.jobs import ApplyJob
 

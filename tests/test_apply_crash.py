@@ -120,7 +120,7 @@ class ApplyRun:
         with open(log_file, "ab") as out:
             follow = [arg for name in FOLLOWERS for arg in ("--follower", name)]
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config), *follow],
+                [sys.executable, "-m", "cdc_app.cli", "apply", "--config", str(config), *follow],
                 stdout=out, stderr=out, cwd=PROJECT, start_new_session=True)
 
     def alive(self) -> bool:

@@ -18,7 +18,7 @@ from cdc.config import load_config
 from cdc.log.local import LocalChangeLogReader
 from cdc.log.schemas import SchemaStore
 from cdc.sink import Sink, open_sink, row_text
-from cdc.synthetic import ORDERS, Workload
+from cdc_app.synthetic import ORDERS, Workload
 from tests.pgkit import latest_rows, read_topic
 from tests.test_apply import SOURCES, append_synthetic
 

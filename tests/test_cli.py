@@ -13,9 +13,9 @@ from cdc.events import ChangeEvent, Op
 from cdc.log.local import LocalChangeLog
 from cdc.log.schemas import SchemaStore
 from cdc.position import Position
-from cdc.synthetic import ORDERS, Workload
+from cdc_app.synthetic import ORDERS, Workload
 
-CDC = [sys.executable, "-m", "cdc.cli"]
+CDC = [sys.executable, "-m", "cdc_app.cli"]
 
 
 def cdc(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:

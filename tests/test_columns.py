@@ -33,7 +33,7 @@ import redis
 
 from cdc.config import parse_config
 from cdc.errors import ConfigError
-from cdc.servers.postgres import free_port
+from cdc_app.servers.postgres import free_port
 from tests.pgkit import (
     ApplyProcess,
     Capture,

@@ -150,7 +150,7 @@ def test_check_config_on_the_compose_kafka_config() -> None:
     root = Path(__file__).resolve().parent.parent
     compose = (root / "docker" / "compose.yaml").read_text()
     assert "apache/kafka" in compose and "cdc-kafka.yaml" in compose
-    result = subprocess.run([sys.executable, "-m", "cdc.cli", "check-config", "--config",
+    result = subprocess.run([sys.executable, "-m", "cdc_app.cli", "check-config", "--config",
                              str(root / "docker" / "cdc-kafka.yaml")],
                             capture_output=True, text=True, cwd=root, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -190,7 +190,7 @@ def test_spark_section_and_master_validation(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=words):
             parse_config({"spark": bad}, tmp_path)
     (tmp_path / "cdc.yaml").write_text("{}\n")
-    result = subprocess.run([sys.executable, "-m", "cdc.cli", "apply", "--config",
+    result = subprocess.run([sys.executable, "-m", "cdc_app.cli", "apply", "--config",
                              str(tmp_path / "cdc.yaml"), "--follower", "x", "--master", "nope"],
                             capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert result.returncode == 2, result.stderr

@@ -488,7 +488,7 @@ def test_optimize_and_vacuum_bound_the_files(tmp_path: Path) -> None:
 def test_cdc_warehouse_commands(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from cdc.cli import main
+    from cdc_app.cli import main
 
     config = tmp_path / "cdc.yaml"
     config.write_text(f"""

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from cdc.config import load_config
-from cdc.snapshots import stored_progress
+from cdc_app.snapshots import stored_progress
 from tests.pgkit import (
     LOAD_SCHEMA,
     Capture,

@@ -60,7 +60,7 @@ def _committed(db: Database) -> int:
 @pytest.fixture(scope="module")
 def own_broker():  # type: ignore[no-untyped-def]
     """A broker of this module's own: its tests kill it."""
-    from cdc.servers.kafka import ThrowawayKafka
+    from cdc_app.servers.kafka import ThrowawayKafka
 
     with ThrowawayKafka() as broker:
         yield broker

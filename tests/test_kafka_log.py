@@ -120,7 +120,7 @@ def test_bad_topics_are_refused(kafka_broker: Any) -> None:
 
 @pytest.mark.servers  # starts its own servers or Spark
 def test_unreachable_brokers_give_a_clear_error() -> None:
-    from cdc.servers.postgres import free_port
+    from cdc_app.servers.postgres import free_port
 
     config = LogConfig(backend="kafka", bootstrap_servers=f"127.0.0.1:{free_port()}",
                        client={"socket.connection.setup.timeout.ms": 2000})
@@ -337,8 +337,8 @@ def test_authentication_and_authorization_errors_name_the_fix(
     """A broker with a SASL/PLAIN listener and the standard authorizer (no ACLs: only the
     broker's own PLAINTEXT principal is a super user): a wrong password and a principal without
     ACLs each give a LogError with the fix, and the password never shows."""
-    from cdc.servers.kafka import ThrowawayKafka
-    from cdc.servers.postgres import free_port
+    from cdc_app.servers.kafka import ThrowawayKafka
+    from cdc_app.servers.postgres import free_port
 
     port, sasl_port, controller = free_port(), free_port(), free_port()
     jaas = ('org.apache.kafka.common.security.plain.PlainLoginModule required '

@@ -1,4 +1,4 @@
-"""The throwaway Kafka brokers (cdc/servers/kafka.py) against real clients: compacted topics,
+"""The throwaway Kafka brokers (cdc_app/servers/kafka.py) against real clients: compacted topics,
 transactions (commit, abort, read_committed, fencing), a restart that keeps committed data, and
 a 3-node cluster that survives losing a node."""
 
@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from cdc.errors import CdcError
-from cdc.servers.kafka import (
+from cdc_app.servers.kafka import (
     ThrowawayKafka,
     kafka_classpath,
     kafka_version,

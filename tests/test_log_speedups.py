@@ -169,7 +169,7 @@ def test_background_flush_returns_offsets_once_durable(tmp_path: Path) -> None:
     from cdc.log.base import CUT_KEY
     from cdc.log.schemas import SchemaStore
     from cdc.pipeline import Dispatcher
-    from cdc.synthetic import Workload
+    from cdc_app.synthetic import Workload
 
     with LocalChangeLog(tmp_path / "log", partitions=4) as log:
         dispatcher = Dispatcher(log, EventCodec(SchemaStore(tmp_path / "log", writable=True)),

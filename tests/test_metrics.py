@@ -1,4 +1,4 @@
-"""Prometheus metrics (``--metrics-port``, cdc/metrics.py) scraped from the real endpoints of
+"""Prometheus metrics (``--metrics-port``, cdc_app/metrics.py) scraped from the real endpoints of
 running daemons, ``cdc status`` with sources, log and followers, and the bad input.
 
 Spark cost: one continuous ``cdc apply`` process (its own SparkSession).
@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cdc.config import load_config, parse_config
 from cdc.errors import ConfigError
-from cdc.servers.postgres import free_port
 from cdc.sink import open_sink
-from cdc.synthetic import Workload
+from cdc_app.servers.postgres import free_port
+from cdc_app.synthetic import Workload
 from tests.pgkit import (
     DAEMONS,
     LOAD_SCHEMA,
@@ -58,7 +58,7 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 def daemon(args: list[str], log_file: Path) -> subprocess.Popen[bytes]:
     """``cdc ARGS`` in the background (killed after the test if it is left running)."""
     with open(log_file, "ab") as err:
-        process = subprocess.Popen([sys.executable, "-m", "cdc.cli", *args], stdout=err,
+        process = subprocess.Popen([sys.executable, "-m", "cdc_app.cli", *args], stdout=err,
                                    stderr=err, cwd=PROJECT)
     DAEMONS.append(process)
     return process
@@ -118,9 +118,9 @@ def test_a_port_in_use_is_refused_with_the_fix(tmp_path: Path) -> None:
 
 def test_capture_metrics_move_under_load_and_status_shows_everything(
         pg_db: Database, tmp_path: Path) -> None:
-    from cdc.console import make_console
     from cdc.coordinator import bootstrap, open_log
-    from cdc.metrics import CaptureMetrics
+    from cdc_app.console import make_console
+    from cdc_app.metrics import CaptureMetrics
 
     pg_db.execute(LOAD_SCHEMA)
     pg_db.execute("INSERT INTO items (id, v, amount, note) SELECT g, 1, g, 'x' "

@@ -172,7 +172,7 @@ def test_bootstrap_killed_mid_snapshot_is_redone(mysql_db: MyDatabase, tmp_path:
     config = write_config(tmp_path, db, ["big"], log_options={"commit_max_records": 1000})
     log = tmp_path / "log"
     topic = f"{db.source}.{db.name}.big"
-    process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "bootstrap", "--config",
+    process = subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "bootstrap", "--config",
                                 str(config)], cwd=PROJECT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
 

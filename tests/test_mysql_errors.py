@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.servers.mysql import ThrowawayMariaDB
+from cdc_app.servers.mysql import ThrowawayMariaDB
 from tests.mykit import MyDatabase, new_database, write_config
 from tests.pgkit import cdc, output, stored_offset
 

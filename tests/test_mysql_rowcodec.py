@@ -82,7 +82,7 @@ def _records(log: Path) -> list[tuple[Any, ...]]:
 
 
 def _capture(config: Path, log: Path, db: MyDatabase, env: dict[str, str]) -> str:
-    process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "capture", "--config",
+    process = subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "capture", "--config",
                                 str(config)], cwd=PROJECT, env={**os.environ, **env},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -190,7 +190,7 @@ def test_fast_snapshot_equals_typed_snapshot(mysql_db: MyDatabase, tmp_path: Pat
         directory = tmp_path / name
         directory.mkdir()
         config = write_config(directory, db, ["fast"])
-        result = subprocess.run([sys.executable, "-m", "cdc.cli", "bootstrap", "--config",
+        result = subprocess.run([sys.executable, "-m", "cdc_app.cli", "bootstrap", "--config",
                                  str(config)], cwd=PROJECT, env={**os.environ, **env},
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr

@@ -85,7 +85,7 @@ def test_bootstrap_killed_mid_snapshot_is_redone(pg_db: Database, tmp_path: Path
                           log_options={"commit_max_records": 1000})
     log = tmp_path / "log"
     topic = f"{pg_db.source}.public.big"
-    process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "bootstrap", "--config",
+    process = subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "bootstrap", "--config",
                                 str(config)], cwd=PROJECT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
 

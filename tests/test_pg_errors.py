@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cdc.servers.postgres import ThrowawayPostgres, free_port
+from cdc_app.servers.postgres import ThrowawayPostgres, free_port
 from tests.pgkit import (
     SECRET_PASSWORD,
     Capture,
@@ -82,7 +82,7 @@ def test_password_from_env_works_and_stays_secret(table_db: Database, tmp_path: 
     env = {"TEST_PG_PASSWORD": SECRET_PASSWORD}
     runs = [cdc("bootstrap", "--config", str(config), env=env)]
     assert runs[0].returncode == 0, output(runs[0])
-    process = subprocess.Popen([sys.executable, "-m", "cdc.cli", "capture", "--config",
+    process = subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "capture", "--config",
                                 str(config)],
                                env={**os.environ, **env}, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.servers.postgres import ThrowawayPostgres
+from cdc_app.servers.postgres import ThrowawayPostgres
 from tests.pgkit import (
     Capture,
     Database,

@@ -1,6 +1,6 @@
 """SIGTERM at any moment of ``cdc capture``'s life drains what it has and exits 0.
 
-The daemon catches SIGTERM from the first line of the command line (``cdc/shutdown.py``), before
+The daemon catches SIGTERM from the first line of the command line (``cdc_app/shutdown.py``), before
 its slow imports, config and log opening; so the test waits until ``/proc/<pid>/status`` shows
 SIGTERM caught and then signals it after 0 ms ... 1.5 s — start-up, connecting, streaming under
 a write load. Every time: exit 0, the slot released (not ``active``) by the time the process is
@@ -91,7 +91,7 @@ def test_other_commands_still_die_of_sigterm() -> None:
     """Only the daemon keeps a SIGTERM that came early; any other command gets it delivered
     (default disposition: killed by the signal) once it knows it is not the daemon."""
     script = ("import os, signal, time\n"
-              "from cdc import shutdown\n"
+              "from cdc_app import shutdown\n"
               "assert not shutdown.running_as_cdc()\n"  # python -c: importing it changes nothing
               "shutdown.catch_early()\n"
               "os.kill(os.getpid(), signal.SIGTERM)\n"

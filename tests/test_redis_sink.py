@@ -12,8 +12,8 @@ import pytest
 
 from cdc.events import TableId
 from cdc.position import Position
-from cdc.servers.postgres import free_port
 from cdc.sink import Change
+from cdc_app.servers.postgres import free_port
 from sinks.redis import (
     DELETED_PREFIX,
     KEY_FIELD,

@@ -387,7 +387,7 @@ def test_directories_that_are_not_our_index(tmp_path: Path) -> None:
 
 def run_cdc(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "cdc.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "cdc_app.cli", *args], cwd=cwd,
                           capture_output=True, text=True, env=env, timeout=120)
 
 

@@ -22,8 +22,8 @@ import pytest
 
 from cdc.errors import CdcError
 from cdc.position import Position
-from cdc.servers.postgres import free_port
 from cdc.sink import Change, Sink, row_text
+from cdc_app.servers.postgres import free_port
 from tests.sinkkit import (
     KINDS,
     TOPIC,

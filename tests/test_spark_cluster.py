@@ -1,5 +1,5 @@
 """``cdc apply`` on a real Spark standalone cluster: a master and 2 workers of one core each
-(``cdc/servers/spark.py``: pyspark's own jars started with ``spark-class``), on loopback.
+(``cdc_app/servers/spark.py``: pyspark's own jars started with ``spark-class``), on loopback.
 
 * Under a PostgreSQL write load of small transactions and of 20,000-row ``UPDATE``s (over
   100,000 changes in all: tens of megabytes of records, many times
@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 
 from cdc.config import load_config
-from cdc.servers.spark import EXECUTOR_MEMORY, ThrowawaySparkCluster
 from cdc.sink import open_sink
-from cdc.synthetic import ORDERS, Workload
+from cdc_app.servers.spark import EXECUTOR_MEMORY, ThrowawaySparkCluster
+from cdc_app.synthetic import ORDERS, Workload
 from tests.kafkakit import drop_kafka_topics, kafka_yaml
 from tests.pgkit import (
     PROJECT,
@@ -101,7 +101,7 @@ class Apply:
         with open(log_file, "ab") as out:
             follow = [arg for name in FOLLOWERS for arg in ("--follower", name)]
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config), *follow],
+                [sys.executable, "-m", "cdc_app.cli", "apply", "--config", str(config), *follow],
                 stdout=out, stderr=out, cwd=PROJECT, start_new_session=True)
 
     def kill(self) -> None:
@@ -334,7 +334,7 @@ def mode_config(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, 
 def start_once(path: Path) -> subprocess.Popen[str]:
     """``cdc apply --once`` of the three followers, a process of its own."""
     args = [arg for name in FOLLOWERS for arg in ("--follower", name)]
-    return subprocess.Popen([sys.executable, "-m", "cdc.cli", "apply", "--config", str(path),
+    return subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "apply", "--config", str(path),
                              "--once", *args], cwd=PROJECT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 

@@ -24,7 +24,7 @@ from cdc.events import TableId  # noqa: E402
 from cdc.log.compaction import compact  # noqa: E402
 from cdc.log.local import LocalChangeLog, LocalChangeLogReader  # noqa: E402
 from cdc.log.schemas import SchemaStore  # noqa: E402
-from cdc.synthetic import ORDERS, Workload  # noqa: E402
+from cdc_app.synthetic import ORDERS, Workload  # noqa: E402
 from spark_apply.jobs import checkpointed_offsets  # noqa: E402
 from spark_apply.source import (  # noqa: E402
     SCHEMA,
@@ -127,7 +127,7 @@ def test_every_record_once_across_batches(spark: Any, log: Log, tmp_path: Path) 
     assert watermarks(batches[-1]) == {SOURCE: {"seq": 300}}
 
     # the rows say what `cdc log dump` says (the same decoding)
-    from cdc.logview import dump_lines
+    from cdc_app.logview import dump_lines
 
     dumped = {(d["topic"], d["partition"], d["offset"]): d
               for d in map(json.loads, dump_lines(log.writer))}

@@ -16,7 +16,7 @@ import redis
 from cdc.config import load_config
 from cdc.log.open import log_settings
 from cdc.sink import open_sink
-from cdc.synthetic import ORDERS, Workload
+from cdc_app.synthetic import ORDERS, Workload
 from spark_apply.jobs import ApplyJob, FollowerStaleError
 from tests.kafkakit import kafka_yaml
 from tests.pgkit import append_synthetic, cdc, latest_rows, output, read_topic

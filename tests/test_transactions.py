@@ -115,7 +115,7 @@ def test_begin_and_end_events_count_every_change(captured: tuple[Database, Path]
 
 
 def _dump(reader: Any, topic: str, partition: int, offset: int) -> Any:
-    from cdc.logview import dump_lines
+    from cdc_app.logview import dump_lines
 
     lines = dump_lines(reader, [topic], partition, offset)
     yield next(lines)

@@ -388,7 +388,7 @@ views:
     def start_apply(stall: bool = False) -> subprocess.Popen[bytes]:
         env = {**os.environ, FAULT_STALL: str(stalled)} if stall else None
         return subprocess.Popen(
-            [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config), "--view",
+            [sys.executable, "-m", "cdc_app.cli", "apply", "--config", str(config), "--view",
              "revenue_by_customer", "--view", "order_extremes"], cwd=PROJECT, env=env,
             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "apply.log", "ab"),  # noqa: SIM115
             start_new_session=True)
@@ -526,7 +526,7 @@ views:
     capture = Capture(config, tmp_path / "capture.log").start()
     log_file = tmp_path / "apply.log"
     apply = subprocess.Popen(
-        [sys.executable, "-m", "cdc.cli", "apply", "--config", str(config), "--view", "labels",
+        [sys.executable, "-m", "cdc_app.cli", "apply", "--config", str(config), "--view", "labels",
          "--follower", "reporting"], cwd=PROJECT, stdout=subprocess.DEVNULL,
         stderr=open(log_file, "wb"), start_new_session=True)  # noqa: SIM115
     try:

@@ -67,7 +67,7 @@ from connectors.mysql.connection import (
     query,
     translate,
 )
-from connectors.mysql.connector import MySqlOffset, purge_warnings
+from connectors.mysql.offset import MySqlOffset, purge_warnings
 from connectors.mysql.rowcodec import (
     Fallback,
     build_records,

@@ -18,14 +18,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cdc.avro import EventCodec
-from cdc.console import make_console
 from cdc.errors import CdcError
 from cdc.log.base import AppendResult, ChangeLogReader, Record
 from cdc.log.compaction import compact
 from cdc.log.group_commit import GroupCommitter
 from cdc.log.open import reader_from, writer_from
-from cdc.logview import dump_lines, log_stats, print_stats
-from cdc.synthetic import ORDERS, Workload
+from cdc_app.console import make_console
+from cdc_app.logview import dump_lines, log_stats, print_stats
+from cdc_app.synthetic import ORDERS, Workload
 
 
 def run_demo(directory: str, rows: int, keys: int = 2000) -> None:

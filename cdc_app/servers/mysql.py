@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.errors import CdcError
-from cdc.servers.postgres import free_port
+from cdc_app.servers.postgres import free_port
 
 #: a value of ``False`` in an ``options`` mapping removes the option (``{"log_bin": False}``: no
 #: binlog); ``None`` or ``True`` passes it as a bare flag (``--log-bin``); a list of

@@ -38,7 +38,7 @@ from cdc.transactions import is_transaction_topic, transaction_topic
 if TYPE_CHECKING:
     from cdc.log.base import ChangeLogReader, Record
 
-log = logging.getLogger("cdc.metrics")
+log = logging.getLogger("cdc_app.metrics")
 
 #: seconds: a log commit (fsyncs, or a Kafka transaction's round trips)
 COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,

@@ -44,15 +44,15 @@ from rich.table import Table
 
 from cdc.avro import EventCodec
 from cdc.config import Config, load_config
-from cdc.console import make_console
 from cdc.coordinator import bootstrap, open_log, run_capture
 from cdc.errors import CdcError
 from cdc.log.base import ChangeLogWriter
 from cdc.offsets import offset_order, offset_text, reached
-from cdc.servers.mysql import ThrowawayMariaDB
-from cdc.servers.postgres import ThrowawayPostgres
-from cdc.servers.redis import ThrowawayRedis
 from cdc.verify import VerifyReport
+from cdc_app.console import make_console
+from cdc_app.servers.mysql import ThrowawayMariaDB
+from cdc_app.servers.postgres import ThrowawayPostgres
+from cdc_app.servers.redis import ThrowawayRedis
 
 if TYPE_CHECKING:
     from spark_apply.jobs import ApplyJob

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdc.errors import CdcError
-from cdc.servers.postgres import free_port
+from cdc_app.servers.postgres import free_port
 
 
 def find_redis_server() -> str:

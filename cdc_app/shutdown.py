@@ -49,7 +49,7 @@ def release() -> None:
 
 def running_as_cdc() -> bool:
     """Whether this process is the ``cdc`` command (its console script, or ``python -m
-    cdc.cli``), not some program that merely imports the package (tests, notebooks)."""
+    cdc_app.cli``), not some program that merely imports the package (tests, notebooks)."""
     main = Path(getattr(sys.modules.get("__main__"), "__file__", None) or "")
     return main.name == "cdc" or main.parts[-2:] == ("cdc", "cli.py")
 

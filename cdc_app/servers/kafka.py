@@ -55,7 +55,7 @@ from typing import Any
 
 from cdc.errors import CdcError
 from cdc.jvm import jvm_options as cdc_jvm_options
-from cdc.servers.postgres import free_port
+from cdc_app.servers.postgres import free_port
 
 #: where scripts/fetch_jars.sh puts the jars, relative to the repository checkout
 JARS_DIR = Path(__file__).resolve().parents[2] / ".cache" / "jars" / "kafka"

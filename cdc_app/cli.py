@@ -7,8 +7,8 @@ its fix and the command exits non-zero — never with a traceback.
 from __future__ import annotations
 
 # first, before the slow imports below: importing it makes a SIGTERM recorded, not fatal
-# (see cdc/shutdown.py; capture then stops cleanly, other commands die as by default)
-from cdc import shutdown  # isort: split
+# (see cdc_app/shutdown.py; capture then stops cleanly, other commands die as by default)
+from cdc_app import shutdown  # isort: split
 
 import functools
 import json
@@ -23,8 +23,8 @@ from rich.table import Table
 
 from cdc import __version__
 from cdc.config import Config, load_config
-from cdc.console import make_console
 from cdc.errors import CdcError
+from cdc_app.console import make_console
 
 F = TypeVar("F", bound=Callable[..., Any])
 err_console = make_console(stderr=True)
@@ -151,8 +151,8 @@ def log_group() -> None:
 def log_stats(config_path: str | None, as_json: bool) -> None:
     """Topics, partitions, records, tombstones, bytes and source offsets of the log."""
     from cdc.log.open import must_read
-    from cdc.logview import log_stats as collect
-    from cdc.logview import print_stats
+    from cdc_app.logview import log_stats as collect
+    from cdc_app.logview import print_stats
 
     config = _load(config_path)
     stats = collect(must_read(config))
@@ -218,8 +218,8 @@ def _wait_for_broker_compaction(config: Config, timeout: float) -> None:
 
     from cdc.errors import LogError
     from cdc.log.open import must_read
-    from cdc.logview import still_present, superseded
     from cdc.transactions import is_transaction_topic
+    from cdc_app.logview import still_present, superseded
 
     reader = must_read(config)
     try:
@@ -265,7 +265,7 @@ def log_dump(config_path: str | None, topics: tuple[str, ...], partition: int | 
              from_offset: int) -> None:
     """One JSON object per record, in offset order within each partition."""
     from cdc.log.open import must_read
-    from cdc.logview import dump_lines
+    from cdc_app.logview import dump_lines
 
     config = _load(config_path)
     out = sys.stdout
@@ -296,11 +296,11 @@ def _capture_metrics(config: Config, sources: list[Any], port: int | None) -> An
         return None
     import logging
 
-    from cdc.metrics import CaptureMetrics
+    from cdc_app.metrics import CaptureMetrics
 
     metrics = CaptureMetrics(config, sources)
     metrics.start(port, "--metrics-port PORT, or metrics.capture_port in the config")
-    logging.getLogger("cdc.metrics").info("metrics at http://%s:%d/metrics",
+    logging.getLogger("cdc_app.metrics").info("metrics at http://%s:%d/metrics",
                                           config.metrics.address, port)
     return metrics
 
@@ -310,7 +310,7 @@ def _apply_metrics(config: Config, names: list[str], port: int | None) -> Any:
     port = port if port is not None else config.metrics.apply_port
     if port is None:
         return None
-    from cdc.metrics import ApplyMetrics
+    from cdc_app.metrics import ApplyMetrics
     from spark_apply.checkpoint import resume_offsets
 
     metrics = ApplyMetrics(config, names, resume_offsets)
@@ -424,7 +424,7 @@ def snapshot_cmd(config_path: str | None, source_name: str | None, tables: tuple
                  wait: bool) -> None:
     """Snapshot tables while `cdc capture` keeps streaming: chunks by primary key between
     watermarks in the source's own log, no lock, no new slot (docs/capture.md)."""
-    from cdc.snapshots import request_snapshot, wait_for_snapshots
+    from cdc_app.snapshots import request_snapshot, wait_for_snapshots
 
     config = _load(config_path)
     console = make_console()
@@ -511,7 +511,8 @@ def apply_cmd(config_path: str | None, followers: tuple[str, ...], views: tuple[
 def status_cmd(config_path: str | None, as_json: bool) -> None:
     """Sources (slot, confirmed position, lag, retained log, events/s), the log (size,
     records) and every follower (checkpoint, records behind, watermark, apply running)."""
-    from cdc.status import collect, print_status
+    from cdc.status import collect
+    from cdc_app.status_screen import print_status
     from spark_apply.checkpoint import resume_offsets
 
     config = _load(config_path)
@@ -540,11 +541,11 @@ def demo(directory: str, seconds: float, source: str, log_only: bool, rows: int)
     """A throwaway PostgreSQL (or MariaDB) and Redis, a shop workload, bootstrap + capture +
     apply, verify."""
     if log_only:
-        from cdc.demo import run_demo
+        from cdc_app.demo import run_demo
 
         run_demo(directory, rows)
         return
-    from cdc.demo_pg import run_db_demo
+    from cdc_app.demo_pg import run_db_demo
 
     _setup_logging()
     run_db_demo(directory, seconds, source)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -125,17 +124,3 @@ def wait_for_snapshots(config: Config, queued: Request, console: Console,
     if failed:
         raise CdcError(f"the snapshot of {', '.join(failed)} failed", "see above")
     return mine
-
-
-def describe_progress(progress: TableProgress) -> dict[str, Any]:
-    """One table's snapshot for ``cdc status``: rows, rate and ETA."""
-    now_ms = (progress.finished_ms or int(time.time() * 1000))
-    seconds = max((now_ms - progress.started_ms) / 1000, 1e-3)
-    rate = progress.rows / seconds
-    left = None
-    if progress.active and progress.estimated and rate > 0:
-        left = max(progress.estimated - progress.rows, 0) / rate
-    return {"request": progress.request, "phase": progress.phase, "rows": progress.rows,
-            "estimated": progress.estimated, "chunks": progress.chunks,
-            "tombstones": progress.tombstones, "rows_per_s": round(rate, 1),
-            "eta_s": None if left is None else round(left, 1), "error": progress.error}

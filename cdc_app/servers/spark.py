@@ -30,7 +30,7 @@ from typing import Any
 
 from cdc.errors import CdcError
 from cdc.jvm import jvm_options
-from cdc.servers.postgres import free_port
+from cdc_app.servers.postgres import free_port
 
 #: what an application on this cluster may ask per executor (a worker offers ``memory``)
 EXECUTOR_MEMORY = "512m"

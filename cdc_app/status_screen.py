@@ -1,0 +1,83 @@
+"""The ``cdc status`` screen: what :func:`cdc.status.collect` gathered, as one table of the
+sources, the log and every follower, with the warnings under it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _bytes(value: Any) -> str:
+    if value is None:
+        return "-"
+    size = float(value)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(size) < 1024 or unit == "TB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return str(value)
+
+
+def print_status(status: dict[str, Any], console: Console) -> None:
+    """Sources, the log and every follower in one table; warnings under it."""
+    log = status["log"]
+    table = Table(title="cdc status", title_justify="left")
+    for column in ("", "name", "kind", "state", "position", "lag", "size", "rate", "total"):
+        table.add_column(column, justify="right" if column in ("lag", "size", "rate", "total")
+                         else "left")
+    warnings = []
+    for row in status["sources"]:
+        state = row["capture"] if row["offset_state"] == "streaming" else row["offset_state"]
+        position = row.get("stored_position") or "-"
+        if row.get("position") and row.get("position") != position:
+            position += f" (server confirmed {row['position']})"
+        table.add_row("source", row["source"], row["kind"], state, position,
+                      _bytes(row.get("lag_bytes")),
+                      _bytes(row.get("retained_bytes")) + " retained"
+                      if row.get("retained_bytes") is not None else "-",
+                      f"{row['events_per_s'] or 0:,.0f} ev/s",
+                      f"{row['events']:,} ev" if row.get("events") is not None else "-")
+        if row.get("server"):
+            warnings.append(f"{row['source']}: {row['server']}")
+        warnings.extend(f"{row['source']}: {warning}" for warning in row.get("warnings", []))
+        if row.get("unavailable_images"):
+            warnings.append(
+                f"{row['source']}: {row['unavailable_images']:,} change(s) lack values the "
+                "source did not send (PostgreSQL's unchanged TOAST) and no earlier image of the "
+                "row had; their records name them in unavailable_columns. Set REPLICA IDENTITY "
+                "FULL on the table, or re-bootstrap, to have whole rows again")
+        if row.get("last_error") and row["capture"] == "running":
+            warnings.append(f"{row['source']}: {row['last_error']}")
+    table.add_section()
+    table.add_row("log", str(log["path"]), log["backend"], f"{log.get('topics', 0)} topics",
+                  "-", "-", _bytes(log["bytes"]), "-",
+                  f"{log.get('records_appended', 0):,} rec")
+    if status.get("followers"):
+        table.add_section()
+    for row in status.get("followers", []):
+        marks = ", ".join(f"{source}@{mark['position']}"
+                          for source, mark in row["watermarks"].items()) or "-"
+        lag = [] if row.get("lag_records") is None else [f"{row['lag_records']:,} rec"]
+        if row.get("lag_s") is not None:
+            lag.append(f"{row['lag_s']:.1f} s")
+        table.add_row("view" if row["view"] else "follower", row["follower"], row["kind"],
+                      row["apply"], marks, ", ".join(lag) or "-", "-",
+                      f"{row['changes_per_s'] or 0:,.0f} ch/s",
+                      f"{row['records_read']:,} rec read"
+                      if row.get("records_read") is not None else "-")
+        if row.get("last_error"):
+            warnings.append(f"{row['follower']}: {row['last_error']}")
+    console.print(table)
+    for row in status["sources"]:
+        for name, snap in (row.get("snapshots") or {}).items():
+            eta = f", about {snap['eta_s']:.0f} s left" if snap.get("eta_s") is not None else ""
+            of = f" of ~{snap['estimated']:,}" if snap.get("estimated") else ""
+            console.print(f"snapshot {row['source']} {name}: {snap['phase']}, "
+                          f"{snap['rows']:,}{of} rows, {snap['rows_per_s']:,.0f} rows/s{eta}, "
+                          f"{snap['tombstones']:,} tombstoned"
+                          + (f" — {snap['error']}" if snap.get("error") else ""),
+                          highlight=False)
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
