@@ -184,6 +184,10 @@ def _float_to_avro(ctype: ColumnType, value: Any) -> Any:
     return float(value)
 
 
+#: the JSON form of a float that JSON has no number for: these strings (:func:`_float_to_json`)
+SPECIAL_FLOATS: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
 def _float_to_json(_t: ColumnType, datum: Any) -> Any:
     if math.isnan(datum):
         return "NaN"

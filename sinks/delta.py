@@ -13,12 +13,13 @@ Layout (names exact; ``docs/followers.md`` has examples):
     (:meth:`DeltaSink.set_watermark`).
 
 Columns of a table: the source table's columns under their original names (the value schema's
-``cdc.column``), typed from the topic's newest Avro value schema in the log's schema store:
-``boolean`` -> boolean; ``int``/``long`` without a ``connect.name`` (not a date/time) -> long;
-``float``/``double`` -> double (NaN and ±Infinity kept); anything else -> string holding
-:func:`~cdc.sink.canonical_text` of the JSON form. Without a schema the type is inferred from
-the batch's values. Reserved columns (a source column with one of these names, compared without
-case, is refused with :class:`DeltaSinkError`):
+``cdc.column``), typed by the column's logical kind (``cdc/logical.py``) in the topic's newest
+Avro value schema in the log's schema store, or without a schema by the kind guessed from the
+batch's values: ``BOOLEAN`` -> boolean; ``INT16``/``INT32``/``INT64`` -> long; ``FLOAT64`` ->
+double (NaN and ±Infinity kept); any other kind -> string holding
+:func:`~cdc.sink.canonical_text` of the JSON form (:func:`delta_kind`). Reserved columns (a
+source column with one of these names, compared without case, is refused with
+:class:`DeltaSinkError`):
 
 ``_cdc_key`` (string)       the key's JSON text (``{"id":42}``)
 ``_cdc_bucket`` (int)       ``crc32(key UTF-8) % buckets`` — the partition column
@@ -82,6 +83,7 @@ import pyarrow.compute as pc
 from cdc.errors import CdcError
 from cdc.events import TableId
 from cdc.log.open import log_settings
+from cdc.logical import LogicalKind, guess_kind, logical_columns
 from cdc.sink import (
     ApplyStats,
     Change,
@@ -92,6 +94,7 @@ from cdc.sink import (
     key_group,
     newest_per_key,
 )
+from cdc.types import SPECIAL_FLOATS
 from sinks.delta_settings import DeltaFollowerConfig
 from sinks.watermarks import WatermarkFile, replace_file
 
@@ -130,7 +133,10 @@ _T = TypeVar("_T")
 Kind = Literal["bool", "int64", "float64", "string"]
 _ARROW: dict[str, pa.DataType] = {"bool": pa.bool_(), "int64": pa.int64(),
                                   "float64": pa.float64(), "string": pa.string()}
-_SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: logical kind -> the kind of its column (any other: string)
+_KINDS: dict[LogicalKind, Kind] = {LogicalKind.BOOLEAN: "bool", LogicalKind.INT16: "int64",
+                                   LogicalKind.INT32: "int64", LogicalKind.INT64: "int64",
+                                   LogicalKind.FLOAT64: "float64"}
 _INT64 = (-(2**63), 2**63 - 1)
 _PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 #: how often a MERGE that lost a commit race (e.g. to `cdc warehouse vacuum`) is retried
@@ -183,37 +189,9 @@ def current_files(table_path: str | Path) -> list[str]:
 
 # ---------------------------------------------------------------------------------- types
 
-def avro_kind(avro_type: Any) -> Kind:
-    """The column kind of a value schema field's Avro type (see the module docstring)."""
-    branches = avro_type if isinstance(avro_type, list) else [avro_type]
-    concrete = [branch for branch in branches if branch != "null"]
-    if len(concrete) != 1:
-        return "string"
-    single = concrete[0]
-    if isinstance(single, dict):
-        if "logicalType" in single or "connect.name" in single:
-            return "string"
-        single = single.get("type")
-    if single == "boolean":
-        return "bool"
-    if single in ("int", "long"):
-        return "int64"
-    if single in ("float", "double"):
-        return "float64"
-    return "string"
-
-
-def value_columns(schema: Any) -> list[tuple[str, Any]]:
-    """``(column name, Avro type)`` of an envelope value schema's row record, in order (the
-    original column name: ``cdc.column`` where the Avro name was adjusted)."""
-    for envelope_field in schema.get("fields", []) if isinstance(schema, dict) else []:
-        if envelope_field.get("name") not in ("before", "after"):
-            continue
-        for branch in envelope_field["type"] if isinstance(envelope_field["type"], list) \
-                else [envelope_field["type"]]:
-            if isinstance(branch, dict) and branch.get("type") == "record":
-                return [(f.get("cdc.column", f["name"]), f["type"]) for f in branch["fields"]]
-    return []
+def delta_kind(kind: LogicalKind) -> Kind:
+    """The kind of column that holds values of logical kind ``kind`` (the module docstring)."""
+    return _KINDS.get(kind, "string")
 
 
 def value_types(values: Sequence[Any]) -> set[type]:
@@ -248,8 +226,8 @@ def kind_array(kind: Kind, values: Sequence[Any],
     if types <= {float}:
         return pa.array(values, pa.float64())
     if types <= {float, str} and all(
-            value in _SPECIAL_FLOATS for value in values if type(value) is str):
-        return pa.array([_SPECIAL_FLOATS[value] if type(value) is str else value
+            value in SPECIAL_FLOATS for value in values if type(value) is str):
+        return pa.array([SPECIAL_FLOATS[value] if type(value) is str else value
                          for value in values], pa.float64())
     return None
 
@@ -258,21 +236,6 @@ def fits(kind: Kind, values: Sequence[Any]) -> bool:
     """Whether every non-null value of ``values`` fits a ``kind`` column (see
     :func:`kind_array`)."""
     return kind_array(kind, values) is not None
-
-
-def infer_kind(values: Sequence[Any], types: set[type] | None = None) -> Kind:
-    """The narrowest kind for ``values`` without a schema: all booleans, all integers (that
-    must then fit 64 bits), all floats; else (or with no value at all) ``string``. ``"NaN"`` is
-    a string here."""
-    if types is None:
-        types = value_types(values)
-    if types == {bool}:
-        return "bool"
-    if types == {float}:
-        return "float64"
-    if types == {int}:
-        return "int64"
-    return "string"
 
 
 def column_array(kind: Kind, values: Sequence[Any]) -> pa.Array:
@@ -576,8 +539,8 @@ class DeltaSink(Sink):
             return kinds, newest
         for registered in store.versions(f"{topic}-value"):
             newest = []
-            for column, avro_type in value_columns(registered.schema):
-                kinds[column] = avro_kind(avro_type)
+            for column, logical in logical_columns(registered.schema).items():
+                kinds[column] = delta_kind(logical.kind)
                 newest.append(column)
         return kinds, newest
 
@@ -662,7 +625,7 @@ class DeltaSink(Sink):
             types = value_types(seen)
             kind: Kind
             if held is None:
-                kind = declared.get(name) or infer_kind(seen, types)
+                kind = declared.get(name) or delta_kind(guess_kind(seen))
             elif held == "string" or declared.get(name, held) == held:
                 kind = held
             else:

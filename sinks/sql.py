@@ -27,12 +27,11 @@ Columns (one mapping, stated exactly)
 -------------------------------------
 
 With a value schema for the topic in the log's schema store, a table is created with a column
-per column of the newest schema version, typed from its logical type (the field's ``cdc.type``;
-without one, from ``logicalType``/``connect.name``/the Avro type). Without a schema (a view's
-topic ``<source>.views.<name>``) the columns are typed from the first batch's values as the
-Delta follower's four kinds: booleans BOOLEAN, 64-bit integers BIGINT, floats FLOAT(53), the
-rest TEXT (on SQLite a NaN is kept as the text ``NaN`` in the FLOAT column, and a -0.0 makes
-the column TEXT: see note 7).
+per column of the newest schema version, typed from its logical kind (``cdc/logical.py``: of the
+field's ``cdc.type``). Without a schema (a view's topic ``<source>.views.<name>``) the kind is
+guessed from the first batch's values (:func:`cdc.logical.guess_kind`: boolean, int64, float64
+or text). Either way the kind is mapped by one table (:func:`_mapped_type`), shown here by the
+column types that have each kind:
 
 ======================  =====================================  =========================
 logical type            PostgreSQL                             SQLite
@@ -113,6 +112,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.errors import CdcError
 from cdc.log.open import log_settings
+from cdc.logical import Logical, LogicalKind, guess_kind, logical_columns
 from cdc.sink import (
     ApplyStats,
     Change,
@@ -122,6 +122,7 @@ from cdc.sink import (
     cell_text,
     newest_per_key,
 )
+from cdc.types import SPECIAL_FLOATS
 from sinks.sql_settings import SqlFollowerConfig
 
 if TYPE_CHECKING:
@@ -132,7 +133,6 @@ GATE_ROWS = 5000
 #: the side tables
 ROWS = "_cdc_rows"
 WATERMARKS = "_cdc_watermarks"
-_SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 #: how often a batch is retried after changing its table before giving up
 _RESHAPES = 5
 
@@ -145,96 +145,32 @@ class _Reshape(Exception):  # noqa: N818 - a signal, not an error
     """The batch needs the user table created or changed first."""
 
 
-# ------------------------------------------------------------------ value-based kinds
-
-def _kind_of(values: Sequence[Any]) -> str:
-    types = {type(v) for v in values if v is not None}
-    if types == {bool}:
-        return "bool"
-    if types == {int} and all(-(2**63) <= v < 2**63 for v in values if v is not None):
-        return "int64"
-    if types and types <= {float} | ({str} if all(
-            v in _SPECIAL_FLOATS for v in values if type(v) is str) else set()) \
-            and float in types:
-        return "float64"
-    return "string"
-
-
-def _value_type(values: Sequence[Any]) -> Any:
-    """The column type of a column without a schema, from its values (today's four kinds)."""
-    import sqlalchemy as sa
-
-    return {"bool": sa.Boolean(), "int64": sa.BigInteger(), "float64": sa.Float(53),
-            "string": sa.Text()}[_kind_of(values)]
-
-
-# -------------------------------------------------------------- logical types -> columns
-
-_CONNECT_NAMES = {"io.debezium.time.Date": "date", "io.debezium.time.MicroTimestamp": "timestamp",
-                  "io.debezium.time.ZonedTimestamp": "timestamptz",
-                  "io.debezium.time.MicroTime": "time", "io.debezium.data.Json": "json",
-                  "io.debezium.data.Uuid": "uuid",
-                  "io.debezium.data.VariableScaleDecimal": "numeric"}
-_AVRO_NAMES = {"boolean": "boolean", "int": "int32", "long": "int64", "float": "float32",
-               "double": "float64", "bytes": "bytes", "string": "string", "array": "array"}
-
-Logical = tuple[str, int | None, int | None]
-
-
-def _value_fields(schema: Any) -> list[tuple[str, dict[str, Any]]]:
-    """``(column name, field)`` of an envelope value schema's row record, in order (the
-    original column name: ``cdc.column`` where the Avro name was adjusted)."""
-    for envelope_field in schema.get("fields", []) if isinstance(schema, dict) else []:
-        if envelope_field.get("name") not in ("before", "after"):
-            continue
-        branches = envelope_field["type"]
-        for branch in branches if isinstance(branches, list) else [branches]:
-            if isinstance(branch, dict) and branch.get("type") == "record":
-                return [(f.get("cdc.column", f["name"]), f) for f in branch["fields"]]
-    return []
-
-
-def _logical(field: Mapping[str, Any]) -> Logical:
-    """A field's logical type: ``(name, precision, scale)``."""
-    described = field.get("cdc.type")
-    if isinstance(described, dict) and "name" in described:
-        return str(described["name"]), described.get("precision"), described.get("scale")
-    branches = field.get("type")
-    concrete = [b for b in (branches if isinstance(branches, list) else [branches])
-                if b != "null"]
-    single = concrete[0] if concrete else None
-    if isinstance(single, dict):
-        if single.get("logicalType") == "decimal":
-            return "decimal", single.get("precision"), single.get("scale", 0)
-        if "connect.name" in single:
-            return _CONNECT_NAMES.get(single["connect.name"], "string"), None, None
-        if single.get("connect.type") == "int16":
-            return "int16", None, None
-        single = single.get("type")
-    return _AVRO_NAMES.get(single, "string") if isinstance(single, str) else "string", None, None
-
+# -------------------------------------------------------------- logical kinds -> columns
 
 def _mapped_type(logical: Logical, postgres: bool, key: bool) -> Any:
-    """The column type of a logical type (the module docstring's table)."""
+    """The column type of a logical kind (the module docstring's table)."""
     import sqlalchemy as sa
 
-    name, precision, scale = logical
+    kind = logical.kind
     if not postgres:
-        portable = {"boolean": sa.Boolean, "int16": sa.BigInteger, "int32": sa.BigInteger,
-                    "int64": sa.BigInteger, "year": sa.BigInteger, "bytes": sa.LargeBinary}
-        return portable.get(name, sa.Text)()
-    if name == "decimal":
-        return sa.Numeric(precision, scale or 0) if precision and precision <= 1000 \
+        portable = {LogicalKind.BOOLEAN: sa.Boolean, LogicalKind.INT16: sa.BigInteger,
+                    LogicalKind.INT32: sa.BigInteger, LogicalKind.INT64: sa.BigInteger,
+                    LogicalKind.BYTES: sa.LargeBinary}
+        return portable.get(kind, sa.Text)()
+    if kind is LogicalKind.DECIMAL:
+        precision = logical.precision
+        return sa.Numeric(precision, logical.scale or 0) if precision and precision <= 1000 \
             else sa.Numeric()
-    if name in ("json", "array"):
+    if kind is LogicalKind.JSON:
         return sa.Text() if key else sa.JSON()
-    mapped = {"boolean": sa.Boolean(), "int16": sa.SmallInteger(), "int32": sa.Integer(),
-              "int64": sa.BigInteger(), "year": sa.Integer(), "uint64": sa.Numeric(20, 0),
-              "numeric": sa.Numeric(), "float32": sa.Double(), "float64": sa.Double(),
-              "date": sa.Date(), "timestamp": sa.TIMESTAMP(),
-              "timestamptz": sa.TIMESTAMP(timezone=True), "time": sa.Time(),
-              "uuid": sa.Uuid(), "bytes": sa.LargeBinary()}
-    return mapped.get(name) or sa.Text()
+    mapped = {LogicalKind.BOOLEAN: sa.Boolean(), LogicalKind.INT16: sa.SmallInteger(),
+              LogicalKind.INT32: sa.Integer(), LogicalKind.INT64: sa.BigInteger(),
+              LogicalKind.NUMERIC: sa.Numeric(), LogicalKind.FLOAT64: sa.Double(),
+              LogicalKind.DATE: sa.Date(), LogicalKind.TIMESTAMP: sa.TIMESTAMP(),
+              LogicalKind.TIMESTAMPTZ: sa.TIMESTAMP(timezone=True),
+              LogicalKind.TIME: sa.Time(), LogicalKind.UUID: sa.Uuid(),
+              LogicalKind.BYTES: sa.LargeBinary()}
+    return mapped.get(kind) or sa.Text()
 
 
 # ------------------------------------------------------------ dates and times (PostgreSQL)
@@ -367,7 +303,7 @@ _FITS: dict[str, Any] = {
     "bool": lambda column, value: type(value) is bool,
     "int": lambda column, value: type(value) is int and -(
         2 ** (column.bits - 1)) <= value < 2 ** (column.bits - 1),
-    "float": lambda column, value: value in _SPECIAL_FLOATS if type(value) is str else (
+    "float": lambda column, value: value in SPECIAL_FLOATS if type(value) is str else (
         type(value) is float and (column.postgres or value != 0 or math.copysign(1, value) > 0)),
     "numeric": lambda column, value: _numeric_fits(value, column.type.precision,
                                                    column.type.scale, column.infinity),
@@ -437,7 +373,7 @@ class _Column:
         if self.kind in ("bool", "int"):
             return value
         if self.kind == "float" and type(value) is str:  # REAL keeps NaN as NULL: as text
-            return value if value == "NaN" else _SPECIAL_FLOATS[value]
+            return value if value == "NaN" else SPECIAL_FLOATS[value]
         return value if self.kind == "float" else canonical_text(value)
 
     def from_db(self, value: Any) -> str:
@@ -619,8 +555,8 @@ class SqlSink(Sink):
         postgres = dialect.name == "postgresql"
         for registered in store.versions(f"{topic}-value"):
             newest = []
-            for column, field in _value_fields(registered.schema):
-                declared[column] = _mapped_type(_logical(field), postgres, column in key_columns)
+            for column, logical in logical_columns(registered.schema).items():
+                declared[column] = _mapped_type(logical, postgres, column in key_columns)
                 newest.append(column)
         return declared, newest
 
@@ -672,7 +608,8 @@ class SqlSink(Sink):
             values = cells.get(name, ())
             column = (held or {}).get(name)
             if column is None:
-                wanted = declared[name] if name in declared else _value_type(values)
+                wanted = declared[name] if name in declared else _mapped_type(
+                    Logical(guess_kind(values)), conn.dialect.name == "postgresql", False)
                 fits = all(map(_column(name, wanted, conn.dialect).fits, values))
                 adds[name] = wanted if fits else sa.Text()
             elif not (column.holds(declared.get(name), conn.dialect)

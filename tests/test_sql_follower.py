@@ -249,16 +249,16 @@ def test_names_longer_than_the_dialect_keeps_are_refused(typed_sink: SqlSink,
 
 
 def test_floats_without_a_schema_read_back_exactly(typed_sink: SqlSink) -> None:
-    """A view's topic has no schema: its columns are typed from the values, and NaN, the
-    infinities and negative numbers read back exactly; SQLite's REAL cannot hold -0.0, so
-    there the column becomes TEXT."""
+    """A view's topic has no schema: its columns are typed from the values' logical kind by the
+    same table as with a schema, and NaN, the infinities and negative numbers read back
+    exactly (on SQLite a float column is TEXT, whose REAL cannot hold NaN or -0.0)."""
     rows: dict[int, dict[str, Any]] = {
         1: {"id": 1, "f": -1.5}, 2: {"id": 2, "f": "NaN"}, 3: {"id": 3, "f": "-Infinity"}}
     typed_sink.apply([change(key, 1, row) for key, row in rows.items()])
     postgres = typed_sink.engine.dialect.name == "postgresql"
     with typed_sink.engine.connect() as conn:
         assert str(sa.inspect(conn).get_columns("t")[1]["type"]) == (
-            "DOUBLE PRECISION" if postgres else "FLOAT")
+            "DOUBLE PRECISION" if postgres else "TEXT")
     rows[4] = {"id": 4, "f": -0.0}
     typed_sink.apply([change(4, 2, rows[4])])
     keys = [json.dumps({"id": key}, separators=(",", ":")) for key in rows]

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.events import TableId, topic_name
+from cdc.logical import logical_columns
 from cdc.sink import ApplyStats, Change, Sink, row_text
 from views.definition import ViewDefinitionError, ViewPlan, analyze
 from views.state import BaseChange, ViewChange, ViewError, ViewState
@@ -111,13 +112,12 @@ def schema_store(config: Config) -> Any:
 def declared_columns(store: Any, source: str, table: TableId) -> list[tuple[str, str]] | None:
     """``(column, DuckDB type)`` of ``table`` from its newest value schema in ``store``
     (``None``: no schema yet)."""
-    from sinks.delta import value_columns
-
     topic = topic_name(source, table)
     versions = [] if store is None else store.versions(f"{topic}-value")
     if not versions:
         return None
-    return [(column, duckdb_type(avro)) for column, avro in value_columns(versions[-1].schema)]
+    return [(column, duckdb_type(logical))
+            for column, logical in logical_columns(versions[-1].schema).items()]
 
 
 @dataclass

@@ -1,22 +1,22 @@
 """Column types of a view's state and the JSON form of the view's values.
 
-The base tables' state (``views/state.py``) types each column from the topic's newest Avro value
-schema, so that the view's SQL computes as on the leader (sums of decimals stay exact, dates
-compare as dates). Change rows arrive as JSON forms (``docs/types.md``) and are cast from their
-text in DuckDB:
+The base tables' state (``views/state.py``) types each column by its logical kind
+(``cdc/logical.py``) in the topic's newest Avro value schema, so that the view's SQL computes as
+on the leader (sums of decimals stay exact, dates compare as dates). Change rows arrive as JSON
+forms (``docs/types.md``) and are cast from their text in DuckDB (:func:`duckdb_type`):
 
 =====================================================  =================================
-Avro (logical type / ``connect.name``)                 state column
+logical kind (column types)                            state column
 =====================================================  =================================
-``boolean``                                            BOOLEAN
-``int``, ``long`` (int16/int32/int64, Year)            BIGINT
-``float``, ``double``                                  DOUBLE
-``bytes`` decimal(p, s), p <= 38 (also with NaN)       DECIMAL(p, s)
-``bytes`` decimal(p, s), p > 38                        DOUBLE (approximate)
-VariableScaleDecimal (unconstrained NUMERIC)           DOUBLE (approximate)
-``io.debezium.time.Date``                              DATE
-``io.debezium.time.MicroTimestamp``                    TIMESTAMP
-anything else (text, JSON, uuid, times, arrays, ...)   VARCHAR (the JSON form's text)
+BOOLEAN                                                BOOLEAN
+INT16, INT32, INT64 (year too)                         BIGINT
+FLOAT64 (float32 too)                                  DOUBLE
+DECIMAL(p, s), p <= 38 (uint64: 20, 0; also NaN)       DECIMAL(p, s)
+DECIMAL(p, s), p > 38                                  DOUBLE (approximate)
+NUMERIC (unconstrained)                                DOUBLE (approximate)
+DATE                                                   DATE
+TIMESTAMP                                              TIMESTAMP
+any other (text, JSON, uuid, times, arrays, ...)       VARCHAR (the JSON form's text)
 =====================================================  =================================
 
 A view column computed in floating point is *approximate* (``views/definition.py``:
@@ -31,40 +31,26 @@ import math
 from decimal import Decimal
 from typing import Any
 
+from cdc.logical import Logical, LogicalKind
+
 #: ``cdc verify --view``: |a - b| <= this * max(|a|, |b|) for approximate columns
 RELATIVE_TOLERANCE = 1e-9
 
 
-def duckdb_type(avro_type: Any) -> str:
-    """The state column type of a value schema field (see the module docstring)."""
-    branches = avro_type if isinstance(avro_type, list) else [avro_type]
-    concrete = [branch for branch in branches if branch != "null"]
-    for branch in concrete:  # a decimal (maybe with its NaN/Infinity string branch)
-        if isinstance(branch, dict) and branch.get("logicalType") == "decimal":
-            precision, scale = int(branch.get("precision", 38)), int(branch.get("scale", 0))
-            return f"DECIMAL({precision},{scale})" if precision <= 38 else "DOUBLE"
-    if len(concrete) != 1:
-        return "VARCHAR"
-    single = concrete[0]
-    connect = ""
-    if isinstance(single, dict):
-        connect = str(single.get("connect.name", ""))
-        single = single.get("type")
-    if connect == "io.debezium.data.VariableScaleDecimal":
+#: logical kind -> state column type (DECIMAL: :func:`duckdb_type`; any other: VARCHAR)
+_TYPES = {LogicalKind.BOOLEAN: "BOOLEAN", LogicalKind.INT16: "BIGINT",
+          LogicalKind.INT32: "BIGINT", LogicalKind.INT64: "BIGINT",
+          LogicalKind.FLOAT64: "DOUBLE", LogicalKind.NUMERIC: "DOUBLE",
+          LogicalKind.DATE: "DATE", LogicalKind.TIMESTAMP: "TIMESTAMP"}
+
+
+def duckdb_type(logical: Logical) -> str:
+    """The state column type of a column of logical kind ``logical`` (the module docstring)."""
+    if logical.kind is LogicalKind.DECIMAL and (logical.precision or 0) <= 38:
+        return f"DECIMAL({logical.precision},{logical.scale or 0})"
+    if logical.kind is LogicalKind.DECIMAL:
         return "DOUBLE"
-    if connect == "io.debezium.time.Date":
-        return "DATE"
-    if connect == "io.debezium.time.MicroTimestamp":
-        return "TIMESTAMP"
-    if connect:
-        return "VARCHAR"
-    if single == "boolean":
-        return "BOOLEAN"
-    if single in ("int", "long"):
-        return "BIGINT"
-    if single in ("float", "double"):
-        return "DOUBLE"
-    return "VARCHAR"
+    return _TYPES.get(logical.kind, "VARCHAR")
 
 
 def json_form(value: Any) -> Any:
