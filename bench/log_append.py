@@ -23,9 +23,7 @@ raw modes. The last line of stdout is one JSON object with the headline numbers.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
-import json
 import os
 import pstats
 import shutil
@@ -39,28 +37,23 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
-
-from cdc.avro import EventCodec
-from cdc.log.base import Record
-from cdc.log.group_commit import GroupCommitter
-from cdc.log.local import LocalChangeLog
-from cdc.log.partitioner import partition_for
-from cdc.log.schemas import SchemaStore
-from cdc.log.segment import encode_record
-from cdc_app.console import make_console
-from cdc_app.synthetic import ORDERS, Workload
-
 PROJECT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT))  # `bench` is not an installed package
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from bench.common import print_summary, progress_bar, work_directory  # noqa: E402
+from cdc.avro import EventCodec  # noqa: E402
+from cdc.log.base import Record  # noqa: E402
+from cdc.log.group_commit import GroupCommitter  # noqa: E402
+from cdc.log.local import LocalChangeLog  # noqa: E402
+from cdc.log.partitioner import partition_for  # noqa: E402
+from cdc.log.schemas import SchemaStore  # noqa: E402
+from cdc.log.segment import encode_record  # noqa: E402
+from cdc_app.console import make_console  # noqa: E402
+from cdc_app.synthetic import ORDERS, Workload  # noqa: E402
+
 PARTITIONS = 8
 BATCHES = (100, 1_000, 10_000)
 THREADS = (1, 4, 16)
@@ -348,17 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--records must be at least {max(BATCHES)} and --repeat at least 1")
 
     console = make_console()
-    parent = (args.dir or PROJECT / ".bench-tmp").resolve()
-    created_parent = not parent.exists()
-    parent.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(dir=parent, prefix="log-append-"))
-    try:
+    with work_directory(args.dir, "log-append-") as root:
         return run(args, console, root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-        if created_parent:
-            with contextlib.suppress(OSError):
-                parent.rmdir()
 
 
 def run(args: argparse.Namespace, console: Console, root: Path) -> int:
@@ -378,8 +362,7 @@ def run(args: argparse.Namespace, console: Console, root: Path) -> int:
             + 3 * len(BATCHES) * args.repeat  # raw 8, raw 8 parallel, raw 1
             + 2 * len(THREADS))  # group commit, two intervals
     progress_console = make_console(stderr=True)
-    with Progress(SpinnerColumn(), TextColumn("{task.description:<48}"), BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=progress_console) as bar:
+    with progress_bar(progress_console, 48, info=False) as bar:
         build = bar.add_task("building records (not timed)", total=n)
         records = build_records(n, root, lambda done: bar.advance(build, done))
         framed = frame(records)
@@ -453,8 +436,7 @@ def run(args: argparse.Namespace, console: Console, root: Path) -> int:
         "records": n,
         "repeat": args.repeat,
     }
-    sys.stdout.flush()
-    print(json.dumps(summary, separators=(",", ":")), flush=True)
+    print_summary(summary)
     return 0
 
 

