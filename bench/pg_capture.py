@@ -451,8 +451,9 @@ def measure_receive_only(bench: Bench) -> Result:
 def measure_decode(bench: Bench) -> Result:
     """Receive + our pgoutput decode into ChangeEvents (raw text rows), without Avro or the log."""
     from cdc.events import ChangeEvent
+    from connectors.postgres.connector import PostgresConnector
     from connectors.postgres.settings import PostgresSourceConfig as SourceConfig
-    from connectors.postgres.source import PostgresSource
+    from connectors.postgres.source import PostgresOffset, PostgresSource
 
     config = SourceConfig(name="benchdecode", kind="postgres", dsn=bench.dsn(), tables=[TABLE],
                           slot=DECODE_SLOT, publication=DECODE_SLOT)
@@ -461,9 +462,9 @@ def measure_decode(bench: Bench) -> Result:
     with bench.progress() as bar:
         task = bar.add_task(f"{DECODE}", total=bench.expected, info="")
         started = time.perf_counter()
-        stream = PostgresSource(config).stream(0)
+        stream = PostgresSource(config).stream(PostgresOffset(), PostgresConnector(config).leader)
         try:
-            for item in stream.events(idle_timeout=0.5):
+            for item in stream.items(idle_timeout=0.5):
                 if isinstance(item, ChangeEvent):
                     changes += 1
                     if changes % 5000 == 0:

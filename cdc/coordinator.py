@@ -17,6 +17,7 @@ nothing, and whatever is delivered twice carries the same position as its first 
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import threading
@@ -52,6 +53,7 @@ from cdc.source import (
     Checkpoint,
     Connector,
     EncodedBatch,
+    IncrementalSnapshotSource,
     SnapshotSource,
     StreamingSource,
     Watermark,
@@ -245,8 +247,9 @@ class StreamRunner:
                                      image_cache_bytes=source_config.image_cache,
                                      columns=source_config.column_policies())
         self.observer = self.dispatcher.observer = observer
-        #: incremental snapshots (``cdc snapshot``, tables new to the log)
-        self.snapshots = self._incremental()
+        #: incremental snapshots (``cdc snapshot``, tables new to the log), made by the first
+        #: session that takes them (:meth:`_resume_snapshots`)
+        self.snapshots: IncrementalSnapshots | None = None
         self._unavailable_base: int | None = None
         self.status = StatusFile(config.log_path, self.name)
         self.last_offset: SourceOffset | None = None
@@ -297,10 +300,22 @@ class StreamRunner:
 
     _streamed_recently = False
 
-    def _incremental(self) -> IncrementalSnapshots | None:
-        """The source's incremental snapshots (cdc/incremental.py), if its connector has them."""
-        if not self.connector.incremental_snapshots:
+    def _resume_snapshots(self, stream: StreamingSource, offset: SourceOffset
+                          ) -> Callable[[], None] | None:
+        """Resume the source's incremental snapshots (cdc/incremental.py) from ``offset`` if
+        ``stream`` takes them: the step to take between transactions. None (and no snapshots)
+        if it does not."""
+        if not isinstance(stream, IncrementalSnapshotSource):
+            self.snapshots = None
             return None
+        if self.snapshots is None:
+            self.snapshots = self._new_snapshots()
+        self.snapshots.resume({"snapshots": offset.snapshots})
+        self._new_tables()
+        return functools.partial(self._snapshot_step, stream, self.snapshots)
+
+    def _new_snapshots(self) -> IncrementalSnapshots:
+        """The source's incremental snapshots, made once: they outlive sessions."""
         source = self.source_config
         columns = self.dispatcher.columns
         observer, name = self.observer, self.name
@@ -324,17 +339,15 @@ class StreamRunner:
         if self._unavailable_base is None:
             self._unavailable_base = offset.unavailable_images
             self.last_offset = offset
-        if self.snapshots is not None:
-            self.snapshots.resume({"snapshots": offset.snapshots})
-            self._new_tables()
         stream = self.connector.stream(offset, self.dispatcher.codec)
         try:
+            snapshot_step = self._resume_snapshots(stream, offset)
             stream.use_previous_images(self.dispatcher.images.latest_value)
             if self.dispatcher.columns is not None:
                 stream.use_column_rules(self.dispatcher.columns)
             log.info("source %s: streaming from %s", self.name, stream.describe())
             self._streamed_recently = False
-            self._pump(stream)
+            self._pump(stream, snapshot_step)
         finally:
             stream.close()
 
@@ -349,7 +362,7 @@ class StreamRunner:
                      ", ".join(map(str, new)))
             self.snapshots.add(new, "new-tables")
 
-    def _pump(self, stream: StreamingSource) -> None:
+    def _pump(self, stream: StreamingSource, snapshot_step: Callable[[], None] | None) -> None:
         dispatcher = self.dispatcher
         add, checkpoint_type, event_type = dispatcher.add, Checkpoint, ChangeEvent
         heartbeat_at = time.monotonic()
@@ -365,8 +378,8 @@ class StreamRunner:
             elif kind is checkpoint_type:
                 dispatcher.checkpoint(
                     self._counted(item.offset))  # type: ignore[union-attr,arg-type]
-                if snapshots is not None:
-                    self._snapshot_step(stream, snapshots)
+                if snapshot_step is not None:
+                    snapshot_step()
             elif kind is EncodedBatch:
                 batch: EncodedBatch = item  # type: ignore[assignment]
                 if snapshots is not None and snapshots.watching:
@@ -377,8 +390,8 @@ class StreamRunner:
             elif kind is Watermark and snapshots is not None:
                 snapshots.reached(item, add,  # type: ignore[arg-type]
                                   dispatcher.add_tombstone, dispatcher.add_batch)
-            if item is None and snapshots is not None:
-                self._snapshot_step(stream, snapshots)
+            if item is None and snapshot_step is not None:
+                snapshot_step()
             if item is None:
                 self._flush(stream)
                 self.observer.idle(self.name)
@@ -391,7 +404,8 @@ class StreamRunner:
                 heartbeat_at = time.monotonic()
         self._flush(stream)
 
-    def _snapshot_step(self, stream: StreamingSource, snapshots: IncrementalSnapshots) -> None:
+    def _snapshot_step(self, stream: IncrementalSnapshotSource,
+                       snapshots: IncrementalSnapshots) -> None:
         """Between transactions: take new requests, open the next snapshot window. A refusal
         stops that table's snapshot alone; a lost connection reconnects as usual."""
         snapshots.poll()

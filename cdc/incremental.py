@@ -53,7 +53,7 @@ from typing import Any
 from cdc.errors import CdcError
 from cdc.events import ChangeEvent, Op, TableId, TableSchema, topic_name
 from cdc.log.base import Record
-from cdc.source import EncodedBatch, StreamingSource, Watermark
+from cdc.source import EncodedBatch, IncrementalSnapshotSource, Watermark
 
 log = logging.getLogger("cdc.snapshot")
 
@@ -259,7 +259,7 @@ class IncrementalSnapshots:
                 del self._accepted[identifier]
 
     # -- windows -----------------------------------------------------------------------------
-    def step(self, stream: StreamingSource) -> None:
+    def step(self, stream: IncrementalSnapshotSource) -> None:
         """Open the next window if none is open and work is left (module doc, steps 1-3)."""
         if self.window is not None:
             return
@@ -303,7 +303,7 @@ class IncrementalSnapshots:
         log.error("source %s: incremental snapshot of %s failed: %s", self.source, name,
                   progress.error)
 
-    def _sweep_window(self, stream: StreamingSource, identifier: str, table: TableId,
+    def _sweep_window(self, stream: IncrementalSnapshotSource, identifier: str, table: TableId,
                       progress: TableProgress) -> _Window:
         name = str(table)
         schema = stream.schema_of(table)

@@ -47,6 +47,9 @@ Contracts, stated exactly:
   streaming. It makes the server put something into its own log that the stream then yields as
   a :class:`Checkpoint`, so an idle source's stored offset (and what the server retains for
   it) still moves.
+* **Incremental snapshots.** A streaming session that is also an
+  :class:`IncrementalSnapshotSource` takes them (its class states their contract); capture
+  and ``cdc snapshot`` check for that type, never for methods.
 """
 
 from __future__ import annotations
@@ -57,13 +60,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from cdc.errors import CdcError, ConfigError
+from cdc.errors import ConfigError
 from cdc.events import ChangeEvent, TableId, TableSchema
 from cdc.offsets import SourceOffset
 from cdc.position import Position
 
 if TYPE_CHECKING:
     from cdc.avro import EventCodec
+    from cdc.columns import ColumnPolicies
     from cdc.config import SourceConfig
     from cdc.log.base import Record
 
@@ -101,9 +105,10 @@ class EncodedBatch:
 
 @dataclass(frozen=True, slots=True)
 class Watermark:
-    """The stream passed a watermark capture wrote (:meth:`StreamingSource.watermark`), in
-    commit order. ``position(i)`` is the position of the ``i``-th (from 1) record capture adds at
-    this point: after everything yielded before the watermark, before everything after it."""
+    """The stream passed a watermark capture wrote
+    (:meth:`IncrementalSnapshotSource.watermark`), in commit order. ``position(i)`` is the
+    position of the ``i``-th (from 1) record capture adds at this point: after everything
+    yielded before the watermark, before everything after it."""
 
     payload: str
     position: Callable[[int], Position]
@@ -126,7 +131,7 @@ class EnvelopeSource:
 
     connector: str
     schema: dict[str, Any]
-    defaults: Any  # Callable[[TableSchema], dict[str, Any]]
+    defaults: Callable[[TableSchema], dict[str, Any]]
     varying: tuple[str, ...] = ()
     #: the keys ``source_info`` may hold for the fast path to apply
     fast_keys: frozenset[str] = frozenset()
@@ -170,7 +175,7 @@ class SnapshotSource(ABC):
         """Things the user should know that do not stop the bootstrap."""
         return []
 
-    def use_column_rules(self, columns: Any) -> None:
+    def use_column_rules(self, columns: ColumnPolicies) -> None:
         """Offered by the runner before :meth:`rows`: its column rules, as for
         :meth:`StreamingSource.use_column_rules`. The default ignores the offer."""
         return None
@@ -215,27 +220,61 @@ class StreamingSource(ABC):
         are not in it: the source looks those up itself. The default ignores the offer."""
         return None
 
-    def use_column_rules(self, columns: Any) -> None:
-        """Offered by the runner before :meth:`items`: its column rules
-        (:class:`cdc.columns.ColumnPolicies`). A source may then encode rows of tables with
-        rules itself, as :meth:`cdc.columns.TablePolicy.schema` and its transforms make them,
-        in that policy's output schema (the only one the runner accepts for such a table). The
-        default ignores the offer: those tables' changes come as events."""
+    def use_column_rules(self, columns: ColumnPolicies) -> None:
+        """Offered by the runner before :meth:`items`: its column rules. A source may then
+        encode rows of tables with rules itself, as :meth:`cdc.columns.TablePolicy.schema` and
+        its transforms make them, in that policy's output schema (the only one the runner
+        accepts for such a table). The default ignores the offer: those tables' changes come
+        as events."""
         return None
 
-    # -- incremental snapshots (cdc/incremental.py); a connector without them keeps these ----
-    def watermark(self, payload: str) -> None:
-        """Write ``payload`` into the source's own log now, committed on its own: the stream
-        yields it back as a :class:`Watermark` after every change committed before this call
-        and before every change committed after it returns."""
-        raise CdcError("this connector has no incremental snapshots",
-                          "use `cdc bootstrap` to snapshot its tables again")
+    @abstractmethod
+    def close(self) -> None:
+        """End the session (after the last confirm), releasing what the server holds for it."""
 
+
+class IncrementalSnapshotSource(ABC):
+    """What a :class:`StreamingSource` also implements to take incremental snapshots
+    (:mod:`cdc.incremental`: a table read in key-ordered chunks while the stream goes on, each
+    chunk between two watermarks). Capture runs them only for a session that is an instance
+    of this class, and ``cdc snapshot`` refuses a source whose connector's
+    :meth:`Connector.stream_type` is not a subclass of it.
+
+    Contracts, stated exactly:
+
+    * **Between items.** Capture calls these methods on the session whose
+      :meth:`StreamingSource.items` it is iterating, in its own thread, while that iteration
+      is suspended between two items; they may use the session's connections, never consume
+      its stream.
+    * **Watermarks in commit order.** What :meth:`watermark` writes comes back from the same
+      session's :meth:`StreamingSource.items` as one :class:`Watermark` (and again after a
+      resume from an offset before it, like any change). Every change committed before the
+      call started is yielded before it, every change committed after the call returned after
+      it; one committed while the call runs may be yielded on either side.
+    * **Chunks are read now.** :meth:`chunk` and :meth:`absent` read committed data as of one
+      moment between their call and their return. So, called between a low and a high
+      watermark, what they read reflects every change yielded before the low one, and every
+      change it does not reflect is yielded after the low one.
+    * **Paging.** ``after`` is opaque to the caller: None for the first chunk, then the
+      ``last`` the previous chunk returned (stored in the source offset as JSON). A chunk
+      holds the rows whose key is *strictly* greater than ``after`` in the table's key order;
+      its ``last`` is None exactly when it holds fewer than ``size`` rows, so a table of
+      ``k * size`` rows ends with an empty chunk.
+    * **Errors.** A :class:`~cdc.errors.CdcError` means the table cannot be snapshotted: its
+      snapshot stops with the error, capture and the other tables go on. The connector's
+      :meth:`Connector.retryable` exceptions reconnect as usual (the open chunk is read again).
+    """
+
+    @abstractmethod
+    def watermark(self, payload: str) -> None:
+        """Write ``payload`` into the source's own log now, committed on its own (the stream
+        yields it back as a :class:`Watermark`, see the class doc)."""
+
+    @abstractmethod
     def chunk(self, table: TableId, after: Sequence[str] | None, size: int
               ) -> tuple[TableSchema, list[ChangeEvent | Record], list[str] | None]:
-        """Up to ``size`` rows of ``table`` whose key is greater than ``after`` (key column
-        texts as this method returned them; None: from the first row), in key order, read now
-        (committed data): the table's schema, one item per row, and the last row's key texts
+        """Up to ``size`` rows of ``table`` whose key is greater than ``after``, in key order
+        (see *Paging*): the table's schema, one item per row, and the last row's key texts
         (None when fewer than ``size`` rows were left).
 
         An item is an op ``r`` event, or the row's finished log record (a source that encodes
@@ -243,23 +282,19 @@ class StreamingSource(ABC):
         records are logged in). Either way the position is a placeholder the caller replaces
         (an event's ``position``, a record's ``position`` field): a record's value does not
         depend on it."""
-        raise CdcError("this connector has no incremental snapshots")
-
-    def estimate_rows(self, table: TableId) -> int | None:
-        """About how many rows ``table`` has (progress and ETA), or None."""
-        return None
-
-    def schema_of(self, table: TableId) -> TableSchema:
-        """``table``'s schema as this session knows it now."""
-        raise CdcError("this connector has no incremental snapshots")
-
-    def absent(self, table: TableId, keys: Sequence[bytes]) -> list[bytes]:
-        """Those of ``keys`` (log key bytes) that no row of ``table`` has now."""
-        raise CdcError("this connector has no incremental snapshots")
 
     @abstractmethod
-    def close(self) -> None:
-        """End the session (after the last confirm), releasing what the server holds for it."""
+    def estimate_rows(self, table: TableId) -> int | None:
+        """About how many rows ``table`` has (progress and ETA only), or None: unknown."""
+
+    @abstractmethod
+    def schema_of(self, table: TableId) -> TableSchema:
+        """``table``'s schema as this session knows it now (the one its tombstones get)."""
+
+    @abstractmethod
+    def absent(self, table: TableId, keys: Sequence[bytes]) -> list[bytes]:
+        """Those of ``keys`` (log key bytes: the key's JSON text) that no row of ``table`` has
+        now, in any order."""
 
 
 @dataclass(frozen=True)
@@ -271,8 +306,8 @@ class Chunk:
 
     keys: list[str]
     checksum: str
-    after: tuple[Any, ...] | None
-    last: tuple[Any, ...]
+    after: tuple[object, ...] | None
+    last: tuple[object, ...]
 
 
 @dataclass(frozen=True)
@@ -351,8 +386,6 @@ class Connector(ABC):
     kind: ClassVar[str]
     #: its offset type
     offset_type: ClassVar[type[SourceOffset]]
-    #: whether its streams take incremental snapshots (:meth:`StreamingSource.watermark`)
-    incremental_snapshots: ClassVar[bool] = False
 
     def __init__(self, config: SourceConfig) -> None:
         self.config = config
@@ -362,6 +395,13 @@ class Connector(ABC):
     def envelope(cls) -> EnvelopeSource:
         """The envelope's ``source`` block of this connector's events."""
         raise NotImplementedError
+
+    @classmethod
+    def stream_type(cls) -> type[StreamingSource]:
+        """The class of the sessions :meth:`stream` returns: an
+        :class:`IncrementalSnapshotSource` too when they take incremental snapshots (so
+        ``cdc snapshot`` can refuse before any stream exists)."""
+        return StreamingSource
 
     @abstractmethod
     def snapshot(self, codec: EventCodec | None = None) -> SnapshotSource:

@@ -14,7 +14,7 @@ from cdc.config import Config, SourceConfig
 from cdc.errors import CdcError
 from cdc.events import TableId
 from cdc.incremental import SnapshotQueue, SnapshotRequestError, TableProgress, progress_of
-from cdc.source import connector_class
+from cdc.source import IncrementalSnapshotSource, connector_class
 from cdc.status import read_status
 
 
@@ -54,7 +54,7 @@ def request_snapshot(config: Config, source_name: str | None, tables: Sequence[s
     incremental snapshots, a table the source does not capture, one already running or
     queued."""
     source = _source(config, source_name)
-    if not connector_class(source.kind).incremental_snapshots:
+    if not issubclass(connector_class(source.kind).stream_type(), IncrementalSnapshotSource):
         raise SnapshotRequestError(
             f"source {source.name!r} (kind {source.kind}): its connector has no incremental "
             "snapshots yet", f"snapshot it again with `cdc bootstrap --source {source.name}`")

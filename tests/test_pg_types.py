@@ -492,7 +492,8 @@ def test_incremental_chunks_encode_like_events(pg_db: Database, tmp_path: Path,
     from cdc.avro import EventCodec
     from cdc.config import load_config
     from cdc.log.base import Record
-    from connectors.postgres.source import PostgresSource, _times
+    from connectors.postgres.connector import PostgresConnector
+    from connectors.postgres.source import PostgresOffset, PostgresSource, _times
 
     columns = _types_table(pg_db)
     _insert_rows(pg_db, columns, 1)
@@ -504,8 +505,9 @@ def test_incremental_chunks_encode_like_events(pg_db: Database, tmp_path: Path,
         time=lambda: now, monotonic=time_module.monotonic, sleep=time_module.sleep))
     monkeypatch.setattr(pg_source, "_times", lambda now_ms=None: _times(int(now * 1000)))
     codec = EventCodec(SchemaStore(tmp_path / "log", writable=True))
-    source = PostgresSource(load_config(config).sources[0])  # type: ignore[arg-type]
-    stream = source.stream(0, codec=codec)
+    source_config = load_config(config).sources[0]
+    source = PostgresSource(source_config)
+    stream = source.stream(PostgresOffset(), PostgresConnector(source_config).leader, codec)
     try:
         table = stream.source.tables[0]
         chunks = []

@@ -52,6 +52,7 @@ from connectors.mysql.settings import MySqlSourceConfig
 
 if TYPE_CHECKING:
     from connectors.mysql.schema import CapturedTable
+    from connectors.mysql.stream import MySqlStreaming
 
 
 def _source_defaults(schema: TableSchema) -> dict[str, Any]:
@@ -76,7 +77,6 @@ class MySqlConnector(Connector):
 
     kind = "mysql"
     offset_type = MySqlOffset
-    incremental_snapshots = True
 
     def __init__(self, config: SourceConfig) -> None:
         super().__init__(config)
@@ -90,11 +90,15 @@ class MySqlConnector(Connector):
         return MySqlSnapshot(self.my_config,
                              None if os.environ.get("CDC_MYSQL_TYPED") == "1" else codec)
 
-    def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:
+    @classmethod
+    def stream_type(cls) -> type[MySqlStreaming]:
         from connectors.mysql.stream import MySqlStreaming
 
+        return MySqlStreaming
+
+    def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:
         assert isinstance(offset, MySqlOffset)
-        return MySqlStreaming(self.my_config, offset, codec)
+        return self.stream_type()(self.my_config, offset, codec)
 
     def bootstrapping_offset(self) -> SourceOffset:
         return MySqlOffset(state=BOOTSTRAPPING, started_ms=int(time.time() * 1000))

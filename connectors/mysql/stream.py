@@ -57,7 +57,14 @@ from cdc.events import ChangeEvent, Op, TableId, TableSchema, TransactionInfo, e
 from cdc.log.base import Record
 from cdc.offsets import SourceOffset
 from cdc.position import Position
-from cdc.source import Checkpoint, EncodedBatch, StreamingSource, StreamItem, Watermark
+from cdc.source import (
+    Checkpoint,
+    EncodedBatch,
+    IncrementalSnapshotSource,
+    StreamingSource,
+    StreamItem,
+    Watermark,
+)
 from connectors.mysql import catalog
 from connectors.mysql.connection import (
     SourceError,
@@ -133,7 +140,7 @@ def _connection_class(source: str) -> Any:
     return Connection
 
 
-class MySqlStreaming(StreamingSource):
+class MySqlStreaming(StreamingSource, IncrementalSnapshotSource):
     """A binlog dump from a stored offset, after checking the server can still serve it."""
 
     def __init__(self, config: MySqlSourceConfig, offset: MySqlOffset,
@@ -255,7 +262,7 @@ class MySqlStreaming(StreamingSource):
             raise translate(self.config, exc) from None
 
     def chunk(self, table: TableId, after: Sequence[str] | None, size: int
-              ) -> tuple[TableSchema, list[ChangeEvent], list[str] | None]:
+              ) -> tuple[TableSchema, list[ChangeEvent | Record], list[str] | None]:
         """Up to ``size`` rows past ``after`` (the last key's JSON text) in key order, read with
         the snapshot's expressions and converters (keyset pagination as ``cdc verify``'s)."""
         from connectors.mysql.types import snapshot_expression
@@ -289,7 +296,7 @@ class MySqlStreaming(StreamingSource):
             after_row = events[-1].after
             assert after_row is not None
             last = [encode_key(schema, schema.key_of(after_row)).decode()]
-        return schema, events, last
+        return schema, [*events], last
 
     def absent(self, table: TableId, keys: Sequence[bytes]) -> list[bytes]:
         gone = self._leader().absent(table, [key.decode() for key in keys])

@@ -1,35 +1,26 @@
 """The PostgreSQL connector on the source contract (:mod:`cdc.source`).
 
-It puts together what the rest of this package knows — pgoutput (``source.py``), the exported
-snapshot (``snapshot.py``), the slot and the catalog (``catalog.py``), the leader's checksums
-(``checksum.py``) — behind :class:`PostgresConnector`, registered for ``kind: postgres`` in
-``pyproject.toml``'s ``cdc.connectors`` entry points.
-
-Offsets (:class:`PostgresOffset`): ``lsn`` is the end LSN of the last transaction (or heartbeat
-message) whose changes are all in the log; streaming resumes *after* it: a transaction whose
-commit LSN is below it is skipped.
+It puts together what the rest of this package knows — pgoutput and its offsets (``source.py``),
+the exported snapshot (``snapshot.py``), the slot and the catalog (``catalog.py``), the leader's
+checksums (``checksum.py``) — behind :class:`PostgresConnector`, registered for
+``kind: postgres`` in ``pyproject.toml``'s ``cdc.connectors`` entry points.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from cdc.avro import EventCodec, fixed_schema
 from cdc.config import SourceConfig
-from cdc.errors import CdcError, ConfigError
+from cdc.errors import ConfigError
 from cdc.events import ChangeEvent, TableId, TableSchema
-from cdc.log.base import Record
 from cdc.offsets import BOOTSTRAPPING, SourceOffset
 from cdc.position import Position, format_lsn
 from cdc.source import (
-    Checkpoint,
     Connector,
     EncodedBatch,
     EnvelopeSource,
@@ -37,37 +28,16 @@ from cdc.source import (
     ServerStatus,
     SnapshotSource,
     StreamingSource,
-    StreamItem,
 )
 from connectors.postgres import catalog
 from connectors.postgres.connection import SourceError, SourceUnavailable
 from connectors.postgres.replication import ReplicationError
 from connectors.postgres.settings import PostgresSourceConfig
 from connectors.postgres.snapshot import SnapshotSession
-from connectors.postgres.source import HEARTBEAT_PREFIX, PostgresSource, PostgresStream
-from connectors.postgres.source import Checkpoint as PgCheckpoint
+from connectors.postgres.source import PostgresOffset, PostgresSource, PostgresStream
 
-log = logging.getLogger("cdc.capture")
-
-
-@dataclass(frozen=True, kw_only=True)
-class PostgresOffset(SourceOffset):
-    """Where a PostgreSQL source stands: resume after ``lsn`` (see the module doc)."""
-
-    kind = "postgres"
-
-    lsn: int = 0
-    slot: str = ""
-    #: the consistent point of the snapshot the source was bootstrapped from
-    snapshot_lsn: str | None = None
-    #: when the bootstrap started (ms since the epoch), while bootstrapping
-    started_ms: int | None = None
-
-    def order(self) -> tuple[int, ...]:
-        return (self.lsn,)
-
-    def describe(self) -> str:
-        return format_lsn(self.lsn)
+if TYPE_CHECKING:
+    from cdc.columns import ColumnPolicies
 
 
 def _source_defaults(schema: TableSchema) -> dict[str, Any]:
@@ -94,7 +64,6 @@ class PostgresConnector(Connector):
 
     kind = "postgres"
     offset_type = PostgresOffset
-    incremental_snapshots = True
 
     def __init__(self, config: SourceConfig) -> None:
         super().__init__(config)
@@ -107,9 +76,23 @@ class PostgresConnector(Connector):
     def snapshot(self, codec: EventCodec | None = None) -> SnapshotSource:
         return PostgresSnapshot(self.pg_config, codec)
 
+    @classmethod
+    def stream_type(cls) -> type[PostgresStream]:
+        return PostgresStream
+
     def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:
         assert isinstance(offset, PostgresOffset)
-        return PostgresStreaming(self.pg_config, offset, codec)
+        config = self.pg_config
+        stream = PostgresSource(config).stream(offset, self.leader, codec)
+        try:
+            _check_slot(config, stream.catalog_conn, offset.lsn)
+            # a table newly added to `tables` joins the stream before its incremental snapshot
+            catalog.ensure_publication(stream.catalog_conn, config.publication_name,
+                                       stream.source.tables)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
 
     def bootstrapping_offset(self) -> SourceOffset:
         return PostgresOffset(state=BOOTSTRAPPING, slot=self.pg_config.slot_name,
@@ -171,7 +154,7 @@ class PostgresSnapshot(SnapshotSource):
     def estimate_rows(self, table: TableId) -> int | None:
         return self.session.estimate_rows(table)
 
-    def use_column_rules(self, columns: Any) -> None:
+    def use_column_rules(self, columns: ColumnPolicies) -> None:
         self.session.columns = columns
 
     def rows(self, table: TableId) -> Iterator[ChangeEvent | EncodedBatch]:
@@ -187,78 +170,6 @@ class PostgresSnapshot(SnapshotSource):
 
     def close(self) -> None:
         self.session.close()
-
-
-class PostgresStreaming(StreamingSource):
-    """A ``START_REPLICATION`` session from a stored offset, after checking the slot."""
-
-    def __init__(self, config: PostgresSourceConfig, offset: PostgresOffset,
-                 codec: EventCodec | None = None) -> None:
-        self.config = config
-        self.offset = offset
-        self.pg = PostgresSource(config).stream(offset.lsn, status_interval=5.0, codec=codec)
-        self._leader: Any = None
-        try:
-            _check_slot(config, self.pg.catalog_conn, offset.lsn)
-            # a table newly added to `tables` joins the stream before its incremental snapshot
-            catalog.ensure_publication(self.pg.catalog_conn, config.publication_name,
-                                       self.pg.source.tables)
-        except BaseException:
-            self.pg.close()
-            raise
-
-    def describe(self) -> str:
-        return format_lsn(self.offset.lsn)
-
-    def items(self, idle_timeout: float) -> Iterator[StreamItem]:
-        base, checkpoint = self.offset, PgCheckpoint
-        for item in self.pg.events(idle_timeout=idle_timeout):
-            if item.__class__ is checkpoint:
-                yield Checkpoint(base.replace(lsn=item.lsn))  # type: ignore[union-attr]
-            else:
-                yield item  # type: ignore[misc]
-
-    def use_previous_images(self, previous: Callable[[str, bytes, bytes], bytes | None]
-                            ) -> None:
-        self.pg.previous = previous
-
-    def use_column_rules(self, columns: Any) -> None:
-        self.pg.columns = columns
-
-    def confirm(self, offset: SourceOffset) -> None:
-        assert isinstance(offset, PostgresOffset)
-        self.pg.confirm(offset.lsn)  # only now: the log holds everything up to it
-
-    def watermark(self, payload: str) -> None:
-        self.pg.watermark(payload)
-
-    def chunk(self, table: TableId, after: Sequence[str] | None, size: int
-              ) -> tuple[TableSchema, list[ChangeEvent | Record], list[str] | None]:
-        return self.pg.chunk(table, after, size)
-
-    def absent(self, table: TableId, keys: Sequence[bytes]) -> list[bytes]:
-        if self._leader is None:
-            from connectors.postgres.checksum import PostgresLeader
-
-            self._leader = PostgresLeader(self.config)
-        gone = self._leader.absent(table, [key.decode() for key in keys])
-        return [text.encode() for text in gone]
-
-    def estimate_rows(self, table: TableId) -> int | None:
-        return self.pg.source.count_rows(self.pg.catalog_conn, table) or None
-
-    def schema_of(self, table: TableId) -> TableSchema:
-        return self.pg.captured[table].schema
-
-    def heartbeat(self) -> None:
-        self.pg.catalog_conn.execute("SELECT pg_logical_emit_message(false, %s, %s)",
-                                     (HEARTBEAT_PREFIX, str(int(time.time() * 1000))))
-
-    def close(self) -> None:
-        if self._leader is not None:
-            with contextlib.suppress(Exception):
-                self._leader.close()
-        _close(self.pg)
 
 
 def _check_slot(config: PostgresSourceConfig, conn: psycopg.Connection[Any],
@@ -283,30 +194,3 @@ def _check_slot(config: PostgresSourceConfig, conn: psycopg.Connection[Any],
             f"source {name!r}: slot {slot!r} was advanced to "
             f"{format_lsn(info.confirmed_flush_lsn)} past the log's {format_lsn(stored_lsn)} "
             "by another consumer, so changes in between are lost", again)
-
-
-def _close(stream: PostgresStream, timeout: float = 5.0) -> None:
-    """Close the replication connection, wait (up to ``timeout`` s) until the server's walsender
-    has let go of the slot, then close the rest.
-
-    The walsender notices the closed socket asynchronously; without the wait, a capture that
-    exited 0 could still show its slot ``active`` for a moment, and a capture restarted at once
-    would be refused with "replication slot ... is active for PID ...". Before that, the
-    stream is ended with ``CopyDone`` so the last confirmation is read, not reset away.
-    """
-    try:
-        walsender = stream.replication_conn.info.backend_pid
-        with contextlib.suppress(CdcError, psycopg.Error, OSError):
-            if not stream.stream.finish(timeout / 2):
-                log.info("the server did not end the stream within %.1f s; closing it", timeout / 2)
-        stream.replication_conn.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and stream.catalog_conn.execute(
-                "SELECT 1 FROM pg_replication_slots WHERE active_pid = %s",
-                (walsender,)).fetchone():
-            time.sleep(0.02)
-    except (psycopg.Error, OSError) as exc:  # a broken connection: nothing to wait for
-        log.debug("closing the stream: %s", exc)
-    finally:
-        stream.close()
-

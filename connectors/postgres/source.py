@@ -5,10 +5,13 @@ Positions: a streamed change is ``(commit LSN, stream, ordinal in its transactio
 row is ``(consistent point LSN, snapshot, row number)``, which sorts before every change streamed
 from that slot (their commit LSNs are past the consistent point).
 
-Resume contract: :class:`Checkpoint` ``(lsn)`` is yielded after each transaction's last change;
-once everything yielded before it is durable, the caller stores ``lsn`` as the source offset and
-calls :meth:`PostgresStream.confirm`. Streaming again from a stored ``lsn`` skips every
-transaction already covered, so nothing is delivered twice unless it was never confirmed.
+Offsets (:class:`PostgresOffset`): ``lsn`` is the end LSN of the last transaction (or heartbeat
+message) whose changes are all in the log; streaming resumes *after* it: a transaction whose
+commit LSN is below it is skipped. :class:`PostgresStream` yields a :class:`~cdc.source.Checkpoint`
+holding such an offset after each transaction's last change; once everything yielded before it
+is durable, the caller stores it and calls :meth:`PostgresStream.confirm`. Streaming again from
+a stored offset skips every transaction already covered, so nothing is delivered twice unless it
+was never confirmed.
 """
 
 from __future__ import annotations
@@ -16,25 +19,39 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import pq
 
 from cdc.avro import EventCodec, write_long
 from cdc.config import SourceConfig
+from cdc.errors import CdcError
 from cdc.events import ChangeEvent, Column, Op, TableId, TableSchema, TransactionInfo
 from cdc.incremental import PREFIX as WATERMARK_PREFIX
 from cdc.log.base import Record
+from cdc.offsets import SourceOffset
 from cdc.position import Position, format_lsn
-from cdc.source import EncodedBatch, Watermark
+from cdc.source import (
+    Checkpoint,
+    EncodedBatch,
+    IncrementalSnapshotSource,
+    Leader,
+    StreamingSource,
+    StreamItem,
+    Watermark,
+)
 from connectors.postgres import catalog, pgoutput, rowcodec
 from connectors.postgres.connection import SourceError, connect, describe
 from connectors.postgres.replication import ReplicationStream, quote_ident, xlog_data
 from connectors.postgres.types import PgType, pg_type
+
+if TYPE_CHECKING:
+    from cdc.columns import ColumnPolicies
 
 HEARTBEAT_PREFIX = "cdc-heartbeat"
 UNCHANGED = pgoutput.UNCHANGED_TOAST
@@ -43,12 +60,27 @@ UNCHANGED = pgoutput.UNCHANGED_TOAST
 COPY_BATCH_BYTES = 1024 * 1024
 VARYING_SOURCE_FIELDS = ("ts_ms", "sequence", "ts_us", "ts_ns", "txId", "lsn", "xmin")
 
+log = logging.getLogger("cdc.capture")
 
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    """Everything yielded before this is a complete transaction: resume after ``lsn``."""
 
-    lsn: int
+@dataclass(frozen=True, kw_only=True)
+class PostgresOffset(SourceOffset):
+    """Where a PostgreSQL source stands: resume after ``lsn`` (see the module doc)."""
+
+    kind = "postgres"
+
+    lsn: int = 0
+    slot: str = ""
+    #: the consistent point of the snapshot the source was bootstrapped from
+    snapshot_lsn: str | None = None
+    #: when the bootstrap started (ms since the epoch), while bootstrapping
+    started_ms: int | None = None
+
+    def order(self) -> tuple[int, ...]:
+        return (self.lsn,)
+
+    def describe(self) -> str:
+        return format_lsn(self.lsn)
 
 
 @dataclass
@@ -218,9 +250,12 @@ class PostgresSource:
         return max(int(row[0]), 0) if row and row[0] is not None else 0
 
     # -- streaming ---------------------------------------------------------------------------
-    def stream(self, resume_lsn: int, status_interval: float = 10.0,
-               codec: EventCodec | None = None) -> PostgresStream:
-        return PostgresStream(self, resume_lsn, status_interval, codec)
+    def stream(self, offset: PostgresOffset, leader: Callable[[], Leader],
+               codec: EventCodec | None = None, status_interval: float = 5.0
+               ) -> PostgresStream:
+        """A streaming session resuming after ``offset``; ``leader`` opens the leader its
+        incremental snapshots' sweep looks keys up in (on first use)."""
+        return PostgresStream(self, offset, leader, codec, status_interval)
 
 
 def encode_copy_data(plan: rowcodec.CopyPlan, data: bytes, number: int,
@@ -390,12 +425,16 @@ class _Transaction:
         self.txn_prefix = bytes(prefix) + data
 
 
-class PostgresStream:
-    """A live ``START_REPLICATION`` session decoded into events and checkpoints."""
+class PostgresStream(StreamingSource, IncrementalSnapshotSource):
+    """A live ``START_REPLICATION`` session from a stored offset, decoded into events and
+    checkpoints (the connector checks the slot first: ``connector.py``)."""
 
-    def __init__(self, source: PostgresSource, resume_lsn: int, status_interval: float,
-                 codec: EventCodec | None = None) -> None:
+    def __init__(self, source: PostgresSource, offset: PostgresOffset,
+                 leader: Callable[[], Leader], codec: EventCodec | None = None,
+                 status_interval: float = 5.0) -> None:
         self.source = source
+        #: where the session started: every checkpoint's offset is this one at another LSN
+        self.offset = offset
         #: with a codec, runs of plain row changes are encoded here into log records
         #: (rowcodec.encode_changes) and yielded as EncodedBatch es
         self.codec = codec
@@ -403,38 +442,86 @@ class PostgresStream:
         self.plans: dict[int, rowcodec.ChangePlan | None] = {}
         #: the runner's previous images (StreamingSource.use_previous_images): with them,
         #: updates with unchanged TOAST values are encoded here too
-        self.previous: Any = None
+        self.previous: Callable[[str, bytes, bytes], bytes | None] | None = None
         #: the runner's column rules (StreamingSource.use_column_rules): with them, tables
         #: with rules are encoded here too (as the rules say)
-        self.columns: Any = None
-        self.resume_lsn = resume_lsn
+        self.columns: ColumnPolicies | None = None
+        self.resume_lsn = offset.lsn
+        #: opens the leader that absent() asks (on first use), and the one it opened
+        self._open_leader = leader
+        self._leader: Leader | None = None
         self.catalog_conn = source.connect()
         self.captured = source.check(self.catalog_conn)
         self.replication_conn = source.connect(replication=True)
         self.stream = ReplicationStream(self.replication_conn, source.config.slot_name,
-                                        source.config.publication_name, resume_lsn,
+                                        source.config.publication_name, offset.lsn,
                                         status_interval)
         self.relations: dict[int, CapturedTable] = {}
         self.last_message_at = time.monotonic()
         self._key_type_cache: dict[TableId, list[str]] = {}
         self._synchronous = False
 
-    def close(self) -> None:
-        for conn in (self.replication_conn, self.catalog_conn):
-            with contextlib.suppress(Exception):  # closing a broken connection may fail too
-                conn.close()
+    def describe(self) -> str:
+        return format_lsn(self.offset.lsn)
 
-    def confirm(self, lsn: int) -> None:
-        """``lsn`` is durable in the log: the server may recycle WAL before it."""
-        self.stream.confirm(lsn)
+    def use_previous_images(self, previous: Callable[[str, bytes, bytes], bytes | None]
+                            ) -> None:
+        self.previous = previous
+
+    def use_column_rules(self, columns: ColumnPolicies) -> None:
+        self.columns = columns
+
+    def confirm(self, offset: SourceOffset) -> None:
+        """``offset`` is durable in the log: the server may recycle WAL before it."""
+        assert isinstance(offset, PostgresOffset)
+        self.stream.confirm(offset.lsn)
         self.stream.send_status(force=True)
 
-    def events(self, idle_timeout: float = 0.5
-               ) -> Iterator[ChangeEvent | EncodedBatch | Checkpoint | Watermark | None]:
+    def heartbeat(self) -> None:
+        self.catalog_conn.execute("SELECT pg_logical_emit_message(false, %s, %s)",
+                                  (HEARTBEAT_PREFIX, str(int(time.time() * 1000))))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the replication connection, wait (up to ``timeout`` s) until the server's
+        walsender has let go of the slot, then close the rest.
+
+        The walsender notices the closed socket asynchronously; without the wait, a capture
+        that exited 0 could still show its slot ``active`` for a moment, and a capture
+        restarted at once would be refused with "replication slot ... is active for PID ...".
+        Before that, the stream is ended with ``CopyDone`` so the last confirmation is read,
+        not reset away.
+        """
+        if self._leader is not None:
+            with contextlib.suppress(Exception):
+                self._leader.close()
+        try:
+            self._let_go_of_slot(timeout)
+        except (psycopg.Error, OSError) as exc:  # a broken connection: nothing to wait for
+            log.debug("closing the stream: %s", exc)
+        finally:
+            for conn in (self.replication_conn, self.catalog_conn):
+                with contextlib.suppress(Exception):  # closing a broken connection may fail
+                    conn.close()
+
+    def _let_go_of_slot(self, timeout: float) -> None:
+        walsender = self.replication_conn.info.backend_pid
+        with contextlib.suppress(CdcError, psycopg.Error, OSError):
+            if not self.stream.finish(timeout / 2):
+                log.info("the server did not end the stream within %.1f s; closing it",
+                         timeout / 2)
+        self.replication_conn.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.catalog_conn.execute(
+                "SELECT 1 FROM pg_replication_slots WHERE active_pid = %s",
+                (walsender,)).fetchone():
+            time.sleep(0.02)
+
+    def items(self, idle_timeout: float) -> Iterator[StreamItem]:
         """Decoded changes (runs of plain row changes already encoded, as
         :class:`EncodedBatch` es, when the stream has a codec), a :class:`Checkpoint` after each
         transaction, ``None`` when idle."""
         self.stream.start()
+        offset = self.offset
         txn: _Transaction | None = None
         skipping = False
         decode, fast = pgoutput.decode, self._fast_change
@@ -470,7 +557,8 @@ class PostgresStream:
                     continue
                 if payload[0] == 0x43:
                     if not skipping:
-                        yield Checkpoint(commit_struct.unpack_from(payload, 1)[2])
+                        yield Checkpoint(offset.replace(
+                            lsn=commit_struct.unpack_from(payload, 1)[2]))
                     txn, skipping = None, False
                     continue
                 decoded = decode(payload)
@@ -495,7 +583,7 @@ class PostgresStream:
                 elif isinstance(decoded, pgoutput.Message):
                     if decoded.prefix == HEARTBEAT_PREFIX and txn is None:
                         # every transaction committed before the heartbeat was sent before it
-                        yield Checkpoint(decoded.lsn)
+                        yield Checkpoint(offset.replace(lsn=decoded.lsn))
                     elif decoded.prefix == WATERMARK_PREFIX and txn is not None and not skipping:
                         yield Watermark(decoded.content.decode(errors="replace"),
                                         functools.partial(_snapshot_position, txn.commit_lsn))
@@ -523,7 +611,7 @@ class PostgresStream:
             return False, None
         return True, self.columns.get(captured.schema.table)
 
-    # -- incremental snapshots (cdc/incremental.py) ------------------------------------------
+    # -- incremental snapshots (cdc/incremental.py: IncrementalSnapshotSource) --------------
     def watermark(self, payload: str) -> None:
         """A transactional logical message of its own: the stream yields it in commit order."""
         if not self._synchronous:  # flushed at commit, so the stream sees it at once (with
@@ -595,6 +683,18 @@ class PostgresStream:
                               f"--table {table}` again") from None
         last = [str(values[i]) for i in indexes] if len(items) == size else None
         return (schema if plan is None else plan[7]), items, last
+
+    def estimate_rows(self, table: TableId) -> int | None:
+        return self.source.count_rows(self.catalog_conn, table) or None
+
+    def schema_of(self, table: TableId) -> TableSchema:
+        return self.captured[table].schema
+
+    def absent(self, table: TableId, keys: Sequence[bytes]) -> list[bytes]:
+        if self._leader is None:
+            self._leader = self._open_leader()
+        gone = self._leader.absent(table, [key.decode() for key in keys])
+        return [text.encode() for text in gone]
 
     def _chunk_plan(self, captured: CapturedTable, ts_ms: int, info: dict[str, Any]
                     ) -> rowcodec.CopyPlan | None:
