@@ -15,7 +15,6 @@ resuming elsewhere; ``server_id``/``server_uuid`` name the server the positions 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -110,8 +109,7 @@ class MySqlConnector(Connector):
         return ENVELOPE
 
     def snapshot(self, codec: EventCodec | None = None) -> SnapshotSource:
-        return MySqlSnapshot(self.my_config,
-                             None if os.environ.get("CDC_MYSQL_TYPED") == "1" else codec)
+        return MySqlSnapshot(self.my_config, codec)
 
     def stream(self, offset: SourceOffset, codec: EventCodec | None = None) -> StreamingSource:
         from connectors.mysql.stream import MySqlStreaming
