@@ -1,12 +1,12 @@
 """The MySQL fast row path (connectors/mysql/rowcodec.py and its compiled twin) writes exactly
-what the typed path writes: the same binlog captured twice, once each way (``CDC_MYSQL_TYPED=1``
-forces the typed path), gives the same records — keys, positions, schema ids and envelopes
-(processing times aside) — on every fast kind and its edge values; and the compiled decoder
-equals the pure-Python one byte for byte on the same rows events."""
+what the typed path writes: the same binlog captured twice, once each way
+(``CDC_TEST_MYSQL_TYPED=1``, tests/faults/sitecustomize.py, forces the typed path), gives the
+same records — keys, positions, schema ids and envelopes (processing times aside) — on every fast
+kind and its edge values; and the compiled decoder equals the pure-Python one byte for byte on
+the same rows events."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +19,7 @@ from cdc.avro import EventCodec
 from cdc.log.local import LocalChangeLogReader
 from cdc.log.schemas import SchemaStore
 from cdc.transactions import is_transaction_topic
+from tests.faults import fault_env
 from tests.mykit import MyDatabase, wait_caught_up, write_config
 from tests.pgkit import PROJECT, cdc, output
 
@@ -83,7 +84,7 @@ def _records(log: Path) -> list[tuple[Any, ...]]:
 
 def _capture(config: Path, log: Path, db: MyDatabase, env: dict[str, str]) -> str:
     process = subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "capture", "--config",
-                                str(config)], cwd=PROJECT, env={**os.environ, **env},
+                                str(config)], cwd=PROJECT, env=fault_env(**env),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_caught_up(db, log)
@@ -108,7 +109,7 @@ def test_fast_path_equals_typed_path(mysql_db: MyDatabase, tmp_path: Path) -> No
     shutil.copytree(tmp_path / "log", typed_dir / "log")
     typed_config = write_config(typed_dir, db, ["fast"])
     fast_text = _capture(config, tmp_path / "log", db, {})
-    typed_text = _capture(typed_config, typed_dir / "log", db, {"CDC_MYSQL_TYPED": "1"})
+    typed_text = _capture(typed_config, typed_dir / "log", db, {"CDC_TEST_MYSQL_TYPED": "1"})
     assert "rows events encoded by the fast path" in fast_text
     assert " 0 by the typed path" in fast_text, fast_text  # every event took the fast path
     assert " 0 rows events encoded by the fast path" in typed_text, typed_text
@@ -186,12 +187,12 @@ def test_fast_snapshot_equals_typed_snapshot(mysql_db: MyDatabase, tmp_path: Pat
         db.script("SET SESSION sql_mode = ''; " + statement)
     logs = {}
     texts = {}
-    for name, env in (("fast", {}), ("typed", {"CDC_MYSQL_TYPED": "1"})):
+    for name, env in (("fast", {}), ("typed", {"CDC_TEST_MYSQL_TYPED": "1"})):
         directory = tmp_path / name
         directory.mkdir()
         config = write_config(directory, db, ["fast"])
         result = subprocess.run([sys.executable, "-m", "cdc_app.cli", "bootstrap", "--config",
-                                 str(config)], cwd=PROJECT, env={**os.environ, **env},
+                                 str(config)], cwd=PROJECT, env=fault_env(**env),
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
         logs[name], texts[name] = _records(directory / "log"), result.stdout

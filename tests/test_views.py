@@ -22,8 +22,8 @@ import pytest
 import sqlalchemy as sa
 
 from cdc.events import TableId
+from tests.faults import fault_env
 from views.definition import ViewDefinitionError, analyze, approximate_columns
-from views.sink import FAULT_STALL
 from views.state import BaseChange, ViewError, ViewState
 
 ORDERS, CUSTOMERS = TableId("public", "orders"), TableId("public", "customers")
@@ -386,7 +386,8 @@ views:
     stalled = tmp_path / "stalled"
 
     def start_apply(stall: bool = False) -> subprocess.Popen[bytes]:
-        env = {**os.environ, FAULT_STALL: str(stalled)} if stall else None
+        # tests/faults/sitecustomize.py: a batch stalls after its state commit
+        env = fault_env(CDC_TEST_VIEW_STALL=str(stalled)) if stall else None
         return subprocess.Popen(
             [sys.executable, "-m", "cdc_app.cli", "apply", "--config", str(config), "--view",
              "revenue_by_customer", "--view", "order_extremes"], cwd=PROJECT, env=env,

@@ -22,19 +22,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import os
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.events import TableId, topic_name
 from cdc.logical import logical_columns
 from cdc.sink import ApplyStats, Change, Sink, row_text
 from views.definition import ViewDefinitionError, ViewPlan, analyze
-from views.state import BaseChange, ViewChange, ViewError, ViewState
+from views.state import BaseChange, BatchResult, ViewChange, ViewError, ViewState
 from views.types import duckdb_type
 
 if TYPE_CHECKING:
@@ -87,19 +84,6 @@ def _refuse_ruled_columns(name: str, plan: ViewPlan, columns: Mapping[str, Any])
                 "would not equal its SQL on the leader",
                 f"remove those columns from views.{name}.sql, or their rules under the "
                 f"source's columns: {text}")
-
-
-#: fault injection for tests: a file path; after a batch's state commit with view changes, the
-#: path is created and the batch stalls there (so a test can SIGKILL between the state's commit
-#: and the followers' writes)
-FAULT_STALL = "CDC_FAULT_VIEW_STALL"
-
-
-def _fault_point(changes: int) -> None:
-    marker = os.environ.get(FAULT_STALL)
-    if marker and changes:
-        Path(marker).touch()
-        time.sleep(600)
 
 
 def schema_store(config: Config) -> Any:
@@ -241,14 +225,19 @@ class ViewSink(Sink):
     def _apply(self, changes: Sequence[Change]) -> ApplyStats:
         state = self.state
         self._flush(state)
-        base = [BaseChange(self.topics[change.topic], change.key, change.position, change.row)
-                for change in changes if change.topic in self.topics]
-        self._refuse_lost_columns(base)
-        result = state.apply(base)
-        _fault_point(result.upserts + result.deletes)
+        result = self._commit_state(state, changes)
         self._flush(state)
         return ApplyStats(written=result.upserts, deleted=result.deletes,
                           skipped=result.skipped)
+
+    def _commit_state(self, state: ViewState, changes: Sequence[Change]) -> BatchResult:
+        """Step 2 of a batch: its changes of the view's base tables gated into the state, the
+        view's changed rows recorded in the outbox, in one transaction (committed on return;
+        the followers are written after)."""
+        base = [BaseChange(self.topics[change.topic], change.key, change.position, change.row)
+                for change in changes if change.topic in self.topics]
+        self._refuse_lost_columns(base)
+        return state.apply(base)
 
     def _refuse_lost_columns(self, changes: Sequence[BaseChange]) -> None:
         """A row without a column the view reads: the leader dropped or renamed it, and the

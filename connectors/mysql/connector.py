@@ -15,7 +15,6 @@ resuming elsewhere; ``server_id``/``server_uuid`` name the server the positions 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -87,8 +86,7 @@ class MySqlConnector(Connector):
         return ENVELOPE
 
     def snapshot(self, codec: EventCodec | None = None) -> SnapshotSource:
-        return MySqlSnapshot(self.my_config,
-                             None if os.environ.get("CDC_MYSQL_TYPED") == "1" else codec)
+        return MySqlSnapshot(self.my_config, codec)
 
     @classmethod
     def stream_type(cls) -> type[MySqlStreaming]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import queue
 import re
 import struct
@@ -147,7 +146,7 @@ class MySqlStreaming(StreamingSource, IncrementalSnapshotSource):
                  codec: EventCodec | None = None) -> None:
         self.config = config
         self.offset = offset
-        self.codec = None if os.environ.get("CDC_MYSQL_TYPED") == "1" else codec
+        self.codec = codec
         self.name = config.name
         self.tables = {TableId.parse(t) for t in config.tables}
         #: where incremental snapshots write their watermarks (read back from the binlog)
