@@ -44,7 +44,6 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from rich.table import Table
 
 from cdc.columns import ColumnPolicies
 from cdc.config import Config
@@ -430,41 +429,3 @@ def verify(config: Config, follower: str, sink: Sink, console: Console, *, timeo
         for leader in leaders.values():
             leader.close()
     return report
-
-
-# ------------------------------------------------------------------------------- output
-
-def print_report(report: VerifyReport, console: Console, limit: int) -> None:
-    """One row per table, then the differing keys (at most ``limit`` per table)."""
-    for source, (target, reached) in sorted(report.targets.items()):
-        console.print(f"source [bold]{source}[/]: follower {report.follower} at "
-                      f"{reached} >= target {target.text} (waited "
-                      f"{report.waited_seconds:.1f} s)", highlight=False)
-    table = Table(title=f"verify: follower {report.follower}")
-    for column in ("table", "rows", "chunks", "rechecked by rows", "follower keys", "missing",
-                   "extra", "different", "result"):
-        table.add_column(column, justify="left" if column in ("table", "result") else "right")
-    for result in report.tables:
-        verdict = "[green]equal[/]" if result.differing == 0 else "[red]differs[/]"
-        table.add_row(str(result.table), f"{result.rows:,}", f"{result.chunks:,}",
-                      f"{result.rechecked:,}", f"{result.follower_keys:,}",
-                      f"{result.missing:,}", f"{result.extra:,}", f"{result.different:,}",
-                      verdict)
-    console.print(table)
-    for result in report.tables:
-        if result.inexact:
-            console.print(f"{result.table}: column(s) {', '.join(result.inexact)} have no exact "
-                          "SQL form; their chunks were compared by rows", highlight=False)
-        if not result.differing:
-            continue
-        console.print(f"[red]{result.table}[/]: {result.differing:,} differing key(s)"
-                      + (f", the first {limit}:" if result.differing > limit else ":"),
-                      highlight=False)
-        for difference in result.differences:
-            console.print(f"  {difference.key}  {difference.describe()}", highlight=False,
-                          markup=False)
-    rows, seconds = report.rows, report.leader_seconds
-    rate = f", {seconds / rows * 100_000:.2f} s per 100k rows" if rows else ""
-    console.print(f"leader checksums: {rows:,} rows in {seconds:.2f} s{rate}", highlight=False)
-    console.print("[green]follower equals the leader[/]" if report.equal
-                  else "[red]follower differs from the leader[/]")

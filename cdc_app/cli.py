@@ -512,7 +512,7 @@ def status_cmd(config_path: str | None, as_json: bool) -> None:
     """Sources (slot, confirmed position, lag, retained log, events/s), the log (size,
     records) and every follower (checkpoint, records behind, watermark, apply running)."""
     from cdc.status import collect
-    from cdc_app.status_screen import print_status
+    from cdc_app.screens import print_status
     from spark_apply.checkpoint import resume_offsets
 
     config = _load(config_path)
@@ -630,7 +630,8 @@ def verify_cmd(config_path: str | None, follower: str | None, view: str | None, 
     listing differing keys, 3 when the follower did not catch up in time."""
     from cdc.config import parse_duration
     from cdc.sink import open_sink
-    from cdc.verify import print_report, verify
+    from cdc.verify import verify
+    from cdc_app.screens import print_report
 
     config = _load(config_path)
     try:

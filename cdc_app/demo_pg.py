@@ -632,7 +632,7 @@ def _wait_caught_up(config: Config, writer: ChangeLogWriter, leader: DemoLeader,
 
 def _summary(config: Config, leader: DemoLeader, follower: LiveApply, live: LiveResult,
              workload: ShopWorkload, console: Console) -> None:
-    from cdc.verify import print_report
+    from cdc_app.screens import print_report
     from spark_apply.latency import LatencyHistogram, format_seconds
 
     assert follower.job is not None

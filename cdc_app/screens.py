@@ -1,5 +1,6 @@
-"""The ``cdc status`` screen: what :func:`cdc.status.collect` gathered, as one table of the
-sources, the log and every follower, with the warnings under it."""
+"""The app's screens of what the core measured: ``cdc status`` (what :func:`cdc.status.collect`
+gathered: one table of the sources, the log and every follower, the warnings under it) and
+``cdc verify`` (a :class:`cdc.verify.VerifyReport`: one row per table, the differing keys)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from cdc.verify import VerifyReport
 
 
 def _bytes(value: Any) -> str:
@@ -81,3 +84,39 @@ def print_status(status: dict[str, Any], console: Console) -> None:
                           highlight=False)
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+
+
+def print_report(report: VerifyReport, console: Console, limit: int) -> None:
+    """One row per table, then the differing keys (at most ``limit`` per table)."""
+    for source, (target, reached) in sorted(report.targets.items()):
+        console.print(f"source [bold]{source}[/]: follower {report.follower} at "
+                      f"{reached} >= target {target.text} (waited "
+                      f"{report.waited_seconds:.1f} s)", highlight=False)
+    table = Table(title=f"verify: follower {report.follower}")
+    for column in ("table", "rows", "chunks", "rechecked by rows", "follower keys", "missing",
+                   "extra", "different", "result"):
+        table.add_column(column, justify="left" if column in ("table", "result") else "right")
+    for result in report.tables:
+        verdict = "[green]equal[/]" if result.differing == 0 else "[red]differs[/]"
+        table.add_row(str(result.table), f"{result.rows:,}", f"{result.chunks:,}",
+                      f"{result.rechecked:,}", f"{result.follower_keys:,}",
+                      f"{result.missing:,}", f"{result.extra:,}", f"{result.different:,}",
+                      verdict)
+    console.print(table)
+    for result in report.tables:
+        if result.inexact:
+            console.print(f"{result.table}: column(s) {', '.join(result.inexact)} have no exact "
+                          "SQL form; their chunks were compared by rows", highlight=False)
+        if not result.differing:
+            continue
+        console.print(f"[red]{result.table}[/]: {result.differing:,} differing key(s)"
+                      + (f", the first {limit}:" if result.differing > limit else ":"),
+                      highlight=False)
+        for difference in result.differences:
+            console.print(f"  {difference.key}  {difference.describe()}", highlight=False,
+                          markup=False)
+    rows, seconds = report.rows, report.leader_seconds
+    rate = f", {seconds / rows * 100_000:.2f} s per 100k rows" if rows else ""
+    console.print(f"leader checksums: {rows:,} rows in {seconds:.2f} s{rate}", highlight=False)
+    console.print("[green]follower equals the leader[/]" if report.equal
+                  else "[red]follower differs from the leader[/]")
