@@ -22,6 +22,8 @@ SOURCES = {
     "connectors.mysql._fast": (["connectors/mysql/_fast.pyx"], []),
     "cdc.log._fast": (["cdc/log/_fast.pyx"], ["z"]),
 }
+#: what every extension cimports: the byte primitives, written once (cdc/_bytes.pxd)
+SHARED = ["cdc/_bytes.pxd"]
 #: C headers an extension includes (a change rebuilds it)
 DEPENDS = {"cdc.log._fast": ["cdc/log/crc32_fold.h"]}
 
@@ -62,7 +64,7 @@ def extensions() -> list[Extension]:
         _warn("Cython is not installed")
         return []
     modules = [Extension(name, sources, libraries=libraries, extra_compile_args=["-O2"],
-                         depends=DEPENDS.get(name, []))
+                         depends=SHARED + DEPENDS.get(name, []))
                for name, (sources, libraries) in SOURCES.items()]
     try:
         return list(cythonize(modules, language_level=3, quiet=True,

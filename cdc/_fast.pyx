@@ -2,67 +2,38 @@
 """Compiled twin of cdc/avro.py's ``envelope_tail`` (same bytes; tests/test_rowcodec.py and
 tests/test_codec.py run both)."""
 
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.tuple cimport PyTuple_Check
 from libc.string cimport memcpy
 
-
-cdef inline int _put(bytearray out, const char* data, Py_ssize_t n) except -1:
-    cdef Py_ssize_t size = PyByteArray_GET_SIZE(out)
-    PyByteArray_Resize(out, size + n)
-    memcpy(PyByteArray_AS_STRING(out) + size, data, n)
-    return 0
-
-
-cdef inline int _bytes(bytearray out, bytes data) except -1:
-    return _put(out, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
-
-
-cdef inline int _long(bytearray out, long long value) except -1:
-    cdef unsigned long long n = (<unsigned long long>value << 1) ^ <unsigned long long>(value >> 63)
-    cdef char buf[10]
-    cdef int i = 0
-    while n > 0x7F:
-        buf[i] = <char>((n & 0x7F) | 0x80)
-        n >>= 7
-        i += 1
-    buf[i] = <char>n
-    return _put(out, buf, i + 1)
-
-
-cdef inline int _byte(bytearray out, char value) except -1:
-    return _put(out, &value, 1)
+from cdc._bytes cimport load_le, put_blob, put_byte, put_bytes, put_long, read_long
 
 
 def envelope_tail(bytearray out, tuple pieces, sequence, lsn, bytes txn_prefix, total, dco,
                   bytes op, bytes times):
     """See cdc.avro.envelope_tail."""
-    cdef const char* s
-    cdef Py_ssize_t n
-    _bytes(out, <bytes>pieces[0])
+    put_bytes(out, <bytes>pieces[0])
     if sequence is None:
-        _byte(out, 0)
+        put_byte(out, 0)
     else:
         data = (<str>sequence).encode()
-        _byte(out, 2)
-        _long(out, PyBytes_GET_SIZE(data))
-        _bytes(out, data)
-    _bytes(out, <bytes>pieces[1])
+        put_byte(out, 2)
+        put_blob(out, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+    put_bytes(out, <bytes>pieces[1])
     if lsn is None:
-        _byte(out, 0)
+        put_byte(out, 0)
     else:
-        _byte(out, 2)
-        _long(out, lsn)
-    _bytes(out, <bytes>pieces[2])
+        put_byte(out, 2)
+        put_long(out, lsn)
+    put_bytes(out, <bytes>pieces[2])
     if txn_prefix is None:
-        _byte(out, 0)
+        put_byte(out, 0)
     else:
-        _bytes(out, txn_prefix)
-        _long(out, total)
-        _long(out, dco)
-    _bytes(out, op)
-    _bytes(out, times)
+        put_bytes(out, txn_prefix)
+        put_long(out, total)
+        put_long(out, dco)
+    put_bytes(out, op)
+    put_bytes(out, times)
 
 
 # ------------------------------------------------------------------ envelope projection
@@ -100,22 +71,14 @@ cdef inline int _need(Py_ssize_t at, Py_ssize_t n, Py_ssize_t size) except -1:
 
 
 cdef inline long long _zigzag(const unsigned char* buf, Py_ssize_t size, Py_ssize_t* pos) except? -1:
-    cdef unsigned long long n = 0
-    cdef int shift = 0
-    cdef unsigned char b
-    cdef Py_ssize_t at = pos[0]
-    while True:
-        _need(at, 1, size)
-        b = buf[at]
-        at += 1
-        if shift > 63:
+    cdef long long value
+    cdef const unsigned char* end = read_long(buf + pos[0], buf + size, &value)
+    if end == NULL:
+        if size - pos[0] > 10:
             raise ValueError("an Avro long longer than 10 bytes")
-        n |= (<unsigned long long>(b & 0x7F)) << shift
-        shift += 7
-        if not (b & 0x80):
-            break
-    pos[0] = at
-    return <long long>(n >> 1) ^ -(<long long>(n & 1))
+        raise IndexError("the Avro value ends early")
+    pos[0] = end - buf
+    return value
 
 
 cdef object _dectext(const unsigned char* buf, Py_ssize_t size, Py_ssize_t* pos, tuple node):
@@ -240,17 +203,14 @@ cdef object _run(tuple node, object data, const unsigned char* buf, Py_ssize_t s
     if code == N_FLOAT:
         at = pos[0]
         _need(at, 4, size)
-        u32 = buf[at] | (<unsigned int>buf[at + 1] << 8) | (<unsigned int>buf[at + 2] << 16) \
-            | (<unsigned int>buf[at + 3] << 24)
+        u32 = <unsigned int>load_le(buf + at, 4)
         memcpy(&f, &u32, 4)
         pos[0] = at + 4
         return <double>f
     if code == N_DOUBLE:
         at = pos[0]
         _need(at, 8, size)
-        u64 = 0
-        for i in range(8):
-            u64 |= (<unsigned long long>buf[at + i]) << (8 * i)
+        u64 = load_le(buf + at, 8)
         memcpy(&d, &u64, 8)
         pos[0] = at + 8
         return d

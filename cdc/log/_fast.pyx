@@ -8,6 +8,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t
 from libc.string cimport memcpy
 
+from cdc._bytes cimport load_le, store_le
+
 cdef extern from "crc32_fold.h":
     uint32_t cdc_crc32(uint32_t crc, const unsigned char* buf, size_t len) nogil
     int cdc_crc32_accelerated() nogil
@@ -33,8 +35,7 @@ cdef inline uint32_t _murmur2(const unsigned char* data, Py_ssize_t length):
     cdef uint32_t k
     cdef Py_ssize_t i, whole = length & ~3
     for i in range(0, whole, 4):
-        k = (<uint32_t>data[i] | (<uint32_t>data[i + 1] << 8) | (<uint32_t>data[i + 2] << 16)
-             | (<uint32_t>data[i + 3] << 24))
+        k = <uint32_t>load_le(data + i, 4)
         k *= m
         k ^= k >> 24
         k *= m
@@ -68,20 +69,6 @@ def partition_for(bytes key, int partitions):
     return (h & 0x7FFFFFFF) % partitions
 
 
-cdef inline void _u32(char* p, uint32_t v):
-    p[0] = <char>(v & 0xFF)
-    p[1] = <char>((v >> 8) & 0xFF)
-    p[2] = <char>((v >> 16) & 0xFF)
-    p[3] = <char>((v >> 24) & 0xFF)
-
-
-cdef inline void _u64(char* p, int64_t value):
-    cdef unsigned long long v = <unsigned long long>value
-    cdef int i
-    for i in range(8):
-        p[i] = <char>((v >> (8 * i)) & 0xFF)
-
-
 cdef inline Py_ssize_t _framed_size(bytes key, value, bytes position) except -1:
     """The framed size of a record (and the check that its parts fit the format)."""
     cdef Py_ssize_t key_len = PyBytes_GET_SIZE(key), pos_len = PyBytes_GET_SIZE(position)
@@ -96,19 +83,19 @@ cdef void _frame_into(char* p, Py_ssize_t size, long long offset, long long time
     """One framed record (segment.encode_record) written at ``p`` (``size`` bytes)."""
     cdef Py_ssize_t key_len = PyBytes_GET_SIZE(key), pos_len = PyBytes_GET_SIZE(position)
     cdef Py_ssize_t value_len = 0 if value is None else PyBytes_GET_SIZE(<bytes>value)
-    _u32(p, <uint32_t>(size - 4))
-    _u64(p + 8, offset)
-    _u64(p + 16, timestamp_ms)
+    cdef unsigned char* u = <unsigned char*>p
+    store_le(u, <uint32_t>(size - 4), 4)
+    store_le(u + 8, <unsigned long long>offset, 8)
+    store_le(u + 16, <unsigned long long>timestamp_ms, 8)
     p[24] = <char>(1 if value is None else 0)
-    p[25] = <char>(pos_len & 0xFF)
-    p[26] = <char>((pos_len >> 8) & 0xFF)
-    _u32(p + 27, <uint32_t>key_len)
-    _u32(p + 31, <uint32_t>value_len)
+    store_le(u + 25, <unsigned long long>pos_len, 2)
+    store_le(u + 27, <uint32_t>key_len, 4)
+    store_le(u + 31, <uint32_t>value_len, 4)
     memcpy(p + 35, PyBytes_AS_STRING(position), pos_len)
     memcpy(p + 35 + pos_len, PyBytes_AS_STRING(key), key_len)
     if value_len:
         memcpy(p + 35 + pos_len + key_len, PyBytes_AS_STRING(<bytes>value), value_len)
-    _u32(p + 4, cdc_crc32(0, <const unsigned char*>(p + 8), <size_t>(size - 8)))
+    store_le(u + 4, cdc_crc32(0, <const unsigned char*>(p + 8), <size_t>(size - 8)), 4)
 
 
 def encode_record_bytes(long long offset, long long timestamp_ms, bytes key, value,
@@ -120,19 +107,6 @@ def encode_record_bytes(long long offset, long long timestamp_ms, bytes key, val
     return out
 
 
-cdef inline uint32_t _get_u32(const unsigned char* p):
-    return (<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16)
-            | (<uint32_t>p[3] << 24))
-
-
-cdef inline int64_t _get_i64(const unsigned char* p):
-    cdef unsigned long long v = 0
-    cdef int i
-    for i in range(7, -1, -1):
-        v = (v << 8) | p[i]
-    return <int64_t>v
-
-
 def parse_records(bytes buffer, Py_ssize_t cursor, long long buffer_start, bint verify):
     """See segment.parse_records (the same tuples, bit for bit)."""
     cdef const unsigned char* data = <const unsigned char*>PyBytes_AS_STRING(buffer)
@@ -141,18 +115,18 @@ def parse_records(bytes buffer, Py_ssize_t cursor, long long buffer_start, bint 
     cdef uint32_t length
     cdef list out = []
     while total - cursor >= 35:
-        length = _get_u32(data + cursor)
+        length = <uint32_t>load_le(data + cursor, 4)
         size = 4 + <Py_ssize_t>length
         if size < 35:
             return out, cursor, cursor
         if total - cursor < size:
             break
         if verify and cdc_crc32(0, data + cursor + 8, <size_t>(size - 8)) \
-                != _get_u32(data + cursor + 4):
+                != <uint32_t>load_le(data + cursor + 4, 4):
             return out, cursor, cursor
-        pos_len = <Py_ssize_t>(data[cursor + 25] | (data[cursor + 26] << 8))
-        key_len = <Py_ssize_t>_get_u32(data + cursor + 27)
-        value_len = <Py_ssize_t>_get_u32(data + cursor + 31)
+        pos_len = <Py_ssize_t>load_le(data + cursor + 25, 2)
+        key_len = <Py_ssize_t>load_le(data + cursor + 27, 4)
+        value_len = <Py_ssize_t>load_le(data + cursor + 31, 4)
         if 35 + pos_len + key_len + value_len > size:
             return out, cursor, cursor
         at = cursor + 35
@@ -164,8 +138,9 @@ def parse_records(bytes buffer, Py_ssize_t cursor, long long buffer_start, bint 
             value = None
         else:
             value = PyBytes_FromStringAndSize(<const char*>(data + at), value_len)
-        out.append((_get_i64(data + cursor + 8), _get_i64(data + cursor + 16), key, value,
-                    position, buffer_start + cursor, size))
+        out.append((<int64_t>load_le(data + cursor + 8, 8),
+                    <int64_t>load_le(data + cursor + 16, 8), key, value, position,
+                    buffer_start + cursor, size))
         cursor += size
     return out, cursor, -1
 

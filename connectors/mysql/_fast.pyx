@@ -10,6 +10,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdio cimport snprintf
 from libc.string cimport memcpy, memset
 
+from cdc._bytes cimport load_be, load_le, put, put_blob, put_byte, put_long, store_be
+
 import json
 
 from connectors.mysql.rowcodec import Fallback
@@ -30,50 +32,6 @@ DEF YEAR = 12
 cdef int[10] DIG2BYTES = [0, 1, 1, 2, 2, 3, 3, 4, 4, 4]
 cdef long long[10] POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000,
                             1000000000]
-
-
-# ---------------------------------------------------------------------------- byte writing
-
-cdef inline int _put(bytearray out, const char* data, Py_ssize_t n) except -1:
-    cdef Py_ssize_t size = PyByteArray_GET_SIZE(out)
-    PyByteArray_Resize(out, size + n)
-    memcpy(PyByteArray_AS_STRING(out) + size, data, n)
-    return 0
-
-
-cdef inline int _byte(bytearray out, unsigned char value) except -1:
-    cdef Py_ssize_t size = PyByteArray_GET_SIZE(out)
-    PyByteArray_Resize(out, size + 1)
-    PyByteArray_AS_STRING(out)[size] = <char>value
-    return 0
-
-
-cdef inline int _long(bytearray out, long long value) except -1:
-    cdef unsigned long long n = (<unsigned long long>value << 1) ^ <unsigned long long>(value >> 63)
-    cdef char buf[10]
-    cdef int i = 0
-    while n > 0x7F:
-        buf[i] = <char>((n & 0x7F) | 0x80)
-        n >>= 7
-        i += 1
-    buf[i] = <char>n
-    return _put(out, buf, i + 1)
-
-
-cdef inline unsigned long long _le(const unsigned char* p, int n):
-    cdef unsigned long long v = 0
-    cdef int i
-    for i in range(n - 1, -1, -1):
-        v = (v << 8) | p[i]
-    return v
-
-
-cdef inline unsigned long long _be(const unsigned char* p, int n):
-    cdef unsigned long long v = 0
-    cdef int i
-    for i in range(n):
-        v = (v << 8) | p[i]
-    return v
 
 
 cdef inline long long _days_from_civil(long long y, long long m, long long d):
@@ -100,22 +58,17 @@ cdef inline void _civil_from_days(long long z, long long* y, long long* m, long 
 cdef int _unscaled(bytearray out, object value) except -1:
     """Avro decimal bytes (minimal big-endian two's complement) of a Python int."""
     data = value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True)
-    _long(out, PyBytes_GET_SIZE(data))
-    return _put(out, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+    return put_blob(out, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
 
 
 cdef int _unscaled_ll(bytearray out, long long value) except -1:
-    cdef char buf[9]
+    cdef unsigned char buf[9]
     cdef int n = 1
-    cdef long long probe = value
     # the fewest bytes whose two's complement holds the value (with room for the sign bit)
     while n < 8 and not (-(1LL << (8 * n - 1)) <= value < (1LL << (8 * n - 1))):
         n += 1
-    cdef int i
-    for i in range(n):
-        buf[n - 1 - i] = <char>((probe >> (8 * i)) & 0xFF)
-    _long(out, n)
-    return _put(out, buf, n)
+    store_be(buf, <unsigned long long>value, n)
+    return put_blob(out, <const char*>buf, n)
 
 
 cdef Py_ssize_t _decimal(bytearray out, const unsigned char* p, Py_ssize_t left, int precision,
@@ -158,7 +111,7 @@ cdef Py_ssize_t _decimal(bytearray out, const unsigned char* p, Py_ssize_t left,
         for i in range(count):
             digits = groups[i]
             width = DIG2BYTES[digits]
-            part = <long long>_be(raw + offset, width)
+            part = <long long>load_be(raw + offset, width)
             small = small * POW10[digits] + part
             offset += width
         _unscaled_ll(out, -small if negative else small)
@@ -167,7 +120,7 @@ cdef Py_ssize_t _decimal(bytearray out, const unsigned char* p, Py_ssize_t left,
     for i in range(count):
         digits = groups[i]
         width = DIG2BYTES[digits]
-        big = big * POW10[digits] + <long long>_be(raw + offset, width)
+        big = big * POW10[digits] + <long long>load_be(raw + offset, width)
         offset += width
     _unscaled(out, -big if negative else big)
     return size
@@ -177,7 +130,7 @@ cdef inline int _null(int prefix, bytearray out, Py_ssize_t start) except -1:
     if prefix < 0:
         raise Fallback()
     PyByteArray_Resize(out, start)
-    return _byte(out, 0)
+    return put_byte(out, 0)
 
 
 cdef Py_ssize_t _value(tuple column, const unsigned char* p, Py_ssize_t left,
@@ -195,21 +148,21 @@ cdef Py_ssize_t _value(tuple column, const unsigned char* p, Py_ssize_t left,
     cdef int n
     cdef bytes label
     if prefix >= 0:
-        _byte(out, <unsigned char>prefix)
+        put_byte(out, <unsigned char>prefix)
     if kind == INT:
         if left < a:
             raise Fallback()
-        u = _le(p, a)
+        u = load_le(p, a)
         if not b and a < 8 and u & (1ULL << (8 * a - 1)):
             v = <long long>(u - (1ULL << (8 * a)))
         else:
             v = <long long>u
-        _long(out, v)
+        put_long(out, v)
         return a
     if kind == UINT64:
         if left < 8:
             raise Fallback()
-        u = _le(p, 8)
+        u = load_le(p, 8)
         if u >> 63:
             _unscaled(out, u)
         else:
@@ -218,19 +171,19 @@ cdef Py_ssize_t _value(tuple column, const unsigned char* p, Py_ssize_t left,
     if kind == FLOAT:
         if left < 4:
             raise Fallback()
-        _put(out, <const char*>p, 4)
+        put(out, <const char*>p, 4)
         return 4
     if kind == DOUBLE:
         if left < 8:
             raise Fallback()
-        _put(out, <const char*>p, 8)
+        put(out, <const char*>p, 8)
         return 8
     if kind == DECIMAL:
         return _decimal(out, p, left, a, b)
     if kind == STRING or kind == BYTES:
         if left < a:
             raise Fallback()
-        length = <Py_ssize_t>_le(p, a)
+        length = <Py_ssize_t>load_le(p, a)
         if left < a + length:
             raise Fallback()
         if kind == STRING:
@@ -238,8 +191,8 @@ cdef Py_ssize_t _value(tuple column, const unsigned char* p, Py_ssize_t left,
         width = length
         if kind == BYTES and b and length < b:
             width = b
-        _long(out, width)
-        _put(out, <const char*>p + a, length)
+        put_long(out, width)
+        put(out, <const char*>p + a, length)
         if width > length:
             n = PyByteArray_GET_SIZE(out)
             PyByteArray_Resize(out, n + width - length)
@@ -248,33 +201,32 @@ cdef Py_ssize_t _value(tuple column, const unsigned char* p, Py_ssize_t left,
     if kind == ENUM:
         if left < a:
             raise Fallback()
-        u = _le(p, a)
+        u = load_le(p, a)
         labels = column[4]
         label = labels[u - 1] if 0 < u <= len(labels) else b""
-        _long(out, len(label))
-        _put(out, label, len(label))
+        put_blob(out, label, len(label))
         return a
     if kind == YEAR:
         if left < 1:
             raise Fallback()
-        _long(out, p[0] + 1900 if p[0] else 0)
+        put_long(out, p[0] + 1900 if p[0] else 0)
         return 1
     if kind == DATE:
         if left < 3:
             raise Fallback()
-        u = _le(p, 3)
+        u = load_le(p, 3)
         day, month, year = u & 31, (u >> 5) & 15, u >> 9
         if not month or not day:
             _null(prefix, out, start)
         else:
-            _long(out, _days_from_civil(year, month, day))
+            put_long(out, _days_from_civil(year, month, day))
         return 3
     if kind == DATETIME2:
         width = (a + 1) // 2
         if left < 5 + width:
             raise Fallback()
-        v = <long long>_be(p, 5) - 0x8000000000
-        micros = <long long>_be(p + 5, width) * POW10[6 - 2 * width] if width else 0
+        v = <long long>load_be(p, 5) - 0x8000000000
+        micros = <long long>load_be(p + 5, width) * POW10[6 - 2 * width] if width else 0
         hms = v & 0x1FFFF
         v >>= 17
         year, month, day = (v >> 5) // 13, (v >> 5) % 13, v & 31
@@ -283,14 +235,14 @@ cdef Py_ssize_t _value(tuple column, const unsigned char* p, Py_ssize_t left,
         else:
             seconds = _days_from_civil(year, month, day) * 86400 + (hms >> 12) * 3600 + \
                 ((hms >> 6) & 63) * 60 + (hms & 63)
-            _long(out, seconds * 1000000 + micros)
+            put_long(out, seconds * 1000000 + micros)
         return 5 + width
     if kind == TIMESTAMP2:
         width = (a + 1) // 2
         if left < 4 + width:
             raise Fallback()
-        seconds = <long long>_be(p, 4)
-        micros = <long long>_be(p + 4, width) * POW10[6 - 2 * width] if width else 0
+        seconds = <long long>load_be(p, 4)
+        micros = <long long>load_be(p + 4, width) * POW10[6 - 2 * width] if width else 0
         if not seconds and not micros:
             _null(prefix, out, start)
         else:
@@ -298,8 +250,7 @@ cdef Py_ssize_t _value(tuple column, const unsigned char* p, Py_ssize_t left,
             v = seconds % 86400
             n = snprintf(text, 40, "%04lld-%02lld-%02lldT%02lld:%02lld:%02lld.%06lldZ", year,
                          month, day, v // 3600, v // 60 % 60, v % 60, micros)
-            _long(out, n)
-            _put(out, text, n)
+            put_blob(out, text, n)
         return 4 + width
     raise Fallback()
 
@@ -318,7 +269,7 @@ cdef Py_ssize_t _image(tuple plan, const unsigned char* p, Py_ssize_t pos, Py_ss
         if p[nulls + (index >> 3)] >> (index & 7) & 1:
             if <int>column[1] < 0:
                 raise Fallback()
-            _byte(out, 0)
+            put_byte(out, 0)
             offsets[index] = -1
             continue
         offsets[index] = pos
@@ -339,12 +290,12 @@ cdef bytes _key(tuple keys, tuple plan, const unsigned char* p, Py_ssize_t* offs
         if pos < 0:
             raise Fallback()
         prefix = <bytes>key[0]
-        _put(out, prefix, len(prefix))
+        put(out, prefix, len(prefix))
         kind = key[2]
         column = <tuple>plan[<Py_ssize_t>key[1]]
         a, b = column[2], column[3]
         if kind == INT:
-            u = _le(p + pos, a)
+            u = load_le(p + pos, a)
             if not b and a < 8 and u & (1ULL << (8 * a - 1)):
                 v = <long long>(u - (1ULL << (8 * a)))
             else:
@@ -353,17 +304,17 @@ cdef bytes _key(tuple keys, tuple plan, const unsigned char* p, Py_ssize_t* offs
                 n = snprintf(text, 24, "%llu", u)
             else:
                 n = snprintf(text, 24, "%lld", v)
-            _put(out, text, n)
+            put(out, text, n)
         elif kind == UINT64:
-            u = _le(p + pos, 8)
+            u = load_le(p + pos, 8)
             n = snprintf(text, 24, "\"%llu\"", u)
-            _put(out, text, n)
+            put(out, text, n)
         else:
-            length = <Py_ssize_t>_le(p + pos, a)
+            length = <Py_ssize_t>load_le(p + pos, a)
             value = PyBytes_FromStringAndSize(<const char*>p + pos + a, length).decode()
             encoded = json.dumps(value, ensure_ascii=False).encode()
-            _put(out, encoded, len(encoded))
-    _byte(out, ord("}"))
+            put(out, encoded, len(encoded))
+    put_byte(out, ord("}"))
     return bytes(out)
 
 
@@ -403,36 +354,34 @@ cdef bytes _envelope(tuple pieces, bytes before, bytes after, const char* op, lo
     cdef bytes txn = pieces[3]
     cdef bytes tail = pieces[4]
     cdef bytearray out = bytearray()
-    _put(out, header, len(header))
+    put(out, header, len(header))
     if before is None:
-        _byte(out, 0)
+        put_byte(out, 0)
     else:
-        _byte(out, 2)
-        _put(out, before, len(before))
+        put_byte(out, 2)
+        put(out, before, len(before))
     if after is None:
-        _byte(out, 0)
+        put_byte(out, 0)
     else:
-        _byte(out, 2)
-        _put(out, after, len(after))
-    _put(out, prefix, len(prefix))
-    _long(out, row)
-    _put(out, suffix, len(suffix))
-    _put(out, txn, len(txn))
-    _long(out, total)
-    _long(out, per_table)
-    _put(out, op, 2)
-    _put(out, tail, len(tail))
+        put_byte(out, 2)
+        put(out, after, len(after))
+    put(out, prefix, len(prefix))
+    put_long(out, row)
+    put(out, suffix, len(suffix))
+    put(out, txn, len(txn))
+    put_long(out, total)
+    put_long(out, per_table)
+    put(out, op, 2)
+    put(out, tail, len(tail))
     return bytes(out)
 
 
 cdef bytes _position(long long file_seq, long long start, long long ordinal):
     cdef unsigned char buf[25]
-    cdef int i
     buf[0] = 2
-    for i in range(8):
-        buf[1 + i] = (file_seq >> (56 - 8 * i)) & 0xFF
-        buf[9 + i] = (start >> (56 - 8 * i)) & 0xFF
-        buf[17 + i] = (ordinal >> (56 - 8 * i)) & 0xFF
+    store_be(buf + 1, <unsigned long long>file_seq, 8)
+    store_be(buf + 9, <unsigned long long>start, 8)
+    store_be(buf + 17, <unsigned long long>ordinal, 8)
     return PyBytes_FromStringAndSize(<const char*>buf, 25)
 
 
@@ -528,13 +477,13 @@ cdef int _text_int(bytearray out, const unsigned char* p, Py_ssize_t n, bint uns
             value = -value
         if unsigned_wide:
             return _unscaled(out, value)
-        return _long(out, value)
+        return put_long(out, value)
     cdef long long v = _digits(p, n)
     if negative:
         v = -v
     if unsigned_wide:
         return _unscaled_ll(out, v)
-    return _long(out, v)
+    return put_long(out, v)
 
 
 cdef int _text_decimal(bytearray out, const unsigned char* p, Py_ssize_t n, int scale
@@ -603,7 +552,7 @@ cdef int _text_value(tuple column, const unsigned char* p, Py_ssize_t n, bytearr
     cdef long long days, seconds, micros, year, month, day, v
     cdef int size
     if prefix >= 0:
-        _byte(out, <unsigned char>prefix)
+        put_byte(out, <unsigned char>prefix)
     if kind == T_INT or kind == T_YEAR:
         return _text_int(out, p, n, False)
     if kind == T_UINT64:
@@ -618,17 +567,17 @@ cdef int _text_value(tuple column, const unsigned char* p, Py_ssize_t n, bytearr
             raise Fallback()
         if kind == T_FLOAT:
             PyFloat_Pack4(number, buf, 1)
-            return _put(out, buf, 4)
+            return put(out, buf, 4)
         PyFloat_Pack8(number, buf, 1)
-        return _put(out, buf, 8)
+        return put(out, buf, 8)
     if kind == T_DECIMAL:
         return _text_decimal(out, p, n, a)
     if kind == T_STRING or kind == T_BYTES:
         if kind == T_STRING:
             (<bytes>PyBytes_FromStringAndSize(<const char*>p, n)).decode()
         size = n if not (kind == T_BYTES and a and n < a) else a
-        _long(out, size)
-        _put(out, <const char*>p, n)
+        put_long(out, size)
+        put(out, <const char*>p, n)
         if size > n:
             v = PyByteArray_GET_SIZE(out)
             PyByteArray_Resize(out, v + size - n)
@@ -637,14 +586,13 @@ cdef int _text_value(tuple column, const unsigned char* p, Py_ssize_t n, bytearr
     if not _text_moment(p, n, &days, &seconds, &micros):
         return _null(prefix, out, start)
     if kind == T_DATE:
-        return _long(out, days)
+        return put_long(out, days)
     if kind == T_DATETIME:
-        return _long(out, (days * 86400 + seconds) * 1000000 + micros)
+        return put_long(out, (days * 86400 + seconds) * 1000000 + micros)
     _civil_from_days(days, &year, &month, &day)
     size = snprintf(buf, 48, "%04lld-%02lld-%02lldT%02lld:%02lld:%02lld.%06lldZ", year, month,
                     day, seconds // 3600, seconds // 60 % 60, seconds % 60, micros)
-    _long(out, size)
-    return _put(out, buf, size)
+    return put_blob(out, buf, size)
 
 
 cdef inline Py_ssize_t _lenenc(const unsigned char* p, Py_ssize_t left, Py_ssize_t* length
@@ -662,16 +610,16 @@ cdef inline Py_ssize_t _lenenc(const unsigned char* p, Py_ssize_t left, Py_ssize
     if first == 0xFC:
         if left < 3:
             raise Fallback()
-        length[0] = <Py_ssize_t>_le(p + 1, 2)
+        length[0] = <Py_ssize_t>load_le(p + 1, 2)
         return 3
     if first == 0xFD:
         if left < 4:
             raise Fallback()
-        length[0] = <Py_ssize_t>_le(p + 1, 3)
+        length[0] = <Py_ssize_t>load_le(p + 1, 3)
         return 4
     if left < 9:
         raise Fallback()
-    length[0] = <Py_ssize_t>_le(p + 1, 8)
+    length[0] = <Py_ssize_t>load_le(p + 1, 8)
     return 9
 
 
@@ -702,7 +650,7 @@ def encode_text_rows(tuple plan, list packets):
             if length < 0:
                 if <int>column[1] < 0:
                     raise Fallback()
-                _byte(image, 0)
+                put_byte(image, 0)
                 starts[index] = -1
                 continue
             if length > size - pos:
@@ -719,7 +667,7 @@ def encode_text_rows(tuple plan, list packets):
             if starts[index] < 0:
                 raise Fallback()
             prefix = <bytes>key[0]
-            _put(out, prefix, len(prefix))
+            put(out, prefix, len(prefix))
             if <int>key[2] == T_INT:
                 _text_key_int(out, p + starts[index], lengths[index], False)
             elif <int>key[2] == T_UINT64:
@@ -728,8 +676,8 @@ def encode_text_rows(tuple plan, list packets):
                 value = PyBytes_FromStringAndSize(<const char*>p + starts[index],
                                                   lengths[index]).decode()
                 encoded = json.dumps(value, ensure_ascii=False).encode()
-                _put(out, encoded, len(encoded))
-        _byte(out, ord("}"))
+                put(out, encoded, len(encoded))
+        put_byte(out, ord("}"))
         rows.append((bytes(out), bytes(image)))
     return rows
 
@@ -746,10 +694,10 @@ cdef int _text_key_int(bytearray out, const unsigned char* p, Py_ssize_t n, bint
         if p[i] < 48 or p[i] > 57:
             raise Fallback()
     if quoted:
-        _byte(out, 34)
-    _put(out, <const char*>p, n)
+        put_byte(out, 34)
+    put(out, <const char*>p, n)
     if quoted:
-        _byte(out, 34)
+        put_byte(out, 34)
     return 0
 
 

@@ -15,6 +15,8 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.string cimport memcpy
 from libc.stdint cimport uint64_t
 
+from cdc._bytes cimport load_be, put, put_blob, put_byte, put_bytes, put_long, read_long, store_be
+
 import json
 
 cdef extern from "Python.h":
@@ -50,54 +52,6 @@ def init(unchanged):
 def fallbacks():
     """How many values of a fast kind went through their typed steps (a diagnostic)."""
     return _fallbacks
-
-
-# ---------------------------------------------------------------------------- byte writing
-
-cdef extern from "Python.h":
-    ctypedef struct PyByteArrayObject:
-        Py_ssize_t ob_alloc
-        char* ob_bytes
-        char* ob_start
-    void Py_SET_SIZE(object o, Py_ssize_t size)
-
-
-cdef inline int _put(bytearray out, const char* data, Py_ssize_t n) except -1:
-    """Append ``n`` bytes: in place while the bytearray's allocation has room (most writes:
-    bytearray over-allocates and the scratch buffers are reused), else through
-    PyByteArray_Resize (which grows it)."""
-    cdef PyByteArrayObject* raw = <PyByteArrayObject*>out
-    cdef Py_ssize_t size = PyByteArray_GET_SIZE(out)
-    if raw.ob_start == raw.ob_bytes and size + n < raw.ob_alloc:
-        Py_SET_SIZE(out, size + n)
-        memcpy(raw.ob_start + size, data, n)
-        raw.ob_start[size + n] = 0  # bytearray keeps a NUL after its bytes
-        return 0
-    PyByteArray_Resize(out, size + n)
-    memcpy(PyByteArray_AS_STRING(out) + size, data, n)
-    return 0
-
-
-cdef inline int _byte(bytearray out, int value) except -1:
-    cdef char c = <char>value
-    return _put(out, &c, 1)
-
-
-cdef inline int _long(bytearray out, long long value) except -1:
-    cdef unsigned long long n = (<unsigned long long>value << 1) ^ <unsigned long long>(value >> 63)
-    cdef char buf[10]
-    cdef int i = 0
-    while n > 0x7F:
-        buf[i] = <char>((n & 0x7F) | 0x80)
-        n >>= 7
-        i += 1
-    buf[i] = <char>n
-    return _put(out, buf, i + 1)
-
-
-cdef inline int _blob(bytearray out, const char* data, Py_ssize_t n) except -1:
-    _long(out, n)
-    return _put(out, data, n)
 
 
 # ---------------------------------------------------------------------------- text shapes
@@ -293,18 +247,18 @@ cdef int _column_chars(tuple column, object text, const char* s, Py_ssize_t n,
         if 0 < n - i <= 18 and _digits(s + i, n - i):
             v = _number(s + i, n - i)
             if prefix >= 0:
-                _byte(out, prefix)
-            return _long(out, -v if i else v)
+                put_byte(out, prefix)
+            return put_long(out, -v if i else v)
         v = int(_str(text, s, n))  # 19 digits: Python checks the range
         if prefix >= 0:
-            _byte(out, prefix)
-        return _long(out, v)
+            put_byte(out, prefix)
+        return put_long(out, v)
     if kind == STRING:
         if text is None and not _ascii(s, n):
             PyUnicode_DecodeUTF8(s, n, NULL)  # raises on bytes that are not UTF-8
         if prefix >= 0:
-            _byte(out, prefix)
-        return _blob(out, s, n)
+            put_byte(out, prefix)
+        return put_blob(out, s, n)
     if kind == TIMESTAMPTZ:
         if (n == 22 or 24 <= n <= 29) and _date_shape(s) and s[10] == 32 and _time_shape(s + 11) \
                 and s[n - 3] == 43 and s[n - 2] == 48 and s[n - 1] == 48 \
@@ -317,8 +271,8 @@ cdef int _column_chars(tuple column, object text, const char* s, Py_ssize_t n,
                 buf[20 + i] = s[20 + i] if 20 + i < n - 3 else 48
             buf[26] = 90  # Z
             if prefix >= 0:
-                _byte(out, prefix)
-            return _blob(out, buf, 27)
+                put_byte(out, prefix)
+            return put_blob(out, buf, 27)
         return _typed(column, _str(text, s, n), out)
     if kind == DECIMAL:
         scale = column[3]
@@ -350,36 +304,34 @@ cdef int _column_chars(tuple column, object text, const char* s, Py_ssize_t n,
                 size += 1
                 u >>= 1
             size = (size + 8) // 8
-            u = <unsigned long long>v
-            for i in range(size):
-                buf[i] = <char>((u >> (8 * (size - 1 - i))) & 0xFF)
-            _byte(out, prefix)
-            return _blob(out, buf, size)
+            store_be(<unsigned char*>buf, <unsigned long long>v, size)
+            put_byte(out, prefix)
+            return put_blob(out, buf, size)
         if _is_special(s, n):
-            _byte(out, column[2])
-            return _blob(out, s, n)
+            put_byte(out, column[2])
+            return put_blob(out, s, n)
         return _typed(column, _str(text, s, n), out)
     if kind == BOOL:
         if prefix >= 0:
-            _byte(out, prefix)
-        return _byte(out, 1 if n == 1 and s[0] == 116 else 0)
+            put_byte(out, prefix)
+        return put_byte(out, 1 if n == 1 and s[0] == 116 else 0)
     if kind == DOUBLE:
         d = _to_double(text, s, n)
         PyFloat_Pack8(d, buf, 1)
         if prefix >= 0:
-            _byte(out, prefix)
-        return _put(out, buf, 8)
+            put_byte(out, prefix)
+        return put(out, buf, 8)
     if kind == FLOAT:
         d = _to_double(text, s, n)
         PyFloat_Pack4(d, buf, 1)
         if prefix >= 0:
-            _byte(out, prefix)
-        return _put(out, buf, 4)
+            put_byte(out, prefix)
+        return put(out, buf, 4)
     if kind == DATE:
         if n == 10 and _date_shape(s):
             if prefix >= 0:
-                _byte(out, prefix)
-            return _long(out, _date_days(s))
+                put_byte(out, prefix)
+            return put_long(out, _date_days(s))
         return _typed(column, _str(text, s, n), out)
     if kind == TIMESTAMP:
         if (n == 19 or 21 <= n <= 26) and _date_shape(s) and s[10] == 32 and _time_shape(s + 11) \
@@ -388,20 +340,20 @@ cdef int _column_chars(tuple column, object text, const char* s, Py_ssize_t n,
             if n > 19:
                 v += _fraction(s + 20, n - 20)
             if prefix >= 0:
-                _byte(out, prefix)
-            return _long(out, v)
+                put_byte(out, prefix)
+            return put_long(out, v)
         return _typed(column, _str(text, s, n), out)
     if kind == UUID:
         if _canonical_uuid(s, n):
             if prefix >= 0:
-                _byte(out, prefix)
-            return _blob(out, s, n)
+                put_byte(out, prefix)
+            return put_blob(out, s, n)
         return _typed(column, _str(text, s, n), out)
     if kind == NUMERIC_TEXT:
         if _plain_numeric(s, n):
             if prefix >= 0:
-                _byte(out, prefix)
-            return _blob(out, s, n)
+                put_byte(out, prefix)
+            return put_blob(out, s, n)
         return _typed(column, _str(text, s, n), out)
     if kind == BYTEA:
         if n >= 2 and s[0] == 92 and s[1] == 120 and n % 2 == 0:
@@ -409,10 +361,10 @@ cdef int _column_chars(tuple column, object text, const char* s, Py_ssize_t n,
                 if _hex(s[i]) < 0:
                     return _typed(column, _str(text, s, n), out)
             if prefix >= 0:
-                _byte(out, prefix)
-            _long(out, (n - 2) // 2)
+                put_byte(out, prefix)
+            put_long(out, (n - 2) // 2)
             for i in range(2, n, 2):
-                _byte(out, (_hex(s[i]) << 4) | _hex(s[i + 1]))
+                put_byte(out, (_hex(s[i]) << 4) | _hex(s[i + 1]))
             return 0
         return _typed(column, _str(text, s, n), out)
     raise ValueError(f"unknown kind {kind}")
@@ -420,7 +372,7 @@ cdef int _column_chars(tuple column, object text, const char* s, Py_ssize_t n,
 
 cdef inline int _null(tuple column, bytearray out) except -1:
     if column[1] >= 0 and column[0] != DECIMAL:
-        return _byte(out, 0)
+        return put_byte(out, 0)
     column[6](None, out)  # a decimal's union, or a field that is not nullable (raises)
     return 0
 
@@ -502,7 +454,7 @@ def parse_tuple(bytes data, Py_ssize_t at):
     cdef unsigned char kind
     if at + 2 > size:
         return None, at
-    count = (s[at] << 8) | s[at + 1]
+    count = <Py_ssize_t>load_be(s + at, 2)
     at += 2
     values = [None] * count
     for i in range(count):
@@ -513,7 +465,7 @@ def parse_tuple(bytes data, Py_ssize_t at):
         if kind == 0x74 or kind == 0x62:  # text, binary
             if at + 4 > size:
                 return None, at
-            length = (<Py_ssize_t>s[at] << 24) | (s[at + 1] << 16) | (s[at + 2] << 8) | s[at + 3]
+            length = <Py_ssize_t>load_be(s + at, 4)
             at += 4
             if length < 0 or at + length > size:
                 return None, at
@@ -539,10 +491,6 @@ from libc.stdio cimport snprintf
 from cpython.bytearray cimport PyByteArray_FromStringAndSize
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
-cdef inline unsigned int _be32(const unsigned char* p):
-    return (<unsigned int>p[0] << 24) | (<unsigned int>p[1] << 16) | (<unsigned int>p[2] << 8) | p[3]
-
-
 cdef Py_ssize_t _scan(const unsigned char* s, Py_ssize_t size, Py_ssize_t at, Py_ssize_t width,
                       const char** ptrs, Py_ssize_t* lens):
     """The fields of a TupleData at ``at`` of exactly ``width`` text, null or unchanged TOAST
@@ -552,7 +500,7 @@ cdef Py_ssize_t _scan(const unsigned char* s, Py_ssize_t size, Py_ssize_t at, Py
     cdef unsigned char kind
     if at + 2 > size:
         return -1
-    count = (s[at] << 8) | s[at + 1]
+    count = <Py_ssize_t>load_be(s + at, 2)
     if count != width:
         return -1
     at += 2
@@ -564,7 +512,7 @@ cdef Py_ssize_t _scan(const unsigned char* s, Py_ssize_t size, Py_ssize_t at, Py
         if kind == 0x74:  # text
             if at + 4 > size:
                 return -1
-            length = <Py_ssize_t>_be32(s + at)
+            length = <Py_ssize_t>load_be(s + at, 4)
             at += 4
             if length < 0 or at + length > size:
                 return -1
@@ -596,7 +544,7 @@ cdef int _row_filled(tuple plan, const char** ptrs, Py_ssize_t* lens, const char
     cdef Py_ssize_t i
     for i in range(len(plan)):
         if lens[i] == -2:
-            _put(out, old[i], old_lens[i])
+            put(out, old[i], old_lens[i])
         elif lens[i] < 0:
             _null(<tuple>plan[i], out)
         else:
@@ -604,36 +552,21 @@ cdef int _row_filled(tuple plan, const char** ptrs, Py_ssize_t* lens, const char
     return 0
 
 
-cdef inline const unsigned char* _read_long(const unsigned char* p, const unsigned char* end,
-                                            long long* value):
-    """A zig-zag varint at ``p``; NULL when it runs past ``end``."""
-    cdef unsigned long long n = 0
-    cdef int shift = 0
-    while p < end and shift <= 63:
-        n |= (<unsigned long long>(p[0] & 0x7F)) << shift
-        shift += 7
-        if p[0] < 0x80:
-            value[0] = <long long>((n >> 1) ^ (-(n & 1)))
-            return p + 1
-        p += 1
-    return NULL
-
-
 cdef const unsigned char* _skip(tuple column, const unsigned char* p, const unsigned char* end):
     """Just past one field's bytes (rowcodec._skip); NULL when they do not fit."""
     cdef long long branch, size
     cdef int code
     if column[0]:
-        p = _read_long(p, end, &branch)
+        p = read_long(p, end, &branch)
         if p == NULL or branch < 0 or branch >= len(column) - 1:
             return NULL
         code = column[1 + branch]
     else:
         code = column[1]
     if code == 1:
-        p = _read_long(p, end, &size)
+        p = read_long(p, end, &size)
     elif code == 5:
-        p = _read_long(p, end, &size)
+        p = read_long(p, end, &size)
         if p == NULL or size < 0 or size > end - p:
             return NULL
         p += size
@@ -657,7 +590,7 @@ cdef bint _after_fields(tuple skips, bytes value, const char** old, Py_ssize_t* 
     cdef Py_ssize_t i
     if end - p < 6:
         return False
-    p = _read_long(p + 5, end, &branch)
+    p = read_long(p + 5, end, &branch)
     if p == NULL:
         return False
     if branch == 1:
@@ -667,7 +600,7 @@ cdef bint _after_fields(tuple skips, bytes value, const char** old, Py_ssize_t* 
                 return False
     elif branch != 0:
         return False
-    p = _read_long(p, end, &branch)
+    p = read_long(p, end, &branch)
     if p == NULL or branch != 1:
         return False
     for i in range(len(skips)):
@@ -724,18 +657,18 @@ cdef bytes _key_chars(tuple plan, const char** ptrs, Py_ssize_t* lens):
     cdef Py_ssize_t n, i, index
     for column in plan:
         p = PyUnicode_AsUTF8AndSize(column[0], &n)
-        _put(out, p, n)
+        put(out, p, n)
         index = column[1]
         kind = column[2]
         n = lens[index]
         v = ptrs[index]
         if n < 0:  # null (or unchanged: encode_changes declines those keys)
-            _put(out, b"null", 4)
+            put(out, b"null", 4)
         elif kind == LONG:
             i = 1 if n > 0 and v[0] == 45 else 0
             if 0 < n - i <= 18 and _digits(v + i, n - i) and (v[i] != 48 or n - i == 1) \
                     and not (i and n == 2 and v[1] == 48):
-                _put(out, v, n)
+                put(out, v, n)
             else:
                 _text(out, str(int(PyUnicode_DecodeUTF8(v, n, NULL))))
         elif kind == STRING:
@@ -744,7 +677,7 @@ cdef bytes _key_chars(tuple plan, const char** ptrs, Py_ssize_t* lens):
             ctype = column[4]
             _text(out, _dumps(ctype.to_json(ctype.to_avro(column[3](
                 PyUnicode_DecodeUTF8(v, n, NULL)))), separators=(",", ":"), ensure_ascii=False))
-    _put(out, b"}", 1)
+    put(out, b"}", 1)
     return PyBytes_FromStringAndSize(PyByteArray_AS_STRING(out) + KEY_PREFIX,
                                      PyByteArray_GET_SIZE(out) - KEY_PREFIX)
 
@@ -752,16 +685,12 @@ cdef bytes _key_chars(tuple plan, const char** ptrs, Py_ssize_t* lens):
 cdef inline int _text(bytearray out, str text) except -1:
     cdef Py_ssize_t n
     cdef const char* p = PyUnicode_AsUTF8AndSize(text, &n)
-    return _put(out, p, n)
-
-
-cdef inline int _bytes_to(bytearray out, bytes data) except -1:
-    return _put(out, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+    return put(out, p, n)
 
 
 cdef inline int _opt_long(bytearray out, long long value) except -1:
-    _byte(out, 2)
-    return _long(out, value)
+    put_byte(out, 2)
+    return put_long(out, value)
 
 
 #: encode_changes' scratch buffer starts over past this size
@@ -771,13 +700,10 @@ cdef bytes _pg_position(unsigned long long lsn, int phase, unsigned long long or
     """Position.postgres(lsn, ordinal).to_bytes(): tag 1, then lsn, phase, ordinal (big
     endian)."""
     cdef unsigned char buf[25]
-    cdef int i
     buf[0] = 1
-    for i in range(8):
-        buf[1 + i] = (lsn >> (56 - 8 * i)) & 0xFF
-        buf[9 + i] = 0
-        buf[17 + i] = (ordinal >> (56 - 8 * i)) & 0xFF
-    buf[16] = phase
+    store_be(buf + 1, lsn, 8)
+    store_be(buf + 9, <unsigned long long>phase, 8)
+    store_be(buf + 17, ordinal, 8)
     return PyBytes_FromStringAndSize(<const char*>buf, 25)
 
 
@@ -898,7 +824,7 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
             kind = s[0]
             if kind != 0x49 and kind != 0x55 and kind != 0x44:  # I, U, D
                 break
-            plan = plans.get(_be32(s + 1))
+            plan = plans.get(load_be(s + 1, 4))
             if plan is None:
                 break
             width = plan[8]
@@ -923,7 +849,7 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
                 if clens[at] == -2:
                     unchanged = True
                     break
-            lsn = (<unsigned long long>_be32(s - 24) << 32) | _be32(s - 20)
+            lsn = load_be(s - 24, 8)
             try:
                 key = _key_chars(<tuple>plan[2], cptrs, clens)
                 keep = None  # the previous value ``old`` points into
@@ -936,18 +862,18 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
                         break
                 begin = SCRATCH_PREFIX
                 PyByteArray_Resize(out, begin)
-                _bytes_to(out, <bytes>plan[3])
+                put_bytes(out, <bytes>plan[3])
                 if kind == 0x44:
-                    _byte(out, 2)
+                    put_byte(out, 2)
                     _row_chars(<tuple>plan[1], cptrs, clens, out)
-                    _byte(out, 0)
+                    put_byte(out, 0)
                 elif unchanged:
-                    _byte(out, 0)
-                    _byte(out, 2)
+                    put_byte(out, 0)
+                    put_byte(out, 2)
                     _row_filled(<tuple>plan[1], cptrs, clens, old, old_lens, out)
                 else:
-                    _byte(out, 0)
-                    _byte(out, 2)
+                    put_byte(out, 0)
+                    put_byte(out, 2)
                     _row_chars(<tuple>plan[1], cptrs, clens, out)
             except Exception:  # the typed path decides (and explains)
                 PyByteArray_Resize(out, begin)
@@ -957,31 +883,31 @@ def encode_changes(dict plans, list messages, Py_ssize_t start, txn, list record
             ordinal += 1
             per_table[topic] = per
             # the source block
-            _bytes_to(out, <bytes>plan[4])
-            _long(out, commit_ms)
-            _bytes_to(out, <bytes>plan[5])
+            put_bytes(out, <bytes>plan[4])
+            put_long(out, commit_ms)
+            put_bytes(out, <bytes>plan[5])
             lsn_n = snprintf(lsn_text, 40, "%llX/%llX", <unsigned long long>(lsn >> 32),
                              <unsigned long long>(lsn & 0xFFFFFFFFULL))
-            _byte(out, 2)
-            _long(out, PyBytes_GET_SIZE(commit_text) + lsn_n + 7)
-            _put(out, b'["', 2)
-            _bytes_to(out, commit_text)
-            _put(out, b'","', 3)
-            _put(out, lsn_text, lsn_n)
-            _put(out, b'"]', 2)
+            put_byte(out, 2)
+            put_long(out, PyBytes_GET_SIZE(commit_text) + lsn_n + 7)
+            put(out, b'["', 2)
+            put_bytes(out, commit_text)
+            put(out, b'","', 3)
+            put(out, lsn_text, lsn_n)
+            put(out, b'"]', 2)
             _opt_long(out, commit_ms * 1000)
             _opt_long(out, commit_ms * 1000000)
-            _bytes_to(out, <bytes>plan[6])
+            put_bytes(out, <bytes>plan[6])
             _opt_long(out, xid)
             _opt_long(out, <long long>lsn)
-            _byte(out, 0)  # xmin
+            put_byte(out, 0)  # xmin
             # the transaction block, op, processing times, unavailable columns
-            _bytes_to(out, txn_prefix)
-            _long(out, ordinal)
-            _long(out, per)
-            _put(out, b"\x02c" if kind == 0x49 else b"\x02u" if kind == 0x55 else b"\x02d", 2)
-            _bytes_to(out, times)
-            _byte(out, 0)
+            put_bytes(out, txn_prefix)
+            put_long(out, ordinal)
+            put_long(out, per)
+            put(out, b"\x02c" if kind == 0x49 else b"\x02u" if kind == 0x55 else b"\x02d", 2)
+            put_bytes(out, times)
+            put_byte(out, 0)
             value = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(out) + begin,
                                               PyByteArray_GET_SIZE(out) - begin)
             position = _position(commit_lsn, <unsigned long long>ordinal)
@@ -1121,15 +1047,15 @@ def encode_copy(tuple plan, bytes data, Py_ssize_t start, long long number, list
                     _ruled(<tuple>plan[8], ptrs, lens, rptrs, rlens, hashes)
                     cptrs, clens = rptrs, rlens
                 PyByteArray_Resize(out, SCRATCH_PREFIX)
-                _bytes_to(out, <bytes>plan[3])
-                _put(out, b"\x00\x02", 2)
+                put_bytes(out, <bytes>plan[3])
+                put(out, b"\x00\x02", 2)
                 _row_chars(<tuple>plan[1], cptrs, clens, out)
                 key = _key_chars(<tuple>plan[2], cptrs, clens)
             except Exception:  # the event path decides (and explains)
                 break
-            _bytes_to(out, <bytes>plan[4])
-            _bytes_to(out, times)
-            _byte(out, 0)
+            put_bytes(out, <bytes>plan[4])
+            put_bytes(out, times)
+            put_byte(out, 0)
             number += 1
             position = _pg_position(lsn, 0, <unsigned long long>number)  # a snapshot row
             value = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(out) + SCRATCH_PREFIX,
@@ -1171,14 +1097,6 @@ def bind_libpq(size_t get_copy_data, size_t consume_input, size_t freemem):
     _pq_freemem = <_FreeMem>freemem
 
 
-cdef inline unsigned long long _be64(const unsigned char* p) noexcept nogil:
-    cdef unsigned long long value = 0
-    cdef int i
-    for i in range(8):
-        value = (value << 8) | p[i]
-    return value
-
-
 def drain(size_t conn, list batch, Py_ssize_t limit, unsigned long long received):
     """The compiled twin of replication.ReplicationStream._drain (raw messages; the same
     contract): returns (DRAIN_*, the highest WAL end received)."""
@@ -1195,7 +1113,7 @@ def drain(size_t conn, list batch, Py_ssize_t limit, unsigned long long received
             consumed = False
             try:
                 if buffer[0] == 0x77 and size >= 25:  # 'w'
-                    wal_end = _be64(<const unsigned char*>buffer + 9)
+                    wal_end = load_be(<const unsigned char*>buffer + 9, 8)
                     if wal_end > received:
                         received = wal_end
                     batch.append(buffer[:size])
