@@ -2,7 +2,7 @@
 
 Per table, :func:`value_schema` builds Debezium's ``Envelope`` around a ``Value`` record of the
 table's columns, with the ``source`` block of the table's connector
-(:class:`cdc.source.EnvelopeSource`) and the ``transaction`` block read from ``schemas/``.
+(:class:`cdc.source.EnvelopeSource`) and the ``transaction`` block read from ``cdc/schemas/``.
 :class:`EventCodec` registers those schemas in the :class:`~cdc.log.schemas.SchemaStore` (a new
 version whenever the columns change) and turns events into log records and back.
 
@@ -40,7 +40,7 @@ from cdc.source import EnvelopeSource, envelope_source
 from cdc.speedups import pure_python
 from cdc.types import ColumnType
 
-SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMAS_DIR = Path(__file__).resolve().parent / "schemas"
 MAGIC = 0
 _FRAME = struct.Struct(">bI")
 _INVALID = re.compile(r"[^A-Za-z0-9_]")
@@ -48,7 +48,7 @@ _INVALID = re.compile(r"[^A-Za-z0-9_]")
 
 @cache
 def fixed_schema(file_name: str) -> Any:
-    """A fixed part of the envelope from ``schemas/``."""
+    """A fixed part of the envelope from ``cdc/schemas/``."""
     path = SCHEMAS_DIR / file_name
     try:
         return json.loads(path.read_text())
