@@ -65,13 +65,28 @@ def _load(config_path: str | None) -> Config:
 DAEMONS = frozenset({"capture", "apply"})
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        from cdc_app.fastpaths import version_text
+
+        click.echo(version_text(__version__))
+        ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="cdc")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version,
+              help="Show the version and which compiled fast paths are in use, and exit.")
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """Change data capture: database logs into a compacted change log, folded into followers."""
+    from cdc_app.fastpaths import missing_warning
+
     if ctx.invoked_subcommand not in DAEMONS:
         shutdown.release()
+    warning = missing_warning()
+    if warning is not None:
+        click.echo(warning, err=True)
 
 
 @main.command("check-config")

@@ -105,6 +105,28 @@ def test_stats_and_compact(project: Path) -> None:
                           cwd=project).stdout)["topics"][0]["tombstones"] == 0
 
 
+def test_version_names_the_fast_paths_and_a_missing_one_is_a_warning(project: Path) -> None:
+    """``cdc --version`` says which compiled kernels run (``make setup`` builds them all); a
+    command started where one is missing warns with the fix instead of silently running the
+    pure-Python twin."""
+    version = cdc("--version", cwd=project)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.startswith("cdc ") and "cdc.log._fast: compiled" in version.stdout
+    assert all(f"{name}: compiled" in version.stdout for name in (
+        "cdc._fast", "connectors.postgres._fast", "connectors.mysql._fast")), version.stdout
+    assert "warning" not in cdc("check-config", cwd=project).stderr
+    hidden = ("import sys; sys.modules['connectors.mysql._fast'] = None; "
+              "from cdc_app.cli import main; main(['check-config'])")
+    result = subprocess.run([sys.executable, "-c", hidden], cwd=project, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "connectors.mysql._fast missing" in result.stderr
+    assert "pip install" in result.stderr and "CDC_PURE_PYTHON=1" in result.stderr
+    quiet = cdc("check-config", cwd=project, env={"CDC_PURE_PYTHON": "1"})
+    assert "warning" not in quiet.stderr and "pure Python" in cdc(
+        "--version", cwd=project, env={"CDC_PURE_PYTHON": "1"}).stdout
+
+
 def test_errors_are_messages_not_tracebacks(project: Path) -> None:
     (project / "bad.yaml").write_text("log: {partitions: lots}\nsources: []\n")
     result = cdc("log", "stats", "--config", "bad.yaml", cwd=project)
