@@ -405,6 +405,9 @@ class SparkConfig(_Strict):
     master: str = "local[2,3]"
     #: extra Spark settings (``spark.executor.memory: 1g``...); cdc's own defaults otherwise
     conf: dict[str, str] = Field(default_factory=dict)
+    #: a folder of Spark's connector jars to use instead of the jar cache's (``cdc setup``
+    #: fills that one; see cdc/jvm)
+    jars_dir: Path | None = None
 
     @field_validator("master")
     @classmethod

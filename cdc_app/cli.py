@@ -154,6 +154,19 @@ def _check_spark() -> Any:
     return spark_session(master="local[1]", app_name="cdc check-config")
 
 
+@main.command("setup")
+@click.option("--only", "only", multiple=True, type=click.Choice(["spark", "kafka"]),
+              help="Only this jar set (repeatable; default: both).")
+@friendly_errors
+def setup_cmd(only: tuple[str, ...]) -> None:
+    """Fetch the JVM jars once, with Maven, into the jar cache ($CDC_JARS_DIR, else
+    ~/.cache/cdc/jars): Spark's connectors for `cdc apply`, the Kafka broker for the demo."""
+    from cdc_app.jars import fetch_jars
+
+    console = make_console()
+    fetch_jars(list(only) or ["spark", "kafka"], lambda line: console.print(line, highlight=False))
+
+
 @main.group("log")
 def log_group() -> None:
     """Inspect and maintain the change log."""

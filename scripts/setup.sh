@@ -28,7 +28,7 @@ fi
 if ! command -v java >/dev/null; then
   need_apt+=(openjdk-17-jre-headless)
 fi
-# Maven: fetches the Kafka broker's and Spark's connector jars once (scripts/fetch_jars.sh, below)
+# Maven: fetches the Kafka broker's and Spark's connector jars once (`cdc setup`, below)
 if ! command -v mvn >/dev/null; then
   need_apt+=(maven)
 fi
@@ -52,8 +52,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
-# Apache Kafka's jars (broker, kafka-tools) from Maven into .cache/jars/kafka, once: tests, the
-# demo and the benchmarks run throwaway KRaft brokers from them (cdc_app/servers/kafka.py); and Spark's
-# Kafka source, spark-avro and delta-spark into .cache/jars/spark, which spark_apply/session.py
-# passes with `spark.jars` (never fetched at run time)
-bash scripts/fetch_jars.sh
+# the JVM jars, from Maven into the user's jar cache (~/.cache/cdc/jars, or $CDC_JARS_DIR), once:
+# Spark's Kafka source, spark-avro and delta-spark, which `cdc apply` passes with `spark.jars`, and
+# Apache Kafka's broker, which the tests, the demo and the benchmarks run throwaway KRaft brokers
+# from (cdc/jvm: the poms; never fetched at run time)
+.venv/bin/cdc setup

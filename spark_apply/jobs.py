@@ -614,13 +614,16 @@ class ApplyJob:
             sink.close()
 
 
-def start_spark(master: str | None = None, conf: dict[str, str] | None = None) -> Any:
+def start_spark(master: str | None = None, conf: dict[str, str] | None = None,
+                jars: Path | None = None) -> Any:
     """The SparkSession (``spark_apply/session.py``) on ``master`` (default: the embedded
-    ``local[2,3]``) with the extra settings ``conf``, or a :class:`CdcError` with the fix."""
+    ``local[2,3]``) with the extra settings ``conf`` and the connector jars in ``jars``
+    (default: the jar cache's), or a :class:`CdcError` with the fix."""
     try:
         from spark_apply.session import spark_session
 
-        return spark_session(master=master or "local[2,3]", app_name="cdc-apply", conf=conf)
+        return spark_session(master=master or "local[2,3]", app_name="cdc-apply", conf=conf,
+                             jars_folder=jars)
     except ImportError as exc:
         raise CdcError(f"PySpark is not installed ({exc})",
                        "run `make setup`, or pip install -e '.[spark]'") from None
@@ -681,7 +684,8 @@ def run_apply(config: Config, names: Sequence[str], once: bool, console: Console
             return job
         for name in job.names:  # before Spark starts: a stale follower is refused at once
             refuse_if_stale(config, name, job.checkpoint(name))
-        spark = start_spark(master or config.spark.master, config.spark.conf)
+        jars = config.resolve(config.spark.jars_dir) if config.spark.jars_dir else None
+        spark = start_spark(master or config.spark.master, config.spark.conf, jars)
         if job.stop.is_set():
             return job
         job.start(spark, once)

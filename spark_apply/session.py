@@ -9,16 +9,16 @@ Python workers on this interpreter (``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON``
 root on the workers' ``PYTHONPATH`` (so they import ``spark_apply.source``), no web UI, few
 shuffle partitions, JVM logging at ERROR, and the ``cdc`` data source registered.
 
-JVM jars: every jar in ``.cache/jars/spark`` (Spark's Kafka source, spark-avro, delta-spark and
-their dependencies, fetched by ``scripts/fetch_jars.sh`` at ``make setup``) goes on the classpath
-with ``spark.jars``; nothing is downloaded at run time (no ``spark.jars.packages``). With
-delta-spark among them, Delta's SQL extension and catalog are set, so Spark reads and writes the
-Delta followers' tables (``format("delta")``, ``MERGE INTO delta.`path```). Without that folder
-the session still starts (local log followers need none of them) and
-:func:`require_spark_jars` names the fix where a job needs them. Spark's connector jars work only
-with the exact Spark release they were built for: the session refuses to run when
-``spark.version`` differs from theirs (:func:`check_spark_version`; spark-avro, which Maven
-Central lacks for Spark 4.2.0, has a stand-in release: :data:`SPARK_AVRO_STAND_IN`).
+JVM jars: every jar in the Spark jar folder (Spark's Kafka source, spark-avro, delta-spark and
+their dependencies, fetched by ``cdc setup`` into the jar cache: :mod:`cdc.jvm`; or the folder the
+config's ``spark.jars_dir`` names) goes on the classpath with ``spark.jars``; nothing is downloaded
+at run time (no ``spark.jars.packages``). With delta-spark among them, Delta's SQL extension and
+catalog are set, so Spark reads and writes the Delta followers' tables (``format("delta")``,
+``MERGE INTO delta.`path```). Without that folder the session still starts (local log followers
+need none of them) and :func:`require_spark_jars` names the fix where a job needs them. Spark's
+connector jars work only with the exact Spark release they were built for: the session refuses to
+run when ``spark.version`` differs from theirs (:func:`check_spark_version`; spark-avro, which
+Maven Central lacks for Spark 4.2.0, has a stand-in release: :data:`SPARK_AVRO_STAND_IN`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from cdc.errors import CdcError
-from cdc.jvm import jvm_options
+from cdc.jvm import SETUP_FIX, jars_dir, jars_ready, jvm_options
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LOG4J = Path(__file__).resolve().parent / "log4j2.properties"
-# filled by scripts/fetch_jars.sh from scripts/jvm/spark/pom.xml
-SPARK_JARS = PROJECT_ROOT / ".cache" / "jars" / "spark"
-FETCH_FIX = "run `make setup` (or `bash scripts/fetch_jars.sh`), which fetches them with Maven"
+FETCH_FIX = SETUP_FIX
 
 # Spark's Kafka connector jars carry the exact Spark release: spark-sql-kafka-0-10_2.13-4.2.0.jar
 _VERSION = r"(?P<version>\d+\.\d+\.\d+(?:-\w+)?)"
@@ -46,7 +44,7 @@ _SPARK_CONNECTOR_JAR = re.compile(
     rf"^spark-(?:sql-kafka-0-10|token-provider-kafka-0-10)_\d+\.\d+-{_VERSION}\.jar$")
 _SPARK_AVRO_JAR = re.compile(rf"^spark-avro_\d+\.\d+-{_VERSION}\.jar$")
 #: Spark releases Maven Central has no spark-avro for -> the spark-avro release that stands in
-#: (scripts/jvm/spark/pom.xml; tests/test_spark_jars.py round-trips Avro through it)
+#: (cdc/jvm/spark.pom.xml; tests/test_spark_jars.py round-trips Avro through it)
 SPARK_AVRO_STAND_IN = {"4.2.0": "4.1.1"}
 # delta-spark carries the Spark line it was built for: delta-spark_4.2_2.13-4.4.0.jar
 _DELTA_JAR = re.compile(r"^delta-spark_(?P<line>\d+\.\d+)_\d+\.\d+-[^-]+\.jar$")
@@ -58,14 +56,24 @@ REQUIRED_JARS = {
 }
 
 
-def spark_jars(folder: Path = SPARK_JARS) -> list[Path]:
-    """Every jar in ``folder`` (absolute paths, sorted); none when it does not exist."""
+def spark_jars_folder() -> Path:
+    """Where ``cdc setup`` puts Spark's connector jars for this installation (:mod:`cdc.jvm`)."""
+    return jars_dir("spark")
+
+
+def spark_jars(folder: Path | None = None) -> list[Path]:
+    """Every jar in ``folder`` (default: :func:`spark_jars_folder`, once ``cdc setup`` filled
+    it), absolute paths, sorted; none when there is no such folder."""
+    if folder is None:
+        folder = spark_jars_folder()
+        if not jars_ready(folder):
+            return []
     if not folder.is_dir():
         return []
     return sorted(p.resolve() for p in folder.glob("*.jar"))
 
 
-def require_spark_jars(*needs: str, folder: Path = SPARK_JARS) -> list[Path]:
+def require_spark_jars(*needs: str, folder: Path | None = None) -> list[Path]:
     """The jars in ``folder``, after checking the ones ``needs`` names (``"kafka"``, ``"avro"``,
     ``"delta"``; all three when none is named) are there: a job that reads Kafka with Spark's
     source, decodes Avro in the JVM or writes Delta with delta-spark calls this first."""
@@ -74,7 +82,8 @@ def require_spark_jars(*needs: str, folder: Path = SPARK_JARS) -> list[Path]:
     missing = [need for need in (needs or tuple(REQUIRED_JARS))
                if not any(REQUIRED_JARS[need].match(name) for name in names)]
     if missing:
-        where = f"{folder} has no jar for {', '.join(missing)}" if jars else f"{folder} is missing"
+        shown = folder or spark_jars_folder()
+        where = f"{shown} has no jar for {', '.join(missing)}" if jars else f"{shown} is missing"
         raise CdcError(f"Spark's connector jars are not set up: {where}", FETCH_FIX)
     return jars
 
@@ -96,8 +105,8 @@ def check_spark_version(running: str, jars: Sequence[Path | str]) -> None:
     jars were built for: Spark's connector jars must match it exactly (spark-avro: or be its
     :data:`SPARK_AVRO_STAND_IN`), delta-spark its line (``delta-spark_4.2_...``)."""
     wanted = jars_spark_version(jars)
-    fix = ("re-run `make setup`: it installs the pyspark pyproject.toml pins and fetches the jars "
-           "for it (scripts/jvm/spark/pom.xml)")
+    fix = ("install the pyspark release the project pins (pyproject.toml) and run `cdc setup`, "
+           "which fetches the jars for it (cdc/jvm/spark.pom.xml)")
     if wanted is not None:
         fix += ("; or run the Spark the jars are for: "
                 f"`.venv/bin/pip install \"pyspark[sql]=={wanted}\"`")
@@ -119,7 +128,7 @@ def check_spark_version(running: str, jars: Sequence[Path | str]) -> None:
             raise CdcError(
                 f"Spark {running} is running, but {name} (spark.jars) is not the spark-avro for "
                 f"it, which is {avro} (SPARK_AVRO_STAND_IN in spark_apply/session.py and "
-                "spark.avro.version in scripts/jvm/spark/pom.xml must agree)", fix)
+                "spark.avro.version in cdc/jvm/spark.pom.xml must agree)", fix)
 
 
 def _worker_environment() -> None:
@@ -132,11 +141,14 @@ def _worker_environment() -> None:
 
 
 def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
-                  conf: Mapping[str, str] | None = None) -> Any:
+                  conf: Mapping[str, str] | None = None,
+                  jars_folder: Path | None = None) -> Any:
     """The SparkSession (created on first call; later calls return the same one, ``master``
     and ``conf`` then apply only where Spark allows changing them at runtime).
 
-    ``conf`` adds or overrides Spark settings, e.g. ``{"spark.driver.memory": "2g"}``.
+    ``conf`` adds or overrides Spark settings, e.g. ``{"spark.driver.memory": "2g"}``;
+    ``jars_folder``:
+    the folder of Spark's connector jars (default: :func:`spark_jars_folder`).
     """
     _worker_environment()
     # pyspark 4.2 warns about pandas 3 on import; the cdc source does not use pandas
@@ -160,7 +172,7 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
         "spark.pyspark.driver.python": sys.executable,
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
     }
-    jars = spark_jars()
+    jars = spark_jars(jars_folder)
     if jars:
         settings["spark.jars"] = ",".join(str(p) for p in jars)
     if any(_DELTA_JAR.match(p.name) for p in jars):

@@ -1,6 +1,6 @@
-"""Spark's JVM jars (Kafka source, spark-avro, delta-spark): fetched at set-up into
-.cache/jars/spark (scripts/fetch_jars.sh, scripts/jvm/spark/pom.xml), passed with ``spark.jars``,
-and of the exact Spark release pyspark is pinned to (pyproject.toml)."""
+"""Spark's JVM jars (Kafka source, spark-avro, delta-spark): fetched at set-up by ``cdc setup``
+into the jar cache (cdc/jvm: spark.pom.xml), passed with ``spark.jars``, and of the exact Spark
+release pyspark is pinned to (pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import pytest
 from cdc.errors import CdcError
 from spark_apply.session import (
     SPARK_AVRO_STAND_IN,
-    SPARK_JARS,
     check_spark_version,
     jars_spark_version,
     require_spark_jars,
     spark_jars,
+    spark_jars_folder,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-POM = ROOT / "scripts" / "jvm" / "spark" / "pom.xml"
+POM = ROOT / "cdc" / "jvm" / "spark.pom.xml"
 JARS_42 = ["commons-pool2-2.13.1.jar", "kafka-clients-3.9.2.jar",
            "spark-sql-kafka-0-10_2.13-4.2.0.jar", "spark-token-provider-kafka-0-10_2.13-4.2.0.jar",
            "spark-avro_2.13-4.1.1.jar", "delta-spark_4.2_2.13-4.4.0.jar"]
@@ -70,7 +70,7 @@ def test_version_mismatch_names_both_versions_and_the_fix() -> None:
     assert "Spark 4.3.0 is running" in message
     assert "are for Spark 4.2.0" in message
     assert 'pip install "pyspark[sql]==4.2.0"' in message
-    assert "make setup" in message
+    assert "cdc setup" in message
 
 
 def test_delta_jar_of_another_spark_line_is_refused() -> None:
@@ -98,7 +98,7 @@ def test_connector_jars_of_two_spark_releases_are_refused() -> None:
 def test_require_spark_jars_names_the_fix(tmp_path: Path) -> None:
     missing = tmp_path / "spark"
     assert spark_jars(missing) == []
-    with pytest.raises(CdcError, match=r"is missing\n  fix: run `make setup`.*fetch_jars\.sh"):
+    with pytest.raises(CdcError, match=r"is missing\n  fix: run `cdc setup` once"):
         require_spark_jars(folder=missing)
     missing.mkdir()
     for name in JARS_42:
@@ -131,7 +131,7 @@ def test_session_runs_the_pinned_spark_with_the_jars(spark) -> None:  # type: ig
     listed = spark.conf.get("spark.jars").split(",")
     assert listed == [str(p) for p in spark_jars()]
     names = [Path(p).name for p in listed]
-    assert all(Path(p).is_absolute() and Path(p).parent == SPARK_JARS for p in listed)
+    assert all(Path(p).is_absolute() and Path(p).parent == spark_jars_folder() for p in listed)
     for prefix in ("spark-sql-kafka-0-10_2.13-", "spark-avro_2.13-", "delta-spark_"):
         assert any(n.startswith(prefix) for n in names), prefix
     assert "spark.jars.packages" not in dict(spark.sparkContext.getConf().getAll())
@@ -194,3 +194,35 @@ def test_delta_tables_are_readable_and_writable_both_ways(  # type: ignore[no-un
     rows = {r["id"]: r["v"] for r in spark.read.format("delta").load(path)
             .where("NOT _cdc_deleted").collect()}
     assert rows == {1: 10, 2: 99, 3: 33, 5: 50}
+
+
+def test_the_jar_cache_is_the_users_and_keyed_by_the_pom(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc import jvm
+
+    monkeypatch.delenv(jvm.JARS_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    folder = jvm.jars_dir("spark")
+    assert folder.parent == tmp_path / "xdg" / "cdc" / "jars"
+    assert re.fullmatch(r"spark-[0-9a-f]{12}", folder.name) and not jvm.jars_ready(folder)
+    monkeypatch.setenv(jvm.JARS_ENV, str(tmp_path / "mine"))
+    assert jvm.jars_dir("kafka").parent == tmp_path / "mine"
+    other = tmp_path / "other.pom.xml"  # another release's pom: a folder of its own
+    other.write_text(POM.read_text().replace("<spark.version>", "<spark.version>9"))
+    monkeypatch.setitem(jvm.POMS, "spark", other)
+    assert jvm.jars_dir("spark").name.startswith("spark-")
+    assert jvm.jars_dir("spark").name != folder.name
+
+
+def test_setup_without_maven_names_the_fix(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CDC_JARS_DIR": str(tmp_path / "jars"), "PATH": "/nonexistent"}
+    result = subprocess.run([sys.executable, "-m", "cdc_app", "setup", "--only", "kafka"],
+                            capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Maven (mvn) is not installed" in result.stderr and "apt-get install maven" in \
+        result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "jars").exists() or not any((tmp_path / "jars").iterdir())

@@ -1,5 +1,5 @@
 """Throwaway Apache Kafka brokers: KRaft (no ZooKeeper), run straight from the Maven jars that
-``make setup`` copies into ``.cache/jars/kafka`` (scripts/fetch_jars.sh), in temporary
+``cdc setup`` copies into the jar cache (:mod:`cdc.jvm`: ``kafka.pom.xml``), in temporary
 directories, on free loopback ports; stopped (and deleted) when done. Nothing is downloaded here.
 
 One node, combined ``broker,controller`` roles, internal topics with replication factor 1::
@@ -28,8 +28,8 @@ are done once and reused:
   node gets a copy with its own ids instead of a JVM of its own (~1 s each; 5 s for 3 nodes).
 * classes: the first broker that stops cleanly leaves an AppCDS archive of the classes it loaded
   (``-XX:ArchiveClassesAtExit``) in the jar folder, keyed by the ``java`` binary; later JVMs map
-  it (``-XX:SharedArchiveFile``) and start ~0.8 s sooner each. fetch_jars.sh replaces the folder
-  when the jars change, which drops the archive with them.
+  it (``-XX:SharedArchiveFile``) and start ~0.8 s sooner each. Other jars (a changed pom) are
+  another folder, with an archive of its own.
 """
 
 from __future__ import annotations
@@ -54,14 +54,13 @@ from pathlib import Path
 from typing import Any
 
 from cdc.errors import CdcError
+from cdc.jvm import SETUP_FIX as _SETUP_FIX
+from cdc.jvm import jars_dir as jar_cache
 from cdc.jvm import jvm_options as cdc_jvm_options
 from cdc_app.servers.postgres import free_port
 
-#: where scripts/fetch_jars.sh puts the jars, relative to the repository checkout
-JARS_DIR = Path(__file__).resolve().parents[2] / ".cache" / "jars" / "kafka"
 #: environment variable naming another jar folder
 JARS_ENV = "CDC_KAFKA_JARS"
-_SETUP_FIX = "run `make setup` (scripts/fetch_jars.sh copies the Kafka jars from Maven)"
 
 #: the JVM's heap; a test broker needs little (256 MB is what a node is given in a cluster too)
 HEAP = ("-Xmx256m", "-Xms128m")
@@ -86,16 +85,17 @@ _LOG4J2 = """\
 
 
 def jars_dir() -> Path:
-    return Path(os.environ.get(JARS_ENV) or JARS_DIR)
+    """``$CDC_KAFKA_JARS``, else the jar cache's Kafka folder (:func:`cdc.jvm.jars_dir`)."""
+    return Path(os.environ.get(JARS_ENV) or jar_cache("kafka"))
 
 
 def kafka_classpath() -> str:
-    """The broker's classpath: every jar in ``$CDC_KAFKA_JARS`` or ``.cache/jars/kafka``."""
+    """The broker's classpath: every jar in :func:`jars_dir`."""
     folder = jars_dir()
     jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
     if not any(jar.name.startswith("kafka_2.13-") for jar in jars):
         fix = _SETUP_FIX if JARS_ENV not in os.environ else \
-            f"point {JARS_ENV} at a folder of Kafka jars, or unset it and " + _SETUP_FIX[4:]
+            f"point {JARS_ENV} at a folder of Kafka jars, or unset it and " + _SETUP_FIX
         raise CdcError(f"the Apache Kafka jars are missing: no kafka_2.13-*.jar in {folder}", fix)
     return os.pathsep.join(str(jar) for jar in jars)
 

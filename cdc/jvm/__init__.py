@@ -1,0 +1,66 @@
+"""The JVMs this project starts: their options (``CDC_JVM_OPTIONS``) and their jars.
+
+**Jars.** Two sets, each the dependencies of a pom shipped here: ``spark.pom.xml`` (Spark's
+Kafka source, spark-avro, delta-spark: ``cdc apply`` passes them with ``spark.jars``) and
+``kafka.pom.xml`` (the throwaway Kafka brokers of the demo and the tests). ``cdc setup`` copies
+them from Maven into a user cache, once; nothing fetches them at run time. The folder of a set is
+``<root>/<set>-<first 12 hex digits of the pom's SHA-256>``, so a changed pom (another Spark
+release) gets a folder of its own and two installations of different versions share the cache
+without thrashing. The root is ``$CDC_JARS_DIR``, else ``$XDG_CACHE_HOME/cdc/jars``, else
+``~/.cache/cdc/jars``; the config's ``spark.jars_dir`` names a folder of Spark jars directly.
+A folder counts as complete once ``cdc setup`` wrote its ``.complete`` marker (last).
+
+**Options.**
+The Spark driver of ``cdc apply`` (``spark.driver.extraJavaOptions``), its executors
+(``spark.executor.extraJavaOptions``, unless the config sets them), and the throwaway servers of
+the demo and the tests (Kafka brokers, Spark's master and workers) add the options in the
+environment variable ``CDC_JVM_OPTIONS``, split like a shell would. On a small machine, where
+JVMs live for minutes, ``-XX:TieredStopAtLevel=1 -XX:+UseSerialGC`` (the JIT's quick tier only,
+one GC thread) saves about a fifth of their CPU time; the test suite sets exactly that
+(``tests/conftest.py``). Unset: the JVM's defaults.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+from pathlib import Path
+
+#: the environment variable read by :func:`jvm_options`
+JVM_OPTIONS_ENV = "CDC_JVM_OPTIONS"
+
+
+def jvm_options() -> list[str]:
+    """The options of ``CDC_JVM_OPTIONS`` (empty when unset)."""
+    return shlex.split(os.environ.get(JVM_OPTIONS_ENV, ""))
+
+
+#: the environment variable naming the jar cache's root
+JARS_ENV = "CDC_JARS_DIR"
+#: the jar sets: name -> the pom whose dependencies they are
+POMS = {"spark": Path(__file__).with_name("spark.pom.xml"),
+        "kafka": Path(__file__).with_name("kafka.pom.xml")}
+#: written last into a jar folder by ``cdc setup``
+COMPLETE = ".complete"
+#: the fix named wherever a jar set is missing
+SETUP_FIX = "run `cdc setup` once (it fetches the JVM jars with Maven; `make setup` runs it)"
+
+
+def jars_root() -> Path:
+    """``$CDC_JARS_DIR``, else ``$XDG_CACHE_HOME/cdc/jars``, else ``~/.cache/cdc/jars``."""
+    if os.environ.get(JARS_ENV):
+        return Path(os.environ[JARS_ENV]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache).expanduser() / "cdc" / "jars"
+
+
+def jars_dir(name: str) -> Path:
+    """The folder of jar set ``name`` (``spark`` or ``kafka``) for this installation's pom."""
+    digest = hashlib.sha256(POMS[name].read_bytes()).hexdigest()[:12]
+    return jars_root() / f"{name}-{digest}"
+
+
+def jars_ready(folder: Path) -> bool:
+    """Whether ``cdc setup`` finished filling ``folder``."""
+    return (folder / COMPLETE).is_file()
