@@ -28,7 +28,7 @@ from typing import Any
 #: 78, 76, 52, 47
 LONGEST_FIRST = (
     "test_spark_cluster.py", "test_kafka_faults.py", "test_apply_crash.py", "test_views.py",
-    "test_pg_capture.py", "test_kafka_log.py", "test_columns.py", "test_apply.py",
+    "test_wheel.py", "test_pg_capture.py", "test_kafka_log.py", "test_columns.py", "test_apply.py",
     "test_demo_mysql.py", "test_mysql_capture.py", "test_pg_crash.py",
 )
 
