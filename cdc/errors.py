@@ -54,6 +54,11 @@ class LogCorruptError(LogError):
     """Bytes that were acknowledged as durable fail their checksum: the disk lost data."""
 
 
+class FormatVersionError(LogError):
+    """Stored state (the log, an offset, a follower's watermarks) was written by a newer cdc in
+    a format this version does not read."""
+
+
 class SchemaError(CdcError):
     """A schema cannot be generated, registered or resolved."""
 

@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
+from cdc.errors import FormatVersionError
+
 BOOTSTRAPPING = "bootstrapping"
 STREAMING = "streaming"
 _BASE_FIELDS = ("kind", "state", "order", "text", "unavailable_images", "snapshots")
@@ -69,7 +71,7 @@ class SourceOffset:
         """The JSON form stored in the log: the subclass's fields plus ``kind``, ``state``,
         ``order`` and ``text`` (so code that does not know the connector can order and show
         it)."""
-        out: dict[str, Any] = {"kind": self.kind, "state": self.state}
+        out: dict[str, Any] = {"format": OFFSET_FORMAT, "kind": self.kind, "state": self.state}
         for item in dataclasses.fields(self):
             if item.name not in _BASE_FIELDS:
                 out[item.name] = _json(getattr(self, item.name))
@@ -84,7 +86,14 @@ class SourceOffset:
     @classmethod
     def load(cls, data: Mapping[str, Any]) -> Self:
         """The offset stored as ``data`` (by :meth:`dump`, or by an older version that wrote
-        fewer fields: missing fields take their defaults). Unknown keys are ignored."""
+        fewer fields: missing fields take their defaults; no ``format`` is format 1). Unknown
+        keys are ignored; a ``format`` newer than :data:`OFFSET_FORMAT` is refused."""
+        stored = data.get("format", 1)
+        if not isinstance(stored, int) or stored > OFFSET_FORMAT:
+            raise FormatVersionError(
+                f"a stored {data.get('kind', cls.kind)} offset has format {stored!r}, written by "
+                f"a newer cdc; this one reads format {OFFSET_FORMAT} and older",
+                "run the cdc version that wrote the log (or a newer one)")
         names = {item.name for item in dataclasses.fields(cls)} - {"kind"}
         values = {name: data[name] for name in names if name in data}
         return cls(**cls._loaded(values))
@@ -116,6 +125,9 @@ class SourceOffset:
 
 
 _FIELD_NAMES: dict[type, frozenset[str]] = {}
+
+#: the format of a stored offset's JSON (:meth:`SourceOffset.dump`); 1: every version so far
+OFFSET_FORMAT = 1
 
 
 def _json(value: Any) -> Any:

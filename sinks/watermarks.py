@@ -47,6 +47,12 @@ class WatermarkFile:
             raise self.error(f"follower {self.follower}: cannot read {self.path} ({exc})",
                              "restore it, or delete it (`cdc apply` writes it again after "
                              "its next batch)") from None
+        version = data.get("version", FORMAT) if isinstance(data, dict) else FORMAT
+        if not isinstance(version, int) or version > FORMAT:
+            raise self.error(f"follower {self.follower}: {self.path} has watermark format "
+                             f"{version!r}, written by a newer cdc; this one reads format "
+                             f"{FORMAT} and older",
+                             "run the cdc version that wrote the follower (or a newer one)")
         sources = data.get("sources") if isinstance(data, dict) else None
         return dict(sources) if isinstance(sources, dict) else {}
 

@@ -38,7 +38,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from cdc.errors import LogCorruptError, LogError, LogLockedError, storage_error
+from cdc.errors import (
+    FormatVersionError,
+    LogCorruptError,
+    LogError,
+    LogLockedError,
+    storage_error,
+)
 from cdc.log.base import (
     AppendResult,
     ChangeLogReader,
@@ -123,8 +129,13 @@ class LogState:
     @classmethod
     def from_json(cls, data: dict[str, Any], where: Path) -> LogState:
         if data.get("format") != FORMAT_VERSION:
-            raise LogError(f"{where} has log format {data.get('format')!r}, this version reads "
-                           f"format {FORMAT_VERSION}", "use the cdc version that wrote the log")
+            newer = isinstance(data.get("format"), int) and data["format"] > FORMAT_VERSION
+            raise FormatVersionError(
+                f"{where} has log format {data.get('format')!r}"
+                + (", written by a newer cdc" if newer else "")
+                + f"; this version reads format {FORMAT_VERSION}",
+                "run the cdc version that wrote the log (or a newer one)" if newer else
+                "run the cdc version that wrote the log, or bootstrap a new log")
         topics = {}
         for name, raw in data["topics"].items():
             info = TopicInfo(name, int(raw["partitions"]), dict(raw.get("meta", {})))
