@@ -13,26 +13,10 @@ import pymysql
 
 from cdc.events import TableId
 from connectors.mysql.connection import SourceError, query, quote_ident, variables
+from connectors.mysql.requirements import PRIVILEGES, REQUIRED
 
 if TYPE_CHECKING:
     from connectors.mysql.types import MyColumn
-
-#: binlog settings CDC needs: (variable, required value, why)
-REQUIRED = (
-    ("log_bin", "ON", "the binary log is off, so there is nothing to stream",
-     "start the server with log_bin (e.g. log_bin=mysql-bin in my.cnf) and restart it"),
-    ("binlog_format", "ROW", "row changes are not logged as rows",
-     "SET GLOBAL binlog_format = 'ROW' (and binlog_format=ROW in my.cnf); sessions already "
-     "open keep their format until they reconnect"),
-    ("binlog_row_image", "FULL", "row images are not whole, so a follower rebuilt from the "
-     "log would lose columns",
-     "SET GLOBAL binlog_row_image = 'FULL' (and in my.cnf)"),
-    ("binlog_row_metadata", "FULL", "table-map events carry no column names, so changes "
-     "cannot be matched to columns",
-     "SET GLOBAL binlog_row_metadata = 'FULL' (and in my.cnf); needs MariaDB 10.5+ or "
-     "MySQL 8.0.14+"),
-)
-
 
 @dataclass(frozen=True)
 class Server:
@@ -67,10 +51,8 @@ def check_privileges(conn: Any, source: str, user: str) -> None:
     grants = " ".join(str(row[0]).upper() for row in query(conn, "SHOW GRANTS"))
     global_grants = " ".join(g for g in re.findall(r"GRANT (.*?) ON \*\.\*", grants))
     has_all = "ALL PRIVILEGES" in global_grants
-    missing = [name for name, aliases in (
-        ("REPLICATION SLAVE", ("REPLICATION SLAVE",)),
-        ("REPLICATION CLIENT", ("REPLICATION CLIENT", "BINLOG MONITOR", "SUPER")),
-    ) if not has_all and not any(alias in global_grants for alias in aliases)]
+    missing = [name for name, aliases in PRIVILEGES
+               if not has_all and not any(alias in global_grants for alias in aliases)]
     if missing:
         raise SourceError(f"source {source!r}: user {user!r} lacks {' and '.join(missing)}",
                           f"GRANT {', '.join(missing)} ON *.* TO '{user}'@'%'")

@@ -12,6 +12,7 @@ import psycopg
 from cdc.events import Column, TableId, TableSchema
 from connectors.postgres.connection import SourceError
 from connectors.postgres.replication import quote_ident
+from connectors.postgres.requirements import REQUIRED, ROLE_ATTRIBUTE
 from connectors.postgres.types import BUILTIN, MODIFIED, PgType, pg_type
 
 
@@ -32,14 +33,12 @@ class TableInfo:
 
 
 def check_server(conn: psycopg.Connection[Any], source: str) -> None:
-    """wal_level must be logical."""
-    row = conn.execute("SHOW wal_level").fetchone()
-    if row is None or row[0] != "logical":
-        raise SourceError(
-            f"source {source!r}: wal_level is {row[0] if row else '?'}, logical replication "
-            "needs wal_level = logical",
-            "set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) "
-            "and restart PostgreSQL")
+    """Every setting of :data:`~connectors.postgres.requirements.REQUIRED`."""
+    for name, wanted, why, fix in REQUIRED:
+        row = conn.execute(f"SHOW {name}").fetchone()
+        if row is None or str(row[0]) != wanted:
+            raise SourceError(f"source {source!r}: {name} is {row[0] if row else '?'}, not "
+                              f"{wanted}: {why}", fix)
 
 
 def check_role(conn: psycopg.Connection[Any], source: str) -> None:
@@ -48,7 +47,7 @@ def check_role(conn: psycopg.Connection[Any], source: str) -> None:
     if row is None or not row[0]:
         user = row[1] if row else "?"
         raise SourceError(f"source {source!r}: role {user!r} lacks the REPLICATION attribute",
-                          f"ALTER ROLE {quote_ident(str(user))} REPLICATION; (as a superuser)")
+                          f"ALTER ROLE {quote_ident(str(user))} {ROLE_ATTRIBUTE}; (as a superuser)")
 
 
 def table_info(conn: psycopg.Connection[Any], source: str, table: TableId) -> TableInfo:
