@@ -408,6 +408,10 @@ class SparkConfig(_Strict):
     #: a folder of Spark's connector jars to use instead of the jar cache's (``cdc setup``
     #: fills that one; see cdc/jvm)
     jars_dir: Path | None = None
+    #: hand the executors this installation's code and Python dependencies (spark.archives,
+    #: spark_apply/ship.py): ``auto`` on a cluster master, not in local mode; ``never`` when
+    #: every worker has the project installed itself
+    ship: Literal["auto", "always", "never"] = "auto"
 
     @field_validator("master")
     @classmethod

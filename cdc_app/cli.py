@@ -16,6 +16,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -165,6 +166,25 @@ def setup_cmd(only: tuple[str, ...]) -> None:
 
     console = make_console()
     fetch_jars(list(only) or ["spark", "kafka"], lambda line: console.print(line, highlight=False))
+
+
+@main.command("pack")
+@click.option("--dir", "directory", default=None, type=click.Path(file_okay=False),
+              help="Where to write it (default: ~/.cache/cdc/packs, or $CDC_PACK_DIR).")
+@friendly_errors
+def pack_cmd(directory: str | None) -> None:
+    """Pack this installation's code and Python dependencies (without pyspark) into the archive
+    `cdc apply` ships to a cluster's executors; print its path and a spark-submit line."""
+    from spark_apply.ship import UNPACKED, pack
+
+    archive = pack(Path(directory) if directory else None)
+    console = make_console()
+    console.print(str(archive), highlight=False, soft_wrap=True)
+    console.print(
+        f"spark-submit --archives {archive}#{UNPACKED} --conf spark.executorEnv.PYTHONPATH="
+        f"{UNPACKED} --conf spark.pyspark.python=python3 --conf spark.pyspark.driver.python="
+        f"{sys.executable} {Path(__file__).resolve()} apply --config cdc.yaml --follower NAME",
+        highlight=False, soft_wrap=True, style="dim")
 
 
 @main.group("log")
@@ -473,16 +493,20 @@ def snapshot_cmd(config_path: str | None, source_name: str | None, tables: tuple
 @click.option("--master", default=None, metavar="URL",
               help="Spark master: local[N] or spark://host:port (default: spark.master in the "
                    "config, else local[2,3]).")
+@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              help="A Spark setting (repeatable), over the config's spark.conf, e.g. --conf "
+                   "spark.executor.memory=2g.")
 @metrics_option("apply_port")
 @friendly_errors
 def apply_cmd(config_path: str | None, followers: tuple[str, ...], views: tuple[str, ...],
-              once: bool, master: str | None, metrics_port: int | None) -> None:
+              once: bool, master: str | None, spark_conf: tuple[str, ...],
+              metrics_port: int | None) -> None:
     """Fold the change log into followers and views with Spark (continuous until SIGTERM, or
     --once)."""
     import signal
     import threading
 
-    config = _load(config_path)
+    config = _with_spark_conf(_load(config_path), spark_conf)
     unknown = [name for name in views if name not in config.views]
     if unknown:
         raise CdcError(f"no view named {unknown[0]!r} in the config (known: "
@@ -530,6 +554,29 @@ def apply_cmd(config_path: str | None, followers: tuple[str, ...], views: tuple[
                       "the version gate; commit -> applied latency p50 "
                       f"{format_seconds(p.latency.quantile(0.5))}, p99 "
                       f"{format_seconds(p.latency.quantile(0.99))}", highlight=False)
+
+
+def _with_spark_conf(config: Config, pairs: tuple[str, ...]) -> Config:
+    """``config`` with ``--conf KEY=VALUE`` settings over its ``spark.conf``."""
+    if not pairs:
+        return config
+    from pydantic import ValidationError
+
+    from cdc.config import SparkConfig
+
+    extra: dict[str, str] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key.strip():
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--conf")
+        extra[key.strip()] = value
+    try:
+        SparkConfig(conf=extra)
+    except ValidationError as exc:
+        message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise click.BadParameter(message, param_hint="--conf") from None
+    spark = config.spark.model_copy(update={"conf": {**config.spark.conf, **extra}})
+    return config.model_copy(update={"spark": spark})
 
 
 @main.command("status")

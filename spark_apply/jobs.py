@@ -615,7 +615,7 @@ class ApplyJob:
 
 
 def start_spark(master: str | None = None, conf: dict[str, str] | None = None,
-                jars: Path | None = None) -> Any:
+                jars: Path | None = None, ship: bool = False) -> Any:
     """The SparkSession (``spark_apply/session.py``) on ``master`` (default: the embedded
     ``local[2,3]``) with the extra settings ``conf`` and the connector jars in ``jars``
     (default: the jar cache's), or a :class:`CdcError` with the fix."""
@@ -623,7 +623,7 @@ def start_spark(master: str | None = None, conf: dict[str, str] | None = None,
         from spark_apply.session import spark_session
 
         return spark_session(master=master or "local[2,3]", app_name="cdc-apply", conf=conf,
-                             jars_folder=jars)
+                             jars_folder=jars, ship=ship)
     except ImportError as exc:
         raise CdcError(f"PySpark is not installed ({exc})",
                        "run `make setup`, or pip install -e '.[spark]'") from None
@@ -685,7 +685,10 @@ def run_apply(config: Config, names: Sequence[str], once: bool, console: Console
         for name in job.names:  # before Spark starts: a stale follower is refused at once
             refuse_if_stale(config, name, job.checkpoint(name))
         jars = config.resolve(config.spark.jars_dir) if config.spark.jars_dir else None
-        spark = start_spark(master or config.spark.master, config.spark.conf, jars)
+        chosen = master or config.spark.master
+        ship = config.spark.ship == "always" or (
+            config.spark.ship == "auto" and not chosen.startswith("local"))
+        spark = start_spark(chosen, config.spark.conf, jars, ship)
         if job.stop.is_set():
             return job
         job.start(spark, once)

@@ -131,26 +131,51 @@ def check_spark_version(running: str, jars: Sequence[Path | str]) -> None:
                 "spark.avro.version in cdc/jvm/spark.pom.xml must agree)", fix)
 
 
-def _worker_environment() -> None:
-    """Set before the JVM starts: the JVM passes its environment on to the Python workers."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+def _worker_environment(executor_python: str = sys.executable) -> None:
+    """Set before the JVM starts: the JVM passes its environment on to the Python workers.
+    The driver's own Python workers (planning the ``cdc`` source) run this interpreter; the
+    executors run ``executor_python``."""
+    os.environ["PYSPARK_PYTHON"] = executor_python
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    if os.sep not in executor_python:  # a name (python3): on this machine, it is this Python
+        here = str(Path(sys.executable).parent)
+        if os.environ.get("PATH", "").split(os.pathsep)[0] != here:
+            os.environ["PATH"] = os.pathsep.join([here, os.environ.get("PATH", "")])
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(PROJECT_ROOT) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *paths])
 
 
+def _shipping(conf: Mapping[str, str]) -> dict[str, str]:
+    """The settings that ship this installation to the executors (packed once, cached), unless
+    ``conf`` names an archive itself (``spark.archives``)."""
+    from spark_apply.ship import UNPACKED, pack, ship_settings
+
+    python = conf.get("spark.pyspark.python", "python3")
+    if "spark.archives" in conf:
+        return {"spark.pyspark.python": python,
+                "spark.executorEnv.PYTHONPATH": conf.get("spark.executorEnv.PYTHONPATH",
+                                                         UNPACKED)}
+    return {**ship_settings(pack()), "spark.pyspark.python": python}
+
+
 def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
                   conf: Mapping[str, str] | None = None,
-                  jars_folder: Path | None = None) -> Any:
+                  jars_folder: Path | None = None, ship: bool = False) -> Any:
     """The SparkSession (created on first call; later calls return the same one, ``master``
     and ``conf`` then apply only where Spark allows changing them at runtime).
 
     ``conf`` adds or overrides Spark settings, e.g. ``{"spark.driver.memory": "2g"}``;
     ``jars_folder``:
-    the folder of Spark's connector jars (default: :func:`spark_jars_folder`).
+    the folder of Spark's connector jars (default: :func:`spark_jars_folder`). ``ship``: hand
+    the executors the code and its dependencies (:mod:`spark_apply.ship`) instead of assuming
+    they have this installation; they run ``spark.pyspark.python`` (default ``python3``).
     """
-    _worker_environment()
+    conf = dict(conf or {})
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started us: its settings
+    shipped = _shipping(conf) if ship and not submitted else {}
+    if not submitted:
+        _worker_environment(shipped.get("spark.pyspark.python", sys.executable))
     # pyspark 4.2 warns about pandas 3 on import; the cdc source does not use pandas
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     from pyspark.sql import SparkSession
@@ -167,11 +192,12 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
         "spark.sql.adaptive.enabled": "false",
         "spark.driver.extraJavaOptions": java_options,
         **({"spark.executor.extraJavaOptions": extra} if extra else {}),
-        "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
     }
+    if not submitted:
+        settings.update({"spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
+                         "spark.pyspark.python": sys.executable,
+                         "spark.pyspark.driver.python": sys.executable, **shipped})
     jars = spark_jars(jars_folder)
     if jars:
         settings["spark.jars"] = ",".join(str(p) for p in jars)
@@ -180,7 +206,7 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
         settings["spark.sql.extensions"] = "io.delta.sql.DeltaSparkSessionExtension"
         settings["spark.sql.catalog.spark_catalog"] = \
             "org.apache.spark.sql.delta.catalog.DeltaCatalog"
-    settings.update(conf or {})
+    settings.update(conf)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -61,9 +61,24 @@ FOLLOWERS = ("cache", "warehouse", "history")
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Any:
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtualenv with nothing installed: what the cluster's workers run (``import cdc``
+    fails there), so ``cdc apply`` must ship itself (spark_apply/ship.py)."""
+    venv = tmp_path_factory.mktemp("workers") / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    probe = subprocess.run([str(python), "-c", "import cdc"], cwd=venv, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert probe.returncode != 0 and "No module named 'cdc'" in probe.stderr, probe.stderr
+    return python
+
+
+@pytest.fixture(scope="module")
+def cluster(bare_python: Path) -> Any:
     pytest.importorskip("pyspark")
-    with ThrowawaySparkCluster(workers=2, cores=1) as running:
+    with ThrowawaySparkCluster(workers=2, cores=1, worker_python=bare_python) as running:
         yield running
 
 
@@ -279,8 +294,9 @@ def test_local_mode_cluster_and_kafka_give_identical_followers(
         append_synthetic(kafka_log, Workload(keys=300), 20_000)  # the same seed: the same events
         paths = {mode: mode_config(cluster, tmp_path, base, redis_url, mode, kafka_log)
                  for mode in ("local", "cluster", "kafka")}
-        # the two cluster applications side by side, a core each; local mode meanwhile
-        runs = [start_once(paths[mode]) for mode in ("cluster", "kafka")]
+        # the two cluster applications side by side, a core each (one submitted with
+        # spark-submit, as docs/followers.md shows); local mode meanwhile
+        runs = [submit_once(cluster, paths["cluster"]), start_once(paths["kafka"])]
         apply_once(paths["local"], *FOLLOWERS)
         for run in runs:
             finish_once(run)
@@ -336,6 +352,26 @@ def start_once(path: Path) -> subprocess.Popen[str]:
     args = [arg for name in FOLLOWERS for arg in ("--follower", name)]
     return subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "apply", "--config", str(path),
                              "--once", *args], cwd=PROJECT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def submit_once(cluster: ThrowawaySparkCluster, path: Path) -> subprocess.Popen[str]:
+    """``cdc apply --once`` of the three followers through ``spark-submit``, with the archive
+    ``cdc pack`` makes (the documented invocation, docs/followers.md)."""
+    import cdc_app.cli
+    from cdc_app.servers.spark import spark_home
+    from spark_apply.ship import UNPACKED, pack
+
+    args = [arg for name in FOLLOWERS for arg in ("--follower", name)]
+    command = [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url,
+               "--archives", f"{pack()}#{UNPACKED}",
+               "--conf", f"spark.executorEnv.PYTHONPATH={UNPACKED}",
+               "--conf", "spark.pyspark.python=python3",
+               "--conf", f"spark.pyspark.driver.python={sys.executable}",
+               str(Path(cdc_app.cli.__file__)), "apply", "--config", str(path), "--once", *args]
+    env = {**os.environ, "PYSPARK_DRIVER_PYTHON": sys.executable, "PYSPARK_PYTHON": "python3",
+           "SPARK_HOME": str(spark_home())}
+    return subprocess.Popen(command, cwd=PROJECT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 

@@ -60,6 +60,10 @@ class ThrowawaySparkCluster:
     worker_processes: list[subprocess.Popen[bytes] | None] = field(default_factory=list)
     #: each worker's web UI port (how the master's status names it)
     worker_ui_ports: list[int] = field(default_factory=list)
+    #: the Python the workers offer executors (their PYSPARK_PYTHON, first on their PATH as
+    #: ``python3``), with no PYTHONPATH: a machine with nothing of the project installed. None:
+    #: the workers inherit this process's environment.
+    worker_python: Path | None = None
 
     @property
     def master_url(self) -> str:
@@ -100,6 +104,15 @@ class ThrowawaySparkCluster:
             raise
         return self
 
+    def _worker_environment(self) -> dict[str, str]:
+        env = self._environment()
+        if self.worker_python is not None:
+            for name in ("PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+                env.pop(name, None)
+            env["PYSPARK_PYTHON"] = str(self.worker_python)
+            env["PATH"] = f"{self.worker_python.parent}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
     def start_worker(self) -> int:
         """Start one more worker; its index (for :meth:`kill_worker`)."""
         assert self.directory is not None
@@ -114,7 +127,7 @@ class ThrowawaySparkCluster:
                           "--cores", str(self.cores), "--memory", self.memory,
                           "--webui-port", str(ui_port), "--work-dir", str(work),
                           self.master_url),
-            stdout=log, stderr=subprocess.STDOUT, env=self._environment(), cwd=work,
+            stdout=log, stderr=subprocess.STDOUT, env=self._worker_environment(), cwd=work,
             start_new_session=True))
         return index
 
