@@ -300,6 +300,8 @@ def test_local_mode_cluster_and_kafka_give_identical_followers(
         apply_once(paths["local"], *FOLLOWERS)
         for run in runs:
             finish_once(run)
+        assert cluster.directory is not None  # the executors ran from the shipped archive
+        assert list(cluster.directory.glob("worker-*/app-*/*/cdcenv/cdc/__init__.py"))
         results = {mode: held_by_followers(path) for mode, path in paths.items()}
     finally:
         drop_kafka_topics(kafka_broker, [ORDERS.topic])
@@ -369,8 +371,11 @@ def submit_once(cluster: ThrowawaySparkCluster, path: Path) -> subprocess.Popen[
                "--conf", "spark.pyspark.python=python3",
                "--conf", f"spark.pyspark.driver.python={sys.executable}",
                str(Path(cdc_app.cli.__file__)), "apply", "--config", str(path), "--once", *args]
+    # as from the activated virtualenv: Spark's Python workers on the driver (planning the cdc
+    # source) run `python3` too, which must be the driver's
     env = {**os.environ, "PYSPARK_DRIVER_PYTHON": sys.executable, "PYSPARK_PYTHON": "python3",
-           "SPARK_HOME": str(spark_home())}
+           "SPARK_HOME": str(spark_home()),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     return subprocess.Popen(command, cwd=PROJECT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
