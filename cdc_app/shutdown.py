@@ -48,10 +48,12 @@ def release() -> None:
 
 
 def running_as_cdc() -> bool:
-    """Whether this process is the ``cdc`` command (its console script, or ``python -m
-    cdc_app.cli``), not some program that merely imports the package (tests, notebooks)."""
+    """Whether this process is the ``cdc`` command (its console script, ``python -m
+    cdc_app.cli`` or ``python -m cdc_app``), not some program that merely imports the package
+    (tests, notebooks)."""
     main = Path(getattr(sys.modules.get("__main__"), "__file__", None) or "")
-    return main.name == "cdc" or main.parts[-2:] == ("cdc", "cli.py")
+    return main.name == "cdc" or main.parts[-2:] in (("cdc_app", "cli.py"),
+                                                      ("cdc_app", "__main__.py"))
 
 
 if running_as_cdc():  # on import: the command line imports this module first of all

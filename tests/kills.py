@@ -210,6 +210,24 @@ class Watch:
         return kill
 
 
+def process_freeze(pid: int) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``freeze`` for :meth:`Watch.kill`: SIGSTOP / SIGCONT of process ``pid`` (a capture
+    daemon: stopped, it cannot commit between the look that saw changes in flight and the
+    SIGKILL; seen when a MariaDB capture kept pace with its load)."""
+    import contextlib
+    import signal
+
+    def stop() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+
+    def go_on() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+    return stop, go_on
+
+
 # ----------------------------------------------------------------------- position probes
 
 def process_io(pid: int, field: str = "rchar") -> int:

@@ -275,4 +275,7 @@ def kill_capture(watch: Any, capture: Any, phase: str, log: LogAt, db: MyDatabas
     def stored() -> tuple[int, int]:
         return tuple((stored_offset(log, db.source) or {}).get("order") or (0, 0))  # type: ignore
 
-    return watch.kill(phase, capture.kill, stored, aim=30)
+    from tests.kills import process_freeze
+
+    return watch.kill(phase, capture.kill, stored, aim=30,
+                      freeze=process_freeze(capture.process.pid))

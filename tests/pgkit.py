@@ -217,8 +217,12 @@ def capture_watch(db: Database, capture: Capture, into: str = "") -> Watch:
 def kill_capture(watch: Watch, capture: Capture, phase: str, log: LogAt, source: str
                  ) -> Kill:
     """SIGKILL ``capture`` through ``watch``; asserts it landed while changes were in flight."""
+    from tests.kills import process_freeze
+
+    assert capture.process is not None
     return watch.kill(phase, capture.kill,
-                      lambda: int((stored_offset(log, source) or {}).get("lsn", 0)), aim=30)
+                      lambda: int((stored_offset(log, source) or {}).get("lsn", 0)), aim=30,
+                      freeze=process_freeze(capture.process.pid))
 
 
 def snapshot_watch(log: Path, topic: str) -> Watch:

@@ -68,6 +68,10 @@ def test_sigterm_at_any_moment_drains_and_exits_0(pg_db: Database, tmp_path: Pat
             while not catches_sigterm(capture.process.pid):  # (polled tightly: see delay 0)
                 assert time.monotonic() < deadline, "capture never caught SIGTERM"
                 time.sleep(0.001)
+            if delay == 0:  # stopped where it was seen: the SIGTERM lands there, not later
+                capture.process.send_signal(signal.SIGSTOP)
+                capture.process.send_signal(signal.SIGTERM)
+                capture.process.send_signal(signal.SIGCONT)
             time.sleep(delay)
             code = capture.terminate()
             said = capture_log.read_bytes()[written:].decode(errors="replace")
