@@ -141,16 +141,22 @@ def test_capture_survives_sigkill_under_load(mysql_db: MyDatabase, tmp_path: Pat
     load = Load(db).start()
     rng = random.Random(20261124)
     capture = Capture(config, tmp_path / "capture.log").start()
-    orders = []
+    def stored_order() -> tuple[int, ...]:
+        return tuple((stored_offset(log, db.source) or {}).get("order") or (0, 0))
+
+    orders = [stored_order()]
     with capture_watch(db, capture) as watch:
         for _ in range(KILLS):
             delay = rng.uniform(0.2, 3.0)
             time.sleep(delay)
             assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
             watch.wait_moving()
-            kill_capture(watch, capture, "just restarted" if delay < 1.2 else "streaming", log,
-                         db)
-            orders.append(tuple((stored_offset(log, db.source) or {}).get("order") or (0, 0)))
+            phase = "just restarted" if delay < 1.2 else "streaming"
+            if phase == "streaming":  # streaming: it has committed since it restarted
+                wait_for(lambda: stored_order() > orders[-1], 120,
+                         "the restarted capture to commit")
+            kill_capture(watch, capture, phase, log, db)
+            orders.append(stored_order())
             time.sleep(rng.uniform(0, 0.3))
             capture.start()
     load.finish()

@@ -52,16 +52,22 @@ def test_capture_survives_sigkill_under_load(pg_db: Database, tmp_path: Path) ->
     load = Load(pg_db, threads=3, bulk_every=25).start()
     rng = random.Random(20261122)
     capture = Capture(config, tmp_path / "capture.log").start()
-    lsns = []
+    def stored_lsn() -> int:
+        return int((stored_offset(log, pg_db.source) or {}).get("lsn", 0))
+
+    lsns = [stored_lsn()]
     with capture_watch(pg_db, capture) as watch:
         for _ in range(KILLS):
             delay = rng.uniform(0.2, 4.0)  # a restart under load takes ~2 s to commit
             time.sleep(delay)
             assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
             watch.wait_moving()
-            kill_capture(watch, capture, "just restarted" if delay < 1.5 else "streaming", log,
-                         pg_db.source)
-            lsns.append(int((stored_offset(log, pg_db.source) or {}).get("lsn", 0)))
+            phase = "just restarted" if delay < 1.5 else "streaming"
+            if phase == "streaming":  # streaming: it has committed since it restarted (on a
+                # slow machine a restart can take longer than the delay to commit at all)
+                wait_for(lambda: stored_lsn() > lsns[-1], 120, "the restarted capture to commit")
+            kill_capture(watch, capture, phase, log, pg_db.source)
+            lsns.append(stored_lsn())
             time.sleep(rng.uniform(0, 0.3))
             capture.start()
     load.finish()
