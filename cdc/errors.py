@@ -59,6 +59,22 @@ class FormatVersionError(LogError):
     a format this version does not read."""
 
 
+def check_format(found: object, reads: int, what: str, *,
+                 fix: str = "run the cdc version that wrote it (or a newer one)",
+                 error: type[CdcError] | None = None) -> None:
+    """Refuse stored state of a format this version does not read. ``found`` is the stored
+    format number (state written before formats were marked is format 1: pass 1 for a missing
+    marker); this version reads formats 1 to ``reads``. Anything else (a newer number, or not
+    a number) raises ``error`` (default :class:`FormatVersionError`) naming ``what`` and the
+    fix — stored state is never guessed at."""
+    if isinstance(found, int) and not isinstance(found, bool) and 1 <= found <= reads:
+        return
+    newer = isinstance(found, int) and not isinstance(found, bool) and found > reads
+    raise (error or FormatVersionError)(
+        f"{what} has format {found!r}{', written by a newer cdc' if newer else ''}; this "
+        f"version reads format {reads}{' and older' if reads > 1 else ''}", fix)
+
+
 class SchemaError(CdcError):
     """A schema cannot be generated, registered or resolved."""
 

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
-from cdc.errors import FormatVersionError
+from cdc.errors import check_format
 
 BOOTSTRAPPING = "bootstrapping"
 STREAMING = "streaming"
@@ -88,12 +88,9 @@ class SourceOffset:
         """The offset stored as ``data`` (by :meth:`dump`, or by an older version that wrote
         fewer fields: missing fields take their defaults; no ``format`` is format 1). Unknown
         keys are ignored; a ``format`` newer than :data:`OFFSET_FORMAT` is refused."""
-        stored = data.get("format", 1)
-        if not isinstance(stored, int) or stored > OFFSET_FORMAT:
-            raise FormatVersionError(
-                f"a stored {data.get('kind', cls.kind)} offset has format {stored!r}, written by "
-                f"a newer cdc; this one reads format {OFFSET_FORMAT} and older",
-                "run the cdc version that wrote the log (or a newer one)")
+        check_format(data.get("format", 1), OFFSET_FORMAT,
+                     f"a stored {data.get('kind', cls.kind)} offset",
+                     fix="run the cdc version that wrote the log (or a newer one)")
         names = {item.name for item in dataclasses.fields(cls)} - {"kind"}
         values = {name: data[name] for name in names if name in data}
         return cls(**cls._loaded(values))

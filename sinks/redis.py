@@ -18,7 +18,9 @@ Layout (the names below are exact; ``docs/followers.md`` shows an example):
 ``cdc:watermark:<follower>`` — a **hash**
     Field ``<source>`` = the JSON of the source offset the follower has applied up to (see
     :meth:`RedisSink.set_watermark`); field ``<source>#order`` = that offset's order as hex,
-    used to only ever move forward.
+    used to only ever move forward; field ``#format`` = :data:`FORMAT`, the version of this
+    layout (a hash without it was written before formats were marked: format 1). A newer
+    format is refused (:meth:`RedisSink.watermark`), never misread.
 
 Version gate (a server-side Lua script, one ``EVALSHA`` per ``chunk_rows`` changes, several
 calls pipelined per round trip): for each change, the stored position is the row hash's
@@ -41,7 +43,7 @@ from typing import Any
 import redis
 
 from cdc.config import Config, FollowerConfig, Secret
-from cdc.errors import CdcError
+from cdc.errors import CdcError, check_format
 from cdc.events import TableId, split_topic
 from cdc.sink import ApplyStats, Change, Sink, Topics, canonical_text, row_text
 from sinks.redis_settings import RedisFollowerConfig, check_key_template
@@ -51,6 +53,8 @@ KEY_FIELD = "_cdc_key"
 RESERVED_FIELDS = frozenset({POSITION_FIELD, KEY_FIELD})
 DELETED_PREFIX = "cdc:deleted:"
 WATERMARK_PREFIX = "cdc:watermark:"
+#: the version of this layout, stored in each watermark hash (see the module docstring)
+FORMAT = 1
 DEFAULT_KEY_TEMPLATE = "{schema}.{table}:{key}"
 _GLOB_SPECIAL = frozenset("*?[]\\")
 #: a row's {column: text} as the script's JSON argument (UTF-8 passes through cjson as is)
@@ -117,7 +121,7 @@ end
 return {written, deleted, skipped}
 """
 
-# KEYS[1]: the watermark hash. ARGV: source, offset JSON, order hex ('' = unordered).
+# KEYS[1]: the watermark hash. ARGV: source, offset JSON, order hex ('' = unordered), format.
 # Returns 1 when stored, 0 when the stored offset is newer.
 _WATERMARK_LUA = """
 local held = redis.call('HGET', KEYS[1], ARGV[1] .. '#order')
@@ -132,7 +136,7 @@ if held and order ~= '' and held ~= '' and #held == #order then
     end
   end
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. '#order', order)
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. '#order', order, '#format', ARGV[4])
 return 1
 """
 
@@ -352,10 +356,14 @@ class RedisSink(Sink):
         order = "".join(f"{part:016x}" for part in offset_order(offset))
         text = json.dumps(dict(offset), sort_keys=True, separators=(",", ":"))
         self._call(self._watermark_script, keys=[self._watermark_key()],
-                   args=[source, text, order])
+                   args=[source, text, order, FORMAT])
 
     def watermark(self, source: str) -> dict[str, Any] | None:
-        text = self._call(self.client.hget, self._watermark_key(), source)
+        text, layout = self._call(self.client.hmget, self._watermark_key(), [source, "#format"])
+        check_format(int(layout) if layout and layout.isdigit() else (layout or 1), FORMAT,
+                     f"follower {self.name}: Redis's {self._watermark_key()}",
+                     fix="run the cdc version that wrote the follower (or a newer one)",
+                     error=RedisSinkError)
         return None if text is None else dict(json.loads(text))
 
     # ------------------------------------------------------------------------------ reading

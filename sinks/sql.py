@@ -12,7 +12,8 @@ Layout, stated exactly:
   primary key of the log key's columns. Deleted rows are gone, nothing else is added.
 * **Positions and delete markers live in a side table**, ``_cdc_rows`` (``tbl``: the log topic,
   ``key``: the key JSON text, ``position``: hex of the position bytes, ``deleted``, ``at_ms``),
-  primary key ``(tbl, key)``; watermarks in ``_cdc_watermarks`` (``source``, ``offset`` JSON).
+  primary key ``(tbl, key)``; watermarks in ``_cdc_watermarks`` (``source``, ``offset`` JSON),
+  with one row ``#format`` holding the side tables' layout version (:data:`FORMAT`).
 * **The gate is one statement per batch and table**: ``INSERT INTO _cdc_rows ... ON CONFLICT
   (tbl, key) DO UPDATE ... WHERE _cdc_rows.position < excluded.position RETURNING key`` — the
   keys returned are those this writer won, and the side rows stay locked until the transaction
@@ -110,7 +111,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdc.errors import CdcError
+from cdc.errors import CdcError, check_format
 from cdc.log.open import log_settings
 from cdc.logical import Logical, LogicalKind, guess_kind, logical_columns
 from cdc.sink import (
@@ -133,6 +134,11 @@ GATE_ROWS = 5000
 #: the side tables
 ROWS = "_cdc_rows"
 WATERMARKS = "_cdc_watermarks"
+#: the version of the side tables' layout: a row of ``_cdc_watermarks`` whose ``source`` is
+#: :data:`FORMAT_ROW` (no source name starts with ``#``) holds ``{"format": N}``; tables
+#: without it were written before formats were marked (format 1)
+FORMAT = 1
+FORMAT_ROW = "#format"
 #: how often a batch is retried after changing its table before giving up
 _RESHAPES = 5
 
@@ -531,8 +537,30 @@ class SqlSink(Sink):
                 self._ddl_lock(conn, ROWS)  # two writers creating them at once
                 with _created_by_another_is_fine():
                     meta.create_all(conn)
+                self._check_format(conn, meta.tables[WATERMARKS])
             self._meta = meta
         return self._meta
+
+    def _check_format(self, conn: Any, watermarks: Any) -> None:
+        """Mark the side tables with :data:`FORMAT`, or refuse a newer layout."""
+        import sqlalchemy as sa
+
+        held = conn.execute(sa.select(watermarks.c.offset).where(
+            watermarks.c.source == FORMAT_ROW)).scalar()
+        if held is None:
+            # PostgreSQL's writers are serialized by the DDL lock; SQLite's may meet here, and
+            # a duplicate row there leaves the transaction usable: the other wrote the same
+            with contextlib.suppress(sa.exc.IntegrityError):
+                conn.execute(sa.insert(watermarks).values(
+                    source=FORMAT_ROW, offset=json.dumps({"format": FORMAT})))
+            return
+        try:
+            found = json.loads(held).get("format")
+        except (ValueError, AttributeError):
+            found = held
+        check_format(found, FORMAT, f"follower {self.name}: its table {WATERMARKS}",
+                     fix="run the cdc version that wrote the follower (or a newer one)",
+                     error=SqlSinkError)
 
     # ------------------------------------------------------------------------ schemas
     def _schema_store(self) -> Any:

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from cdc.errors import CdcError
+from cdc.errors import CdcError, check_format
 
 FORMAT = 1
 
@@ -48,11 +48,9 @@ class WatermarkFile:
                              "restore it, or delete it (`cdc apply` writes it again after "
                              "its next batch)") from None
         version = data.get("version", FORMAT) if isinstance(data, dict) else FORMAT
-        if not isinstance(version, int) or version > FORMAT:
-            raise self.error(f"follower {self.follower}: {self.path} has watermark format "
-                             f"{version!r}, written by a newer cdc; this one reads format "
-                             f"{FORMAT} and older",
-                             "run the cdc version that wrote the follower (or a newer one)")
+        check_format(version, FORMAT, f"follower {self.follower}: the watermarks {self.path}",
+                     fix="run the cdc version that wrote the follower (or a newer one)",
+                     error=self.error)
         sources = data.get("sources") if isinstance(data, dict) else None
         return dict(sources) if isinstance(sources, dict) else {}
 

@@ -388,3 +388,42 @@ def test_a_writer_found_fenced_mid_write_says_so(kafka_broker: Any) -> None:
         first.append(_records("s1.public.t", 200_000, "x"), {"s1": {"seq": 4}})
     for log in (first, second):
         log.close()
+
+
+def test_the_layout_carries_its_format_and_a_newer_one_is_refused(kafka_broker: Any) -> None:
+    """The offsets topic's ``format`` record is written with the first topic; a log marked
+    with a newer format is refused by readers and writers, naming the fix."""
+    from confluent_kafka import Producer
+
+    from cdc.errors import FormatVersionError
+    from cdc.log.kafka import FORMAT_KEY, FORMAT_VERSION
+
+    config = _config(kafka_broker)
+    log = KafkaChangeLog(config).for_source("s1")
+    try:
+        log.ensure_topic("s1.public.t", {"source": "s1", "table": "public.t"})
+        log.append(_records("s1.public.t", 3), {"s1": {"seq": 3}})
+    finally:
+        log.close()
+    reader = KafkaChangeLogReader(config)
+    try:
+        marks = [json.loads(r.value()) for r in reader._consume(config.offsets_topic, 0, 0,
+                                                                reader._high(config.offsets_topic,
+                                                                             0) or 0)
+                 if r.key() == FORMAT_KEY]
+        assert marks == [{"format": FORMAT_VERSION}]
+        assert reader.source_offsets() == {"s1": {"seq": 3}}
+    finally:
+        reader.close()
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    producer.produce(config.offsets_topic, key=FORMAT_KEY, value=b'{"format": 2}', partition=0)
+    producer.flush(30)
+    for opened in (KafkaChangeLogReader, KafkaChangeLog):
+        other = opened(config)
+        try:
+            with pytest.raises(FormatVersionError, match="has format 2, written by a newer cdc"
+                               ) as held:
+                other.source_offsets()
+            assert "run the cdc version that wrote the log" in str(held.value)
+        finally:
+            other.close()

@@ -13,6 +13,9 @@ Layout
 * ``log.offsets_topic`` (compacted, one partition) holds each source's offset (key
   ``source:<name>``, with its cut) and each topic's description (key ``topic:<name>``: Kafka name,
   partitions, meta). ``log.schemas_topic`` holds the schemas (:mod:`cdc.log.kafka_schemas`).
+* The offsets topic's record ``format`` (``{"format": N}``, written with the first topic
+  description) is the version of this layout, :data:`FORMAT_VERSION`; a log without it was
+  written before formats were marked (format 1). Readers and writers refuse a newer one.
 
 Exactly once
 ------------
@@ -53,7 +56,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from cdc.config import LogConfig
-from cdc.errors import LogError, LogUnavailable
+from cdc.errors import LogError, LogUnavailable, check_format
 from cdc.log.base import (
     AppendResult,
     ChangeLogReader,
@@ -69,6 +72,10 @@ from cdc.log.kafka_schemas import committed_reader
 from cdc.log.partitioner import partition_for
 
 POSITION_HEADER = "cdc.position"
+#: the version of the layout above, in the offsets topic's ``format`` record
+FORMAT_VERSION = 1
+#: the key of that record
+FORMAT_KEY = b"format"
 #: librdkafka's own log lines go here (not to stderr)
 _CLIENT_LOG = logging.getLogger("cdc.kafka.client")
 
@@ -250,6 +257,8 @@ class _Snapshot:
         self.sources: dict[str, Any] = {}
         self.source_at: dict[str, int] = {}
         self.topics: dict[str, dict[str, Any]] = {}
+        #: the offsets topic holds the ``format`` record
+        self.marked = False
         self.next_offset = 0
 
 
@@ -305,7 +314,12 @@ class KafkaChangeLogReader(ChangeLogReader):
                 if value is None:
                     continue
                 data = json.loads(value)
-                if key.startswith("source:"):
+                if key == FORMAT_KEY.decode():
+                    check_format(data.get("format") if isinstance(data, dict) else data,
+                                 FORMAT_VERSION, f"the Kafka log's {topic} topic",
+                                 fix="run the cdc version that wrote the log (or a newer one)")
+                    snap.marked = True
+                elif key.startswith("source:"):
                     at = int(record.offset() or 0)
                     if at > snap.source_at.get(key[7:], -1):
                         snap.sources[key[7:]] = data
@@ -613,9 +627,14 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                            "rename one of the tables, or capture them from different sources")
         self._create(name, count, self._topic_config())
         description = {"kafka": name, "partitions": count, "meta": dict(meta or {})}
-        self._transaction([(self.config.offsets_topic, f"topic:{topic}".encode(),
-                            json.dumps(description).encode())])
+        messages = [(self.config.offsets_topic, f"topic:{topic}".encode(),
+                     json.dumps(description).encode())]
+        if not snap.marked:
+            messages.insert(0, (self.config.offsets_topic, FORMAT_KEY,
+                                json.dumps({"format": FORMAT_VERSION}).encode()))
+        self._transaction(messages)
         snap.topics[topic] = description
+        snap.marked = True
         return self._info(topic, description)
 
     # -- writing -----------------------------------------------------------------------------

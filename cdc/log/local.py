@@ -39,10 +39,10 @@ from typing import Any
 from urllib.parse import quote
 
 from cdc.errors import (
-    FormatVersionError,
     LogCorruptError,
     LogError,
     LogLockedError,
+    check_format,
     storage_error,
 )
 from cdc.log.base import (
@@ -128,14 +128,9 @@ class LogState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], where: Path) -> LogState:
-        if data.get("format") != FORMAT_VERSION:
-            newer = isinstance(data.get("format"), int) and data["format"] > FORMAT_VERSION
-            raise FormatVersionError(
-                f"{where} has log format {data.get('format')!r}"
-                + (", written by a newer cdc" if newer else "")
-                + f"; this version reads format {FORMAT_VERSION}",
-                "run the cdc version that wrote the log (or a newer one)" if newer else
-                "run the cdc version that wrote the log, or bootstrap a new log")
+        check_format(data.get("format"), FORMAT_VERSION, f"the change log's state {where}",
+                     fix="run the cdc version that wrote the log (or a newer one), or "
+                     "bootstrap a new log")
         topics = {}
         for name, raw in data["topics"].items():
             info = TopicInfo(name, int(raw["partitions"]), dict(raw.get("meta", {})))
