@@ -68,3 +68,22 @@ def test_the_live_demo_runs_from_the_wheel(package: Installed, tmp_path: Path) -
     assert result.stdout.count("view revenue_by_customer in") >= 2  # both followers verified
     summary = result.stdout[result.stdout.index("summary: PostgreSQL"):]
     assert "public.orders" in summary and "public.customers" in summary
+
+
+def test_the_sdist_holds_what_the_kernels_are_built_from(tmp_path: Path) -> None:
+    """A wheel built from the source distribution compiles the same fast paths: the sdist holds
+    every ``.pyx`` of the checkout and what they cimport or include (MANIFEST.in)."""
+    import sys
+    import tarfile
+
+    (tmp_path / "egg").mkdir()
+    subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base",
+                    str(tmp_path / "egg"), "sdist", "-d", str(tmp_path / "dist")],
+                   cwd=ROOT, check=True, capture_output=True)
+    [sdist] = (tmp_path / "dist").glob("*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        held = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    tracked = subprocess.run(["git", "ls-files", "*.pyx", "*.pxd", "*.h"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.split()
+    assert len([name for name in tracked if name.endswith(".pyx")]) >= 4
+    assert set(tracked) | {"setup.py"} <= held, sorted(set(tracked) - held)
