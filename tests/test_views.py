@@ -240,6 +240,28 @@ def test_a_match_appearing_retracts_the_null_extended_tuple(tmp_path: Path) -> N
     state.close()
 
 
+def test_view_state_carries_its_format_and_a_newer_one_is_refused(tmp_path: Path) -> None:
+    import duckdb
+
+    from views.state import FORMAT, ViewError
+
+    sql = "SELECT o.id, o.amount FROM orders o"
+    state = _state(tmp_path, "v", sql, ["id"])
+    assert state.meta("format") == str(FORMAT)
+    state.set_meta("format", str(FORMAT + 1))
+    state.close()
+    with pytest.raises(ViewError, match=f"has format {FORMAT + 1}, written by a newer cdc"
+                       ) as refused:
+        _state(tmp_path, "v", sql, ["id"])
+    assert "delete the file to rebuild the view" in str(refused.value)
+    with duckdb.connect(str(tmp_path / "v.duckdb")) as db:  # unmarked: format 1, then marked
+        db.execute("DELETE FROM _cdc_meta WHERE name = 'format'")
+    _state(tmp_path, "v", sql, ["id"]).close()
+    with duckdb.connect(str(tmp_path / "v.duckdb")) as db:
+        assert db.execute("SELECT value FROM _cdc_meta WHERE name = 'format'").fetchall() == [
+            (str(FORMAT),)]
+
+
 def test_a_crash_before_the_outbox_is_drained_writes_it_again(tmp_path: Path) -> None:
     state = _state(tmp_path, "revenue", REVENUE, ["customer_id"])
     customer = BaseChange(CUSTOMERS, '{"id":1}', b"\x01", {"id": 1, "name": "ann", "region": "n"})

@@ -29,13 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdc.errors import CdcError
+from cdc.errors import CdcError, check_format
 from cdc.events import TableId
 from cdc.sink import canonical_text
 from views.definition import AFFECTED, IMAGES, KEY_COLUMN, LINEAGE, ViewPlan
 from views.types import json_form
 
 POSITION = "_cdc_pos"
+#: the version of the state file's layout, in ``_cdc_meta`` (``format``; a file without it was
+#: written before formats were marked: format 1)
+FORMAT = 1
 #: above this share of a table's rows touched by one batch, the view is recomputed whole
 RECOMPUTE_SHARE = 0.25
 #: a table's changes of the batch, typed (k, pos, gone, its columns); after the gate, only
@@ -130,7 +133,11 @@ class ViewState:
         self._key_prefix = "{" + _STRING(plan.key[0]) + ":"
         #: the outbox's content when this process knows it (None: read it from the state)
         self._outbox: list[ViewChange] | None = None
-        self._create()
+        try:
+            self._create()
+        except BaseException:
+            self.db.close()
+            raise
 
     # ------------------------------------------------------------------------- set-up
     def _create(self) -> None:
@@ -144,6 +151,13 @@ class ViewState:
                    "pos BLOB)")
         db.execute("CREATE TABLE IF NOT EXISTS _cdc_meta (name VARCHAR PRIMARY KEY, "
                    "value VARCHAR)")
+        stored = self.meta("format")
+        if stored is None:
+            self.set_meta("format", str(FORMAT))
+        check_format(int(stored) if stored and stored.isdigit() else (stored or FORMAT), FORMAT,
+                     f"view {self.plan.name}: its state {self.path}", error=ViewError,
+                     fix="run the cdc version that wrote it (or a newer one), or delete the "
+                     "file to rebuild the view from the log")
         for table in self.plan.tables:
             self._ensure_table(table)
         if self.meta("sql") != self.plan.full_sql:
