@@ -175,20 +175,12 @@ def task_alone(config_path: Path, log: Log, url: str, profile: bool
 def read_fold_alone(log: Log) -> tuple[list[Any], float]:
     """The task path's read + decode + fold over the whole log (``tasks.fold_raw``), no sink:
     (the changes, CPU seconds)."""
-    from spark_apply.source import read_range
-    from spark_apply.tasks import TaskReport, _decode, fold_raw
+    from cdc.reading import raw_records
+    from spark_apply.tasks import TaskReport, fold_raw
 
     reader, decoder, ranges = whole_log(log.settings)
-
-    def records() -> Any:
-        for item in ranges:
-            for chunk in read_range(reader, item):
-                for record in chunk:
-                    yield item, record.key, record.position, record.offset, record.value
-
     cpu = time.process_time()
-    changes = fold_raw(records(), lambda item, key, position, value: _decode(
-        decoder, item, key, position, value), False, TaskReport())
+    changes = fold_raw(raw_records(reader, ranges), decoder.change, False, TaskReport())
     return changes, time.process_time() - cpu
 
 
@@ -305,8 +297,8 @@ class PacedWriter:
 def capture_latency(log: Log, since: float) -> dict[str, Any]:
     """Commit -> appended to the log (the log record's ``timestamp_ms`` minus its
     ``source_ts_ms``) p50/p99 for the c/u/d records committed after ``since`` (epoch s)."""
+    from cdc.reading import read_range
     from spark_apply.latency import LatencyHistogram
-    from spark_apply.source import read_range
 
     reader, decoder, ranges = whole_log(log.settings)
     hist = LatencyHistogram()

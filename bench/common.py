@@ -446,10 +446,11 @@ def whole_log(settings: dict[str, Any]) -> tuple[Any, Any, list[Any]]:
     """``(reader, decoder, ranges)``: everything committed in the log of ``settings``, as the
     ``cdc`` source plans it (``spark_apply.source``: complete transactions, offset ranges), with
     the reader and decoder the executors' tasks use."""
-    from spark_apply.source import SourceOptions, _open, complete_end, plan
+    from cdc.reading import open_log
+    from spark_apply.source import SourceOptions, complete_end, plan
 
     text = json.dumps(settings)
-    reader, decoder = _open(text)
+    reader, decoder = open_log(text)
     state = reader.committed()
     partitions = plan(state, {"topics": {}}, complete_end(state, SourceOptions(text)), 1)
     return reader, decoder, [item for part in partitions for item in part.ranges]

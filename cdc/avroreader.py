@@ -316,7 +316,7 @@ def _source_lines(compiler: _Compiler, schema: dict[str, Any], namespace: str | 
 # ``cdc/_fast.pyx``'s ``run_program`` reads a value with a tree of nodes ``(code, a, b, c)``
 # instead of generated Python: the same walk (inline skips of ``before``'s nulls, the source
 # block, the tail), the after image built straight into its JSON form by column name (what
-# ``spark_apply.source._row_builder`` makes of the projection's image). Codes (mirrored there):
+# ``cdc.reading.row_builder`` makes of the projection's image). Codes (mirrored there):
 N_NULL, N_BOOL, N_LONG, N_FLOAT, N_DOUBLE, N_BYTES, N_STRING = range(7)
 S_LONG, S_BYTES, S_FIXED = 7, 8, 9  # skips
 N_UNION = 10  # (code, branch nodes)
@@ -379,7 +379,7 @@ def _leaves(node: tuple[Any, ...]) -> set[int]:
 
 def _row_node(compiler: _Compiler, schema: Any, namespace: str | None,
               columns: list[tuple[str, str, Any]]) -> tuple[Any, ...]:
-    """The after image's node: ``{column: JSON form}`` as ``_row_builder`` makes it."""
+    """The after image's node: ``{column: JSON form}`` as ``cdc.reading.row_builder`` makes it."""
     if isinstance(schema, str) and compiler._kind(schema) == "named":
         schema = compiler.named[compiler._lookup(schema, namespace)]
     if not isinstance(schema, dict) or schema.get("type") != "record":
@@ -403,7 +403,7 @@ def _row_node(compiler: _Compiler, schema: Any, namespace: str | None,
 def compile_program(envelope: dict[str, Any], columns: list[tuple[str, str, Any]]) -> Program:
     """The program of an envelope schema for ``cdc._fast.run_program``: ``(op, after image in
     its JSON form by column, source ts_ms)``, as :func:`compile_projection` and
-    ``spark_apply.source._row_builder`` together. Raises :class:`Unsupported` like it."""
+    ``cdc.reading.row_builder`` together. Raises :class:`Unsupported` like it."""
     compiler = _Compiler()
     namespace = envelope.get("namespace")
     if not {"op", "after", "source"} <= {field["name"] for field in envelope["fields"]}:

@@ -19,13 +19,13 @@ Contracts, stated exactly:
   source offset (as stored in the log's state: for PostgreSQL ``{"lsn": int, ...}``) that the
   batch reached: every change the source committed before that offset is applied. It only
   moves forward. ``cdc verify`` waits on :meth:`Sink.watermark`.
-* **Where writes run.** ``cdc apply`` writes from the Spark executors, several tasks at once
-  (``spark_apply/tasks.py``), unless :attr:`Sink.executor_writes` is False (one writer only,
-  on the driver). So :meth:`apply` must be safe to call from several processes at once, on
-  disjoint keys, and the gate must be an atomic per-key compare-and-set: a replayed or
-  speculative task, or one still writing after its worker was declared lost, races a newer
-  one and must lose. Keys that must be written by one task together (one Delta file
-  partition) share an :meth:`Sink.owner`.
+* **Where writes run** is the sink's :attr:`Sink.placement` (:class:`Placement`): on the Spark
+  executors, several tasks at once (``spark_apply/tasks.py``), each a share of the log's
+  partitions or — keys that must be written by one task together (one Delta file partition)
+  share an :meth:`Sink.owner` — the keys it owns; or on the driver. On the executors
+  :meth:`apply` must be safe to call from several processes at once, on disjoint keys, and the
+  gate must be an atomic per-key compare-and-set: a replayed or speculative task, or one still
+  writing after its worker was declared lost, races a newer one and must lose.
 * **Rows as text.** What a follower holds per row, and what :meth:`Sink.read` returns, is
   ``{column: canonical_text(value)}`` for the non-null columns of the row's JSON form
   (``docs/types.md``); null columns are absent. ``cdc verify`` builds the same form from the
@@ -34,6 +34,7 @@ Contracts, stated exactly:
 
 from __future__ import annotations
 
+import enum
 import math
 import zlib
 from abc import ABC, abstractmethod
@@ -125,6 +126,29 @@ def key_group(key: bytes, groups: int) -> int:
     return zlib.crc32(key) % groups
 
 
+class Placement(enum.Enum):
+    """Where ``cdc apply`` runs a sink's writes — the one thing it reads to decide.
+
+    ``BY_PARTITION``: tasks on the executors, each a share of the batch's log partitions (a key
+    lives in one partition, so each task folds whole keys; each record is read once).
+    ``BY_OWNER``: tasks on the executors, each reading every range of the batch and keeping the
+    keys whose :meth:`Sink.owner` is its index (keys written together stay together: one Delta
+    file partition per task).
+    ``DRIVER``: the driver writes, one share after the other (a single writer, e.g. one search
+    index).
+    ``DRIVER_WHOLE_BATCH``: the driver writes the whole batch in one :meth:`Sink.apply` call (a
+    view: it needs the batch's changes of every table together)."""
+
+    BY_PARTITION = "by-partition"
+    BY_OWNER = "by-owner"
+    DRIVER = "driver"
+    DRIVER_WHOLE_BATCH = "driver-whole-batch"
+
+    @property
+    def on_executors(self) -> bool:
+        return self in (Placement.BY_PARTITION, Placement.BY_OWNER)
+
+
 class Sink(ABC):
     """One follower's storage. A follower kind is a settings model (a
     :class:`cdc.config.FollowerConfig` registered in ``cdc.followers``, :mod:`cdc.plugins`)
@@ -136,12 +160,8 @@ class Sink(ABC):
     #: ordered per key by (position, log offset) — a delete and its tombstone share a
     #: position, the tombstone comes second — and the gate is still the sink's.
     folds: bool = True
-    #: True: executors write (several tasks at once, disjoint keys); False: only the driver
-    #: writes, one batch at a time (e.g. a search index with a single writer)
-    executor_writes: bool = True
-    #: True: tasks split a batch by :meth:`owner` (each reads every range, keeps its keys);
-    #: False: by whole log partitions (cheaper: each record is read once)
-    split_by_owner: bool = False
+    #: where ``cdc apply`` runs this sink's writes (the module docstring; :class:`Placement`)
+    placement: Placement = Placement.BY_PARTITION
 
     @classmethod
     def from_settings(cls, config: Config, name: str, settings: FollowerConfig,

@@ -87,6 +87,7 @@ from cdc.logical import LogicalKind, guess_kind, logical_columns
 from cdc.sink import (
     ApplyStats,
     Change,
+    Placement,
     Sink,
     Topics,
     canonical_text,
@@ -413,7 +414,7 @@ class DeltaSink(Sink):
         self._state.clear()
 
     #: tasks own whole buckets (a bucket is a file partition: two writers there would race)
-    split_by_owner = True
+    placement = Placement.BY_OWNER
 
     def owner_groups(self, topic: str) -> int:
         """The table's bucket count: a bucket (a file partition) has one writer."""

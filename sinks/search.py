@@ -71,7 +71,15 @@ import tantivy
 
 from cdc.errors import CdcError
 from cdc.events import TableId, split_topic
-from cdc.sink import ApplyStats, Change, Sink, Topics, newest_per_key, row_text
+from cdc.sink import (
+    ApplyStats,
+    Change,
+    Placement,
+    Sink,
+    Topics,
+    newest_per_key,
+    row_text,
+)
 from sinks.search_settings import SearchFollowerConfig
 from sinks.watermarks import WatermarkFile
 
@@ -181,7 +189,7 @@ class SearchSink(Sink):
     """
 
     #: a Tantivy index has one writer: ``cdc apply`` writes it from the driver
-    executor_writes = False
+    placement = Placement.DRIVER
 
     @classmethod
     def from_settings(cls, config: Config, name: str, settings: FollowerConfig,

@@ -43,7 +43,7 @@ from cdc.config import Config
 from cdc.errors import CdcError, LogError
 from cdc.log.base import stale_partitions
 from cdc.log.open import log_settings, must_read
-from cdc.sink import Sink
+from cdc.sink import Placement, Sink
 from cdc.transactions import is_transaction_topic
 from spark_apply.checkpoint import remove_torn_writes, resume_offsets
 from spark_apply.latency import LatencyHistogram, format_seconds
@@ -131,12 +131,11 @@ def checkpointed_offsets(checkpoint: Path, batch_id: int
 class BatchHandler:
     """The ``foreachBatch`` function of one follower (runs in the driver's Python).
 
-    The micro-batch holds offset ranges and watermark rows (the source's ``emit=ranges``): they
-    are collected (a few rows per log partition), split into tasks
+    The micro-batch is planned from its offsets in the query's checkpoint (ranges of the log's
+    partitions and the watermarks: :func:`spark_apply.source.batch_plan`), split into tasks
     (:func:`~spark_apply.tasks.plan_tasks`, one per core of the application) and run on the
-    executors with :func:`~spark_apply.tasks.run_task` — or, for a sink that only the driver
-    may write (``Sink.executor_writes`` False), here, one after the other. Once every task
-    succeeded, the watermarks are written."""
+    executors with :func:`~spark_apply.tasks.run_task` — or, for a sink placed on the driver
+    (``Sink.placement``), here. Once every task succeeded, the watermarks are written."""
 
     def __init__(self, sink: Sink, handle: FollowerHandle, progress: FollowerProgress,
                  topics: Sequence[str] | None, spark: Any, checkpoint: Path | None = None
@@ -154,18 +153,19 @@ class BatchHandler:
         from spark_apply.tasks import TaskReport, plan_tasks, run_task
 
         started = time.monotonic()
-        ranges, watermarks = self._planned(batch_id) or self._collected(batch)
+        ranges, watermarks = self._planned(batch_id)
         if self.topics is not None:
             ranges = [item for item in ranges if item.topic in self.topics]
         context = self.spark.sparkContext
-        whole = getattr(self.sink, "whole_batch", False)  # a view: the batch in one call
+        placement = self.sink.placement
+        whole = placement is Placement.DRIVER_WHOLE_BATCH  # a view: the batch in one call
         tasks = plan_tasks(ranges, 1 if whole else max(1, context.defaultParallelism),
-                           self.sink.split_by_owner)
+                           placement is Placement.BY_OWNER)
         total = TaskReport()
         try:
-            if self.kafka_reader and ranges and self.sink.executor_writes:
+            if self.kafka_reader and ranges and placement.on_executors:
                 reports = self._run_on_kafka(ranges, batch_id)
-            elif self.sink.executor_writes and tasks:
+            elif placement.on_executors and tasks:
                 context.setJobDescription(f"cdc apply {self.handle.name}: batch {batch_id}, "
                                           f"{len(tasks)} tasks")
                 handle = self.handle
@@ -194,36 +194,24 @@ class BatchHandler:
         if self.progress.observer is not None:
             self.progress.observer.error(self.progress.name, exc.__class__.__name__)
 
-    def _planned(self, batch_id: int) -> tuple[list[Any], dict[str, Any]] | None:
-        """The batch's ranges and watermarks from the checkpoint's offset log, planned here as
-        the source plans them: no Spark job (a fixed cost of every batch, large for small ones).
-        """
-        from spark_apply.source import _open, batch_plan
+    def _planned(self, batch_id: int) -> tuple[list[Any], dict[str, Any]]:
+        """The batch's ranges and watermarks, planned from the checkpoint's offset log
+        (:func:`spark_apply.source.batch_plan`, the one way a batch is planned): no Spark job,
+        no record read back."""
+        from cdc.reading import open_log
+        from spark_apply.source import batch_plan
 
         offsets = None if self.checkpoint is None else \
             checkpointed_offsets(self.checkpoint, batch_id)
         if offsets is None:
-            return None
+            raise ApplyError(f"follower {self.handle.name}: cannot read micro-batch {batch_id}'s "
+                             f"offsets in the checkpoint {self.checkpoint}",
+                             "the checkpoint folder was changed or damaged: restore it, or "
+                             "delete it to rebuild the follower from the log")
         start, end = offsets
         if self._state is None or not set(end.get("topics", {})) <= set(self._state.topics):
-            self._state = _open(self.handle.log)[0].committed()  # topics' meta never changes
+            self._state = open_log(self.handle.log)[0].committed()  # topics' meta never changes
         return batch_plan(self._state, start, end)
-
-    @staticmethod
-    def _collected(batch: Any) -> tuple[list[Any], dict[str, Any]]:
-        """The batch's ranges and watermarks read back from its rows (a Spark job)."""
-        from spark_apply.fold import WATERMARK, keep_watermark
-        from spark_apply.source import Range
-
-        ranges: list[Range] = []
-        marks: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
-        for row in batch.collect():
-            if row["op"] == WATERMARK:
-                keep_watermark(marks, row["source"], row["after"])
-            else:
-                ranges.append(Range(row["topic"], row["partition"], row["start"], row["end"],
-                                    row["source"], row["table"]))
-        return ranges, {source: offset for source, (_, offset) in marks.items()}
 
     @property
     def kafka_reader(self) -> bool:
@@ -248,7 +236,7 @@ class BatchHandler:
         frame = kafka_frame(self.spark, settings, ranges, topic_schema_ids(store, topics),
                                store)
         names = {kafka_topic_name(settings, item.topic): item for item in ranges}
-        if self.sink.split_by_owner:
+        if self.sink.placement is Placement.BY_OWNER:
             frame = frame.repartition(max(1, self.spark.sparkContext.defaultParallelism),
                                       self._owner_column(names))
         self.spark.sparkContext.setJobDescription(
@@ -272,9 +260,9 @@ class BatchHandler:
     def _schemas(self) -> Any:
         """The log's schema store (kept: it re-reads itself when asked for a new id)."""
         if self._store is None:
-            from spark_apply.source import _open
+            from cdc.reading import open_log
 
-            self._store = _open(self.handle.log)[0].schemas()
+            self._store = open_log(self.handle.log)[0].schemas()
         return self._store
 
     def _record(self, total: Any, watermarks: dict[str, dict[str, Any]], seconds: float) -> None:

@@ -42,7 +42,7 @@ from decimal import Context
 from typing import Any
 
 from cdc.log.open import kafka_topic_name, spark_kafka_options
-from spark_apply.source import Range
+from cdc.reading import Range, open_log, row_builder, to_change
 
 #: the header holding a record's position bytes (``cdc/log/kafka.py``)
 POSITION_HEADER = "cdc.position"
@@ -150,11 +150,9 @@ class JvmDecoded:
     def plan(self, schema_id: int) -> tuple[Any, Any]:
         found = self._plans.get(schema_id)
         if found is None:
-            from spark_apply.source import _row_builder
-
             envelope = self.store.get(schema_id).schema
             found = self._plans[schema_id] = (value_schema(envelope),
-                                              _row_builder(self.codec.columns_of(schema_id)))
+                                              row_builder(self.codec.columns_of(schema_id)))
         return found
 
     def image(self, schema_id: int, after: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -236,32 +234,24 @@ def kafka_task(handle: Any, topics: Mapping[str, Range]) -> Any:
 
 
 class KafkaRowDecoder:
-    """Turns a decoded row of :func:`kafka_frame` into a :class:`~cdc.sink.Change`."""
+    """Turns a decoded row of :func:`kafka_frame` into a :class:`~cdc.sink.Change` (a
+    :data:`cdc.reading.Decode`): the JVM's decoding where it has one, else the one read path's
+    (:class:`cdc.reading.Decoder`) from the value bytes; either way :func:`cdc.reading.to_change`
+    makes the change."""
 
     def __init__(self, handle: Any) -> None:
-        from spark_apply.source import _open
-
-        reader, self.python = _open(handle.log)
+        reader, self.python = open_log(handle.log)
         self.jvm = JvmDecoded(reader.schemas(), self.python.codec)
 
     def change(self, item: Range, key: bytes, position: bytes, row: Mapping[str, Any]) -> Any:
         """The row's change (``None`` for a truncate)."""
-        from cdc.sink import Change
-
         value = row["value"]
-        base: dict[str, Any] = {"topic": item.topic, "source": item.source or "",
-                                "table": item.table or "",
-                "key": key.decode(), "position": bytes(position)}
         if value is None:  # a tombstone
-            return Change(**base, row=None, op="")
+            return to_change(item, key, position, "", None, None)
         schema_id = row["sid"]
         envelope = row.get(f"e{schema_id}") if schema_id is not None else None
-        if envelope is None:  # not decoded in the JVM: decode it here
-            op, image, ts = self.python.decode_image(bytes(value))
-        else:
-            op, ts = envelope["op"], envelope["source"]["ts_ms"]
-            image = (self.jvm.image(schema_id, envelope["after"]) if op in ("c", "u", "r")
-                     else None)
-        if op == "t":
-            return None
-        return Change(**base, row=image, op=op or "", ts_ms=None if ts is None else int(ts))
+        if envelope is None:  # not decoded in the JVM: the one read path decodes it
+            return self.python.change(item, key, position, bytes(value))
+        op, ts = envelope["op"], envelope["source"]["ts_ms"]
+        image = self.jvm.image(schema_id, envelope["after"]) if op in ("c", "u", "r") else None
+        return to_change(item, key, position, op, image, ts)

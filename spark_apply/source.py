@@ -89,13 +89,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from cdc.avro import EventCodec
-from cdc.avroreader import RUN_PROGRAM as _RUN_PROGRAM
-from cdc.avroreader import Projection, compile_program, compile_projection
-from cdc.avrowriter import Unsupported
 from cdc.errors import ConfigError, LogError
 from cdc.log.base import CUT_KEY, ChangeLogReader, Committed
 from cdc.log.open import reader_from
+from cdc.reading import CHUNK, Range, balance, open_log, plan_ranges, read_range
 from cdc.transactions import END, decode_event, is_transaction_topic
 
 NAME = "cdc"
@@ -128,8 +125,6 @@ RANGES_SCHEMA = StructType([
 WATERMARK_OP = "w"
 OPTIONS = ("path", "log", "topics", "sources", "maxrecordspertrigger", "splits", "emit")
 EMITS = ("records", "ranges")
-#: records per log read and per Arrow batch handed to Spark
-CHUNK = 8192
 
 Offsets = dict[str, dict[str, int]]  # topic -> partition (as text) -> next offset
 
@@ -415,18 +410,6 @@ def _cuts(log: ChangeLogReader, txn_topic: str, begin: int, stop: int,
         yield {topic: dict(parts) for topic, parts in acc.items()}
 
 
-@dataclass(frozen=True)
-class Range:
-    """Offsets ``start <= offset < end`` of one partition, with the topic's meta."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-    source: str | None
-    table: str | None
-
-
 class CdcPartition(InputPartition):
     """One Spark task's share of a batch: offset ranges, and maybe the watermark rows."""
 
@@ -441,27 +424,11 @@ class CdcPartition(InputPartition):
 
 def plan(state: Committed, start: Mapping[str, Any], end: Mapping[str, Any],
          splits: int) -> list[CdcPartition]:
-    """The tasks that read ``(start, end]``: the non-empty ranges spread over at most ``splits``
-    partitions, balanced by length; ``end``'s watermark rows go to the first."""
-    ranges = []
-    for topic, parts in end.get("topics", {}).items():
-        info = state.topics.get(topic)
-        meta = info.meta if info is not None else {}
-        if is_transaction_topic(meta):
-            continue  # read for its boundaries only, never handed to followers
-        for partition, stop in parts.items():
-            begin = int(start.get("topics", {}).get(topic, {}).get(partition, 0))
-            if stop > begin:
-                ranges.append(Range(topic, int(partition), begin, int(stop),
-                                    meta.get("source"), meta.get("table")))
+    """The tasks that read ``(start, end]``: the non-empty ranges (:func:`cdc.reading.plan_ranges`)
+    spread over at most ``splits`` partitions, balanced by length; ``end``'s watermark rows go
+    to the first."""
+    out = [CdcPartition(group, None) for group in balance(plan_ranges(state, start, end), splits)]
     watermarks = end.get("watermarks")
-    groups: list[list[Range]] = [[] for _ in range(max(1, min(splits, len(ranges))))]
-    sizes = [0] * len(groups)
-    for item in sorted(ranges, key=lambda r: (r.start - r.end, r.topic, r.partition)):
-        smallest = sizes.index(min(sizes))
-        groups[smallest].append(item)
-        sizes[smallest] += item.end - item.start
-    out = [CdcPartition(group, None) for group in groups if group]
     if watermarks:
         if out:
             out[0].watermarks = watermarks
@@ -472,123 +439,13 @@ def plan(state: Committed, start: Mapping[str, Any], end: Mapping[str, Any],
 
 def batch_plan(state: Committed, start: Mapping[str, Any], end: Mapping[str, Any]
                ) -> tuple[list[Range], dict[str, Any]]:
-    """What ``emit=ranges`` yields for the micro-batch ``(start, end]``, computed where the
-    offsets are known (the driver) instead of read back through a Spark job: its ranges and its
-    watermarks (source -> offset)."""
-    ranges = [item for part in plan(state, start, end, 1) for item in part.ranges]
-    return ranges, dict(end.get("watermarks") or {})
+    """The micro-batch ``(start, end]`` as ``cdc apply`` runs it: its ranges and its
+    watermarks (source -> offset), planned where the offsets are known (the driver, from the
+    query's checkpoint) — the one way a batch is planned."""
+    return plan_ranges(state, start, end), dict(end.get("watermarks") or {})
 
 
 # ----------------------------------------------------------------------------------- reading
-
-class Decoder:
-    """What a row needs of a log value: ``(op, after as compact JSON or None, source ts_ms)``.
-
-    Reads with the compiled projection of the value's schema (``cdc/avroreader.py``: skips
-    the before image and most of the envelope); a schema it cannot compile is decoded by
-    :meth:`EventCodec.decode_value`. Either way the after image is turned into its JSON form by
-    the column types' ``to_json``, exactly as :meth:`EventCodec.decode_value` does.
-    """
-
-    def __init__(self, codec: EventCodec) -> None:
-        self.codec = codec
-        self._plans: dict[int, tuple[Projection | None, Any]] = {}
-        #: schema id -> the compiled program (``cdc/_fast.pyx``; None: not compiled)
-        self._programs: dict[int, Any] = {}
-
-    def _plan(self, schema_id: int) -> tuple[Projection | None, Any]:
-        """The projection of a value schema (``None``: fastavro) and its row builder (after
-        image by Avro field name -> ``{column: JSON form}``)."""
-        plan = self._plans.get(schema_id)
-        if plan is None:
-            columns = self.codec.columns_of(schema_id)
-            try:
-                projection: Projection | None = compile_projection(
-                    self.codec.store.get(schema_id).schema)
-            except (Unsupported, KeyError, TypeError, ValueError):
-                projection = None
-            plan = self._plans[schema_id] = (projection, _row_builder(columns))
-        return plan
-
-    def _program(self, schema_id: int) -> Any:
-        """The compiled program of a value schema, or None (no compiled twin, or a schema it
-        cannot read: :meth:`_plan`'s path)."""
-        program = None
-        if _RUN_PROGRAM is not None and self._plan(schema_id)[0] is not None:
-            try:
-                program = compile_program(self.codec.store.get(schema_id).schema,
-                                          self.codec.columns_of(schema_id))
-            except (Unsupported, KeyError, TypeError, ValueError):
-                program = None
-        self._programs[schema_id] = program
-        return program
-
-    def decode_image(self, value: bytes) -> tuple[str, dict[str, Any] | None, int | None]:
-        """``(op, after image in its JSON form or None, source ts_ms)`` of a log value."""
-        if len(value) < 5 or value[0] != 0:
-            self.codec.decode_raw(value)  # raises the SchemaError that explains it
-        schema_id = int.from_bytes(value[1:5], "big")
-        try:
-            program = self._programs[schema_id]
-        except KeyError:
-            program = self._program(schema_id)
-        if program is not None and _RUN_PROGRAM is not None and type(value) is bytes:
-            op, image, ts = _RUN_PROGRAM(program, value, 5)
-            if image is None or op not in ("c", "u", "r"):
-                return op, None, ts
-            return op, image, ts
-        projection, columns = self._plan(schema_id)
-        if projection is None:
-            envelope = self.codec.decode_value(value).envelope
-            op, ts = envelope["op"], envelope["source"]["ts_ms"]
-            return op, envelope["after"] if op in ("c", "u", "r") else None, ts
-        op, image, ts = projection(value, 5)
-        if image is None or op not in ("c", "u", "r"):
-            return op, None, ts
-        return op, columns(image), ts
-
-    def decode(self, value: bytes) -> tuple[str, str | None, int | None]:
-        """As :meth:`decode_image`, the image as compact JSON."""
-        op, image, ts = self.decode_image(value)
-        return op, None if image is None else _dumps(image), ts
-
-
-def _row_builder(columns: Sequence[tuple[str, str, Any]]) -> Any:
-    """A generated function: after image by Avro field name -> ``{column: JSON form}`` (None
-    stays None; the type's ``to_json`` otherwise, skipped where it returns the datum as is),
-    columns in schema order. The same as ``{c: None if image[f] is None else t.to_json(image[f])
-    for c, f, t in columns}``, without a call per column that changes nothing."""
-    scope: dict[str, Any] = {}
-    items = []
-    for index, (column, name, ctype) in enumerate(columns):
-        convert = ctype.json_converter()
-        if convert is None:
-            items.append(f"{column!r}: image[{name!r}]")
-        else:
-            scope[f"c{index}"] = convert
-            items.append(f"{column!r}: None if (v := image[{name!r}]) is None else c{index}(v)")
-    source = "def build(image):\n    return {" + ", ".join(items) + "}"
-    exec(source, scope)  # noqa: S102 - our own generated source; names embedded with repr()
-    return scope["build"]
-
-
-_OPEN: dict[str, tuple[ChangeLogReader, Decoder]] = {}
-
-
-def _open(log: str) -> tuple[ChangeLogReader, Decoder]:
-    """A reader and decoder per log, kept for the life of the Python worker."""
-    found = _OPEN.get(log)
-    if found is None:
-        reader = reader_from(json.loads(log))
-        assert reader is not None
-        found = (reader, Decoder(EventCodec(reader.schemas())))
-        _OPEN[log] = found
-    return found
-
-
-#: compact JSON, non-ASCII kept (one encoder: json.dumps builds a new one per call otherwise)
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
-
 
 def _arrow_batch(rows: list[tuple[Any, ...]]) -> Any:
     """``rows`` (tuples in :data:`SCHEMA` order) as one Arrow record batch."""
@@ -600,20 +457,6 @@ def _arrow_batch(rows: list[tuple[Any, ...]]) -> Any:
     arrays = [pa.array(column, type=kinds[field.dataType.simpleString()])
               for column, field in zip(columns, SCHEMA.fields, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, names=SCHEMA.fieldNames())
-
-
-def read_range(log: ChangeLogReader, item: Range) -> Iterator[list[Any]]:
-    """The records of ``item`` (offsets ``start <= offset < end``), in chunks of at most
-    :data:`CHUNK`; offsets compaction removed are simply absent."""
-    at = item.start
-    while at < item.end:
-        records = log.read(item.topic, item.partition, at, min(CHUNK, item.end - at))
-        if not records:
-            return  # compaction removed everything left in the range
-        if records[-1].offset >= item.end:
-            records = [record for record in records if record.offset < item.end]
-        yield records
-        at = records[-1].offset + 1 if records else item.end
 
 
 def watermark_after(offset: Mapping[str, Any]) -> str:
@@ -645,7 +488,7 @@ def read_partition(settings: str, partition: CdcPartition, emit: str = "records"
     if emit == "ranges":
         yield from read_ranges(partition)
         return
-    log, decoder = _open(settings)
+    log, decoder = open_log(settings)
     rows: list[tuple[Any, ...]] = []
     for item in partition.ranges:
         for records in read_range(log, item):
@@ -683,7 +526,7 @@ class CdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _state(self) -> Committed:
         if self._log is None:
-            self._log = _open(self.options.log)[0]
+            self._log = open_log(self.options.log)[0]
         return self._log.committed()
 
     def initialOffset(self) -> dict[str, Any]:
@@ -734,7 +577,7 @@ class CdcBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
-        state = _open(self.options.log)[0].committed()
+        state = open_log(self.options.log)[0].committed()
         return plan(state, {"topics": {}}, complete_end(state, self.options), self.options.splits)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cdc.reading import Decode, Range, RawRecord, balance, open_log, raw_records
 from cdc.sink import ApplyStats, Change, Sink, newest_per_key, open_sink
 from spark_apply.latency import LatencyHistogram
-from spark_apply.source import Range, read_range
 
 if TYPE_CHECKING:
     from cdc.config import Config
@@ -94,20 +94,14 @@ class TaskReport:
 
 def plan_tasks(ranges: Sequence[Range], tasks: int, split_keys: bool) -> list[ApplyTask]:
     """At most ``tasks`` tasks over ``ranges``. ``split_keys`` (the sink's
-    ``Sink.split_by_owner``): every task reads every range and keeps the keys it owns;
+    ``Sink.placement`` is ``BY_OWNER``): every task reads every range and keeps the keys it owns;
     otherwise whole ranges are spread over the tasks, balanced by length (largest first)."""
     if not ranges:
         return []
     if split_keys and tasks > 1:
         whole = tuple(ranges)
         return [ApplyTask(whole, index, tasks) for index in range(tasks)]
-    groups: list[list[Range]] = [[] for _ in range(max(1, min(tasks, len(ranges))))]
-    sizes = [0] * len(groups)
-    for item in sorted(ranges, key=lambda r: (r.start - r.end, r.topic, r.partition)):
-        smallest = sizes.index(min(sizes))
-        groups[smallest].append(item)
-        sizes[smallest] += item.end - item.start
-    return [ApplyTask(tuple(group)) for group in groups if group]
+    return [ApplyTask(tuple(group)) for group in balance(ranges, tasks)]
 
 
 # ------------------------------------------------------------------------- the follower handle
@@ -156,31 +150,12 @@ _SINKS: dict[tuple[str, str], Sink] = {}
 def run_task(handle: FollowerHandle, task: ApplyTask, sink: Sink | None = None) -> TaskReport:
     """Read, fold and write ``task``'s records into the follower (see the module docstring);
     ``sink``: the one to write with (default: this process's, :meth:`FollowerHandle.sink`)."""
-    from spark_apply.source import _open
-
-    reader, decoder = _open(handle.log)
+    reader, decoder = open_log(handle.log)
     if sink is None:
         sink = handle.sink()
         sink.refresh()
-    owned = _owner_filter(task, sink)
-
-    def records() -> Iterator[RawRecord]:
-        for item in task.ranges:
-            for chunk in read_range(reader, item):
-                for record in chunk:
-                    if owned is None or owned(item.topic, record.key):
-                        yield item, record.key, record.position, record.offset, record.value
-
-    def decode(item: Range, key: bytes, position: bytes, value: Any) -> Change | None:
-        return _decode(decoder, item, key, position, value)
-
-    return apply_records(handle, records(), decode, sink)
-
-
-#: one record as the fold sees it: (its range: topic, source, table), key bytes, position
-#: bytes, offset, and a payload only ``decode`` looks at (the value bytes, or a decoded row)
-RawRecord = tuple[Range, bytes, bytes, int, Any]
-Decode = Callable[[Range, bytes, bytes, Any], "Change | None"]
+    records = raw_records(reader, task.ranges, _owner_filter(task, sink))
+    return apply_records(handle, records, decoder.change, sink)
 
 
 def apply_records(handle: FollowerHandle, records: Iterable[RawRecord], decode: Decode,
@@ -264,17 +239,3 @@ def _owner_filter(task: ApplyTask, sink: Sink) -> Any:
         return None
     owner, index, count = sink.owner, task.index, task.count
     return lambda topic, key: owner(topic, key, count) == index
-
-
-def _decode(decoder: Any, item: Range, key: bytes, position: bytes,
-            value: bytes | None) -> Change | None:
-    """One record as a :class:`Change` (``None`` for a truncate)."""
-    if value is None:  # a tombstone
-        return Change(topic=item.topic, source=item.source or "", table=item.table or "",
-                      key=key.decode(), position=bytes(position), row=None, op="")
-    op, image, ts = decoder.decode_image(value)
-    if op == "t":
-        return None
-    return Change(topic=item.topic, source=item.source or "", table=item.table or "",
-                  key=key.decode(), position=bytes(position), row=image, op=op or "",
-                  ts_ms=None if ts is None else int(ts))

@@ -139,7 +139,7 @@ def decode_row(item: Any, key: bytes, position: bytes, row: dict[str, Any]) -> C
 def tasks_fold(rows: Sequence[dict[str, Any]], history: bool = False) -> tuple[list[Change], Any]:
     """What ``cdc apply``'s tasks fold ``rows`` into (``spark_apply/tasks.py``: ``fold_raw``
     over raw records, watermark rows left out): (changes, the task's report)."""
-    from spark_apply.source import Range
+    from cdc.reading import Range
     from spark_apply.tasks import TaskReport, fold_raw
 
     records = [(Range(row["topic"], 0, 0, 0, row["source"], row["table"]),

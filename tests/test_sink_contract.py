@@ -401,8 +401,8 @@ def test_racing_writers_the_newer_batch_wins(kind: str, settings: dict[str, str]
     """Two processes, each with its own sink on the same follower, apply an older and a newer
     batch of the same keys at the same moment (a replayed or zombie task racing a newer one),
     the older one started last; afterwards every key holds the newer batch's data."""
-    if not sink.executor_writes:
-        pytest.skip(f"{kind}: executor_writes is False — cdc apply writes this follower from "
+    if not sink.placement.on_executors:
+        pytest.skip(f"{kind}: placed on the driver — cdc apply writes this follower from "
                     "the driver only, one batch at a time (a Tantivy index has one writer), "
                     "so writers never race")
     context = multiprocessing.get_context("spawn")

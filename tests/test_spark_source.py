@@ -221,8 +221,9 @@ def test_ranges_planned_from_the_checkpoint_equal_the_batch_rows(
     """``cdc apply`` plans each batch's ranges from the query's offset log (no Spark job): for
     every batch — the first, later ones, after a restart, a heartbeat-only batch — they equal
     the rows ``emit=ranges`` yields, watermarks included."""
+    from cdc.reading import open_log as _open
     from spark_apply.jobs import BatchHandler
-    from spark_apply.source import _open, batch_plan
+    from spark_apply.source import batch_plan
 
     checkpoint = tmp_path / "ck"
     pairs: list[tuple[Any, Any]] = []
@@ -366,7 +367,7 @@ def test_projection_reads_what_fastavro_reads(arrays: bool, count: int) -> None:
 
 def test_decoder_falls_back_to_fastavro_and_agrees(log: Log) -> None:
     """Rows decoded through the projection and through EventCodec.decode_value are equal."""
-    from spark_apply.source import Decoder
+    from cdc.reading import Decoder
 
     log.append(60)
     reader = LocalChangeLogReader(log.path)
@@ -393,8 +394,8 @@ def test_compiled_decoding_equals_the_python_projection(arrays: bool, count: int
 
     from cdc.avro import value_schema
     from cdc.avroreader import RUN_PROGRAM, compile_program, compile_projection
+    from cdc.reading import row_builder as _row_builder
     from cdc.types import ColumnType
-    from spark_apply.source import _row_builder
     from tests.test_avrowriter import all_types_schema
 
     if RUN_PROGRAM is None:

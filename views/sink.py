@@ -3,7 +3,7 @@ into its followers.
 
 ``cdc apply`` gives each view a streaming query of its own, like a follower, over its source's
 topics. Each micro-batch holds whole source transactions (the source plans batches on the
-log's transaction boundaries), and a view takes it in *one* call (:attr:`ViewSink.whole_batch`),
+log's transaction boundaries), and a view takes it in *one* call (:attr:`ViewSink.placement`),
 on the driver: so the view never reflects part of a transaction. Per batch:
 
 1. the outbox left by a crash, if any, is written into every follower first;
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.events import TableId, topic_name
 from cdc.logical import logical_columns
-from cdc.sink import ApplyStats, Change, Sink, row_text
+from cdc.sink import ApplyStats, Change, Placement, Sink, row_text
 from views.definition import ViewDefinitionError, ViewPlan, analyze
 from views.state import BaseChange, BatchResult, ViewChange, ViewError, ViewState
 from views.types import duckdb_type
@@ -167,9 +167,8 @@ class ViewSink(Sink):
     """View ``name`` of ``config``: its state, its followers' sinks."""
 
     folds = True
-    executor_writes = False
     #: one call per micro-batch (whole transactions), never split into tasks
-    whole_batch = True
+    placement = Placement.DRIVER_WHOLE_BATCH
 
     def __init__(self, config: Config, name: str) -> None:
         self.name = name
