@@ -98,11 +98,8 @@ class FollowerProgress:
 
 
 def reads_with_spark_kafka(config: Config, name: str) -> bool:
-    """Whether follower ``name``'s tasks read with Spark's Kafka source (its ``reader``; the
-    search follower, written by the driver, always reads through the log contract)."""
+    """Whether follower ``name``'s tasks read with Spark's Kafka source (its ``reader``)."""
     follower = config.follower(name)
-    if getattr(follower, "kind", "") == "search":
-        return False
     return follower.reader == "spark-kafka" or (follower.reader == "auto"
                                                 and config.log.backend == "kafka")
 
@@ -603,15 +600,17 @@ class ApplyJob:
 
 
 def start_spark(master: str | None = None, conf: dict[str, str] | None = None,
-                jars: Path | None = None, ship: bool = False) -> Any:
+                jars: Path | None = None, ship: bool = False, scratch: Path | None = None
+                ) -> Any:
     """The SparkSession (``spark_apply/session.py``) on ``master`` (default: the embedded
-    ``local[2,3]``) with the extra settings ``conf`` and the connector jars in ``jars``
-    (default: the jar cache's), or a :class:`CdcError` with the fix."""
+    ``local[2,3]``) with the extra settings ``conf``, the connector jars in ``jars``
+    (default: the jar cache's) and the driver's scratch space under ``scratch``, or a
+    :class:`CdcError` with the fix."""
     try:
         from spark_apply.session import spark_session
 
         return spark_session(master=master or "local[2,3]", app_name="cdc-apply", conf=conf,
-                             jars_folder=jars, ship=ship)
+                             jars_folder=jars, ship=ship, scratch=scratch)
     except ImportError as exc:
         raise CdcError(f"PySpark is not installed ({exc})",
                        "run `make setup`, or pip install -e '.[spark]'") from None
@@ -676,7 +675,8 @@ def run_apply(config: Config, names: Sequence[str], once: bool, console: Console
         chosen = master or config.spark.master
         ship = config.spark.ship == "always" or (
             config.spark.ship == "auto" and not chosen.startswith("local"))
-        spark = start_spark(chosen, config.spark.conf, jars, ship)
+        spark = start_spark(chosen, config.spark.conf, jars, ship,
+                            scratch=config.log_path.parent / "state" / "spark")
         if job.stop.is_set():
             return job
         job.start(spark, once)

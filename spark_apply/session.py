@@ -159,9 +159,37 @@ def _shipping(conf: Mapping[str, str]) -> dict[str, str]:
     return {**ship_settings(pack()), "spark.pyspark.python": python}
 
 
+def scratch_dir(root: Path) -> Path:
+    """This process's Spark scratch directory under ``root`` (``run-<pid>``), created; the
+    ``run-*`` directories of processes that no longer run are removed first. Spark deletes its
+    own scratch at a clean exit; a SIGKILLed driver leaves it behind (block manager files, the
+    archive it ships), and this is where the next start finds it."""
+    import shutil
+
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.glob("run-*"):
+        pid = old.name[4:]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    mine = root / f"run-{os.getpid()}"
+    mine.mkdir(exist_ok=True)
+    return mine
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
                   conf: Mapping[str, str] | None = None,
-                  jars_folder: Path | None = None, ship: bool = False) -> Any:
+                  jars_folder: Path | None = None, ship: bool = False,
+                  scratch: Path | None = None) -> Any:
     """The SparkSession (created on first call; later calls return the same one, ``master``
     and ``conf`` then apply only where Spark allows changing them at runtime).
 
@@ -170,6 +198,8 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
     the folder of Spark's connector jars (default: :func:`spark_jars_folder`). ``ship``: hand
     the executors the code and its dependencies (:mod:`spark_apply.ship`) instead of assuming
     they have this installation; they run ``spark.pyspark.python`` (default ``python3``).
+    ``scratch``: the folder for the driver's scratch space (``spark.local.dir``, unless
+    ``conf`` sets it): :func:`scratch_dir` of it.
     """
     conf = dict(conf or {})
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started us: its settings
@@ -206,6 +236,8 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
         settings["spark.sql.extensions"] = "io.delta.sql.DeltaSparkSessionExtension"
         settings["spark.sql.catalog.spark_catalog"] = \
             "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+    if scratch is not None and "spark.local.dir" not in conf:
+        settings["spark.local.dir"] = str(scratch_dir(scratch))
     settings.update(conf)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():

@@ -109,6 +109,34 @@ def test_require_spark_jars_names_the_fix(tmp_path: Path) -> None:
         require_spark_jars(folder=missing)
 
 
+def test_the_drivers_scratch_of_a_killed_run_is_removed_at_the_next_start(
+        tmp_path: Path) -> None:
+    """``cdc apply`` gives Spark's driver a scratch folder per process (``spark.local.dir``):
+    a SIGKILLed run leaves its folder (block files, the shipped archive: a gigabyte), and the
+    next start removes the folders of processes that no longer run — not a live one's."""
+    import os
+    import subprocess
+    import sys
+
+    from spark_apply.session import scratch_dir
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for pid in (dead.pid, alive.pid):
+            (tmp_path / f"run-{pid}" / "blockmgr-1").mkdir(parents=True)
+            (tmp_path / f"run-{pid}" / "blockmgr-1" / "shuffle.data").write_bytes(b"x" * 1000)
+        (tmp_path / "notes").mkdir()  # not a run folder: left alone
+        mine = scratch_dir(tmp_path)
+        assert mine == tmp_path / f"run-{os.getpid()}" and mine.is_dir()
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [f"run-{alive.pid}", f"run-{os.getpid()}", "notes"])
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 def test_fetched_jars_duplicate_none_of_pysparks() -> None:
     """A jar pyspark ships (Scala, Jackson, Hadoop, Parquet, log4j, ...) at a second version
     on the classpath is a conflict: the pom excludes them."""

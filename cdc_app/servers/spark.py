@@ -75,9 +75,14 @@ class ThrowawaySparkCluster:
     def _environment(self) -> dict[str, str]:
         assert self.directory is not None
         env = dict(os.environ)
+        # scratch space (executors' block managers, the shipped archive unpacked) inside the
+        # cluster's directory, removed with it: a SIGKILLed executor leaves its directory
+        # behind (a gigabyte with the archive), and /tmp would collect them
+        local = self.directory / "local"
+        local.mkdir(exist_ok=True)
         env.update({"SPARK_HOME": str(spark_home()), "SPARK_LOG_DIR": str(self.directory),
                     "SPARK_DAEMON_MEMORY": "256m", "SPARK_LOCAL_IP": "127.0.0.1",
-                    "SPARK_NO_DAEMONIZE": "1"})
+                    "SPARK_NO_DAEMONIZE": "1", "SPARK_LOCAL_DIRS": str(local)})
         extra = jvm_options()
         if extra:
             env["SPARK_DAEMON_JAVA_OPTS"] = " ".join(
