@@ -597,10 +597,6 @@ class SearchSink(Sink):
         return paths
 
     def _stored_count(self, create: bool) -> int | None:
-        if self.path.exists() and not self.path.is_dir():
-            raise SearchSinkError(
-                f"follower {self.name}: cannot create the index directory {self.path} (a file "
-                "is in the way)", f"move the file, or set followers.{self.name}.path elsewhere")
         try:
             data = json.loads(self.layout_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -615,6 +611,11 @@ class SearchSink(Sink):
                     f"({exc.strerror})", f"make it writable, or set "
                     f"followers.{self.name}.path elsewhere") from None
             return self.wanted_shards
+        except NotADirectoryError:
+            raise SearchSinkError(
+                f"follower {self.name}: cannot create the index directory {self.path} (a file "
+                "is in the way)", f"move the file, or set followers.{self.name}.path "
+                "elsewhere") from None
         except (OSError, ValueError) as exc:
             raise SearchSinkError(f"follower {self.name}: cannot read {self.layout_path} "
                                   f"({exc})", "restore it, or delete the directory and the "

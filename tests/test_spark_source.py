@@ -221,15 +221,27 @@ def test_ranges_planned_from_the_checkpoint_equal_the_batch_rows(
     """``cdc apply`` plans each batch's ranges from the query's offset log (no Spark job): for
     every batch — the first, later ones, after a restart, a heartbeat-only batch — they equal
     the rows ``emit=ranges`` yields, watermarks included."""
+    from cdc.reading import Range
     from cdc.reading import open_log as _open
-    from spark_apply.jobs import BatchHandler
+    from spark_apply.fold import WATERMARK, keep_watermark
     from spark_apply.source import batch_plan
 
     checkpoint = tmp_path / "ck"
     pairs: list[tuple[Any, Any]] = []
 
+    def rows_of(frame: Any) -> tuple[list[Range], dict[str, Any]]:
+        ranges: list[Range] = []
+        marks: dict[str, Any] = {}
+        for row in frame.collect():
+            if row["op"] == WATERMARK:
+                keep_watermark(marks, row["source"], row["after"])
+            else:
+                ranges.append(Range(row["topic"], row["partition"], row["start"], row["end"],
+                                    row["source"], row["table"]))
+        return ranges, {source: offset for source, (_, offset) in marks.items()}
+
     def compare(frame: Any, batch_id: int) -> None:
-        collected = BatchHandler._collected(frame)
+        collected = rows_of(frame)
         offsets = checkpointed_offsets(checkpoint, batch_id)
         assert offsets is not None, batch_id
         state = _open(json.dumps({"path": str(log.path)}))[0].committed()
