@@ -187,6 +187,9 @@ def test_sigkill_during_compaction_keeps_the_log_whole(tmp_path: Path) -> None:
                        ahead=lambda _, done: not done) as watch:
                 while process_io(child.pid, "wchar") < base + share * written:
                     time.sleep(0.0005)
+                # stopped at once where it is: on a busy machine this test may run again only
+                # after the compaction finished (seen in a clean run); SIGKILL ends it stopped
+                child.send_signal(signal.SIGSTOP)
                 kill = watch.kill("first half" if share < 0.5 else "second half",
                                   lambda c=child: c.send_signal(signal.SIGKILL))
             kill.settle("DONE" in child.stdout.read(), "the compaction had finished")
