@@ -10,6 +10,14 @@ without thrashing. The root is ``$CDC_JARS_DIR``, else ``$XDG_CACHE_HOME/cdc/jar
 ``~/.cache/cdc/jars``; the config's ``spark.jars_dir`` names a folder of Spark jars directly.
 A folder counts as complete once ``cdc setup`` wrote its ``.complete`` marker (last).
 
+**Class archives.** A JVM that maps an AppCDS archive of the classes it loads starts with far
+less CPU. The Kafka brokers make theirs on their first clean stop
+(``cdc_app/servers/kafka.py``); ``cdc setup`` makes the Spark driver's with a short training
+session (``spark_apply/session.py``: ``make_class_archive``), which Spark's executors and the
+standalone daemons map too (same classpath). Both live in the jar cache, keyed by
+:func:`class_archive_key` (the ``java`` binary and the jars); a JVM that cannot map one starts
+without it.
+
 **Options.**
 The Spark driver of ``cdc apply`` (``spark.driver.extraJavaOptions``), its executors
 (``spark.executor.extraJavaOptions``, unless the config sets them), and the throwaway servers of
@@ -29,6 +37,31 @@ from pathlib import Path
 
 #: the environment variable read by :func:`jvm_options`
 JVM_OPTIONS_ENV = "CDC_JVM_OPTIONS"
+
+
+def find_java() -> str | None:
+    """The ``java`` executable (``$JAVA_HOME/bin/java``, else the one on PATH; ``None``: no
+    Java) — the one Spark's launcher and the throwaway servers run."""
+    import shutil
+
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    return shutil.which("java")
+
+
+def class_archive_key(*parts: object) -> str:
+    """A short key for an AppCDS class archive made by ``java`` (its resolved path, size and
+    time) for what ``parts`` name (a classpath...): a JVM maps an archive only when these
+    match what made it, so another Java or other jars get another archive."""
+    java = find_java()
+    described = ""
+    if java is not None:
+        resolved = Path(java).resolve()
+        stat = resolved.stat()
+        described = f"{resolved}:{stat.st_size}:{stat.st_mtime_ns}"
+    text = ":".join([described, *(str(part) for part in parts)])
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
 def jvm_options() -> list[str]:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import atexit
 import base64
-import hashlib
 import os
 import re
 import shutil
@@ -55,6 +54,8 @@ from typing import Any
 
 from cdc.errors import CdcError
 from cdc.jvm import SETUP_FIX as _SETUP_FIX
+from cdc.jvm import class_archive_key
+from cdc.jvm import find_java as java_executable
 from cdc.jvm import jars_dir as jar_cache
 from cdc.jvm import jvm_options as cdc_jvm_options
 from cdc_app.servers.postgres import free_port
@@ -111,11 +112,8 @@ def kafka_version() -> str:
 
 
 def find_java() -> str:
-    """The ``java`` executable (``$JAVA_HOME/bin/java``, else the one on PATH)."""
-    home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "java").exists():
-        return str(Path(home) / "bin" / "java")
-    found = shutil.which("java")
+    """The ``java`` executable (:func:`cdc.jvm.find_java`), or the error naming the fix."""
+    found = java_executable()
     if found is None:
         raise CdcError("java is not installed (the throwaway Kafka brokers need Java 17+)",
                        "run `make setup` (it installs Debian's openjdk-17-jre-headless)")
@@ -536,10 +534,8 @@ def _cds_archive() -> Path | None:
     (``None``: nowhere, the folder is not writable and has none). A JVM refuses an archive made
     for another classpath (with a warning in the broker's output): a copied or moved jar folder
     makes a new one."""
-    java = Path(find_java()).resolve()
-    stat = java.stat()
-    key = hashlib.sha1(f"{java}:{stat.st_size}:{stat.st_mtime_ns}:{kafka_classpath()}:"
-                       f"{cdc_jvm_options()}".encode()).hexdigest()[:12]
+    find_java()  # the error naming the fix when there is no Java
+    key = class_archive_key(kafka_classpath(), cdc_jvm_options())
     path = jars_dir() / f"kafka-cds-{key}.jsa"
     return path if path.exists() or os.access(jars_dir(), os.W_OK) else None
 

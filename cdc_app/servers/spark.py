@@ -83,7 +83,9 @@ class ThrowawaySparkCluster:
         env.update({"SPARK_HOME": str(spark_home()), "SPARK_LOG_DIR": str(self.directory),
                     "SPARK_DAEMON_MEMORY": "256m", "SPARK_LOCAL_IP": "127.0.0.1",
                     "SPARK_NO_DAEMONIZE": "1", "SPARK_LOCAL_DIRS": str(local)})
-        extra = jvm_options()
+        from spark_apply.session import class_archive_options
+
+        extra = [*jvm_options(), *class_archive_options().split()]
         if extra:
             env["SPARK_DAEMON_JAVA_OPTS"] = " ".join(
                 filter(None, [env.get("SPARK_DAEMON_JAVA_OPTS", ""), *extra]))
