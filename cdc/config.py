@@ -412,11 +412,6 @@ class SparkConfig(_Strict):
     #: spark_apply/ship.py): ``auto`` on a cluster master, not in local mode; ``never`` when
     #: every worker has the project installed itself
     ship: Literal["auto", "always", "never"] = "auto"
-    #: in local mode, a micro-batch of at most this many log records is applied by the driver
-    #: itself, without a Spark job (a job's scheduling costs ~0.1-0.3 s on 2 cores: most of a
-    #: small batch's time); 0: every batch is a job. On a cluster master every batch of an
-    #: executor-placed follower runs as tasks on the executors, whatever its size
-    driver_apply_max_records: int = Field(10_000, ge=0)
 
     @field_validator("master")
     @classmethod

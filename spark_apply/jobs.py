@@ -155,15 +155,14 @@ class BatchHandler:
             ranges = [item for item in ranges if item.topic in self.topics]
         context = self.spark.sparkContext
         placement = self.sink.placement
-        executors = placement.on_executors and not self._small_in_local_mode(ranges)
-        one_call = placement is Placement.DRIVER_WHOLE_BATCH or not executors
-        tasks = plan_tasks(ranges, 1 if one_call else max(1, context.defaultParallelism),
+        whole = placement is Placement.DRIVER_WHOLE_BATCH  # a view: the batch in one call
+        tasks = plan_tasks(ranges, 1 if whole else max(1, context.defaultParallelism),
                            placement is Placement.BY_OWNER)
         total = TaskReport()
         try:
-            if self.kafka_reader and ranges and executors:
+            if self.kafka_reader and ranges and placement.on_executors:
                 reports = self._run_on_kafka(ranges, batch_id)
-            elif executors and tasks:
+            elif placement.on_executors and tasks:
                 context.setJobDescription(f"cdc apply {self.handle.name}: batch {batch_id}, "
                                           f"{len(tasks)} tasks")
                 handle = self.handle
@@ -187,15 +186,6 @@ class BatchHandler:
                 raise known from None
             raise
         self._record(total, watermarks, time.monotonic() - started)
-
-    def _small_in_local_mode(self, ranges: Sequence[Any]) -> bool:
-        """Whether this batch is applied by the driver although the sink's placement is on the
-        executors: in local mode only, when it spans at most ``spark.driver_apply_max_records``
-        log records (``cdc/config.py``: the trade)."""
-        limit = int(self.handle.config.spark.driver_apply_max_records)
-        if not limit or not str(self.spark.sparkContext.master).startswith("local"):
-            return False
-        return bool(sum(item.end - item.start for item in ranges) <= limit)
 
     def _observe_error(self, exc: BaseException) -> None:
         if self.progress.observer is not None:
