@@ -5,12 +5,11 @@
   100,000 changes in all: tens of megabytes of records, many times
   ``spark.driver.maxResultSize``, which is 1m: no record is collected to the driver; a million
   changes through the cluster is ``bench/apply.py --master cluster --changes 1000000``),
-  ``cdc apply --master spark://...`` runs four followers (Redis, Delta SCD1, Delta SCD2, and
-  search in 3 shards, written by the executors) with speculative task duplicates on, while the
-  test SIGKILLs (through ``tests/kills.py``, each while a batch is in flight) an executor (the
-  worker starts another), a whole live worker (its tasks rerun on the other; a new worker
-  joins) and the driver (restarted from the checkpoints). Afterwards ``cdc verify`` exits 0 for
-  every follower and each equals the table.
+  ``cdc apply --master spark://...`` runs three followers (Redis, Delta SCD1, Delta SCD2) with
+  speculative task duplicates on, while the test SIGKILLs (through ``tests/kills.py``, each
+  while a batch is in flight) an executor (the worker starts another), a whole live worker
+  (its tasks rerun on the other; a new worker joins) and the driver (restarted from the
+  checkpoints). Afterwards ``cdc verify`` exits 0 for every follower and each equals the table.
 * One workload applied in local mode and on the cluster from the local log, and on the cluster
   from a Kafka log through Spark's Kafka source, gives identical followers.
 """
@@ -58,7 +57,7 @@ from tests.sparkkit import (
 
 pytestmark = [pytest.mark.timeout(1200)]
 
-FOLLOWERS = ("cache", "warehouse", "history", "search")
+FOLLOWERS = ("cache", "warehouse", "history")
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +105,7 @@ def followers_section(root: Path, redis_url: str, suffix: str = "") -> str:
             f"  history:\n    kind: delta\n    mode: scd2\n"
             f"    path: {root / ('history' + suffix)}\n"
             f"    buckets: 4\n    max_records_per_batch: 20000\n    trigger_interval: 500ms\n"
-            f"    checkpoint: {root / ('checkpoint-history' + suffix)}\n"
-            f"  search:\n    kind: search\n    path: {root / ('search' + suffix)}\n"
-            f"    shards: 3\n    max_records_per_batch: 20000\n    trigger_interval: 500ms\n"
-            f"    checkpoint: {root / ('checkpoint-search' + suffix)}\n")
+            f"    checkpoint: {root / ('checkpoint-history' + suffix)}\n")
 
 
 class Apply:
@@ -326,7 +322,7 @@ def test_local_mode_cluster_and_kafka_give_identical_followers(
 
 def mode_config(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, Any],
                 redis_url: str, mode: str, kafka_log: dict[str, Any]) -> Path:
-    """The config of the four followers in ``mode`` (written next to ``tmp_path``)."""
+    """The config of the three followers in ``mode`` (written next to ``tmp_path``)."""
     root = tmp_path / mode
     db = {"local": 1, "cluster": 2, "kafka": 5}[mode]
     per_batch = 8000 if mode == "kafka" else 10000  # two or three batches
@@ -339,9 +335,7 @@ def mode_config(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, 
         "warehouse": {"kind": "delta", "path": str(root / "warehouse"), "buckets": 4,
                       "checkpoint": str(root / "cp-warehouse"), **common},
         "history": {"kind": "delta", "mode": "scd2", "path": str(root / "history"),
-                    "buckets": 4, "checkpoint": str(root / "cp-history"), **common},
-        "search": {"kind": "search", "path": str(root / "search"), "shards": 3,
-                   "checkpoint": str(root / "cp-search"), **common}}
+                    "buckets": 4, "checkpoint": str(root / "cp-history"), **common}}
     config = {**base, "followers": followers,
               "spark": {"master": "local[2]" if mode == "local" else cluster.master_url,
                         "conf": {"spark.driver.maxResultSize": "1m",
@@ -356,7 +350,7 @@ def mode_config(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, 
 
 
 def start_once(path: Path) -> subprocess.Popen[str]:
-    """``cdc apply --once`` of the four followers, a process of its own."""
+    """``cdc apply --once`` of the three followers, a process of its own."""
     args = [arg for name in FOLLOWERS for arg in ("--follower", name)]
     return subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "apply", "--config", str(path),
                              "--once", *args], cwd=PROJECT, stdout=subprocess.PIPE,
@@ -364,7 +358,7 @@ def start_once(path: Path) -> subprocess.Popen[str]:
 
 
 def submit_once(cluster: ThrowawaySparkCluster, path: Path) -> subprocess.Popen[str]:
-    """``cdc apply --once`` of the four followers through ``spark-submit``, with the archive
+    """``cdc apply --once`` of the three followers through ``spark-submit``, with the archive
     ``cdc pack`` makes (the documented invocation, docs/followers.md)."""
     import cdc_app.cli
     from cdc_app.servers.spark import spark_home
