@@ -11,9 +11,6 @@ from pydantic import Field, field_validator
 from cdc.config import FollowerConfig, Size, check_table_names
 from cdc.events import TableId
 
-#: a new index's shard count (a shard is one Tantivy index, written by the task owning its keys)
-DEFAULT_SHARDS = 2
-
 
 class SearchFollowerConfig(FollowerConfig):
     """An embedded Tantivy full-text index (``sinks/search.py``)."""
@@ -25,12 +22,8 @@ class SearchFollowerConfig(FollowerConfig):
     #: per table (schema.table), the columns indexed as full text (tokenized); default:
     #: every string column of the table. Every column is stored either way.
     text_fields: dict[str, list[str]] = Field(default_factory=dict)
-    #: memory for each shard's Tantivy index writer
+    #: memory for Tantivy's index writer
     writer_memory: Size = Field(64 * 1024**2, ge=16 * 1024**2)
-    #: shards of a new index: tasks on the executors write them side by side (a key's shard is
-    #: ``crc32(key) % shards``); fixed when the index is created — an existing index keeps its
-    #: count, and setting another one here is refused
-    shards: int = Field(DEFAULT_SHARDS, ge=1, le=1024)
 
     @field_validator("text_fields")
     @classmethod

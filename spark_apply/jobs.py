@@ -98,8 +98,11 @@ class FollowerProgress:
 
 
 def reads_with_spark_kafka(config: Config, name: str) -> bool:
-    """Whether follower ``name``'s tasks read with Spark's Kafka source (its ``reader``)."""
+    """Whether follower ``name``'s tasks read with Spark's Kafka source (its ``reader``; the
+    search follower, written by the driver, always reads through the log contract)."""
     follower = config.follower(name)
+    if getattr(follower, "kind", "") == "search":
+        return False
     return follower.reader == "spark-kafka" or (follower.reader == "auto"
                                                 and config.log.backend == "kafka")
 

@@ -46,27 +46,10 @@ def item(key: int, version: int, **extra: Any) -> dict[str, Any]:
 
 def open_sink(path: Path, *, retention: float = 3600.0,
               text_fields: dict[str, list[str]] | None = None,
-              tables: dict[str, tuple[str, TableId]] | None = None, shards: int = 2,
-              lock_wait: float = 120.0) -> SearchSink:
+              tables: dict[str, tuple[str, TableId]] | None = None) -> SearchSink:
     return SearchSink("idx", path, tables=tables or {}, text_fields=text_fields or {},
                       writer_memory=32 * 1024**2, tombstone_retention=retention,
-                      log_path=path / "log", shards=shards, lock_wait=lock_wait)
-
-
-def shard_of(sink: SearchSink, key: int) -> Any:
-    """The shard holding ``{"id": key}`` of TOPIC."""
-    shards = sink.shards(create=True)
-    return shards[sink.shard_of(f'{{"id":{key}}}', len(shards))]
-
-
-def count_all(sink: SearchSink, query: Any) -> int:
-    """Documents matching ``query`` in every shard (markers included)."""
-    total = 0
-    for shard in sink.shards():
-        searcher = shard.searcher()
-        if searcher is not None:
-            total += int(searcher.search(query, 10, count=True).count)  # type: ignore[attr-defined]
-    return total
+                      log_path=path / "log")
 
 
 @pytest.fixture
@@ -84,7 +67,10 @@ def held(sink: SearchSink, topic: str = TOPIC) -> dict[str, dict[str, str]]:
 
 
 def markers(sink: SearchSink) -> int:
-    return count_all(sink, tantivy.Query.term_query(sink.schema, DELETED, 1))
+    searcher = sink._searcher()
+    assert searcher is not None
+    query = tantivy.Query.term_query(sink.schema, DELETED, 1)
+    return int(searcher.search(query, 10, count=True).count)  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------------------ the gate
@@ -112,16 +98,14 @@ def test_markers_are_documents_that_never_match(sink: SearchSink) -> None:
 
 
 def test_markers_expire_after_the_retention(tmp_path: Path) -> None:
-    """Expired markers go in a later commit of their shard (a batch that writes it)."""
     sink = open_sink(tmp_path / "s", retention=0.3)
-    other = next(key for key in range(2, 100) if shard_of(sink, key) is shard_of(sink, 1))
     try:
-        sink.apply([change(1, 1, item(1, 1)), change(other, 1, item(other, 1))])
+        sink.apply([change(1, 1, item(1, 1)), change(2, 1, item(2, 1))])
         sink.apply([change(1, 5, None)])
         assert sink.apply([change(1, 4, item(1, 4))]).skipped == 1  # within the retention
         assert markers(sink) == 1
         time.sleep(0.4)
-        sink.apply([change(other, 6, item(other, 6))])  # a later commit of the shard purges
+        sink.apply([change(2, 6, item(2, 6))])  # any later batch purges expired markers
         assert markers(sink) == 0
         # past the retention the key is forgotten (the log's compaction dropped older records)
         assert sink.apply([change(1, 4, item(1, 4))]).written == 1
@@ -319,45 +303,14 @@ def test_readers_without_an_index_and_beside_the_writer(tmp_path: Path) -> None:
         assert held(reader) == {'{"id":1}': row_text(item(1, 1))}  # no lock needed to read
         writer.apply([change(1, 2, item(1, 2))])
         assert held(reader) == {'{"id":1}': row_text(item(1, 2))}  # sees each new commit
+        with pytest.raises(SearchSinkError, match="another `cdc apply`") as caught:
+            open_sink(tmp_path / "s").check()
+        assert "fix:" in str(caught.value)
     finally:
         writer.close()
-
-
-def test_a_shard_has_one_writer_at_a_time_and_a_second_waits_for_it(tmp_path: Path) -> None:
-    """A task holding a shard's writer (a replayed or speculative duplicate, a task of the
-    previous batch) makes another wait; past ``lock_wait`` the other fails naming the cause
-    (Spark retries the task); once released, the waiting writer goes on — and its gate, read
-    after taking the writer, sees the holder's commit."""
-    import threading
-
-    first = open_sink(tmp_path / "s")
-    second = open_sink(tmp_path / "s", lock_wait=0.3)
-    try:
-        first.check()
-        with shard_of(first, 1).writing():
-            with pytest.raises(SearchSinkError, match="stayed locked by another writer") as held_up:
-                second.apply([change(1, 1, item(1, 1))])
-            assert "fix:" in str(held_up.value)
-        patient = open_sink(tmp_path / "s", lock_wait=30)
-        results: list[Any] = []
-        with shard_of(first, 1).writing() as writer:
-            waiting = threading.Thread(
-                target=lambda: results.append(patient.apply([change(1, 5, item(1, 5))])))
-            waiting.start()
-            time.sleep(0.3)
-            assert waiting.is_alive() and not results  # it waits for the writer
-            writer.add_document(first._document(search_module.doc_id(TOPIC, '{"id":1}'),
-                                                search_module.id_hash(
-                                                    search_module.doc_id(TOPIC, '{"id":1}')),
-                                                change(1, 9, item(1, 9))))
-            writer.commit()
-        waiting.join(30)
-        assert results and results[0].skipped == 1  # 5 is older than the holder's 9
-        assert held(patient) == {'{"id":1}': row_text(item(1, 9))}
-        patient.close()
-    finally:
-        first.close()
-        second.close()
+    second = open_sink(tmp_path / "s")  # closed: the lock is free again
+    second.check()
+    second.close()
 
 
 _KILLED_WRITER = """
@@ -365,10 +318,9 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
 from tests.test_search_sink import change, item, open_sink
-sink = open_sink(Path({path!r}), shards=1)
+sink = open_sink(Path({path!r}))
 sink.apply([change(1, 1, item(1, 1))])
-held = sink.shards()[0].writing()  # kept: the writer is released when this ends
-writer = held.__enter__()
+writer = sink._open_writer()
 print("ready", flush=True)
 key = 2
 while True:  # added but never committed, until it is killed
@@ -405,7 +357,7 @@ def test_a_killed_writer_leaves_the_last_commit_and_no_lock(tmp_path: Path) -> N
     finally:
         child.kill()
         child.wait(timeout=30)
-    sink = open_sink(tmp_path / "s", shards=1)
+    sink = open_sink(tmp_path / "s")
     try:
         sink.check()  # the OS released the dead process's lock
         assert held(sink) == {'{"id":1}': row_text(item(1, 1))}
@@ -415,8 +367,8 @@ def test_a_killed_writer_leaves_the_last_commit_and_no_lock(tmp_path: Path) -> N
 
 
 def test_directories_that_are_not_our_index(tmp_path: Path) -> None:
-    (tmp_path / "busy" / "shard-0").mkdir(parents=True)
-    (tmp_path / "busy" / "shard-0" / "notes.txt").write_text("mine")
+    (tmp_path / "busy" / "index").mkdir(parents=True)
+    (tmp_path / "busy" / "index" / "notes.txt").write_text("mine")
     with pytest.raises(SearchSinkError, match="not empty and holds no Tantivy index"):
         open_sink(tmp_path / "busy").check()
     builder = tantivy.SchemaBuilder()
@@ -504,11 +456,11 @@ def test_the_gate_sees_every_document_of_an_id(sink: SearchSink, written_later: 
     first, second = (5, 10) if written_later == "newer" else (10, 5)
     sink.apply([change(1, first, item(1, first)),
                 *(change(key, 5, item(key, 5)) for key in (2, 3, 4))])
+    writer = sink._open_writer()
     extra = change(1, second, item(1, second))
     identity = search_module.doc_id(TOPIC, extra.key)
-    with shard_of(sink, 1).writing() as writer:
-        writer.add_document(sink._document(identity, search_module.id_hash(identity), extra))
-        writer.commit()  # id 1 now holds rows at 5 and at 10
+    writer.add_document(sink._document(identity, search_module.id_hash(identity), extra))
+    writer.commit()  # id 1 now holds rows at 5 and at 10
     assert documents_of(sink, 1) == 2
     stats = sink.apply([change(1, 7, item(1, 7)),
                         *(change(key, 20, item(key, 20)) for key in (2, 3, 4))])
@@ -526,73 +478,28 @@ def test_a_new_writer_never_reuses_the_last_commits_opstamp(tmp_path: Path) -> N
     their newer markers (found by test_apply_crash.py). The sink spends that opstamp when it
     opens its writer, so the gate's delete always orders after the last commit."""
     path = tmp_path / "search"
-    first = open_sink(path, shards=1)
+    first = open_sink(path)
     first.apply([change(1, 5, item(1, 1))])
     first.close()
-    committed = json.loads((path / "shard-0" / "meta.json").read_text())["opstamp"]
-    raw = tantivy.Index.open(str(path / "shard-0")).writer(32 * 1024**2, 1)
+    committed = json.loads((path / "index" / "meta.json").read_text())["opstamp"]
+    raw = tantivy.Index.open(str(path / "index")).writer(32 * 1024**2, 1)
     assert raw.delete_documents_by_term(search_module.ID, "none") == committed  # Tantivy's
     raw.rollback()
     del raw
-    reopened = open_sink(path, shards=1)
+    reopened = open_sink(path)
     try:
-        with reopened.shards()[0].writing() as writer:
-            assert writer.delete_documents_by_term(search_module.ID, "none") > committed
+        writer = reopened._open_writer()
+        assert writer.delete_documents_by_term(search_module.ID, "none") > committed
     finally:
         reopened.close()
 
 
-def test_shards_split_the_keys_and_an_index_before_shards_reads_as_one(tmp_path: Path) -> None:
-    """Keys spread over the shards by crc32 (each key in exactly one); the count is fixed at
-    creation (a different explicit one is refused naming the fix); a format-1 index (one
-    ``index/``, no ``shards.json``) is read and written as one shard; a newer layout format is
-    refused."""
-    import zlib
-
-    sharded = open_sink(tmp_path / "new", shards=3)
-    try:
-        sharded.apply([change(key, 1, item(key, 1)) for key in range(60)])
-        per_shard = [list(shard.keys(TOPIC)) for shard in sharded.shards()]
-        assert [len(keys) for keys in per_shard] == [
-            sum(1 for key in range(60) if zlib.crc32(f'{{"id":{key}}}'.encode()) % 3 == s)
-            for s in range(3)]
-        assert sorted(k for keys in per_shard for k in keys) == sorted(
-            f'{{"id":{key}}}' for key in range(60))
-        assert json.loads((tmp_path / "new" / "shards.json").read_text()) == {
-            "format": 2, "shards": 3}
-        found = sharded.search("item", limit=100)
-        assert found.total == 60 and len({hit.key for hit in found.hits}) == 60
-    finally:
-        sharded.close()
-    assert len(open_sink(tmp_path / "new", shards=5).shards()) == 3  # the default: kept
-    refused = SearchSink("idx", tmp_path / "new", tables={}, text_fields={},
-                         writer_memory=32 * 1024**2, tombstone_retention=60,
-                         log_path=tmp_path, shards=5, shards_required=True)
-    with pytest.raises(SearchSinkError, match="has 3 shard") as caught:
-        refused.check()
-    assert "shards to 3" in str(caught.value)
-    legacy = tmp_path / "legacy"
-    one = open_sink(legacy, shards=1)
-    one.apply([change(key, 1, item(key, 1)) for key in range(10)])
-    one.close()
-    (legacy / "shard-0").rename(legacy / "index")
-    (legacy / "shards.json").unlink()
-    old = open_sink(legacy, shards=4)
-    try:
-        assert len(old.shards()) == 1 and len(held(old)) == 10
-        old.apply([change(3, 2, item(3, 2))])
-        assert held(old)['{"id":3}'] == row_text(item(3, 2))
-        assert not (legacy / "shards.json").exists()
-    finally:
-        old.close()
-    (tmp_path / "new" / "shards.json").write_text('{"format": 3, "shards": 3}')
-    with pytest.raises(SearchSinkError, match="has format 3, written by a newer cdc"):
-        open_sink(tmp_path / "new").check()
-
-
 def documents_of(sink: SearchSink, key: int) -> int:
-    return count_all(sink, tantivy.Query.term_query(
-        sink.schema, search_module.ID, search_module.doc_id(TOPIC, f'{{"id":{key}}}')))
+    searcher = sink._searcher()
+    assert searcher is not None
+    query = tantivy.Query.term_query(sink.schema, search_module.ID,
+                                     search_module.doc_id(TOPIC, f'{{"id":{key}}}'))
+    return int(searcher.search(query, 10, count=True).count)  # type: ignore[attr-defined]
 
 
 #: run by a child process: seven committed batches of rows, then an eighth that deletes four
