@@ -76,12 +76,13 @@ def read_status(log_path: Path, source: str, path: Path | None = None
         data: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    alive = _pid_alive(int(data.get("pid", 0)))
+    alive = pid_alive(int(data.get("pid", 0)))
     data["running"] = alive and time.time() - float(data.get("updated", 0)) < STALE_AFTER_S
     return data
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (one of another user counts as running)."""
     if pid <= 0:
         return False
     try:

@@ -33,6 +33,7 @@ from typing import Any
 
 from cdc.errors import CdcError
 from cdc.jvm import SETUP_FIX, class_archive_key, jars_dir, jars_ready, jvm_options
+from cdc.status import pid_alive
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LOG4J = Path(__file__).resolve().parent / "log4j2.properties"
@@ -231,21 +232,11 @@ def scratch_dir(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for old in root.glob("run-*"):
         pid = old.name[4:]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     mine = root / f"run-{os.getpid()}"
     mine.mkdir(exist_ok=True)
     return mine
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
