@@ -23,7 +23,7 @@ from cdc.log.local import LocalChangeLogReader
 from cdc.position import Position
 from tests.conftest import TOPIC, expected_value
 from tests.crash_child import KEYS, SIZES
-from tests.kills import Watch, process_io
+from tests.kills import Watch, process_freeze, process_io
 
 ROOT = Path(__file__).resolve().parent.parent
 KILLS = 20
@@ -57,9 +57,11 @@ def run_child(log_dir: Path, seed: int, delay: float) -> tuple[int, list[tuple[i
     with Watch("log appender", lambda: taken[-1]) as watch:
         time.sleep(delay)
         phase = "just restarted" if delay < 0.25 else "streaming"
+        # aimed with the child stopped (SIGSTOP) at each look: it cannot commit what it took
+        # between the look that saw it in flight and the SIGKILL
         watch.kill(phase, lambda: child.send_signal(signal.SIGKILL),
                    lambda: LocalChangeLogReader(log_dir).source_offsets().get(
-                       "gen", {}).get("seq", 0))
+                       "gen", {}).get("seq", 0), aim=10, freeze=process_freeze(child.pid))
     child.wait()
     reader.join(10)
     acks = []

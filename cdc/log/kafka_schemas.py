@@ -22,8 +22,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from cdc.errors import LogError, SchemaError
+from cdc.errors import LogError, LogUnavailable, SchemaError
 from cdc.log.base import SchemaRegistry
+from cdc.log.kafka_errors import kafka_error
 from cdc.log.schemas import RegisteredSchema, canonical
 
 TIMEOUT = 15.0
@@ -71,11 +72,9 @@ class KafkaSchemaRegistry(SchemaRegistry):
             partition = TopicPartition(self.topic, 0)
             try:
                 _, end = consumer.get_watermark_offsets(partition, timeout=TIMEOUT, cached=False)
-            except KafkaException as exc:
-                raise LogError(f"Kafka log at {self.where}: cannot read the schemas topic "
-                               f"{self.topic}: {exc}",
-                               "check the brokers, and that cdc capture created the topic"
-                               ) from None
+            except KafkaException as exc:  # brokers away: LogUnavailable, waited out
+                raise kafka_error(f"reading the schemas topic {self.topic}", exc,
+                                  self.where) from None
             if end <= self._next:
                 return
             consumer.assign([TopicPartition(self.topic, 0, self._next)])
@@ -87,8 +86,8 @@ class KafkaSchemaRegistry(SchemaRegistry):
                         if error.code() == KafkaError._PARTITION_EOF:
                             self._next = max(self._next, end)
                             continue
-                        raise LogError(f"Kafka log at {self.where}: reading {self.topic}: "
-                                       f"{error.str()}", "check the brokers")
+                        raise kafka_error(f"reading the schemas topic {self.topic}", error,
+                                          self.where)
                     self._next = (message.offset() or 0) + 1
                     value = message.value()
                     if value is not None:
@@ -97,8 +96,9 @@ class KafkaSchemaRegistry(SchemaRegistry):
                 if position >= end:
                     self._next = max(self._next, end)
                 if time.monotonic() > deadline:
-                    raise LogError(f"Kafka log at {self.where}: reading {self.topic} made no "
-                                   "progress for 60 s", "check that the brokers are up")
+                    raise LogUnavailable(f"Kafka log at {self.where}: reading {self.topic} "
+                                         "made no progress for 60 s",
+                                         "check that the brokers are up")
 
     def _add(self, entry: dict[str, Any]) -> None:
         schema_id, subject = int(entry["id"]), str(entry["subject"])
