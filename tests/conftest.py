@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cdc.log.base import Record
 from cdc.position import Position
+from tests import parking
 
 TOPIC = "src.public.items"
 
@@ -56,6 +58,12 @@ def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
     from tests.schedule import make_scheduler
 
     return make_scheduler(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):  # type: ignore[no-untyped-def]
+    yield
+    parking.park(nextitem)  # tests/parking.py: shared brokers stopped while unused
 
 
 @pytest.fixture(autouse=True)
@@ -173,16 +181,31 @@ def mariadb_factory():  # type: ignore[no-untyped-def]
 # --------------------------------------------------------------------------- Kafka fixture
 
 @pytest.fixture(scope="session")
-def kafka_broker():  # type: ignore[no-untyped-def]
-    """One throwaway Apache Kafka broker (KRaft, one combined broker+controller node, from the
-    jars `make setup` fetched) for the whole session; ``kafka_broker.bootstrap_servers``. Tests
-    create topics with names of their own (``auto.create.topics.enable=false``)."""
+def _kafka_broker_server():  # type: ignore[no-untyped-def]
+    """The session's broker behind :func:`kafka_broker` (parked while unused)."""
     from cdc_app.servers.kafka import ThrowawayKafka
 
     broker = ThrowawayKafka().start()
+    parking.register("kafka_broker", lambda: _pids([broker]))
     yield broker
+    parking.release("kafka_broker")
     broker.stop()
     broker.cleanup()
+
+
+@pytest.fixture
+def kafka_broker(_kafka_broker_server):  # type: ignore[no-untyped-def]
+    """One throwaway Apache Kafka broker (KRaft, one combined broker+controller node, from the
+    jars `make setup` fetched) for the whole session; ``kafka_broker.bootstrap_servers``. Tests
+    create topics with names of their own (``auto.create.topics.enable=false``). Parked
+    (SIGSTOP) between the tests that use it: tests/parking.py."""
+    parking.use("kafka_broker")
+    return _kafka_broker_server
+
+
+def _pids(nodes: Any) -> list[int]:
+    """The pids of the running ones of ``nodes`` (throwaway brokers)."""
+    return [node.process.pid for node in nodes if node.running()]
 
 
 def _cpu_times() -> tuple[float, float]:
@@ -233,12 +256,22 @@ def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def kafka_cluster():  # type: ignore[no-untyped-def]
-    """One throwaway three-node KRaft cluster (replication factor 3, min.insync.replicas 2),
-    started the first time a test asks for it and shared by every test that needs three
-    brokers. Tests kill and restart single nodes; each must leave all three running."""
+def _kafka_cluster_server():  # type: ignore[no-untyped-def]
+    """The session's three-node cluster behind :func:`kafka_cluster` (parked while unused)."""
     from cdc_app.servers.kafka import ThrowawayKafkaCluster
 
     cluster = ThrowawayKafkaCluster().start()
+    parking.register("kafka_cluster", lambda: _pids(cluster.nodes))
     yield cluster
+    parking.release("kafka_cluster")
     cluster.cleanup()
+
+
+@pytest.fixture
+def kafka_cluster(_kafka_cluster_server):  # type: ignore[no-untyped-def]
+    """One throwaway three-node KRaft cluster (replication factor 3, min.insync.replicas 2),
+    started the first time a test asks for it and shared by every test that needs three
+    brokers. Tests kill and restart single nodes; each must leave all three running. Parked
+    (SIGSTOP) between the tests that use it: tests/parking.py."""
+    parking.use("kafka_cluster")
+    return _kafka_cluster_server

@@ -305,6 +305,22 @@ def wait_for(predicate: Any, timeout: float = 60, what: str = "condition",
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def wait_progressing(predicate: Any, progress: Any, stall: float, what: str,
+                     interval: float = 0.5) -> None:
+    """Until ``predicate()`` holds, for as long as ``progress()`` keeps changing: fail only
+    when it stood still for ``stall`` seconds (a follower draining a backlog whose size
+    depends on how slow the machine was, e.g. a load that ran through a long kill phase)."""
+    last, moved = progress(), time.monotonic()
+    while not predicate():
+        now = progress()
+        if now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall:
+            raise AssertionError(f"no progress for {stall:g} s waiting for {what} "
+                                 f"(progress stood at {last!r})")
+        time.sleep(interval)
+
+
 def wait_caught_up(db: Database, log: LogAt, timeout: float = 120) -> None:
     """Until the log's stored LSN passes the server's current LSN as of now (heartbeats
     carry it past when the captured tables are idle)."""

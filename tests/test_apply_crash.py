@@ -86,9 +86,11 @@ from tests.pgkit import (
     assert_verified,
     cdc,
     output,
+    stored_offset,
     verify_followers,
     wait_caught_up,
     wait_for,
+    wait_progressing,
     write_config,
 )
 from tests.sparkkit import committed_batches, driver_watch, group_freeze
@@ -467,6 +469,12 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
             wait_for(lambda b=batch: b in checkpoint.ids("commits"), 300, f"batch {batch}")
             assert checkpoint.offsets_text(batch) == text_before, f"batch {batch} re-planned"
             confirmed_replays.add(batch)
+        # the backlog the load left grows with the time the kills took (a loaded machine's
+        # kill phase is longer): wait while the followers keep committing batches, until
+        # the cache's watermark passes the capture's (written once a batch drained it all)
+        target = int((stored_offset(log, pg_db.source) or {}).get("lsn", 0))
+        wait_progressing(lambda: watermark() >= target, lambda: committed_batches(roots),
+                         180, f"follower cache's watermark to reach {target:X}")
         verified = verify_followers(config_path, FOLLOWERS)
         code, text = run.terminate()
         run = None

@@ -313,6 +313,16 @@ class KafkaChangeLogReader(ChangeLogReader):
         """Committed messages of one partition with ``start <= offset < end``."""
         consumer = self._reader()
         consumer.assign([TopicPartition(kafka_name, partition, start)])
+        try:
+            return self._consume_assigned(consumer, kafka_name, partition, start, end, limit)
+        finally:
+            # an assigned partition is fetched from in the background, read or not: a reader
+            # left assigned costs its broker a fetch request every fetch.wait.max.ms (10 ms)
+            with contextlib.suppress(KafkaException, RuntimeError):
+                consumer.unassign()
+
+    def _consume_assigned(self, consumer: Consumer, kafka_name: str, partition: int,
+                          start: int, end: int, limit: int | None) -> list[Any]:
         out: list[Any] = []
         deadline = time.monotonic() + 60
         while True:

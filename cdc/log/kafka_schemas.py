@@ -14,6 +14,7 @@ A subject's versions are its distinct schemas in the order of their first messag
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -78,27 +79,35 @@ class KafkaSchemaRegistry(SchemaRegistry):
             if end <= self._next:
                 return
             consumer.assign([TopicPartition(self.topic, 0, self._next)])
-            deadline = time.monotonic() + 60
-            while self._next < end:
-                for message in consumer.consume(num_messages=1000, timeout=0.02):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            self._next = max(self._next, end)
-                            continue
-                        raise kafka_error(f"reading the schemas topic {self.topic}", error,
-                                          self.where)
-                    self._next = (message.offset() or 0) + 1
-                    value = message.value()
-                    if value is not None:
-                        self._add(json.loads(value))
-                position = consumer.position([partition])[0].offset
-                if position >= end:
-                    self._next = max(self._next, end)
-                if time.monotonic() > deadline:
-                    raise LogUnavailable(f"Kafka log at {self.where}: reading {self.topic} "
-                                         "made no progress for 60 s",
-                                         "check that the brokers are up")
+            try:
+                self._read_to(consumer, partition, end)
+            finally:  # not left fetching in the background (see KafkaChangeLogReader)
+                with contextlib.suppress(KafkaException, RuntimeError):
+                    consumer.unassign()
+
+    def _read_to(self, consumer: Consumer, partition: TopicPartition, end: int) -> None:
+        """Read the assigned schemas topic until offset ``end`` (the lock held)."""
+        deadline = time.monotonic() + 60
+        while self._next < end:
+            for message in consumer.consume(num_messages=1000, timeout=0.02):
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        self._next = max(self._next, end)
+                        continue
+                    raise kafka_error(f"reading the schemas topic {self.topic}", error,
+                                      self.where)
+                self._next = (message.offset() or 0) + 1
+                value = message.value()
+                if value is not None:
+                    self._add(json.loads(value))
+            position = consumer.position([partition])[0].offset
+            if position >= end:
+                self._next = max(self._next, end)
+            if time.monotonic() > deadline:
+                raise LogUnavailable(f"Kafka log at {self.where}: reading {self.topic} "
+                                     "made no progress for 60 s",
+                                     "check that the brokers are up")
 
     def _add(self, entry: dict[str, Any]) -> None:
         schema_id, subject = int(entry["id"]), str(entry["subject"])
