@@ -162,6 +162,9 @@ class Sink(ABC):
     folds: bool = True
     #: where ``cdc apply`` runs this sink's writes (the module docstring; :class:`Placement`)
     placement: Placement = Placement.BY_PARTITION
+    #: the log topics ``cdc apply`` hands this sink when they are fewer than its follower's
+    #: tables (a view: the tables its query reads); ``None``: the follower's tables
+    read_topics: Sequence[str] | None = None
 
     @classmethod
     def from_settings(cls, config: Config, name: str, settings: FollowerConfig,

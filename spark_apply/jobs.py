@@ -97,12 +97,12 @@ class FollowerProgress:
     observer: Any = None
 
 
-def reads_with_spark_kafka(config: Config, name: str) -> bool:
-    """Whether follower ``name``'s tasks read with Spark's Kafka source (its ``reader``; the
-    search follower, written by the driver, always reads through the log contract)."""
-    follower = config.follower(name)
-    if getattr(follower, "kind", "") == "search":
+def reads_with_spark_kafka(config: Config, name: str, sink: Sink) -> bool:
+    """Whether follower ``name``'s tasks read with Spark's Kafka source (its ``reader``; a sink
+    written on the driver (``Sink.placement``) always reads through the log contract)."""
+    if not sink.placement.on_executors:
         return False
+    follower = config.follower(name)
     return follower.reader == "spark-kafka" or (follower.reader == "auto"
                                                 and config.log.backend == "kafka")
 
@@ -215,7 +215,7 @@ class BatchHandler:
 
     @property
     def kafka_reader(self) -> bool:
-        return reads_with_spark_kafka(self.handle.config, self.handle.name)
+        return reads_with_spark_kafka(self.handle.config, self.handle.name, self.sink)
 
     def _run_on_kafka(self, ranges: list[Any], batch_id: int) -> list[Any]:
         """The batch read by Spark's Kafka source, decoded in the JVM, folded and written by
@@ -398,16 +398,16 @@ class ApplyJob:
                 raise CdcError(f"follower {name} follows no source: the config has no "
                                "`sources:`", "add the databases to capture under `sources:`")
         check_log(config)
-        if any(reads_with_spark_kafka(config, name) for name in chosen):
-            from spark_apply.session import require_spark_jars
-
-            require_spark_jars("kafka", "avro")
         sinks: dict[str, Sink] = {}
         try:
             for name in chosen:
                 sink = open_target(config, name)
                 sinks[name] = sink
                 sink.check()
+            if any(reads_with_spark_kafka(config, name, sinks[name]) for name in chosen):
+                from spark_apply.session import require_spark_jars
+
+                require_spark_jars("kafka", "avro")
         except BaseException:
             for sink in sinks.values():
                 sink.close()
@@ -443,7 +443,7 @@ class ApplyJob:
                   .option("maxRecordsPerTrigger", str(follower.max_records_per_batch))
                   .option("emit", "ranges")
                   .load())
-        topics = getattr(self.sinks[name], "read_topics", None)  # a view: its tables only
+        topics = self.sinks[name].read_topics  # a view: its tables only
         if topics is None and follower.tables:
             topics = list(self.config.follower_topics(name))
         checkpoint = self.checkpoint(name)

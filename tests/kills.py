@@ -199,7 +199,7 @@ class Watch:
             if frozen:
                 freeze[1]()  # type: ignore[index]
                 frozen = False
-            time.sleep(0.001 if freeze is None else 0.02)
+            time.sleep(0.01 if freeze is None else 0.02)  # a look reads positions: no busy loop
         second_before = self._second_before(position)
         action()
         kill = Kill(self.kind, phase, position, second_before, self.ahead, self.moved)
