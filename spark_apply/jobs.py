@@ -346,7 +346,7 @@ def _wait_initialized(query: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while (time.monotonic() < deadline and query.isActive
            and query.status.get("message") == "Initializing sources"):
-        time.sleep(0.05)
+        time.sleep(0.2)  # each look is two calls into the JVM
 
 
 def check_log(config: Config) -> None:
