@@ -231,17 +231,23 @@ def row_builder(columns: Sequence[tuple[str, str, Any]]) -> Any:
 dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 
 _OPEN: dict[str, tuple[ChangeLogReader, Decoder]] = {}
+#: logs kept open per process; the least recently used one beyond is closed (an executor reads
+#: one or two logs, a process running many applies, e.g. a test session, many)
+KEPT_OPEN = 4
 
 
 def open_log(settings: str) -> tuple[ChangeLogReader, Decoder]:
     """The reader and decoder of the log ``settings`` (JSON, ``cdc.log.open.log_settings``),
-    kept for the life of this process."""
+    kept open in this process for the next call (at most :data:`KEPT_OPEN` logs)."""
     from cdc.log.open import reader_from
 
-    found = _OPEN.get(settings)
+    found = _OPEN.pop(settings, None)
     if found is None:
         reader = reader_from(json.loads(settings))
         assert reader is not None
         found = (reader, Decoder(EventCodec(reader.schemas())))
-        _OPEN[settings] = found
+    _OPEN[settings] = found  # the most recently used last
+    while len(_OPEN) > KEPT_OPEN:
+        oldest = _OPEN.pop(next(iter(_OPEN)))[0]
+        oldest.close()
     return found

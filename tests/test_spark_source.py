@@ -433,3 +433,28 @@ def test_compiled_decoding_equals_the_python_projection(arrays: bool, count: int
             assert list(got[1]) == list(want[1])
             assert [type(v) for v in got[1].values()] == [type(v) for v in want[1].values()]
     assert images > count // 4
+
+
+def test_a_process_keeps_a_few_logs_open_and_closes_the_least_recently_used(
+        tmp_path: Path) -> None:
+    """cdc/reading.py's open_log: the same reader again for the same log; beyond KEPT_OPEN logs
+    the least recently used is closed (a process running many applies, e.g. a test session,
+    would otherwise hold every log's files and Kafka consumers), and opened anew when asked."""
+    from cdc import reading
+
+    logs = [Log(tmp_path / f"log{i}") for i in range(reading.KEPT_OPEN + 1)]
+    settings = [json.dumps({"backend": "local", "path": str(log.path)}) for log in logs]
+    try:
+        first = reading.open_log(settings[0])[0]
+        assert reading.open_log(settings[0])[0] is first
+        closed: list[bool] = []
+        first.close = lambda: closed.append(True)  # type: ignore[method-assign]
+        for text in settings[1:]:
+            reading.open_log(text)
+        assert closed == [True] and settings[0] not in reading._OPEN
+        assert len([s for s in settings if s in reading._OPEN]) == reading.KEPT_OPEN
+        again = reading.open_log(settings[0])[0]
+        assert again is not first and again.topics() == first.topics()
+    finally:
+        for log in logs:
+            log.writer.close()

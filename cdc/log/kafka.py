@@ -450,9 +450,12 @@ class KafkaChangeLogReader(ChangeLogReader):
         return self._schemas
 
     def close(self) -> None:
+        """Close the consumers (made again if the reader is used after)."""
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._schemas is not None:
+            self._schemas.close()
 
 
 class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):

@@ -66,6 +66,14 @@ class KafkaSchemaRegistry(SchemaRegistry):
             self._consumer = committed_reader(self.settings, "cdc-schemas")
         return self._consumer
 
+    def close(self) -> None:
+        """Close the consumer (made again if the registry is read after); what was read stays."""
+        with self._lock:
+            consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                consumer.close()
+
     def _refresh(self) -> None:
         """Read the topic from where the last refresh stopped to its end."""
         with self._lock:
