@@ -144,6 +144,35 @@ def test_a_record_larger_than_the_broker_allows(kafka_broker: Any) -> None:
         log.close()
 
 
+def test_a_failure_inside_an_append_leaves_no_transaction_open(kafka_broker: Any) -> None:
+    """An append that fails outside the producer's own calls (here its finisher: in capture,
+    e.g. the schemas topic unreadable while a broker restarts) aborts its transaction: nothing
+    of it is read, and the next append of the same writer begins anew (it was refused with
+    "Operation not valid in state InTransaction", which stopped a capture)."""
+    from cdc.errors import LogUnavailable
+
+    config = _config(kafka_broker)
+    log = KafkaChangeLog(config).for_source("s5")
+    try:
+        log.ensure_topic("s5.public.t", {"source": "s5"})
+
+        def finish(placed: Any) -> Any:
+            raise LogUnavailable("the schemas topic is unreadable", "check the brokers")
+
+        with pytest.raises(LogUnavailable):
+            log.append(_records("s5.public.t", 4, "lost"), {"s5": {"seq": 1}}, finish=finish)
+        log.append(_records("s5.public.t", 3), {"s5": {"seq": 2}})
+        reader = KafkaChangeLogReader(config)
+        try:
+            values = sorted(r.value for p in range(3) for r in reader.read("s5.public.t", p))
+            assert values == [b"v0", b"v1", b"v2"]
+            assert reader.source_offsets() == {"s5": {"seq": 2}}
+        finally:
+            reader.close()
+    finally:
+        log.close()
+
+
 # --------------------------------------------------------------- PostgreSQL into Kafka, e2e
 
 def test_postgres_captured_into_kafka(kafka_broker: Any, pg_db: Database,

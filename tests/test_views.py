@@ -423,9 +423,11 @@ views:
 
     def kill_apply(phase: str) -> None:
         def kill() -> None:
-            apply.send_signal(signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):  # its JVM, stopped to aim,
-                os.killpg(apply.pid, signal.SIGCONT)  # sees it gone and exits
+            # the whole process group (driver, JVM, Python workers), stopped to aim: a JVM
+            # left running after its driver died could still commit the batch in flight
+            # (seen: two commits landed between the look and the restart's read)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(apply.pid, signal.SIGKILL)
             apply.wait(30)
         watch.kill(phase, kill, lambda: committed_batches(roots), aim=60,
                    freeze=group_freeze(apply.pid))

@@ -738,30 +738,38 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
             results: list[AppendResult | None] = [None] * len(records)
             failures: list[Any] = []
             self._begin(producer)
-            self._send(producer, snap, records, results, failures, 0)
-            self._flush(producer, failures)
-            placed = [r for r in results if r is not None]
-            if finish is not None:
-                more, offsets = finish(placed)
-                if offsets is not None:
-                    source_offsets = offsets
-                if more:
-                    extra: list[AppendResult | None] = [None] * len(more)
-                    self._send(producer, snap, more, extra, failures, 0)
-                    self._flush(producer, failures)
-                    placed.extend(r for r in extra if r is not None)
-            delivered_at: dict[str, int] = {}
-            for name, offset in (source_offsets or {}).items():
-                self._produce(producer, self.config.offsets_topic, f"source:{name}".encode(),
-                              json.dumps(offset).encode(), 0, None,
-                              _failed_into(failures, delivered_at, name))
-            self._commit(producer, failures)
-            for name, offset in (source_offsets or {}).items():
-                snap.sources[name] = json.loads(json.dumps(offset))
-                if name in delivered_at:  # where the committed value sits (see _Snapshot)
-                    snap.source_at[name] = max(delivered_at[name],
-                                               snap.source_at.get(name, -1))
-            return placed
+            try:
+                self._send(producer, snap, records, results, failures, 0)
+                self._flush(producer, failures)
+                placed = [r for r in results if r is not None]
+                if finish is not None:
+                    more, offsets = finish(placed)
+                    if offsets is not None:
+                        source_offsets = offsets
+                    if more:
+                        extra: list[AppendResult | None] = [None] * len(more)
+                        self._send(producer, snap, more, extra, failures, 0)
+                        self._flush(producer, failures)
+                        placed.extend(r for r in extra if r is not None)
+                delivered_at: dict[str, int] = {}
+                for name, offset in (source_offsets or {}).items():
+                    self._produce(producer, self.config.offsets_topic, f"source:{name}".encode(),
+                                  json.dumps(offset).encode(), 0, None,
+                                  _failed_into(failures, delivered_at, name))
+                self._commit(producer, failures)
+                for name, offset in (source_offsets or {}).items():
+                    snap.sources[name] = json.loads(json.dumps(offset))
+                    if name in delivered_at:  # where the committed value sits (see _Snapshot)
+                        snap.source_at[name] = max(delivered_at[name],
+                                                   snap.source_at.get(name, -1))
+                return placed
+            except BaseException:
+                # a failure outside the producer's own calls (e.g. the schemas topic unreadable
+                # mid-append) must not leave the transaction open: the next append's begin
+                # would be refused ("Operation not valid in state InTransaction")
+                if self._producer is producer:
+                    self._abort(producer)
+                raise
 
     def _send(self, producer: Producer, snap: _Snapshot, records: Sequence[Record],
               results: list[AppendResult | None], failures: list[Any], base: int) -> None:
