@@ -186,9 +186,9 @@ def _kafka_broker_server():  # type: ignore[no-untyped-def]
     from cdc_app.servers.kafka import ThrowawayKafka
 
     broker = ThrowawayKafka().start()
-    parking.register("kafka_broker", lambda: _pids([broker]))
+    # not parked (tests/parking.py): once, a test's topic creation got no answer for 90 s
+    # from the session broker right after it was continued; the cause is not understood
     yield broker
-    parking.release("kafka_broker")
     broker.stop()
     broker.cleanup()
 
@@ -197,9 +197,7 @@ def _kafka_broker_server():  # type: ignore[no-untyped-def]
 def kafka_broker(_kafka_broker_server):  # type: ignore[no-untyped-def]
     """One throwaway Apache Kafka broker (KRaft, one combined broker+controller node, from the
     jars `make setup` fetched) for the whole session; ``kafka_broker.bootstrap_servers``. Tests
-    create topics with names of their own (``auto.create.topics.enable=false``). Parked
-    (SIGSTOP) between the tests that use it: tests/parking.py."""
-    parking.use("kafka_broker")
+    create topics with names of their own (``auto.create.topics.enable=false``)."""
     return _kafka_broker_server
 
 

@@ -184,6 +184,7 @@ class Watch:
         deadline = time.monotonic() + aim
         frozen = False
         while True:
+            looked_at = time.monotonic()
             if freeze is not None and aim:
                 freeze[0]()
                 frozen = True
@@ -199,7 +200,12 @@ class Watch:
             if frozen:
                 freeze[1]()  # type: ignore[index]
                 frozen = False
-            time.sleep(0.01 if freeze is None else 0.02)  # a look reads positions: no busy loop
+                # let it run at least as long as the look held it stopped: a slow look (a
+                # fresh Kafka reader per committed position) must not starve the process it
+                # watches, whose own progress in the second before is what the kill needs
+                time.sleep(max(0.02, time.monotonic() - looked_at))
+            else:
+                time.sleep(0.01)  # a look reads positions: no busy loop
         second_before = self._second_before(position)
         action()
         kill = Kill(self.kind, phase, position, second_before, self.ahead, self.moved)
