@@ -1,7 +1,7 @@
 """Shared servers parked while the tests running do not use them.
 
-A session-scoped Kafka broker (or the three-node cluster) lives from the first test that asks
-for it to the end of the worker's session. Idle, a throwaway KRaft node still costs about a
+A session-scoped Kafka cluster lives from the first test that asks for it to the end of the
+worker's session. Idle, a throwaway KRaft node still costs about a
 fifth of a core (its heartbeats, controller and raft threads run mostly in the interpreter):
 a worker's broker plus the cluster took half of the 2 cores through the rest of a run. So a
 registered server is **parked** — its processes stopped with SIGSTOP, which costs nothing and
