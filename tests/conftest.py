@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -181,29 +180,18 @@ def mariadb_factory():  # type: ignore[no-untyped-def]
 # --------------------------------------------------------------------------- Kafka fixture
 
 @pytest.fixture(scope="session")
-def _kafka_broker_server():  # type: ignore[no-untyped-def]
-    """The session's broker behind :func:`kafka_broker` (parked while unused)."""
+def kafka_broker():  # type: ignore[no-untyped-def]
+    """One throwaway Apache Kafka broker (KRaft, one combined broker+controller node, from the
+    jars `make setup` fetched) for the whole session; ``kafka_broker.bootstrap_servers``. Tests
+    create topics with names of their own (``auto.create.topics.enable=false``). Not parked
+    (tests/parking.py): once, a topic creation got no answer for 90 s from it right after it
+    was continued; the cause is not understood."""
     from cdc_app.servers.kafka import ThrowawayKafka
 
     broker = ThrowawayKafka().start()
-    # not parked (tests/parking.py): once, a test's topic creation got no answer for 90 s
-    # from the session broker right after it was continued; the cause is not understood
     yield broker
     broker.stop()
     broker.cleanup()
-
-
-@pytest.fixture
-def kafka_broker(_kafka_broker_server):  # type: ignore[no-untyped-def]
-    """One throwaway Apache Kafka broker (KRaft, one combined broker+controller node, from the
-    jars `make setup` fetched) for the whole session; ``kafka_broker.bootstrap_servers``. Tests
-    create topics with names of their own (``auto.create.topics.enable=false``)."""
-    return _kafka_broker_server
-
-
-def _pids(nodes: Any) -> list[int]:
-    """The pids of the running ones of ``nodes`` (throwaway brokers)."""
-    return [node.process.pid for node in nodes if node.running()]
 
 
 def _cpu_times() -> tuple[float, float]:
@@ -259,7 +247,8 @@ def _kafka_cluster_server():  # type: ignore[no-untyped-def]
     from cdc_app.servers.kafka import ThrowawayKafkaCluster
 
     cluster = ThrowawayKafkaCluster().start()
-    parking.register("kafka_cluster", lambda: _pids(cluster.nodes))
+    parking.register("kafka_cluster",
+                     lambda: [node.process.pid for node in cluster.nodes if node.running()])
     yield cluster
     parking.release("kafka_cluster")
     cluster.cleanup()

@@ -69,7 +69,7 @@ from cdc.log.base import (
     TopicInfo,
 )
 from cdc.log.kafka_errors import AUTHENTICATION, kafka_error
-from cdc.log.kafka_schemas import committed_reader
+from cdc.log.kafka_schemas import assigned, committed_reader
 from cdc.log.partitioner import partition_for
 
 POSITION_HEADER = "cdc.position"
@@ -312,14 +312,8 @@ class KafkaChangeLogReader(ChangeLogReader):
                  limit: int | None = None) -> list[Any]:
         """Committed messages of one partition with ``start <= offset < end``."""
         consumer = self._reader()
-        consumer.assign([TopicPartition(kafka_name, partition, start)])
-        try:
+        with assigned(consumer, TopicPartition(kafka_name, partition, start)):
             return self._consume_assigned(consumer, kafka_name, partition, start, end, limit)
-        finally:
-            # an assigned partition is fetched from in the background, read or not: a reader
-            # left assigned costs its broker a fetch request every fetch.wait.max.ms (10 ms)
-            with contextlib.suppress(KafkaException, RuntimeError):
-                consumer.unassign()
 
     def _consume_assigned(self, consumer: Consumer, kafka_name: str, partition: int,
                           start: int, end: int, limit: int | None) -> list[Any]:

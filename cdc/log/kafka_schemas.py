@@ -19,6 +19,7 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -29,6 +30,19 @@ from cdc.log.kafka_errors import kafka_error
 from cdc.log.schemas import RegisteredSchema, canonical
 
 TIMEOUT = 15.0
+
+
+@contextlib.contextmanager
+def assigned(consumer: Consumer, partition: TopicPartition) -> Iterator[Consumer]:
+    """``consumer`` assigned ``partition`` (with its start offset) for the block only: an
+    assigned partition is fetched from in the background, read or not, so a reader left
+    assigned costs its broker a fetch request every ``fetch.wait.max.ms`` (10 ms) for ever."""
+    consumer.assign([partition])
+    try:
+        yield consumer
+    finally:
+        with contextlib.suppress(KafkaException, RuntimeError):
+            consumer.unassign()
 
 
 def committed_reader(settings: dict[str, Any], group: str) -> Consumer:
@@ -86,12 +100,8 @@ class KafkaSchemaRegistry(SchemaRegistry):
                                   self.where) from None
             if end <= self._next:
                 return
-            consumer.assign([TopicPartition(self.topic, 0, self._next)])
-            try:
+            with assigned(consumer, TopicPartition(self.topic, 0, self._next)):
                 self._read_to(consumer, partition, end)
-            finally:  # not left fetching in the background (see KafkaChangeLogReader)
-                with contextlib.suppress(KafkaException, RuntimeError):
-                    consumer.unassign()
 
     def _read_to(self, consumer: Consumer, partition: TopicPartition, end: int) -> None:
         """Read the assigned schemas topic until offset ``end`` (the lock held)."""
