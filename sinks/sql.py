@@ -535,8 +535,9 @@ class SqlSink(Sink):
                      sa.Column("offset", sa.Text, nullable=False))
             with self.engine.begin() as conn:
                 self._ddl_lock(conn, ROWS)  # two writers creating them at once
-                with _created_by_another_is_fine():
-                    meta.create_all(conn)
+                for table in meta.sorted_tables:  # each its own: one created by another
+                    with _created_by_another_is_fine():  # must not skip the next one
+                        table.create(conn, checkfirst=True)
                 self._check_format(conn, meta.tables[WATERMARKS])
             self._meta = meta
         return self._meta

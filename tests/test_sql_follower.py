@@ -279,3 +279,33 @@ def test_a_batch_larger_than_one_gate_statement_is_gated_whole(typed_sink: SqlSi
     assert len(list(typed_sink.keys(TOPIC))) == count
     assert typed_sink.read(TOPIC, ['{"id":13999}']) == {'{"id":13999}': {"id": "13999",
                                                                          "v": "13999"}}
+
+
+def test_a_side_table_created_by_another_writer_meanwhile_is_fine(tmp_path: Path) -> None:
+    """Two writers opening one new SQLite follower at once: the other creates ``_cdc_rows``
+    between this one's check and its create. Its create fails with "already exists" — and
+    this writer must still create ``_cdc_watermarks`` (CI once saw "no such table" here)."""
+    from sinks.sql import ROWS, WATERMARKS
+
+    url = f"sqlite:///{tmp_path / 'follower.db'}"
+    engine = sa.create_engine(url)
+    sink = SqlSink("db", url)
+    dialect = type(sink.engine.dialect)
+    original = dialect.has_table
+
+    def the_other_writer_right_after(self: Any, connection: Any, name: str, *args: Any,
+                                     **kw: Any) -> bool:
+        found = original(self, connection, name, *args, **kw)
+        if name == ROWS and not found:  # checked: absent; the other creates it now
+            with engine.begin() as other:
+                other.execute(sa.text(f"CREATE TABLE {ROWS} (tbl TEXT, key TEXT)"))
+        return found
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(dialect, "has_table", the_other_writer_right_after)
+            sink.check()
+        assert {ROWS, WATERMARKS} <= set(sa.inspect(engine).get_table_names())
+    finally:
+        sink.close()
+        engine.dispose()
