@@ -96,12 +96,10 @@ from bench.common import (  # noqa: E402
     PySpy,
     append_log,
     console,
-    delta_follower,
     goal,
     load,
     print_json,
     redis_follower,
-    search_follower,
     whole_log,
 )
 from cdc.config import load_config  # noqa: E402
@@ -336,38 +334,81 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-#: the demo's three followers (``cdc_app/demo_pg.py``: Redis, Delta SCD1 with 4 buckets, search)
-LIVE_FOLLOWERS = ("cache", "warehouse", "search")
+#: the latency phase's followers, one of each kind, all in one ``cdc apply`` (issue 28)
+LIVE_FOLLOWERS = {"cache": "redis", "warehouse": "delta", "search": "search", "db": "sql"}
+#: how often the latency phase runs the shipped maintenance commands (as a cron job would)
+MAINTENANCE_EVERY_S = 60.0
+
+
+def probe_spec(dsn: str, follower_dsn: str, redis_url: str, root: Path, topic: str
+               ) -> dict[str, Any]:
+    """What the prober (``cdc_app/probe.py``) commits and where it reads each follower, from
+    the followers' documented layouts (``docs/followers.md``)."""
+    from sinks.delta import table_dir
+
+    return {"dsn": dsn, "rate": 10, "first_key": -1,
+            "insert": "INSERT INTO items VALUES (%(key)s, 0, 'probe', now())",
+            "followers": [
+                {"name": "cache", "kind": "redis", "url": redis_url, "key": "public.items:{key}"},
+                {"name": "warehouse", "kind": "delta",
+                 "path": str(table_dir(root / "warehouse", topic)),
+                 "key_json": '{{"id":{key}}}'},
+                {"name": "search", "kind": "search", "path": str(root / "search" / "index"),
+                 "id": topic + '\n{{"id":{key}}}'},
+                {"name": "db", "kind": "sql", "url": follower_dsn, "table": "items",
+                 "column": "id"}]}
+
+
+def maintenance(config_path: Path, out: Any) -> None:
+    """The shipped maintenance, once: ``cdc log compact`` and ``cdc warehouse optimize``."""
+    cdc = str(Path(sys.executable).parent / "cdc")
+    for command in (["log", "compact"], ["warehouse", "optimize", "--follower", "warehouse"]):
+        subprocess.run([cdc, *command, "--config", str(config_path)], stdout=out, stderr=out,
+                       check=False, timeout=600)
 
 
 def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
             results: dict[str, Any]) -> None:
     from cdc.log.local import LocalChangeLogReader
+    from cdc_app import probe
     from spark_apply.jobs import ApplyJob
 
     redis.Redis.from_url(server.url).flushall()
     with ThrowawayPostgres() as pg:
         with psycopg.connect(pg.dsn(), autocommit=True) as conn:
             conn.execute("CREATE DATABASE bench")
+            conn.execute("CREATE DATABASE follower")
         dsn = pg.dsn("bench")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL, "
                          "note text, at timestamptz NOT NULL)")
         log = env.log("live")
         log.settings.pop("fsync")  # capture as configured by default (fsynced)
+        log.settings.pop("partitions")
         log_dir = Path(log.settings["path"])
-        followers = {
-            "cache": redis_follower(server.url, 100_000, args.trigger),
-            "warehouse": delta_follower(env.root / "warehouse", 500_000, "scd1", 4, 1.0),
-            "search": search_follower(env.root / "search", 100_000,
-                                      {"public.items": ["note"]}, 0.5)}
-        config_path = env.config("live", log, followers, dsn=dsn, table="public.items")
+        # every setting the product's default but what names the place (issue 28, point 5)
+        followers: dict[str, dict[str, Any]] = {
+            "cache": {"kind": "redis", "url": server.url},
+            "warehouse": {"kind": "delta", "path": str(env.root / "warehouse")},
+            "search": {"kind": "search", "path": str(env.root / "search"),
+                       "text_fields": {"public.items": ["note"]}},
+            "db": {"kind": "sql", "url": pg.dsn("follower").replace(
+                "postgresql://", "postgresql+psycopg://", 1)}}
+        if args.trigger is not None:
+            for follower in followers.values():
+                follower["trigger_interval"] = f"{args.trigger}s"
+        config_path = env.config("live", log, followers, dsn=dsn, table="public.items",
+                                 heartbeat=None)
         capture_log = (env.root / "capture.log").open("w")  # closed with the process below
         capture = subprocess.Popen([str(Path(sys.executable).parent / "cdc"), "bootstrap",
                                     "--config", str(config_path), "--follow"],
                                    stdout=subprocess.DEVNULL, stderr=capture_log)
         job = None
+        prober = None
         writer = PacedWriter(dsn, args.rate)
+        spec_path, probe_out = env.root / "probe.json", env.root / "probe.jsonl"
+        spec_path.write_text(json.dumps(probe_spec(dsn, pg.dsn("follower"), server.url,
+                                                   env.root, f"{log.source}.public.items")))
         try:
             deadline = time.monotonic() + 120
             while not (log_dir / "state.json").exists() or not LocalChangeLogReader(
@@ -384,52 +425,64 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
             while any(progress[name].batches == 0 for name in LIVE_FOLLOWERS):
                 time.sleep(0.1)
             console.print(f"capture and continuous apply of {', '.join(LIVE_FOLLOWERS)} "
-                          f"running; writing {args.rate:,} changes/s for {args.seconds:.0f} s "
-                          "...")
+                          f"running; writing {args.rate:,} changes/s for {args.seconds:.0f} s, "
+                          f"probes measured over the last {args.window:.0f} s ...")
             writer.thread.start()
-            time.sleep(args.warmup)
-            baselines = {name: progress[name].latency.copy() for name in LIVE_FOLLOWERS}
+            prober_log = (env.root / "probe.log").open("w")
+            prober = subprocess.Popen(probe.command(spec_path, probe_out),
+                                      stdout=prober_log, stderr=prober_log, cwd=env.root)
             loads = []
-            began, began_wall = time.monotonic(), time.time()
-            written_at_start = writer.changes
-            while time.monotonic() - began < args.seconds - args.warmup:
+            began = time.monotonic()
+            window_start = time.time() + args.seconds - args.window
+            written_at_window = None
+            next_maintenance = began + MAINTENANCE_EVERY_S
+            maintenance_out = (env.root / "maintenance.log").open("w")
+            while time.monotonic() - began < args.seconds:
                 time.sleep(1)
+                if time.time() >= window_start and written_at_window is None:
+                    written_at_window = (writer.changes, time.monotonic())
+                    loads = []
                 loads.append(load())
+                if time.monotonic() >= next_maintenance:
+                    maintenance(config_path, maintenance_out)
+                    next_maintenance = time.monotonic() + MAINTENANCE_EVERY_S
+                if writer.error is not None:
+                    raise SystemExit(f"writer failed: {writer.error}")
+            window_end = time.time()
+            achieved = None
+            if written_at_window is not None:
+                achieved = ((writer.changes - written_at_window[0])
+                            / (time.monotonic() - written_at_window[1]))
             writer.stop.set()
             writer.thread.join(10)
-            achieved = (writer.changes - written_at_start) / (time.monotonic() - began)
-            if writer.error is not None:
-                raise SystemExit(f"writer failed: {writer.error}")
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                total = conn.execute("SELECT count(*) FROM items").fetchone()[0]  # type: ignore
-            deadline = time.monotonic() + 120
-            client = redis.Redis.from_url(server.url)
-            while client.dbsize() - 1 < total and time.monotonic() < deadline:
-                time.sleep(0.2)
-            time.sleep(2 * 1.0 + 1)  # the slowest trigger's batch holding the last updates
-            windows = {name: progress[name].latency.since(baselines[name])
-                       for name in LIVE_FOLLOWERS}
-            window = windows["cache"]
-            results.update(capture_latency(log, began_wall))
+            time.sleep(10)  # the probes of the window's end reach every follower
+            prober.send_signal(signal.SIGTERM)
+            prober.wait(30)
+            by_name = probe.summarize(probe_out, window_start, window_end, LIVE_FOLLOWERS)
+            by_kind = {figures["kind"]: {k: v for k, v in figures.items() if k != "kind"}
+                       for figures in by_name.values()}
+            worst = max(by_kind.values(), key=lambda f: (f["p99_s"] is None,
+                                                         f["p99_s"] or 0.0))
+            worst_p50 = max(by_kind.values(), key=lambda f: (f["p50_s"] is None,
+                                                             f["p50_s"] or 0.0))
+            results.update(capture_latency(log, window_start))
             results.update(batch_durations(job.queries["cache"]))
             results.update(
-                latency_p50_s=window.quantile(0.5), latency_p99_s=window.quantile(0.99),
-                latency_max_s=window.quantile(1.0), latency_changes=window.total,
-                latency_rate_per_s=round(achieved), latency_late_ticks=writer.late_ticks,
+                latency_by_kind=by_kind, latency_p50_s=worst_p50["p50_s"],
+                latency_p99_s=worst["p99_s"], latency_seconds=args.seconds,
+                latency_window_s=args.window,
+                latency_rate_per_s=None if achieved is None else round(achieved),
+                latency_late_ticks=writer.late_ticks,
                 latency_load=round(sum(loads) / max(1, len(loads)), 2),
-                latency_batches=progress["cache"].batches, trigger_s=args.trigger,
-                latency_followers=list(LIVE_FOLLOWERS))
-            for name in ("warehouse", "search"):
-                results[f"{name}_latency_p50_s"] = _rounded(windows[name].quantile(0.5))
-                results[f"{name}_latency_p99_s"] = _rounded(windows[name].quantile(0.99))
-                results[f"{name}_batches"] = progress[name].batches
-            console.print(f"  {window.total:,} changes measured at {achieved:,.0f}/s: p50 "
-                          f"{window.quantile(0.5) or 0:.3f} s, p99 "
-                          f"{window.quantile(0.99) or 0:.3f} s (Delta p50 "
-                          f"{results['warehouse_latency_p50_s']} s, search p50 "
-                          f"{results['search_latency_p50_s']} s)")
+                latency_batches={name: progress[name].batches for name in LIVE_FOLLOWERS},
+                trigger_s=args.trigger, latency_followers=LIVE_FOLLOWERS)
+            for kind, figures in by_kind.items():
+                console.print(f"  {kind}: p50 {figures['p50_s']} s, p99 {figures['p99_s']} s "
+                              f"({figures['probes']} probes, {figures['unseen']} unseen)")
         finally:
             writer.stop.set()
+            if prober is not None and prober.poll() is None:
+                prober.kill()
             if job is not None:
                 job.request_stop()
                 job.stop_queries()
@@ -540,11 +593,13 @@ def main() -> None:
                              "kind's own, as a user gets it: Redis and search 100,000, Delta "
                              "500,000)")
     parser.add_argument("--rate", type=int, default=5000)
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--warmup", type=float, default=10.0)
-    parser.add_argument("--trigger", type=float, default=0.25,
-                        help="the cache follower's trigger interval in the latency phase "
-                             "(the demo's 250 ms)")
+    parser.add_argument("--seconds", type=float, default=300.0,
+                        help="latency phase: how long the load and the probes run")
+    parser.add_argument("--window", type=float, default=60.0,
+                        help="latency phase: the probes of the last WINDOW seconds count")
+    parser.add_argument("--trigger", type=float, default=None,
+                        help="latency phase: every follower's trigger interval (default: the "
+                             "product's; a value here is not the default path)")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile of the executor task path alone")
     parser.add_argument("--py-spy", type=Path, default=None, metavar="FILE",

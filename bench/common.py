@@ -380,17 +380,21 @@ class BenchEnv:
         return Log(name, settings, source)
 
     def config(self, name: str, log: Log, followers: dict[str, dict[str, Any]],
-               dsn: str = NO_DSN, table: str = "public.orders") -> Path:
+               dsn: str = NO_DSN, table: str = "public.orders",
+               heartbeat: str | None = "1s") -> Path:
         """Write a ``cdc.yaml`` of ``log``, one PostgreSQL source (``dsn``: not contacted by
-        ``cdc apply``), ``followers`` (checkpoints under the run's directory unless given) and
-        the run's ``spark:`` section; its path."""
+        ``cdc apply``; ``heartbeat``: its interval, ``None`` the product's default),
+        ``followers`` (checkpoints under the run's directory unless given) and the run's
+        ``spark:`` section; its path."""
         import yaml
 
         followers = {key: {"checkpoint": str(self.root / f"ck-{name}-{key}"), **value}
                      for key, value in followers.items()}
+        source = {"name": log.source, "kind": "postgres", "dsn": dsn, "tables": [table]}
+        if heartbeat is not None:
+            source["heartbeat_interval"] = heartbeat
         document = {"log": log.settings,
-                    "sources": [{"name": log.source, "kind": "postgres", "dsn": dsn,
-                                 "tables": [table], "heartbeat_interval": "1s"}],
+                    "sources": [source],
                     "followers": followers,
                     "spark": {"master": self.spark_master_url, "conf": self.spark_conf}}
         path = self.root / f"cdc-{name}.yaml"
