@@ -134,6 +134,7 @@ class DeltaReader(Reader):
         self.next_version = 0
         self.keys_seen: set[str] = set()
         self.template = follower["key_json"]  # e.g. '{{"id":{key}}}'
+        import pyarrow  # noqa: F401 - imported before the first read, not timed by it
 
     def found(self, keys: list[int]) -> set[int]:
         import pyarrow as pa
@@ -161,6 +162,7 @@ class SearchReader(Reader):
         super().__init__(follower)
         self.index: Any = None
         self.template = follower["id"]
+        import tantivy  # noqa: F401 - imported before the first read, not timed by it
 
     def found(self, keys: list[int]) -> set[int]:
         import tantivy
@@ -230,8 +232,12 @@ READERS: dict[str, type[Reader]] = {"redis": RedisReader, "sql": SqlReader,
                                     "delta": DeltaReader, "search": SearchReader}
 
 
-def follow(follower: dict[str, Any], probes: Probes, poll: float) -> None:
-    reader = READERS[follower["kind"]](follower)
+def follow(follower: dict[str, Any], probes: Probes, poll: float, ready: threading.Barrier
+           ) -> None:
+    try:
+        reader = READERS[follower["kind"]](follower)
+    finally:
+        ready.wait()
     seen: set[int] = set()
     try:
         while not probes.stop.is_set():
@@ -259,10 +265,12 @@ def main() -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: probes.stop.set())
     poll = float(spec.get("poll_s", 0.02))
-    threads = [threading.Thread(target=follow, args=(f, probes, poll), daemon=True)
+    ready = threading.Barrier(len(spec["followers"]) + 1)
+    threads = [threading.Thread(target=follow, args=(f, probes, poll, ready), daemon=True)
                for f in spec["followers"]]
     for thread in threads:
         thread.start()
+    ready.wait()  # every reader's client loaded before the first probe
     commit_probes(spec, probes)
     for thread in threads:
         thread.join(5)
