@@ -322,9 +322,10 @@ def capture_latency(log: Log, since: float) -> dict[str, Any]:
 def batch_durations(query: Any) -> dict[str, Any]:
     """Median and max of the micro-batches' durations (Spark's ``triggerExecution``), the
     median of each of its parts (``latestOffset``, ``walCommit``, ``addBatch``: the batch
-    handler, ``commitOffsets``...) and the median number of offset ranges per batch
-    (``emit=ranges``: a micro-batch's rows are ranges, not records)."""
-    progress = [p for p in query.recentProgress if p.get("numInputRows")]
+    handler, ``commitOffsets``...) over the query's recent progress (Spark keeps 100)."""
+    # emit=ranges: the batch's DataFrame is never read, so numInputRows stays 0; a batch that
+    # ran has an addBatch part
+    progress = [p for p in query.recentProgress if "addBatch" in p.get("durationMs", {})]
     if not progress:
         return {}
 
@@ -337,7 +338,18 @@ def batch_durations(query: Any) -> dict[str, Any]:
             "batch_max_s": round(max(total), 3),
             "parts_p50_s": {part: round(median([p["durationMs"].get(part, 0) / 1000
                                                 for p in progress]), 3) for part in parts},
-            "ranges_per_batch_p50": median([p["numInputRows"] for p in progress])}
+            }
+
+
+def handler_split(progress: Any) -> dict[str, Any]:
+    """Per batch on average over the whole run, from the apply job's own progress: the
+    handler's seconds, and the tasks' read + fold and sink seconds (summed over tasks)."""
+    batches = max(1, progress.batches)
+    return {"batches": progress.batches,
+            "handler_s_per_batch": round(progress.seconds / batches, 3),
+            "read_fold_s_per_batch": round(progress.fold_seconds / batches, 3),
+            "sink_s_per_batch": round(progress.sink_seconds / batches, 3),
+            "records_per_batch": round(progress.records / batches)}
 
 
 def _rounded(value: float | None) -> float | None:
@@ -404,9 +416,11 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
                        "text_fields": {"public.items": ["note"]}},
             "db": {"kind": "sql", "url": pg.dsn("follower").replace(
                 "postgresql://", "postgresql+psycopg://", 1)}}
-        if args.trigger is not None:
-            for follower in followers.values():
+        for follower in followers.values():
+            if args.trigger is not None:
                 follower["trigger_interval"] = f"{args.trigger}s"
+            if args.driver_batch_records is not None:
+                follower["driver_batch_records"] = args.driver_batch_records
         config_path = env.config("live", log, followers, dsn=dsn, table="public.items",
                                  heartbeat=None)
         capture_log = (env.root / "capture.log").open("w")  # closed with the process below
@@ -476,8 +490,9 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
             worst_p50 = max(by_kind.values(), key=lambda f: (f["p50_s"] is None,
                                                              f["p50_s"] or 0.0))
             results.update(capture_latency(log, window_start))
-            results["batches_by_follower"] = {name: batch_durations(job.queries[name])
-                                              for name in LIVE_FOLLOWERS}
+            results["batches_by_follower"] = {
+                name: {**batch_durations(job.queries[name]),
+                       **handler_split(progress[name])} for name in LIVE_FOLLOWERS}
             results.update(
                 latency_by_kind=by_kind, latency_p50_s=worst_p50["p50_s"],
                 latency_p99_s=worst["p99_s"], latency_seconds=args.seconds,
@@ -486,7 +501,8 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
                 latency_late_ticks=writer.late_ticks,
                 latency_load=round(sum(loads) / max(1, len(loads)), 2),
                 latency_batches={name: progress[name].batches for name in LIVE_FOLLOWERS},
-                trigger_s=args.trigger, latency_followers=LIVE_FOLLOWERS)
+                trigger_s=args.trigger, driver_batch_records=args.driver_batch_records,
+                latency_followers=LIVE_FOLLOWERS)
             for kind, figures in by_kind.items():
                 console.print(f"  {kind}: p50 {figures['p50_s']} s, p99 {figures['p99_s']} s "
                               f"({figures['probes']} probes, {figures['unseen']} unseen)")
@@ -610,6 +626,9 @@ def main() -> None:
     parser.add_argument("--trigger", type=float, default=None,
                         help="latency phase: every follower's trigger interval (default: the "
                              "product's; a value here is not the default path)")
+    parser.add_argument("--driver-batch-records", type=int, default=None,
+                        help="latency phase: every follower's driver_batch_records (default: "
+                             "the product's; a value here is not the default path)")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile of the executor task path alone")
     parser.add_argument("--py-spy", type=Path, default=None, metavar="FILE",

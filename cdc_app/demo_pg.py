@@ -21,11 +21,14 @@ otherwise).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import secrets
 import shutil
+import signal
+import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -124,6 +127,11 @@ class DemoLeader(ABC):
     def position(self) -> tuple[int, ...]:
         """The server's current log position, as an offset order (:func:`offset_order`)."""
 
+    @abstractmethod
+    def probe_connection(self) -> dict[str, Any]:
+        """How the latency prober (``cdc_app/probe.py``) connects to the shop database:
+        ``{"dsn": ...}`` or ``{"mysql": {PyMySQL's connect() arguments}}``."""
+
 
 class PostgresDemoLeader(DemoLeader):
     title = "PostgreSQL"
@@ -190,6 +198,9 @@ INSERT INTO orders (id, customer_id, amount, items, note)
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
         return (parse_lsn(row[0]) if row else 0,)
+
+    def probe_connection(self) -> dict[str, Any]:
+        return {"dsn": self.dsn}
 
 
 class MariaDbDemoLeader(DemoLeader):
@@ -271,6 +282,9 @@ INSERT INTO orders (id, customer_id, amount, items, note)
         finally:
             conn.close()
 
+    def probe_connection(self) -> dict[str, Any]:
+        return {"mysql": self.server.connection_settings(database="shop", tcp=True)}
+
     def position(self) -> tuple[int, ...]:
         from connectors.mysql.catalog import file_sequence
 
@@ -337,12 +351,38 @@ def run_db_demo(directory: str, seconds: float, source: str = "postgres") -> Non
                          + " (continuous)")
             follower.start_queries()
             verified = _capture_live(config, writer, codec, leader, workload, follower,
-                                     seconds, console)
+                                     seconds, console, _probe_spec(root, leader, cache.url))
         finally:
             workload.stop()
             follower.stop()
             writer.close()
         _summary(config, leader, follower, verified, workload, console)
+
+
+#: the prober's probe rows: customers with negative ids (the workload's are positive)
+PROBE_INSERT = ("INSERT INTO customers (id, name, email) "
+                "VALUES (%(key)s, 'probe', 'probe@example.com')")
+
+
+def _probe_spec(root: Path, leader: DemoLeader, redis_url: str) -> dict[str, Any]:
+    """Where the latency prober (``cdc_app/probe.py``) commits and reads: customers rows, in
+    each follower's documented layout (``docs/followers.md``)."""
+    from sinks.delta import table_dir
+
+    customers = leader.tables[0]
+    topic = f"shop.{customers}"
+    key_json = '{{"id":{key}}}'
+    return {**leader.probe_connection(), "rate": 10, "first_key": -1, "insert": PROBE_INSERT,
+            "followers": [
+                {"name": "cache", "kind": "redis", "url": redis_url,
+                 "key": f"{customers}:{{key}}"},
+                {"name": "warehouse", "kind": "delta",
+                 "path": str(table_dir(root / "warehouse", topic)), "key_json": key_json},
+                {"name": "search", "kind": "search", "path": str(root / "search" / "index"),
+                 "id": f"{topic}\n{key_json}"},
+                {"name": "reporting", "kind": "sql",
+                 "url": f"sqlite:///{root / 'reporting.sqlite'}",
+                 "table": customers.split(".")[-1], "column": "id"}]}
 
 
 class LiveApply:
@@ -514,6 +554,8 @@ class LiveResult:
     changes_in_window: int = 0
     #: per follower of the view, what ``cdc verify --view`` found
     views: dict[str, Any] = field(default_factory=dict)
+    #: per follower, the prober's figures over the window (``cdc_app.probe.summarize``)
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _verify_view(config: Config, console: Console) -> dict[str, Any]:
@@ -536,12 +578,14 @@ def _verify_view(config: Config, console: Console) -> dict[str, Any]:
 
 def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
                   leader: DemoLeader, workload: ShopWorkload, follower: LiveApply,
-                  seconds: float, console: Console) -> LiveResult:
+                  seconds: float, console: Console, probe_spec: dict[str, Any]) -> LiveResult:
     """Capture in a thread and the follower running: wait until the follower has caught up,
-    measure ``seconds`` of workload, stop the workload, then ``cdc verify`` (capture and apply
-    still running: verify's heartbeat must travel through both)."""
+    measure ``seconds`` of workload with the latency prober beside it (``probe_spec``), stop
+    the workload, then ``cdc verify`` (capture and apply still running: verify's heartbeat must
+    travel through both)."""
     from cdc.sink import open_sink
     from cdc.verify import verify
+    from cdc_app import probe
 
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -564,8 +608,12 @@ def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
                      f"{leader.position_name} {offset_text(offset)}", job.table())
 
     result = LiveResult()
+    prober: subprocess.Popen[bytes] | None = None
     try:
         with Live(view(""), console=console, refresh_per_second=4) as live:
+            # started now (its clients take a second to load); its probes count from the
+            # measured window on
+            prober = _start_prober(config.base_dir, probe_spec)
             began = time.monotonic()
             # the log's position when every follower had a batch (an offset order)
             target: tuple[int, ...] | None = None
@@ -585,12 +633,16 @@ def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
             result.baseline = {name: {t: h.copy() for t, h in p.latency_by_topic.items()}
                                for name, p in job.progress.items()}
             began, written = time.monotonic(), workload.changes
+            window = (time.time(), 0.0)
             while time.monotonic() - began < seconds and thread.is_alive():
                 follower.check()
                 left = seconds - (time.monotonic() - began)
-                live.update(view(f"measuring commit -> applied latency: {left:.0f} s left"))
+                live.update(view(f"measuring commit -> visible latency: {left:.0f} s left"))
                 time.sleep(0.25)
             workload.stop()
+            prober.send_signal(signal.SIGUSR1)  # no more probes: verify compares a still leader
+            time.sleep(0.5)  # (an INSERT in flight commits meanwhile)
+            window = (window[0], time.time())
             result.window_s = time.monotonic() - began
             result.changes_in_window = workload.changes - written
             live.update(view("workload stopped; waiting for capture to catch up"))
@@ -611,12 +663,33 @@ def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
                 sink.close()
             follower.check()
         result.views = _verify_view(config, console)
+        names = {f["name"]: f["kind"] for f in probe_spec["followers"]}
+        prober.terminate()
+        prober.wait(30)
+        result.probes = probe.summarize(config.base_dir / PROBE_OUT, *window, names)
     finally:
         stop.set()
         thread.join(30)
+        if prober is not None and prober.poll() is None:
+            prober.kill()
     if errors:
         raise errors[0]
     return result
+
+
+#: the prober's output, in the demo's directory
+PROBE_OUT = "probe.jsonl"
+
+
+def _start_prober(root: Path, spec: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """The latency prober (``cdc_app/probe.py``) as a process of its own; its errors go to
+    ``probe.log`` in the demo's directory."""
+    from cdc_app import probe
+
+    (root / "probe.json").write_text(json.dumps(spec))
+    with (root / "probe.log").open("w") as errors:
+        return subprocess.Popen(probe.command(root / "probe.json", root / PROBE_OUT),
+                                stdout=errors, stderr=errors, cwd=root)
 
 
 def _wait_caught_up(config: Config, writer: ChangeLogWriter, leader: DemoLeader,
@@ -630,6 +703,25 @@ def _wait_caught_up(config: Config, writer: ChangeLogWriter, leader: DemoLeader,
         time.sleep(0.1)
 
 
+def _probe_table(live: LiveResult) -> Table:
+    """The prober's figures: commit -> visible to a reader, per follower."""
+    table = Table(title="commit -> visible to a reader (the latency prober, cdc_app/probe.py)",
+                  caption="probe rows committed on the leader 10 times a second in the "
+                          f"measured {live.window_s:.0f} s, each follower polled every 20 ms "
+                          "through its own client; a probe never seen counts as the slowest")
+    for column in ("follower", "p50", "p99", "max", "probes", "unseen"):
+        table.add_column(column, justify="left" if column == "follower" else "right")
+
+    def secs(value: float | None) -> str:
+        return "-" if value is None else f"{value * 1000:,.0f} ms"
+
+    for name, figures in live.probes.items():
+        table.add_row(f"{name} ({figures['kind']})", secs(figures["p50_s"]),
+                      secs(figures["p99_s"]), secs(figures["max_s"]),
+                      f"{figures['probes']:,}", f"{figures['unseen']:,}")
+    return table
+
+
 def _summary(config: Config, leader: DemoLeader, follower: LiveApply, live: LiveResult,
              workload: ShopWorkload, console: Console) -> None:
     from cdc_app.screens import print_report
@@ -637,8 +729,9 @@ def _summary(config: Config, leader: DemoLeader, follower: LiveApply, live: Live
 
     assert follower.job is not None
     table = Table(title=f"summary: {leader.title} -> log -> Spark -> followers",
-                  caption=f"latency: commit at {leader.title} -> applied in the follower, per "
-                          f"change, for the {live.changes_in_window:,} changes the workload "
+                  caption=f"latency: commit at {leader.title} -> the apply task's write "
+                          f"returned (as cdc apply measures it), per change, for the "
+                          f"{live.changes_in_window:,} changes the workload "
                           f"committed in the {live.window_s:.0f} s after the followers had "
                           "caught up")
     for column in ("follower", "table", "rows", "events applied", "latency p50", "p99",
@@ -678,6 +771,7 @@ def _summary(config: Config, leader: DemoLeader, follower: LiveApply, live: Live
         if not checked.equal:
             unequal.append(f"{name} (view {VIEW})")
     console.print(table)
+    console.print(_probe_table(live))
     if workload.error is not None:
         console.print(f"[yellow]workload error:[/] {workload.error}")
     if unequal:

@@ -6,17 +6,20 @@ from the product — only the followers' public clients (``psycopg``, ``redis``,
 Delta's files, ``tantivy``) — and knows the followers only by their documented layouts
 (``docs/followers.md``). ``make lint`` checks the imports (``.importlinter``).
 
-What it does, while it runs (until SIGTERM or SIGINT):
+What it does, while it runs (until SIGTERM or SIGINT; SIGUSR1 stops the commits and leaves the
+readers running, so a caller can compare leader and followers while the last probes arrive):
 
-* **Commits sample rows** on the leader: every ``1/rate`` s one autocommit ``INSERT`` of
-  ``spec["insert"]`` with the next probe key (``spec["first_key"]``, then one lower each time:
-  keys the workload never uses). The commit time is the wall clock read when ``COMMIT``
-  returned (``time.time()``).
+* **Commits sample rows** on the leader (PostgreSQL: ``spec["dsn"]``; MySQL/MariaDB:
+  ``spec["mysql"]``, PyMySQL's connection arguments): every ``1/rate`` s one autocommit
+  ``INSERT`` of ``spec["insert"]`` with the next probe key (``spec["first_key"]``, negative,
+  then one lower each time: keys the workload never uses). The commit time is the wall clock
+  read when ``COMMIT`` returned (``time.time()``).
 * **Reads each follower through its public client**, one thread per follower, every
   ``spec["poll_s"]`` (default 0.02 s), for the probes not yet seen there:
 
   - ``redis``: ``EXISTS`` of each probe's row key (``key`` template, ``{key}`` = the probe key);
-  - ``sql``: ``SELECT`` of the key column for the pending keys in the follower database;
+  - ``sql``: ``SELECT`` of the key column for the pending keys in the follower database
+    (PostgreSQL, or SQLite: ``sqlite:///<path>``);
   - ``delta``: the table's new commits (``_delta_log/<version>.json``, the Delta protocol's
     atomic unit: a reader of the newest version sees exactly these) — the ``_cdc_key`` column of
     the files each commit adds (``dataChange`` true);
@@ -51,6 +54,8 @@ class Probes:
         self.committed: dict[int, float] = {}
         self.out = out.open("a", buffering=1)
         self.stop = threading.Event()
+        #: set by SIGUSR1: no more probes are committed; the readers go on
+        self.enough = threading.Event()
 
     def write(self, line: dict[str, Any]) -> None:
         with _LOCK:
@@ -61,15 +66,26 @@ class Probes:
             return {key: at for key, at in self.committed.items() if key not in seen}
 
 
-def commit_probes(spec: dict[str, Any], probes: Probes) -> None:
+def leader_connection(spec: dict[str, Any]) -> Any:
+    """An autocommit connection to the leader: ``spec["dsn"]`` (PostgreSQL, psycopg) or
+    ``spec["mysql"]`` (MySQL/MariaDB: PyMySQL's ``connect()`` arguments)."""
+    if "mysql" in spec:
+        import pymysql
+
+        return pymysql.connect(**spec["mysql"], autocommit=True)
     import psycopg
 
+    return psycopg.connect(spec["dsn"], autocommit=True)
+
+
+def commit_probes(spec: dict[str, Any], probes: Probes) -> None:
     interval = 1.0 / float(spec.get("rate", 10))
     key = int(spec.get("first_key", -1))
-    with psycopg.connect(spec["dsn"], autocommit=True) as conn:
+    conn = leader_connection(spec)
+    with conn, conn.cursor() as cursor:
         next_at = time.monotonic()
-        while not probes.stop.is_set():
-            conn.execute(spec["insert"], {"key": key})
+        while not probes.stop.is_set() and not probes.enough.is_set():
+            cursor.execute(spec["insert"], {"key": key})
             committed = time.time()
             with _LOCK:
                 probes.committed[key] = committed
@@ -107,17 +123,32 @@ class RedisReader(Reader):
 
 
 class SqlReader(Reader):
+    """PostgreSQL (``postgresql://``, psycopg) or SQLite (``sqlite:///<path>``)."""
+
     def __init__(self, follower: dict[str, Any]) -> None:
         super().__init__(follower)
-        import psycopg
+        url = follower["url"]
+        self.sqlite = url.startswith("sqlite:///")
+        self.select = f'SELECT "{follower["column"]}" FROM "{follower["table"]}" WHERE '
+        if self.sqlite:
+            import sqlite3
 
-        self.conn = psycopg.connect(follower["url"], autocommit=True)
-        self.query = (f'SELECT "{follower["column"]}" FROM "{follower["table"]}" '
-                      f'WHERE "{follower["column"]}" = ANY(%s)')
+            self.conn: Any = sqlite3.connect(url[len("sqlite:///"):], isolation_level=None,
+                                             check_same_thread=False)
+        else:
+            import psycopg
+
+            self.conn = psycopg.connect(url, autocommit=True)
 
     def found(self, keys: list[int]) -> set[int]:
+        column = f'"{self.follower["column"]}"'
         try:
-            return {row[0] for row in self.conn.execute(self.query, (keys,))}
+            if self.sqlite:
+                marks = ",".join("?" * len(keys))
+                rows = self.conn.execute(f"{self.select}{column} IN ({marks})", keys)
+            else:
+                rows = self.conn.execute(f"{self.select}{column} = ANY(%s)", (keys,))
+            return {row[0] for row in rows}
         except Exception:  # noqa: BLE001 - the table does not exist yet
             return set()
 
@@ -186,9 +217,10 @@ class SearchReader(Reader):
 
 
 def command(spec: Path, out: Path) -> list[str]:
-    """The prober's command line: this file run as a script by this Python (so nothing of the
-    product is imported into it)."""
-    return [sys.executable, str(Path(__file__).resolve()), str(spec), str(out)]
+    """The prober's command line: this file run as a script by this Python, isolated (``-I``:
+    neither its own folder nor ``PYTHONPATH`` on ``sys.path``, so no module of the product can
+    be imported into it, even by accident)."""
+    return [sys.executable, "-I", str(Path(__file__).resolve()), str(spec), str(out)]
 
 
 def summarize(out: Path, since: float, until: float, followers: dict[str, str]
@@ -270,8 +302,10 @@ def main() -> None:
                for f in spec["followers"]]
     for thread in threads:
         thread.start()
+    signal.signal(signal.SIGUSR1, lambda *_: probes.enough.set())
     ready.wait()  # every reader's client loaded before the first probe
     commit_probes(spec, probes)
+    probes.stop.wait()
     for thread in threads:
         thread.join(5)
 

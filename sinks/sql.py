@@ -417,6 +417,20 @@ def _column(name: str, sqltype: Any, dialect: Any) -> _Column:
                    infinity=postgres and version >= (14,))
 
 
+def _unnest(conn: Any, columns: Sequence[_Column], prefix: str) -> tuple[str, str]:
+    """PostgreSQL: ``unnest``'s arguments (the bound arrays ``:<prefix><i>``: bytea[] for
+    bytes, else text[]) and the select list casting each ``u.c<i>`` to its column's type."""
+    arrays = ", ".join(f"CAST(:{prefix}{i} AS {'bytea' if c.kind == 'bytes' else 'text'}[])"
+                       for i, c in enumerate(columns))
+    casts = ", ".join(f"u.c{i}" if c.kind == "bytes" else f"CAST(u.c{i} AS {c.cast})"
+                      for i, c in enumerate(columns))
+    return arrays, casts
+
+
+def _aliases(count: int) -> str:
+    return ", ".join(f"c{i}" for i in range(count))
+
+
 def _quoted(conn: Any, name: str) -> str:
     """``name`` quoted for a ``text()`` statement (its colons escaped)."""
     return str(conn.dialect.identifier_preparer.quote_identifier(name)).replace(":", "\\:")
@@ -823,6 +837,8 @@ class SqlSink(Sink):
             raise SqlSinkError(f"follower {self.name}: the {dialect} dialect is not supported "
                                "yet", "use PostgreSQL or SQLite")
         now = int(time.time() * 1000)
+        if dialect == "postgresql":
+            return self._gate_postgres(conn, topic, changes, now)
         won: list[str] = []
         # one multi-row statement per GATE_ROWS changes: 5 parameters a row stay under the
         # drivers' limits (PostgreSQL 65,535 per statement; SQLite 32,766)
@@ -840,12 +856,35 @@ class SqlSink(Sink):
         return won
 
     @staticmethod
+    def _gate_postgres(conn: Any, topic: str, changes: Sequence[Change], now: int) -> list[str]:
+        """:meth:`_gate` on PostgreSQL: one statement, the batch bound as arrays (``unnest``):
+        no statement text grows with the batch, so nothing is compiled per row."""
+        import sqlalchemy as sa
+
+        rows = _quoted(conn, ROWS)
+        statement = sa.text(
+            f"INSERT INTO {rows} (tbl, key, position, deleted, at_ms) "
+            "SELECT :tbl, u.key, u.position, u.deleted, :at FROM unnest(CAST(:keys AS text[]), "
+            "CAST(:positions AS text[]), CAST(:deleted AS boolean[])) AS u(key, position, "
+            "deleted) ON CONFLICT (tbl, key) DO UPDATE SET position = excluded.position, "
+            "deleted = excluded.deleted, at_ms = excluded.at_ms "
+            f"WHERE {rows}.position < excluded.position RETURNING key")
+        result = conn.execute(statement, {
+            "tbl": topic, "at": now, "keys": [c.key for c in changes],
+            "positions": [c.position.hex() for c in changes],
+            "deleted": [c.row is None for c in changes]})
+        return [str(row[0]) for row in result]
+
+    @staticmethod
     def _write(conn: Any, name: str, held: Mapping[str, _Column], key_columns: Sequence[str],
                upserts: Sequence[Change], deletes: Sequence[Change]) -> None:
         """Delete the rows of every won key, then insert the upserts' whole rows (columns a
-        row lacks are NULL)."""
+        row lacks are NULL). PostgreSQL: one statement each, columns bound as arrays."""
         import sqlalchemy as sa
 
+        if conn.dialect.name == "postgresql":
+            SqlSink._write_postgres(conn, name, held, key_columns, upserts, deletes)
+            return
         table = _quoted(conn, name)
         keys = [held[column] for column in key_columns]
         where = " AND ".join(f"{_quoted(conn, c.name)} = {c.bind(f'k{i}')}"
@@ -861,6 +900,33 @@ class SqlSink(Sink):
         conn.execute(sa.text(f"INSERT INTO {table} ({names}) VALUES ({binds})"), [
             {f"p{i}": c.to_db(change.row.get(c.name))  # type: ignore[union-attr]
              for i, c in enumerate(columns)} for change in upserts])
+
+    @staticmethod
+    def _write_postgres(conn: Any, name: str, held: Mapping[str, _Column],
+                        key_columns: Sequence[str], upserts: Sequence[Change],
+                        deletes: Sequence[Change]) -> None:
+        """:meth:`_write` on PostgreSQL: a ``DELETE`` and an ``INSERT`` whose values come from
+        ``unnest`` of one array per column (text, cast to the column's type; bytea as is)."""
+        import sqlalchemy as sa
+
+        table = _quoted(conn, name)
+        keys = [held[column] for column in key_columns]
+        doomed = [json.loads(change.key) for change in (*deletes, *upserts)]
+        arrays, casts = _unnest(conn, keys, "k")
+        conn.execute(sa.text(
+            f"DELETE FROM {table} WHERE ({', '.join(_quoted(conn, c.name) for c in keys)}) IN "
+            f"(SELECT {casts} FROM unnest({arrays}) AS u({_aliases(len(keys))}))"),
+            {f"k{i}": [c.to_db(key[c.name]) for key in doomed] for i, c in enumerate(keys)})
+        if not upserts:
+            return
+        columns = list(held.values())
+        arrays, casts = _unnest(conn, columns, "p")
+        names = ", ".join(_quoted(conn, c.name) for c in columns)
+        conn.execute(sa.text(
+            f"INSERT INTO {table} ({names}) SELECT {casts} FROM unnest({arrays}) "
+            f"AS u({_aliases(len(columns))})"),
+            {f"p{i}": [c.to_db(change.row.get(c.name))  # type: ignore[union-attr]
+                       for change in upserts] for i, c in enumerate(columns)})
 
     # ----------------------------------------------------------------------- watermarks
     def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:

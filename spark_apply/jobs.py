@@ -148,9 +148,10 @@ class BatchHandler:
         self.checkpoint = checkpoint
         self._store: Any = None
         self._state: Any = None
+        self._local_mode: bool | None = None
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        from spark_apply.tasks import TaskReport, plan_tasks, run_task
+        from spark_apply.tasks import ApplyTask, TaskReport, plan_tasks, run_task
 
         started = time.monotonic()
         ranges, watermarks = self._planned(batch_id)
@@ -163,7 +164,9 @@ class BatchHandler:
                            placement is Placement.BY_OWNER)
         total = TaskReport()
         try:
-            if self.kafka_reader and ranges and placement.on_executors:
+            if placement.on_executors and self._small_in_local_mode(ranges):
+                reports = [run_task(self.handle, ApplyTask(tuple(ranges)), self.sink)]
+            elif self.kafka_reader and ranges and placement.on_executors:
                 reports = self._run_on_kafka(ranges, batch_id)
             elif placement.on_executors and tasks:
                 context.setJobDescription(f"cdc apply {self.handle.name}: batch {batch_id}, "
@@ -189,6 +192,22 @@ class BatchHandler:
                 raise known from None
             raise
         self._record(total, watermarks, time.monotonic() - started)
+
+    def _small_in_local_mode(self, ranges: list[Any]) -> bool:
+        """The follower's ``driver_batch_records`` holds this batch and Spark runs in local
+        mode (never on a cluster master: there the executors write)."""
+        settings = self.handle.config.followers.get(self.handle.name)
+        limit = int(settings.driver_batch_records) if settings is not None else 0
+        if not ranges or limit <= 0 or not self.local_mode:
+            return False
+        records: int = sum(item.end - item.start for item in ranges)
+        return records <= limit
+
+    @property
+    def local_mode(self) -> bool:
+        if self._local_mode is None:
+            self._local_mode = str(self.spark.sparkContext.master).startswith("local")
+        return self._local_mode
 
     def _observe_error(self, exc: BaseException) -> None:
         if self.progress.observer is not None:

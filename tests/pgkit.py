@@ -604,3 +604,15 @@ def assert_verified(verified: dict[str, subprocess.CompletedProcess[str]]) -> No
     for name, result in verified.items():
         assert result.returncode == 0, f"follower {name}: {output(result)}"
         assert "follower equals the leader" in result.stdout, name
+
+
+def prober_rows(stdout: str) -> dict[str, tuple[int, int]]:
+    """The demo's prober table (``commit -> visible to a reader``): per follower, (probes,
+    unseen)."""
+    import re
+
+    table = stdout[stdout.index("commit -> visible to a reader"):]
+    rows = re.findall(r"^│ (\w+) \(\w+\)\s*│[^│]*│[^│]*│[^│]*│\s*([\d,]+) │\s*([\d,]+) │", table,
+                      re.M)
+    return {name: (int(probes.replace(",", "")), int(unseen.replace(",", "")))
+            for name, probes, unseen in rows}

@@ -208,17 +208,34 @@ def test_apply_once_from_postgres_capture(tmp_path: Path, pg_db: Any, redis_url:
 
     before = redis_state(sink)
     checkpoint = config.follower_checkpoint("cache")
-    subprocess.run(["rm", "-rf", str(checkpoint)], check=True)
-    started = time.monotonic()
-    job = run_apply(config, ["cache"], once=True, console=None)
-    replay_seconds = time.monotonic() - started
-    progress = job.progress["cache"]
-    assert progress.batches >= 2  # admission control: 700 records per batch at most
-    assert (progress.written, progress.deleted) == (0, 0)
-    assert progress.skipped == progress.changes > 0
-    assert redis_state(sink) == before
-    print(f"apply --once (own Spark) {once_seconds:.1f} s; replay in-process "
-          f"{replay_seconds:.1f} s, {progress.batches} batches, {progress.records} records")
+    status = spark.sparkContext._jsc.sc().statusStore()  # Spark's own record of its jobs
+
+    def spark_jobs() -> int:
+        return int(status.jobsList(None).size())
+
+    seconds, jobs = [], []
+    # local mode: batches of at most driver_batch_records (default 20,000) are applied by the
+    # driver without a Spark job; 0 sends every batch to the executors (Spark's own job count)
+    for driver_batch_records in (20_000, 0):
+        config = config.model_copy(update={"followers": {
+            "cache": config.followers["cache"].model_copy(
+                update={"driver_batch_records": driver_batch_records})}})
+        subprocess.run(["rm", "-rf", str(checkpoint)], check=True)
+        jobs_before = spark_jobs()
+        started = time.monotonic()
+        job = run_apply(config, ["cache"], once=True, console=None)
+        seconds.append(time.monotonic() - started)
+        jobs.append(spark_jobs() - jobs_before)
+        progress = job.progress["cache"]
+        assert progress.batches >= 2  # admission control: 700 records per batch at most
+        assert (progress.written, progress.deleted) == (0, 0)
+        assert progress.skipped == progress.changes > 0
+        assert redis_state(sink) == before
+    assert jobs[0] == 0, f"{jobs[0]} Spark jobs ran for batches the driver should apply"
+    assert jobs[1] >= progress.batches, jobs
+    print(f"apply --once (own Spark) {once_seconds:.1f} s; replay in-process: driver "
+          f"{seconds[0]:.1f} s, executors {seconds[1]:.1f} s ({jobs[1]} jobs), "
+          f"{progress.batches} batches, {progress.records} records")
 
 
 @pytest.mark.servers  # starts its own servers or Spark

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pgkit import cdc, output
+from tests.pgkit import cdc, output, prober_rows
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -27,3 +27,6 @@ def test_demo_with_mariadb_captures_a_live_workload(tmp_path: Path) -> None:
     summary = result.stdout[result.stdout.index("summary: MariaDB"):]
     assert "shop.orders" in summary and "shop.customers" in summary
     assert "differ" not in summary
+    probes = prober_rows(result.stdout)  # the latency prober saw every probe in every follower
+    assert set(probes) == {"cache", "warehouse", "search", "reporting"}, summary
+    assert all(seen > 0 and unseen == 0 for seen, unseen in probes.values()), probes

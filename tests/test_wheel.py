@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.pgkit import prober_rows
 from tests.wheelkit import ROOT, Installed, installed
 
 #: building the wheel and its virtualenv takes a minute or two (once per run): not in test-quick
@@ -68,6 +69,9 @@ def test_the_live_demo_runs_from_the_wheel(package: Installed, tmp_path: Path) -
     assert result.stdout.count("view revenue_by_customer in") >= 2  # both followers verified
     summary = result.stdout[result.stdout.index("summary: PostgreSQL"):]
     assert "public.orders" in summary and "public.customers" in summary
+    probes = prober_rows(result.stdout)  # the prober runs from the installed package too
+    assert set(probes) == {"cache", "warehouse", "search", "reporting"}, summary
+    assert all(seen > 0 and unseen == 0 for seen, unseen in probes.values()), probes
 
 
 def test_the_sdist_holds_what_the_kernels_are_built_from(tmp_path: Path) -> None:
