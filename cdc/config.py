@@ -344,10 +344,10 @@ class FollowerConfig(_Strict):
     #: continuous mode: a micro-batch starts at most this often
     trigger_interval: Duration = Field(1.0, ge=0)
     #: Spark in local mode only: a micro-batch of at most this many log records is read, folded
-    #: and written by the driver itself, without a Spark job (one machine: the driver is as
-    #: near the data as an executor, and a job's launch costs more than a small batch's work).
-    #: On a cluster master every batch of an executor-placed follower runs on the executors.
-    #: 0: never
+    #: and written without a Spark job, by a process of the follower's own beside the driver
+    #: (spark_apply/local_apply.py: on one machine a job's launch costs more than a small
+    #: batch's work). On a cluster master every batch of an executor-placed follower runs on
+    #: the executors. 0: never
     driver_batch_records: int = Field(20_000, ge=0)
     #: Spark's checkpoint directory (default: <log dir's parent>/state/apply/<follower>)
     checkpoint: Path | None = None

@@ -149,6 +149,7 @@ class BatchHandler:
         self._store: Any = None
         self._state: Any = None
         self._local_mode: bool | None = None
+        self._local_applier: Any = None
 
     def __call__(self, batch: Any, batch_id: int) -> None:
         from spark_apply.tasks import ApplyTask, TaskReport, plan_tasks, run_task
@@ -165,7 +166,7 @@ class BatchHandler:
         total = TaskReport()
         try:
             if placement.on_executors and self._small_in_local_mode(ranges):
-                reports = [run_task(self.handle, ApplyTask(tuple(ranges)), self.sink)]
+                reports = [self.local_applier.run(ApplyTask(tuple(ranges)))]
             elif self.kafka_reader and ranges and placement.on_executors:
                 reports = self._run_on_kafka(ranges, batch_id)
             elif placement.on_executors and tasks:
@@ -202,6 +203,20 @@ class BatchHandler:
             return False
         records: int = sum(item.end - item.start for item in ranges)
         return records <= limit
+
+    @property
+    def local_applier(self) -> Any:
+        """The follower's :class:`~spark_apply.local_apply.LocalApplier` (started by its first
+        small batch)."""
+        if self._local_applier is None:
+            from spark_apply.local_apply import LocalApplier
+
+            self._local_applier = LocalApplier(self.handle)
+        return self._local_applier
+
+    def close(self) -> None:
+        if self._local_applier is not None:
+            self._local_applier.close()
 
     @property
     def local_mode(self) -> bool:
@@ -401,6 +416,8 @@ class ApplyJob:
     _status_files: dict[str, Any] = field(default_factory=dict)
     _spark: Any = None
     _once: bool = False
+    #: per follower, its query's batch handler
+    _handlers: dict[str, BatchHandler] = field(default_factory=dict)
     #: unique to this run (executors keep one sink per run and follower)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -468,6 +485,10 @@ class ApplyJob:
         checkpoint = self.checkpoint(name)
         handler = BatchHandler(self.sinks[name], self.handle(name), self.progress[name], topics,
                                spark, checkpoint)
+        old = self._handlers.pop(name, None)
+        if old is not None:  # a restarted query: its predecessor's process ends
+            old.close()
+        self._handlers[name] = handler
         refuse_if_stale(self.config, name, checkpoint)  # again: a restart may come much later
         try:
             checkpoint.mkdir(parents=True, exist_ok=True)
@@ -617,6 +638,8 @@ class ApplyJob:
         return table
 
     def close(self) -> None:
+        for handler in self._handlers.values():
+            handler.close()
         for sink in self.sinks.values():
             sink.close()
 
