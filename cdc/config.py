@@ -341,8 +341,11 @@ class FollowerConfig(_Strict):
     tombstone_retention: Duration = Field(24 * 3600.0, ge=0)
     #: admission control: log records per micro-batch at most
     max_records_per_batch: int = Field(100_000, ge=1)
-    #: continuous mode: a micro-batch starts at most this often
-    trigger_interval: Duration = Field(1.0, ge=0)
+    #: continuous mode: a micro-batch starts at most this often. 250 ms: with the batch's own
+    #: cost (two checkpoint writes, ~0.1 s each on a busy machine) a change waits about one
+    #: batch; shorter buys little and costs a log poll per trigger per follower while idle
+    #: (bench/apply.py: docs/benchmarks.md). Delta's default is 1 s (a MERGE per batch)
+    trigger_interval: Duration = Field(0.25, ge=0)
     #: Spark in local mode only: a micro-batch of at most this many log records is read, folded
     #: and written without a Spark job, by a process of the follower's own beside the driver
     #: (spark_apply/local_apply.py: on one machine a job's launch costs more than a small

@@ -460,24 +460,20 @@ sources:
   cache:
     kind: redis
     url: {redis_url}
-    trigger_interval: 250ms
   warehouse:
     kind: delta
     path: {root / 'warehouse'}
     mode: scd1
     buckets: 4
-    trigger_interval: 1s
   search:
     kind: search
     path: {root / 'search'}
     text_fields:
       {leader.tables[0]}: [name, email]
       {leader.tables[1]}: [status, note]
-    trigger_interval: 500ms
   reporting:
     kind: sql
     url: sqlite:///{root / 'reporting.sqlite'}
-    trigger_interval: 1s
 views:
   {VIEW}:
     source: shop

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from cdc.config import FollowerConfig
+from cdc.config import Duration, FollowerConfig
 
 
 class DeltaFollowerConfig(FollowerConfig):
@@ -25,3 +25,6 @@ class DeltaFollowerConfig(FollowerConfig):
     buckets: int = Field(16, ge=1, le=4096)
     #: admission control: bigger batches amortise a MERGE's fixed cost
     max_records_per_batch: int = Field(500_000, ge=1)
+    #: a MERGE per table per batch rewrites the files it touches: fewer, larger batches (at a
+    #: 100 ms trigger Delta's own latency doubled, docs/benchmarks.md)
+    trigger_interval: Duration = Field(1.0, ge=0)

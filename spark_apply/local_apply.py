@@ -71,7 +71,8 @@ class LocalApplier:
         # class is built at run time from the registered plugins: plain pickle refuses it)
 
         self._conn, child = context.Pipe()
-        process = context.Process(target=_serve, args=(cloudpickle.dumps(self.handle), child),
+        pickled = cloudpickle.dumps(self.handle)  # type: ignore[no-untyped-call]
+        process = context.Process(target=_serve, args=(pickled, child),
                                   daemon=True, name=f"cdc-apply-{self.handle.name}")
         process.start()
         self._process = process

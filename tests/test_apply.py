@@ -56,16 +56,16 @@ def test_follower_config_defaults_and_derived_values() -> None:
     follower = config.follower("cache")
     assert follower.key_template == "{schema}.{table}:{key}"
     assert follower.tombstone_retention == 86400.0
-    assert follower.trigger_interval == 1.0
+    assert follower.trigger_interval == 0.25 and follower.driver_batch_records == 20_000
     assert config.follower_sources("cache") == ["shop"]
     assert sorted(config.follower_topics("cache")) == ["shop.public.customers",
                                                        "shop.public.orders"]
     assert config.follower_checkpoint("cache") == Path("/srv/cdc/cdc-data/state/apply/cache")
     config = follower_config(tables=['public."orders"'], tombstone_retention="90m",
-                             checkpoint="ck", trigger_interval="250ms")
+                             checkpoint="ck", trigger_interval="2s")
     assert list(config.follower_topics("cache")) == ["shop.public.orders"]
     assert config.follower("cache").tombstone_retention == 5400.0
-    assert config.follower("cache").trigger_interval == 0.25
+    assert config.follower("cache").trigger_interval == 2.0
     assert config.follower_checkpoint("cache") == Path("/srv/cdc/ck")
 
 
