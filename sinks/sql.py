@@ -129,8 +129,6 @@ from sinks.sql_settings import SqlFollowerConfig
 if TYPE_CHECKING:
     from cdc.config import Config, FollowerConfig
 
-#: changes per gate statement (see :meth:`SqlSink._gate`)
-GATE_ROWS = 5000
 #: the side tables
 ROWS = "_cdc_rows"
 WATERMARKS = "_cdc_watermarks"
@@ -823,37 +821,20 @@ class SqlSink(Sink):
 
     def _gate(self, conn: Any, topic: str, changes: Sequence[Change]) -> list[str]:
         """The keys of ``changes`` whose positions are newer than what the side table holds,
-        recorded there atomically (the row locks last until the transaction ends)."""
+        recorded there atomically (the row locks last until the transaction ends): one
+        statement per batch, the batch bound as arrays (PostgreSQL) or one JSON array
+        (SQLite), so no statement grows with the batch."""
         if not changes:
             return []
-        rows = self._side_tables().tables[ROWS]
-        dialect = conn.dialect.name
-        insert: Any
-        if dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        elif dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        else:
-            raise SqlSinkError(f"follower {self.name}: the {dialect} dialect is not supported "
-                               "yet", "use PostgreSQL or SQLite")
+        self._side_tables()
         now = int(time.time() * 1000)
+        dialect = conn.dialect.name
         if dialect == "postgresql":
             return self._gate_postgres(conn, topic, changes, now)
-        won: list[str] = []
-        # one multi-row statement per GATE_ROWS changes: 5 parameters a row stay under the
-        # drivers' limits (PostgreSQL 65,535 per statement; SQLite 32,766)
-        for start in range(0, len(changes), GATE_ROWS):
-            values = [{"tbl": topic, "key": c.key, "position": c.position.hex(),
-                       "deleted": c.row is None, "at_ms": now}
-                      for c in changes[start:start + GATE_ROWS]]
-            statement: Any = insert(rows).values(values)
-            statement = statement.on_conflict_do_update(
-                index_elements=[rows.c.tbl, rows.c.key],
-                set_={"position": statement.excluded.position,
-                      "deleted": statement.excluded.deleted, "at_ms": statement.excluded.at_ms},
-                where=rows.c.position < statement.excluded.position).returning(rows.c.key)
-            won.extend(str(row[0]) for row in conn.execute(statement))
-        return won
+        if dialect == "sqlite":
+            return self._gate_sqlite(conn, topic, changes, now)
+        raise SqlSinkError(f"follower {self.name}: the {dialect} dialect is not supported yet",
+                           "use PostgreSQL or SQLite")
 
     @staticmethod
     def _gate_postgres(conn: Any, topic: str, changes: Sequence[Change], now: int) -> list[str]:
@@ -874,6 +855,24 @@ class SqlSink(Sink):
             "positions": [c.position.hex() for c in changes],
             "deleted": [c.row is None for c in changes]})
         return [str(row[0]) for row in result]
+
+    @staticmethod
+    def _gate_sqlite(conn: Any, topic: str, changes: Sequence[Change], now: int) -> list[str]:
+        """:meth:`_gate` on SQLite: one statement, the batch bound as one JSON array read by
+        ``json_each`` (``WHERE true``: SQLite's grammar needs it before an upsert clause)."""
+        import sqlalchemy as sa
+
+        rows = _quoted(conn, ROWS)
+        statement = sa.text(
+            f"INSERT INTO {rows} (tbl, key, position, deleted, at_ms) "
+            "SELECT :tbl, json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+            "json_extract(value, '$[2]'), :at FROM json_each(:batch) WHERE true "
+            "ON CONFLICT (tbl, key) DO UPDATE SET position = excluded.position, "
+            "deleted = excluded.deleted, at_ms = excluded.at_ms "
+            f"WHERE {rows}.position < excluded.position RETURNING key")
+        batch = json.dumps([[c.key, c.position.hex(), c.row is None] for c in changes])
+        return [str(row[0]) for row in conn.execute(statement, {"tbl": topic, "at": now,
+                                                                "batch": batch})]
 
     @staticmethod
     def _write(conn: Any, name: str, held: Mapping[str, _Column], key_columns: Sequence[str],

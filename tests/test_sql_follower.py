@@ -270,8 +270,9 @@ def test_floats_without_a_schema_read_back_exactly(typed_sink: SqlSink) -> None:
 
 
 def test_a_batch_larger_than_one_gate_statement_is_gated_whole(typed_sink: SqlSink) -> None:
-    """More changes in one batch than one statement's parameters allow (PostgreSQL: 65,535;
-    SQLite: 32,766; 5 a change): the gate splits them, and every key is written once."""
+    """More changes in one batch than one statement's parameters would allow (PostgreSQL:
+    65,535; SQLite: 32,766) if they were bound one by one: the gate binds the batch whole (as
+    arrays, or one JSON array), and every key is written once."""
     count = 14_000
     typed_sink.apply([change(key, 2, {"id": key, "v": key}) for key in range(count)])
     older = typed_sink.apply([change(key, 1, {"id": key, "v": -1}) for key in range(count)])
