@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test test-quick lint bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views clean
+.PHONY: setup demo test test-quick lint bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views bench-sql clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -65,6 +65,10 @@ bench-apply-tables: setup
 # 50,000 changes), and the SQL follower's changes/s into PostgreSQL
 bench-views: setup
 	$(PY) bench/views.py $(BENCH_ARGS)
+
+# The SQL follower's writes (SqlSink.apply) vs PostgreSQL's COPY and SQLite's executemany
+bench-sql: setup
+	$(PY) bench/sql_sink.py $(BENCH_ARGS)
 
 # The Kafka log: KafkaChangeLog.append vs Kafka's own ProducerPerformance on one throwaway broker,
 # and cdc capture of PostgreSQL into Kafka vs into the local log (Java 17, the jars `setup` fetches)
