@@ -182,30 +182,30 @@ class Watch:
         a moment seen in flight (a Spark driver may commit its batch between a look and a
         SIGKILL sent after it)."""
         deadline = time.monotonic() + aim
-        frozen = False
         while True:
-            looked_at = time.monotonic()
-            if freeze is not None and aim:
-                freeze[0]()
-                frozen = True
+            # look with the process running (reading the committed position may be slow: a
+            # Kafka reader), and freeze it only to confirm a moment that looks in flight
             committed = (resumes_from() if (aim or read_before) and resumes_from is not None
                          else None)
-            position = self.position()  # read last: the SIGKILL follows at once
+            position = self.position()
             if not aim or committed is None or time.monotonic() > deadline:
                 break
-            if (position is not None and self.ahead(position, committed)
-                    and self.moved(self._second_before(position), position)
-                    and self.ahead(position, resumes_from())):  # still: fire at once
-                break
-            if frozen:
-                freeze[1]()  # type: ignore[index]
-                frozen = False
-                # let it run at least as long as the look held it stopped: a slow look (a
-                # fresh Kafka reader per committed position) must not starve the process it
-                # watches, whose own progress in the second before is what the kill needs
-                time.sleep(max(0.02, time.monotonic() - looked_at))
-            else:
+            if not (position is not None and self.ahead(position, committed)
+                    and self.moved(self._second_before(position), position)):
                 time.sleep(0.01)  # a look reads positions: no busy loop
+                continue
+            if freeze is None:
+                break
+            looked_at = time.monotonic()
+            freeze[0]()
+            position = self.position()  # read last: the SIGKILL follows at once
+            if (position is not None and self.moved(self._second_before(position), position)
+                    and self.ahead(position, resumes_from())):  # still: fire, frozen
+                break
+            freeze[1]()
+            # let it run at least as long as the confirmation held it stopped: its own
+            # progress in the second before is what the kill needs
+            time.sleep(max(0.02, time.monotonic() - looked_at))
         second_before = self._second_before(position)
         action()
         kill = Kill(self.kind, phase, position, second_before, self.ahead, self.moved)
