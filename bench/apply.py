@@ -375,7 +375,7 @@ def probe_spec(dsn: str, follower_dsn: str, redis_url: str, root: Path, topic: s
                 {"name": "warehouse", "kind": "delta",
                  "path": str(table_dir(root / "warehouse", topic)),
                  "key_json": '{{"id":{key}}}'},
-                {"name": "search", "kind": "search", "path": str(root / "search" / "index"),
+                {"name": "search", "kind": "search", "path": str(root / "search"),
                  "id": topic + '\n{{"id":{key}}}'},
                 {"name": "db", "kind": "sql", "url": follower_dsn, "table": "items",
                  "column": "id"}]}

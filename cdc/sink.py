@@ -134,8 +134,8 @@ class Placement(enum.Enum):
     ``BY_OWNER``: tasks on the executors, each reading every range of the batch and keeping the
     keys whose :meth:`Sink.owner` is its index (keys written together stay together: one Delta
     file partition per task).
-    ``DRIVER``: the driver writes, one share after the other (a single writer, e.g. one search
-    index).
+    ``DRIVER``: the driver writes, one share after the other (a store that allows a single
+    writer; no follower kind of this project needs it: the search index is sharded).
     ``DRIVER_WHOLE_BATCH``: the driver writes the whole batch in one :meth:`Sink.apply` call (a
     view: it needs the batch's changes of every table together)."""
 

@@ -378,7 +378,7 @@ def _probe_spec(root: Path, leader: DemoLeader, redis_url: str) -> dict[str, Any
                  "key": f"{customers}:{{key}}"},
                 {"name": "warehouse", "kind": "delta",
                  "path": str(table_dir(root / "warehouse", topic)), "key_json": key_json},
-                {"name": "search", "kind": "search", "path": str(root / "search" / "index"),
+                {"name": "search", "kind": "search", "path": str(root / "search"),
                  "id": f"{topic}\n{key_json}"},
                 {"name": "reporting", "kind": "sql",
                  "url": f"sqlite:///{root / 'reporting.sqlite'}",

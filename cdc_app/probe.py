@@ -23,8 +23,9 @@ readers running, so a caller can compare leader and followers while the last pro
   - ``delta``: the table's new commits (``_delta_log/<version>.json``, the Delta protocol's
     atomic unit: a reader of the newest version sees exactly these) — the ``_cdc_key`` column of
     the files each commit adds (``dataChange`` true);
-  - ``search``: ``reload()`` of the index reader (what ``cdc search`` does per query), then a
-    term query on ``_cdc_id`` (``<topic>\\n<key JSON>``).
+  - ``search``: per shard of the index (``<path>/shards/<n>/``), ``reload()`` of the reader
+    (what ``cdc search`` does per query), then a term query on ``_cdc_id`` (``<topic>\\n<key
+    JSON>``).
 
   A probe is *seen* at the wall clock when the read that found it returned: a conservative
   figure (it includes the read itself and up to one poll interval).
@@ -189,30 +190,35 @@ class DeltaReader(Reader):
 
 
 class SearchReader(Reader):
+    """Every shard of the index (``<path>/shards/<n>/``, docs/followers.md), each reloaded."""
+
     def __init__(self, follower: dict[str, Any]) -> None:
         super().__init__(follower)
-        self.index: Any = None
+        self.indexes: list[Any] = []
         self.template = follower["id"]
         import tantivy  # noqa: F401 - imported before the first read, not timed by it
 
     def found(self, keys: list[int]) -> set[int]:
         import tantivy
 
-        if self.index is None:
-            if not (Path(self.follower["path"]) / "meta.json").exists():
+        if not self.indexes:
+            root = Path(self.follower["path"]) / "shards"
+            shards = sorted(root.glob("*/meta.json")) if root.is_dir() else []
+            layout = Path(self.follower["path"]) / "shards.json"
+            if not shards or len(shards) != json.loads(layout.read_text())["shards"]:
                 return set()
-            self.index = tantivy.Index.open(self.follower["path"])
-        self.index.reload()
-        searcher = self.index.searcher()
+            self.indexes = [tantivy.Index.open(str(meta.parent)) for meta in shards]
         ids = {self.template.format(key=key): key for key in keys}
-        query = tantivy.Query.term_set_query(self.index.schema, "_cdc_id", list(ids))
-        hits = searcher.search(query, limit=max(1, len(ids))).hits
         out = set()
-        for _, address in hits:
-            doc = searcher.doc(address)
-            identity = f"{doc['_cdc_topic'][0]}\n{doc['_cdc_key'][0]}"
-            if identity in ids:
-                out.add(ids[identity])
+        for index in self.indexes:
+            index.reload()
+            searcher = index.searcher()
+            query = tantivy.Query.term_set_query(index.schema, "_cdc_id", list(ids))
+            for _, address in searcher.search(query, limit=max(1, len(ids))).hits:
+                doc = searcher.doc(address)
+                identity = f"{doc['_cdc_topic'][0]}\n{doc['_cdc_key'][0]}"
+                if identity in ids:
+                    out.add(ids[identity])
         return out
 
 

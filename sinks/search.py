@@ -1,10 +1,20 @@
-"""The search follower: an embedded Tantivy full-text index, one document per row.
+"""The search follower: embedded Tantivy full-text indexes, one document per row, the keys
+spread over a fixed number of index shards written where the data is (on the executors).
 
 Layout of a follower's directory (``path``; ``docs/followers.md`` shows an example):
 
-``<path>/index/`` — the Tantivy index (one writer at a time: Tantivy's ``.tantivy-writer.lock``)
+``<path>/shards.json`` — ``{"version": 1, "shards": N}``: how many shards the index was created
+with (written once, atomically, before any shard; ``followers.<name>.shards`` must say the same)
+``<path>/shards/<n>/`` for ``n`` in ``range(N)`` — a Tantivy index each (one writer at a time
+per shard: Tantivy's ``.tantivy-writer.lock``)
 ``<path>/watermarks.json`` — ``{"version": 1, "sources": {<source>: {"offset": {...},
 "order": [...]}}}``, replaced atomically (temp file, fsync, rename, fsync of the directory)
+
+**Shards.** A key lives in shard :func:`~cdc.sink.key_group` ``(key JSON bytes, N)`` — the
+rule :meth:`SearchSink.owner` gives ``cdc apply``, so the task that owns a key writes its shard
+(``Sink.placement`` is ``BY_OWNER``: on a cluster the executors write, never the driver). Every
+machine that runs a task must see ``path`` at the same place (a shared file system, as for
+Spark's checkpoints). N is fixed at creation: it bounds how many tasks write at once.
 
 One document per key, live or deleted. Fields (names are exact; every one starts with ``_cdc_``
 so a column of the same name can still be queried through the JSON fields):
@@ -37,21 +47,28 @@ so a column of the same name can still be queried through the JSON fields):
 Queries (:meth:`SearchSink.search`, ``cdc search``) use Tantivy's query parser with default
 fields ``_cdc_all``, ``_cdc_text`` and ``_cdc_exact``: a bare word searches every text column;
 ``column:word`` is a tokenized match of a text column or an exact match of another column;
-delete markers never match.
+delete markers never match. Every shard is searched and the hits merged by score. **Scores are
+each shard's own** (BM25 with the shard's term statistics): keys are spread by hash, so shards
+hold like samples and scores compare closely, but not exactly as one index's would (on a tiny
+index, where a word's frequency differs between shards, the order can differ).
 
-Version gate, per :meth:`SearchSink.apply` call: the documents of the batch's keys are found by
-``term_set_query`` on ``_cdc_id`` (in chunks of :data:`LOOKUP_CHUNK`; every matching document,
-should an id hold more than one), and their position words and hashes read from the fast fields
-in one call per field. A change is applied only when its position is strictly greater than the
-newest document's of its id (row or marker). The old documents of the
-changes that pass are deleted by one ``term_set_query`` (issued before the adds, so it cannot
-touch them), then the new documents are added: a row, or — for a delete or tombstone — a marker
-(none when ``tombstone_retention`` is 0). Markers older than the retention are deleted in the same
-commit. One ``commit`` per call: a crash leaves the index as it was before or after the whole
-batch. The writer is opened by :meth:`SearchSink.check` or the first :meth:`SearchSink.apply`
-and kept (opening it, and each rollback, first spends the opstamp Tantivy reuses: see
-:func:`_fresh_writer`); readers (``read``, ``keys``, ``watermark``, ``search``) never take the
-lock, so ``cdc verify`` and ``cdc search`` run beside ``cdc apply``.
+Version gate, per shard of a :meth:`SearchSink.apply` call (shards in parallel threads): the
+shard's writer is taken first (waiting up to :data:`LOCK_WAIT_S` while another process — a
+replayed or speculative task — holds it), then a searcher of the shard's newest commit is
+opened, so the gate sees every other writer's commit. The documents of the batch's keys are
+found by ``term_set_query`` on ``_cdc_id`` (in chunks of :data:`LOOKUP_CHUNK`; every matching
+document, should an id hold more than one), and their position words and hashes read from the
+fast fields in one call per field. A change is applied only when its position is strictly
+greater than the newest document's of its id (row or marker). The old documents of the changes
+that pass are deleted by one ``term_set_query`` (issued before the adds, so it cannot touch
+them), then the new documents are added: a row, or — for a delete or tombstone — a marker (none
+when ``tombstone_retention`` is 0). Markers older than the retention are deleted in the same
+commit. One ``commit`` per shard: a crash leaves each shard as it was before or after its share
+of the batch (the replay is gated). The writer is released after the commit, once the merges it
+started are done (a writer dropped at once would abandon them and the segments would pile up);
+opening one first spends the opstamp Tantivy reuses (see :func:`_fresh_writer`). Readers
+(``read``, ``keys``, ``watermark``, ``search``) never take a lock, so ``cdc verify`` and ``cdc
+search`` run beside ``cdc apply``.
 """
 
 from __future__ import annotations
@@ -63,13 +80,14 @@ import os
 import struct
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tantivy
 
-from cdc.errors import CdcError
+from cdc.errors import CdcError, check_format
 from cdc.events import TableId, split_topic
 from cdc.sink import (
     ApplyStats,
@@ -77,11 +95,12 @@ from cdc.sink import (
     Placement,
     Sink,
     Topics,
+    key_group,
     newest_per_key,
     row_text,
 )
 from sinks.search_settings import SearchFollowerConfig
-from sinks.watermarks import WatermarkFile
+from sinks.watermarks import WatermarkFile, replace_file
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -102,6 +121,10 @@ EXACT_MAX_CHARS = 256
 LOOKUP_CHUNK = 20_000
 #: keys() reads the live documents of a topic in slices of about this many (by hash range)
 KEYS_SLICE = 20_000
+#: how long a write waits for a shard's writer lock held by another process (seconds)
+LOCK_WAIT_S = 120.0
+#: the layout file's name and format
+LAYOUT, LAYOUT_FORMAT = "shards.json", 1
 #: Tantivy's smallest writer heap per indexing thread
 _THREAD_HEAP_MIN = 15_000_000
 _MAX_POSITION = 31
@@ -183,13 +206,14 @@ class SearchSink(Sink):
 
     ``tables`` maps topics to ``(source, TableId)`` (others are split on dots);
     ``text_fields`` maps ``schema.table`` (as in the config) to its text columns;
-    ``writer_memory`` is the Tantivy writer's heap (bytes, split over its threads);
-    ``tombstone_retention`` (seconds) is how long a delete marker stays; ``log_path`` is the
-    change log's directory (kept for messages). Nothing is opened until used.
+    ``writer_memory`` is the Tantivy writers' heap of one apply call (bytes, split over the
+    shards it writes and their threads); ``tombstone_retention`` (seconds) is how long a delete
+    marker stays; ``log_path`` is the change log's directory (kept for messages); ``shards`` is
+    the number of index shards (fixed when the index is created). Nothing is opened until used.
     """
 
-    #: a Tantivy index has one writer: ``cdc apply`` writes it from the driver
-    placement = Placement.DRIVER
+    #: the task that owns a key writes its shard (:meth:`owner_groups`)
+    placement = Placement.BY_OWNER
 
     @classmethod
     def from_settings(cls, config: Config, name: str, settings: FollowerConfig,
@@ -197,14 +221,15 @@ class SearchSink(Sink):
         assert isinstance(settings, SearchFollowerConfig)
         return cls(name, config.resolve(settings.path), tables=topics,
                    text_fields=settings.text_fields, writer_memory=settings.writer_memory,
-                   tombstone_retention=settings.tombstone_retention, log_path=config.log_path)
+                   tombstone_retention=settings.tombstone_retention, log_path=config.log_path,
+                   shards=settings.shards)
 
     def __init__(self, name: str, path: Path, tables: Mapping[str, tuple[str, TableId]],
                  text_fields: Mapping[str, list[str]], writer_memory: int,
-                 tombstone_retention: float, log_path: Path) -> None:
+                 tombstone_retention: float, log_path: Path, shards: int = 1) -> None:
         self.name = name
         self.path = Path(path)
-        self.index_path = self.path / "index"
+        self.layout_path = self.path / LAYOUT
         self.watermark_path = self.path / "watermarks.json"
         self.tables = dict(tables)
         self.text_fields = {TableId.parse(table): tuple(columns)
@@ -212,202 +237,126 @@ class SearchSink(Sink):
         self.writer_memory = int(writer_memory)
         self.retention_ms = int(round(tombstone_retention * 1000))
         self.log_path = Path(log_path)
+        self.shard_count = int(shards)
         self.schema = build_schema()
-        self._index: tantivy.Index | None = None
-        self._writer: tantivy.IndexWriter | None = None
+        self.shards = [Shard(self, number) for number in range(self.shard_count)]
+        self._laid_out = False
         self._text_columns: dict[str, tuple[str, ...] | None] = {}
 
     # ------------------------------------------------------------------------------- opening
     def check(self) -> None:
-        """Create or open the index and take its writer: :class:`SearchSinkError` with the fix
-        when the directory cannot be created, holds something else, or another process
-        (usually another ``cdc apply`` of this follower) is writing to it."""
-        self._open_writer()
+        """Create or open the layout and every shard: :class:`SearchSinkError` with the fix
+        when the directory cannot be created, holds something else, or was created with
+        another number of shards."""
+        self._layout(create=True)
+        for shard in self.shards:
+            shard.open_index(create=True)
 
-    def _open_writer(self) -> tantivy.IndexWriter:
-        if self._writer is not None:
-            return self._writer
-        index = self._open_index(create=True)
-        assert index is not None
-        threads = max(1, min(os.cpu_count() or 1, 8, self.writer_memory // _THREAD_HEAP_MIN))
+    def owner_groups(self, topic: str) -> int:
+        """Keys of one shard are written by one task."""
+        return self.shard_count
+
+    def shard_of(self, key: str) -> Shard:
+        """The shard that holds ``key`` (JSON text)."""
+        return self.shards[key_group(key.encode(), self.shard_count)]
+
+    def _layout(self, create: bool) -> bool:
+        """Whether the layout is in place (created when ``create``); :class:`SearchSinkError`
+        for another layout or another shard count."""
+        if self._laid_out:
+            return True
+        if (self.path / "index" / "meta.json").exists():
+            raise SearchSinkError(
+                f"follower {self.name}: {self.path} holds a search index of an older layout "
+                "(one index at index/, not shards)", "delete the directory and the follower's "
+                "checkpoint: `cdc apply` rebuilds it from the log")
         try:
-            self._writer = index.writer(heap_size=self.writer_memory, num_threads=threads)
-        except ValueError as exc:
-            if "LockBusy" in str(exc):
+            layout = json.loads(self.layout_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            if not create:
+                return False
+            layout = self._create_layout()
+        except NotADirectoryError:
+            raise SearchSinkError(
+                f"follower {self.name}: cannot create the index directory {self.path} (a file "
+                "is in its way)", f"move the file, or set followers.{self.name}.path "
+                "elsewhere") from None
+        except (OSError, ValueError) as exc:
+            raise SearchSinkError(f"follower {self.name}: cannot read {self.layout_path} "
+                                  f"({exc})", "check the directory's permissions; if it is "
+                                  "damaged, delete the directory and the follower's checkpoint "
+                                  "so `cdc apply` rebuilds it") from None
+        check_format(layout.get("version") if isinstance(layout, dict) else None, LAYOUT_FORMAT,
+                     f"follower {self.name}: the search index {self.path}",
+                     fix="run the cdc version that wrote it (or a newer one)",
+                     error=SearchSinkError)
+        if layout.get("shards") != self.shard_count:
+            raise SearchSinkError(
+                f"follower {self.name}: the search index at {self.path} was created with "
+                f"{layout.get('shards')} shards, the config says {self.shard_count}",
+                f"set followers.{self.name}.shards: {layout.get('shards')}, or delete the "
+                "directory and the follower's checkpoint to rebuild it with "
+                f"{self.shard_count}")
+        self._laid_out = True
+        return True
+
+    def _create_layout(self) -> dict[str, Any]:
+        shards = self.path / "shards"
+        try:
+            if shards.is_dir() and any(shards.iterdir()):
                 raise SearchSinkError(
-                    f"follower {self.name}: the search index at {self.index_path} is locked by "
-                    "another writer — most likely another `cdc apply` of this follower is "
-                    "running", "stop the other `cdc apply` (one apply per follower), or give "
-                    f"this follower its own followers.{self.name}.path") from None
-            raise self._error("open the index writer of", exc) from None
-        _fresh_writer(self._writer)
-        return self._writer
-
-    def _open_index(self, create: bool) -> tantivy.Index | None:
-        """The index (created when ``create``; ``None`` when absent and not ``create``)."""
-        if self._index is not None:
-            return self._index
-        exists = (self.index_path / "meta.json").exists()
-        if not exists and not create:
-            return None
-        if exists:
-            self._check_layout()
-        try:
-            if not exists:
-                self.index_path.mkdir(parents=True, exist_ok=True)
-                if any(self.index_path.iterdir()):
-                    raise SearchSinkError(
-                        f"follower {self.name}: {self.index_path} is not empty and holds no "
-                        "Tantivy index", f"empty it, or point followers.{self.name}.path at "
-                        "another directory")
-                index = tantivy.Index(self.schema, str(self.index_path), reuse=False)
-            else:
-                index = tantivy.Index.open(str(self.index_path))
-            index.config_reader("manual")
+                    f"follower {self.name}: {shards} is not empty and no {LAYOUT} says what it "
+                    "holds", f"empty {self.path}, or point followers.{self.name}.path at "
+                    "another directory")
+            layout = {"version": LAYOUT_FORMAT, "shards": self.shard_count}
+            replace_file(self.layout_path, json.dumps(layout))
         except OSError as exc:
             raise SearchSinkError(
-                f"follower {self.name}: cannot create the index directory {self.index_path} "
+                f"follower {self.name}: cannot create the index directory {self.path} "
                 f"({exc.strerror})", f"make it writable, or set followers.{self.name}.path "
                 "elsewhere") from None
-        except ValueError as exc:
-            raise self._error("open", exc) from None
-        self._index = index
-        return index
+        return layout
 
-    def _check_layout(self) -> None:
-        try:
-            meta = json.loads((self.index_path / "meta.json").read_text())
-            names = {entry["name"] for entry in meta["schema"]}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise SearchSinkError(f"follower {self.name}: cannot read {self.index_path}/"
-                                  f"meta.json ({exc})", "check the directory's permissions; "
-                                  "if the index is damaged, delete it and the follower's "
-                                  "checkpoint, then `cdc apply` rebuilds it") from None
-        if names != FIELDS:
-            raise SearchSinkError(
-                f"follower {self.name}: {self.index_path} holds a Tantivy index that is not a "
-                "cdc search index of this version",
-                f"point followers.{self.name}.path elsewhere, or delete the directory and the "
-                "follower's checkpoint so `cdc apply` rebuilds it from the log")
-
-    def _error(self, action: str, exc: Exception) -> SearchSinkError:
+    def _error(self, action: str, where: Path, exc: Exception) -> SearchSinkError:
         text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         return SearchSinkError(f"follower {self.name}: cannot {action} the search index at "
-                               f"{self.index_path}: {text}",
+                               f"{where}: {text}",
                                "check the directory's disk space and permissions")
 
-    def _searcher(self, create: bool = False) -> tantivy.Searcher | None:
-        """A searcher on the newest commit (``None``: no index yet). A reload that fails is
-        tried again twice: in another process than the writer's, a merge may delete the
-        files of the commit being opened (the next commit names their replacement)."""
-        index = self._open_index(create)
-        if index is None:
-            return None
-        for attempt in range(3):
-            try:
-                index.reload()
-                return index.searcher()
-            except ValueError as exc:
-                if attempt == 2:
-                    raise self._error("read", exc) from None
-                time.sleep(0.05)
-        raise AssertionError("unreachable")
+    def _searchers(self) -> list[tuple[Shard, tantivy.Searcher]]:
+        """A searcher on each shard's newest commit (none before the index exists)."""
+        if not self._layout(create=False):
+            return []
+        found = [(shard, shard.searcher()) for shard in self.shards]
+        return [(shard, searcher) for shard, searcher in found if searcher is not None]
 
     def close(self) -> None:
-        """Release the writer (waiting for running segment merges) and the index."""
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            with contextlib.suppress(ValueError):  # a failed merge leaves the commit intact
-                writer.wait_merging_threads()
-        self._index = None
+        """Forget the opened indexes (no writer outlives an apply call)."""
+        for shard in self.shards:
+            shard.index = None
 
     # ---------------------------------------------------------------------------------- apply
     def apply(self, changes: Sequence[Change]) -> ApplyStats:
-        """The gate and the writes of the module docstring, in one commit."""
+        """The gate and the writes of the module docstring: one commit per shard written, the
+        shards in parallel threads."""
+        self._layout(create=True)
+        by_shard: dict[int, list[Change]] = {}
+        for change in newest_per_key(changes):  # at most one per key is the contract
+            by_shard.setdefault(self.shard_of(change.key).number, []).append(change)
+        now_ms = int(time.time() * 1000)
+        heap = max(_THREAD_HEAP_MIN, self.writer_memory // max(1, len(by_shard)))
+        jobs = [(self.shards[number], batch) for number, batch in sorted(by_shard.items())]
+        if len(jobs) == 1:
+            results = [jobs[0][0].apply(jobs[0][1], heap, now_ms)]
+        else:
+            with ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1, 8)) as pool:
+                results = list(pool.map(lambda job: job[0].apply(job[1], heap, now_ms), jobs))
         stats = ApplyStats()
-        writer = self._open_writer()
-        # at most one per key is the contract; keep the newest anyway
-        newest = {doc_id(change.topic, change.key): change for change in newest_per_key(changes)}
-        searcher = self._searcher(create=True)
-        assert searcher is not None
-        hashes = {identity: id_hash(identity) for identity in newest}
-        stored = self._held(searcher, hashes)
-        passing: list[tuple[str, Change]] = []
-        replaced: list[str] = []
-        for identity, change in newest.items():
-            old = stored.get(identity)
-            if old is not None:
-                if change.position <= old:
-                    stats.skipped += 1
-                    continue
-                replaced.append(identity)
-            passing.append((identity, change))
-        try:
-            if replaced:  # one delete query, before the adds: it cannot touch them
-                writer.delete_documents_by_query(
-                    tantivy.Query.term_set_query(self.schema, ID, replaced))
-            now_ms = int(time.time() * 1000)
-            for identity, change in passing:
-                if change.row is None:
-                    stats.deleted += 1
-                    if self.retention_ms > 0:
-                        writer.add_document(self._marker(identity, hashes[identity], change,
-                                                         now_ms))
-                else:
-                    stats.written += 1
-                    writer.add_document(self._document(identity, hashes[identity], change))
-            purged = self._purge_markers(searcher, writer, now_ms)
-            if replaced or passing or purged:
-                writer.commit()
-        except BaseException as exc:
-            writer.rollback()
-            _fresh_writer(writer)  # rollback() reopens the writer at the last commit
-            if isinstance(exc, ValueError):
-                raise self._error("write", exc) from None
-            raise
+        for one in results:
+            stats.written += one.written
+            stats.deleted += one.deleted
+            stats.skipped += one.skipped
         return stats
-
-    def _held(self, searcher: tantivy.Searcher, hashes: Mapping[str, int]) -> dict[str, bytes]:
-        """Per document id of ``hashes`` (id -> :func:`id_hash`) that has a document (row or
-        marker): the position it holds."""
-        by_hash: dict[int, str] = {}
-        colliding: list[str] = []
-        for identity, digest in hashes.items():
-            if digest in by_hash:
-                colliding.append(identity)  # 64-bit collision in one batch: look up alone
-            else:
-                by_hash[digest] = identity
-        out: dict[str, bytes] = {}
-        unique = list(by_hash.values())
-        for start in range(0, len(unique), LOOKUP_CHUNK):
-            self._lookup(searcher, unique[start:start + LOOKUP_CHUNK], by_hash, out)
-        for identity in colliding:
-            self._lookup(searcher, [identity], {hashes[identity]: identity}, out)
-        return out
-
-    def _lookup(self, searcher: tantivy.Searcher, ids: list[str], by_hash: Mapping[int, str],
-                out: dict[str, bytes]) -> None:
-        query = tantivy.Query.term_set_query(self.schema, ID, ids)
-        limit = len(ids)
-        while True:  # every matching document: an id may hold more than one
-            found = searcher.search(query, limit, count=True)
-            total = int(found.count)  # type: ignore[attr-defined]
-            if total <= limit:
-                break
-            limit = total
-        hits = found.hits
-        if not hits:
-            return
-        addresses = [address for _, address in hits]
-        hashes = searcher.fast_field_values(HASH, addresses)
-        columns = [searcher.fast_field_values(word, addresses) for word in WORDS]
-        pack = _WORDS.pack
-        for digest, w0, w1, w2, w3 in zip(hashes, *columns, strict=True):
-            identity = by_hash[int(digest)]
-            position = pack(w0, w1, w2, w3)[:int(w3) & 0xFF]
-            held = out.get(identity)
-            if held is None or position > held:  # the newest document of the id decides
-                out[identity] = position
 
     def _columns_of(self, change: Change) -> tuple[str, ...] | None:
         """The configured text columns of ``change``'s table (``None``: every string)."""
@@ -427,7 +376,7 @@ class SearchSink(Sink):
         else:
             text = {c: texts[c] for c in columns if c in texts}
         exact = {c: t for c, t in texts.items() if c not in text and len(t) <= EXACT_MAX_CHARS}
-        doc = self._common(identity, digest, change)
+        doc = _common(identity, digest, change)
         doc.add_bytes(ROW, _ROW_JSON(texts).encode())
         if text:
             doc.add_json(TEXT, text)
@@ -436,40 +385,12 @@ class SearchSink(Sink):
             doc.add_json(EXACT, exact)
         return doc
 
-    def _marker(self, identity: str, digest: int, change: Change,
-                now_ms: int) -> tantivy.Document:
-        doc = self._common(identity, digest, change)
+    @staticmethod
+    def _marker(identity: str, digest: int, change: Change, now_ms: int) -> tantivy.Document:
+        doc = _common(identity, digest, change)
         doc.add_unsigned(DELETED, 1)
         doc.add_unsigned(DELETED_AT, now_ms)
         return doc
-
-    @staticmethod
-    def _common(identity: str, digest: int, change: Change) -> tantivy.Document:
-        doc = tantivy.Document()
-        doc.add_text(ID, identity)
-        doc.add_text(TOPIC, change.topic)
-        doc.add_text(KEY, change.key)
-        doc.add_text(POSITION, change.position.hex())
-        w0, w1, w2, w3 = position_words(change.position)
-        doc.add_unsigned(WORDS[0], w0)
-        doc.add_unsigned(WORDS[1], w1)
-        doc.add_unsigned(WORDS[2], w2)
-        doc.add_unsigned(WORDS[3], w3)
-        doc.add_unsigned(HASH, digest)
-        return doc
-
-    def _purge_markers(self, searcher: tantivy.Searcher, writer: tantivy.IndexWriter,
-                       now_ms: int) -> bool:
-        """Delete (uncommitted) the markers older than the retention; True if there were."""
-        cutoff = now_ms - self.retention_ms
-        if self.retention_ms <= 0 or cutoff <= 0:
-            return False
-        expired = tantivy.Query.range_query(self.schema, DELETED_AT, tantivy.FieldType.Unsigned,
-                                            0, cutoff, include_upper=False)
-        if not _count(searcher, expired):
-            return False
-        writer.delete_documents_by_query(expired)
-        return True
 
     # ----------------------------------------------------------------------------- watermarks
     def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:
@@ -487,26 +408,31 @@ class SearchSink(Sink):
         return tantivy.Query.boolean_query([*clauses, not_deleted])
 
     def read(self, topic: str, keys: Sequence[str]) -> dict[str, dict[str, str]]:
-        searcher = self._searcher()
         out: dict[str, dict[str, str]] = {}
-        if searcher is None:
-            return out
-        unique = list(dict.fromkeys(keys))
-        for start in range(0, len(unique), LOOKUP_CHUNK):
-            ids = [doc_id(topic, key) for key in unique[start:start + LOOKUP_CHUNK]]
-            query = self._live((tantivy.Occur.Must,
-                                tantivy.Query.term_set_query(self.schema, ID, ids)))
-            for _, address in searcher.search(query, len(ids), count=False).hits:
-                doc = searcher.doc(address)
-                out[_stored(doc, KEY)] = json.loads(_stored(doc, ROW))
+        searchers = dict(self._searchers())
+        by_shard: dict[Shard, list[str]] = {}
+        for key in dict.fromkeys(keys):
+            by_shard.setdefault(self.shard_of(key), []).append(key)
+        for shard, wanted in by_shard.items():
+            searcher = searchers.get(shard)
+            if searcher is None:
+                continue
+            for start in range(0, len(wanted), LOOKUP_CHUNK):
+                ids = [doc_id(topic, key) for key in wanted[start:start + LOOKUP_CHUNK]]
+                query = self._live((tantivy.Occur.Must,
+                                    tantivy.Query.term_set_query(self.schema, ID, ids)))
+                for _, address in searcher.search(query, len(ids), count=False).hits:
+                    doc = searcher.doc(address)
+                    out[_stored(doc, KEY)] = json.loads(_stored(doc, ROW))
         return out
 
     def keys(self, topic: str) -> Iterator[str]:
-        """Every live key of ``topic``, once each, from one snapshot of the index: the topic's
+        """Every live key of ``topic``, once each, from one snapshot of each shard: the topic's
         documents in slices of ``_cdc_hash`` ranges of about :data:`KEYS_SLICE` documents."""
-        searcher = self._searcher()
-        if searcher is None:
-            return
+        for _, searcher in self._searchers():
+            yield from self._shard_keys(searcher, topic)
+
+    def _shard_keys(self, searcher: tantivy.Searcher, topic: str) -> Iterator[str]:
         in_topic = (tantivy.Occur.Must, tantivy.Query.term_query(self.schema, TOPIC, topic))
         total = _count(searcher, self._live(in_topic))
         if not total:
@@ -531,18 +457,19 @@ class SearchSink(Sink):
     def search(self, text: str, *, topics: Sequence[str] | None = None,
                limit: int = 20) -> SearchResult:
         """The live rows matching ``text`` (Tantivy query syntax, the module docstring's
-        default fields), best first, at most ``limit``; only ``topics`` when given.
-        :class:`SearchQueryError` for bad syntax; :class:`SearchSinkError` when there is no
-        index yet."""
-        searcher = self._searcher()
-        if searcher is None:
+        default fields), best first over every shard (each shard's scores: the module
+        docstring), at most ``limit``; only ``topics`` when given. :class:`SearchQueryError`
+        for bad syntax; :class:`SearchSinkError` when there is no index yet."""
+        searchers = self._searchers()
+        if not searchers:
             raise SearchSinkError(f"follower {self.name} has no search index yet (nothing at "
-                                  f"{self.index_path})",
+                                  f"{self.path})",
                                   f"run `cdc apply --follower {self.name}` first")
-        assert self._index is not None
+        index = searchers[0][0].index
+        assert index is not None
         try:
-            parsed = self._index.parse_query(text, default_field_names=DEFAULT_FIELDS,
-                                             allow_regexes=True)
+            parsed = index.parse_query(text, default_field_names=DEFAULT_FIELDS,
+                                       allow_regexes=True)
         except ValueError as exc:
             raise SearchQueryError(
                 f"the query {text!r} is not valid: {str(exc).strip()[:300]}",
@@ -554,17 +481,252 @@ class SearchSink(Sink):
         if topics is not None:
             clauses.append((tantivy.Occur.Must,
                             tantivy.Query.term_set_query(self.schema, TOPIC, list(topics))))
-        try:
-            found = searcher.search(self._live(*clauses), max(1, limit), count=True)
-        except ValueError as exc:
-            raise SearchQueryError(f"the query {text!r} cannot run: {str(exc).strip()[:300]}",
-                                   "simplify the query (docs/followers.md)") from None
-        result = SearchResult(int(found.count) if limit > 0 else 0)  # type: ignore[attr-defined]
-        for score, address in found.hits[:max(0, limit)]:
+        query = self._live(*clauses)
+        total = 0
+        scored: list[tuple[float, int, Any]] = []
+        for order, (_, searcher) in enumerate(searchers):
+            try:
+                found = searcher.search(query, max(1, limit), count=True)
+            except ValueError as exc:
+                raise SearchQueryError(f"the query {text!r} cannot run: "
+                                       f"{str(exc).strip()[:300]}",
+                                       "simplify the query (docs/followers.md)") from None
+            total += int(found.count)  # type: ignore[attr-defined]
+            scored.extend((float(score), order, (searcher, address))
+                          for score, address in found.hits)
+        scored.sort(key=lambda hit: (-hit[0], hit[1]))
+        result = SearchResult(total if limit > 0 else 0)
+        for score, _, (searcher, address) in scored[:max(0, limit)]:
             doc = searcher.doc(address)
             result.hits.append(Hit(_stored(doc, TOPIC), _stored(doc, KEY),
-                                   json.loads(_stored(doc, ROW)), float(score)))
+                                   json.loads(_stored(doc, ROW)), score))
         return result
+
+
+class Shard:
+    """Shard ``number`` of ``sink``'s index: ``<path>/shards/<number>/``, a Tantivy index."""
+
+    def __init__(self, sink: SearchSink, number: int) -> None:
+        self.sink = sink
+        self.number = number
+        self.path = sink.path / "shards" / str(number)
+        self.index: tantivy.Index | None = None
+
+    def open_index(self, create: bool) -> tantivy.Index | None:
+        """The index (created when ``create``; ``None`` when absent and not ``create``)."""
+        if self.index is not None:
+            return self.index
+        name = self.sink.name
+        exists = (self.path / "meta.json").exists()
+        if not exists and not create:
+            return None
+        if exists:
+            self._check_layout()
+        try:
+            if not exists:
+                self.path.mkdir(parents=True, exist_ok=True)
+                if any(p for p in self.path.iterdir() if p.name != ".tantivy-meta.lock"):
+                    raise SearchSinkError(
+                        f"follower {name}: {self.path} is not empty and holds no Tantivy index",
+                        f"empty it, or point followers.{name}.path at another directory")
+                try:
+                    index = tantivy.Index(self.sink.schema, str(self.path), reuse=False)
+                except ValueError:
+                    if not (self.path / "meta.json").exists():
+                        raise
+                    index = tantivy.Index.open(str(self.path))  # another writer created it
+            else:
+                index = tantivy.Index.open(str(self.path))
+            index.config_reader("manual")
+        except OSError as exc:
+            raise SearchSinkError(
+                f"follower {name}: cannot create the index directory {self.path} "
+                f"({exc.strerror})", f"make it writable, or set followers.{name}.path "
+                "elsewhere") from None
+        except ValueError as exc:
+            raise self.sink._error("open", self.path, exc) from None
+        self.index = index
+        return index
+
+    def _check_layout(self) -> None:
+        name = self.sink.name
+        try:
+            meta = json.loads((self.path / "meta.json").read_text())
+            names = {entry["name"] for entry in meta["schema"]}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SearchSinkError(f"follower {name}: cannot read {self.path}/meta.json "
+                                  f"({exc})", "check the directory's permissions; if the index "
+                                  "is damaged, delete it and the follower's checkpoint, then "
+                                  "`cdc apply` rebuilds it") from None
+        if names != FIELDS:
+            raise SearchSinkError(
+                f"follower {name}: {self.path} holds a Tantivy index that is not a cdc search "
+                "index of this version",
+                f"point followers.{name}.path elsewhere, or delete the directory and the "
+                "follower's checkpoint so `cdc apply` rebuilds it from the log")
+
+    def searcher(self, create: bool = False) -> tantivy.Searcher | None:
+        """A searcher on the newest commit (``None``: no index yet). A reload that fails is
+        tried again twice: in another process than the writer's, a merge may delete the
+        files of the commit being opened (the next commit names their replacement)."""
+        index = self.open_index(create)
+        if index is None:
+            return None
+        for attempt in range(3):
+            try:
+                index.reload()
+                return index.searcher()
+            except ValueError as exc:
+                if attempt == 2:
+                    raise self.sink._error("read", self.path, exc) from None
+                time.sleep(0.05)
+        raise AssertionError("unreachable")
+
+    def take_writer(self, heap: int) -> tantivy.IndexWriter:
+        """The shard's writer, made safe by :func:`_fresh_writer`; waits (up to
+        :data:`LOCK_WAIT_S`) while another process holds it."""
+        index = self.open_index(create=True)
+        assert index is not None
+        threads = max(1, min(os.cpu_count() or 1, 8, heap // _THREAD_HEAP_MIN))
+        deadline = time.monotonic() + LOCK_WAIT_S
+        pause = 0.005
+        while True:
+            try:
+                writer = index.writer(heap_size=heap, num_threads=threads)
+                break
+            except ValueError as exc:
+                if "LockBusy" not in str(exc):
+                    raise self.sink._error("open the index writer of", self.path, exc) from None
+                if time.monotonic() >= deadline:
+                    raise SearchSinkError(
+                        f"follower {self.sink.name}: the search index shard at {self.path} "
+                        f"stayed locked by another writer for {LOCK_WAIT_S:.0f} s — most likely "
+                        "another `cdc apply` of this follower is running",
+                        "stop the other `cdc apply` (one apply per follower), or give this "
+                        f"follower its own followers.{self.sink.name}.path") from None
+                time.sleep(pause)
+                pause = min(0.1, pause * 2)
+        _fresh_writer(writer)
+        return writer
+
+    def apply(self, changes: Sequence[Change], heap: int, now_ms: int) -> ApplyStats:
+        """The gate and the writes of ``changes`` (this shard's, one per key) in one commit."""
+        sink = self.sink
+        stats = ApplyStats()
+        writer = self.take_writer(heap)
+        try:
+            searcher = self.searcher(create=True)  # after the lock: every commit is in it
+            assert searcher is not None
+            newest = {doc_id(change.topic, change.key): change for change in changes}
+            hashes = {identity: id_hash(identity) for identity in newest}
+            stored = self._held(searcher, hashes)
+            passing: list[tuple[str, Change]] = []
+            replaced: list[str] = []
+            for identity, change in newest.items():
+                old = stored.get(identity)
+                if old is not None:
+                    if change.position <= old:
+                        stats.skipped += 1
+                        continue
+                    replaced.append(identity)
+                passing.append((identity, change))
+            if replaced:  # one delete query, before the adds: it cannot touch them
+                writer.delete_documents_by_query(
+                    tantivy.Query.term_set_query(sink.schema, ID, replaced))
+            for identity, change in passing:
+                if change.row is None:
+                    stats.deleted += 1
+                    if sink.retention_ms > 0:
+                        writer.add_document(sink._marker(identity, hashes[identity], change,
+                                                         now_ms))
+                else:
+                    stats.written += 1
+                    writer.add_document(sink._document(identity, hashes[identity], change))
+            purged = self._purge_markers(searcher, writer, now_ms)
+            if replaced or passing or purged:
+                writer.commit()
+        except BaseException as exc:
+            with contextlib.suppress(ValueError):
+                writer.rollback()
+            if isinstance(exc, ValueError):
+                raise sink._error("write", self.path, exc) from None
+            raise
+        finally:
+            with contextlib.suppress(ValueError):  # a failed merge leaves the commit intact
+                writer.wait_merging_threads()  # releases the lock once its merges are done
+        return stats
+
+    def _held(self, searcher: tantivy.Searcher, hashes: Mapping[str, int]) -> dict[str, bytes]:
+        """Per document id of ``hashes`` (id -> :func:`id_hash`) that has a document (row or
+        marker): the position it holds."""
+        by_hash: dict[int, str] = {}
+        colliding: list[str] = []
+        for identity, digest in hashes.items():
+            if digest in by_hash:
+                colliding.append(identity)  # 64-bit collision in one batch: look up alone
+            else:
+                by_hash[digest] = identity
+        out: dict[str, bytes] = {}
+        unique = list(by_hash.values())
+        for start in range(0, len(unique), LOOKUP_CHUNK):
+            self._lookup(searcher, unique[start:start + LOOKUP_CHUNK], by_hash, out)
+        for identity in colliding:
+            self._lookup(searcher, [identity], {hashes[identity]: identity}, out)
+        return out
+
+    def _lookup(self, searcher: tantivy.Searcher, ids: list[str], by_hash: Mapping[int, str],
+                out: dict[str, bytes]) -> None:
+        query = tantivy.Query.term_set_query(self.sink.schema, ID, ids)
+        limit = len(ids)
+        while True:  # every matching document: an id may hold more than one
+            found = searcher.search(query, limit, count=True)
+            total = int(found.count)  # type: ignore[attr-defined]
+            if total <= limit:
+                break
+            limit = total
+        hits = found.hits
+        if not hits:
+            return
+        addresses = [address for _, address in hits]
+        hashes = searcher.fast_field_values(HASH, addresses)
+        columns = [searcher.fast_field_values(word, addresses) for word in WORDS]
+        pack = _WORDS.pack
+        for digest, w0, w1, w2, w3 in zip(hashes, *columns, strict=True):
+            identity = by_hash[int(digest)]
+            position = pack(w0, w1, w2, w3)[:int(w3) & 0xFF]
+            held = out.get(identity)
+            if held is None or position > held:  # the newest document of the id decides
+                out[identity] = position
+
+    def _purge_markers(self, searcher: tantivy.Searcher, writer: tantivy.IndexWriter,
+                       now_ms: int) -> bool:
+        """Delete (uncommitted) the markers older than the retention; True if there were."""
+        retention = self.sink.retention_ms
+        cutoff = now_ms - retention
+        if retention <= 0 or cutoff <= 0:
+            return False
+        expired = tantivy.Query.range_query(self.sink.schema, DELETED_AT,
+                                            tantivy.FieldType.Unsigned, 0, cutoff,
+                                            include_upper=False)
+        if not _count(searcher, expired):
+            return False
+        writer.delete_documents_by_query(expired)
+        return True
+
+
+def _common(identity: str, digest: int, change: Change) -> tantivy.Document:
+    doc = tantivy.Document()
+    doc.add_text(ID, identity)
+    doc.add_text(TOPIC, change.topic)
+    doc.add_text(KEY, change.key)
+    doc.add_text(POSITION, change.position.hex())
+    w0, w1, w2, w3 = position_words(change.position)
+    doc.add_unsigned(WORDS[0], w0)
+    doc.add_unsigned(WORDS[1], w1)
+    doc.add_unsigned(WORDS[2], w2)
+    doc.add_unsigned(WORDS[3], w3)
+    doc.add_unsigned(HASH, digest)
+    return doc
 
 
 def _fresh_writer(writer: tantivy.IndexWriter) -> None:

@@ -22,8 +22,12 @@ class SearchFollowerConfig(FollowerConfig):
     #: per table (schema.table), the columns indexed as full text (tokenized); default:
     #: every string column of the table. Every column is stored either way.
     text_fields: dict[str, list[str]] = Field(default_factory=dict)
-    #: memory for Tantivy's index writer
+    #: memory for Tantivy's index writers of one apply call (split over the shards it writes)
     writer_memory: Size = Field(64 * 1024**2, ge=16 * 1024**2)
+    #: index shards, fixed when the index is created: keys are spread over them by hash and
+    #: each is written by the apply task that owns its keys, so this bounds how many tasks
+    #: write at once; a query reads every shard
+    shards: int = Field(4, ge=1, le=256)
 
     @field_validator("text_fields")
     @classmethod

@@ -204,7 +204,7 @@ def build_sink(kind: str, settings: dict[str, str]) -> Sink:
 
         return SearchSink("idx", root / "search", tables={}, text_fields={},
                           writer_memory=32 * 1024**2, tombstone_retention=3600.0,
-                          log_path=root / "log")
+                          log_path=root / "log", shards=3)
     if kind == "sql-sqlite":
         from sinks.sql import SqlSink
 

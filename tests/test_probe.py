@@ -54,7 +54,7 @@ def test_the_prober_sees_each_follower_kind_when_its_write_returns(
                  "key": "public.items:{key}"},
                 {"name": "warehouse", "kind": "delta",
                  "path": str(table_dir(tmp_path / "wh", TOPIC)), "key_json": '{{"id":{key}}}'},
-                {"name": "search", "kind": "search", "path": str(tmp_path / "search" / "index"),
+                {"name": "search", "kind": "search", "path": str(tmp_path / "search"),
                  "id": TOPIC + '\n{{"id":{key}}}'},
                 {"name": "db", "kind": "sql", "url": follower_db.dsn(), "table": "items",
                  "column": "id"}]}

@@ -46,10 +46,14 @@ def item(key: int, version: int, **extra: Any) -> dict[str, Any]:
 
 def open_sink(path: Path, *, retention: float = 3600.0,
               text_fields: dict[str, list[str]] | None = None,
-              tables: dict[str, tuple[str, TableId]] | None = None) -> SearchSink:
+              tables: dict[str, tuple[str, TableId]] | None = None,
+              shards: int = 1) -> SearchSink:
     return SearchSink("idx", path, tables=tables or {}, text_fields=text_fields or {},
                       writer_memory=32 * 1024**2, tombstone_retention=retention,
-                      log_path=path / "log")
+                      log_path=path / "log", shards=shards)
+
+
+HEAP = 32 * 1024**2
 
 
 @pytest.fixture
@@ -67,10 +71,9 @@ def held(sink: SearchSink, topic: str = TOPIC) -> dict[str, dict[str, str]]:
 
 
 def markers(sink: SearchSink) -> int:
-    searcher = sink._searcher()
-    assert searcher is not None
     query = tantivy.Query.term_query(sink.schema, DELETED, 1)
-    return int(searcher.search(query, 10, count=True).count)  # type: ignore[attr-defined]
+    return sum(int(searcher.search(query, 10, count=True).count)  # type: ignore[attr-defined]
+               for _, searcher in sink._searchers())
 
 
 # ------------------------------------------------------------------------------ the gate
@@ -180,6 +183,35 @@ def test_keys_slices_many_documents_once_each(sink: SearchSink,
     assert len(keys) == len(set(keys)) == 900
     assert sorted(keys) == sorted(f'{{"id":{k}}}' for k in range(1200) if k % 4)
     assert len(list(sink.keys("src.public.other"))) == 50
+
+
+def test_keys_spread_over_shards_and_are_read_from_all(tmp_path: Path) -> None:
+    """Three shards: each key lives in the shard ``cdc.sink.key_group`` names — the owner
+    ``cdc apply`` gives its task — and reads, keys and searches cover every shard."""
+    from cdc.sink import key_group
+
+    sink = open_sink(tmp_path / "s", shards=3)
+    try:
+        sink.apply([change(k, 1, item(k, 1)) for k in range(60)])
+        sink.apply([change(k, 2, None) for k in range(0, 60, 3)])
+        assert json.loads((tmp_path / "s" / "shards.json").read_text()) == \
+            {"version": 1, "shards": 3}
+        per_shard = []
+        for shard in sink.shards:
+            searcher = shard.searcher()
+            assert searcher is not None
+            keys = {key for key in sink._shard_keys(searcher, TOPIC)}
+            assert {key_group(key.encode(), 3) for key in keys} == {shard.number}
+            assert {sink.owner(TOPIC, key.encode(), 3) for key in keys} == {shard.number}
+            per_shard.append(len(keys))
+        assert sum(per_shard) == 40 and min(per_shard) > 5
+        assert held(sink) == {f'{{"id":{k}}}': row_text(item(k, 1)) for k in range(60) if k % 3}
+        found = sink.search("version", limit=7)
+        assert found.total == 40 and len(found.hits) == 7
+        assert all(a.score >= b.score for a, b in zip(found.hits, found.hits[1:], strict=False))
+        assert markers(sink) == 20
+    finally:
+        sink.close()
 
 
 # ------------------------------------------------------------------------------ rows
@@ -303,14 +335,34 @@ def test_readers_without_an_index_and_beside_the_writer(tmp_path: Path) -> None:
         assert held(reader) == {'{"id":1}': row_text(item(1, 1))}  # no lock needed to read
         writer.apply([change(1, 2, item(1, 2))])
         assert held(reader) == {'{"id":1}': row_text(item(1, 2))}  # sees each new commit
-        with pytest.raises(SearchSinkError, match="another `cdc apply`") as caught:
-            open_sink(tmp_path / "s").check()
-        assert "fix:" in str(caught.value)
     finally:
         writer.close()
-    second = open_sink(tmp_path / "s")  # closed: the lock is free again
-    second.check()
-    second.close()
+
+
+def test_a_writer_waits_for_a_shard_another_writer_holds(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A shard's writer is taken for each apply and released after it: while another writer
+    holds it (a replayed or speculative task), apply waits; past LOCK_WAIT_S it stops with the
+    fix; once released, the waiting writer goes on."""
+    import threading
+
+    first = open_sink(tmp_path / "s")
+    first.apply([change(1, 1, item(1, 1))])
+    held_writer = first.shards[0].take_writer(HEAP)  # the lock is free after each apply
+    monkeypatch.setattr(search_module, "LOCK_WAIT_S", 0.3)
+    second = open_sink(tmp_path / "s")
+    with pytest.raises(SearchSinkError, match="another `cdc apply`") as caught:
+        second.apply([change(1, 2, item(1, 2))])
+    assert "fix:" in str(caught.value)
+    monkeypatch.setattr(search_module, "LOCK_WAIT_S", 30.0)
+    release = threading.Timer(0.3, held_writer.wait_merging_threads)
+    release.start()
+    started = time.monotonic()
+    assert second.apply([change(1, 2, item(1, 2))]).written == 1
+    assert time.monotonic() - started >= 0.25  # it waited for the release
+    release.join()
+    assert held(first) == {'{"id":1}': row_text(item(1, 2))}
 
 
 _KILLED_WRITER = """
@@ -320,7 +372,7 @@ sys.path.insert(0, {root!r})
 from tests.test_search_sink import change, item, open_sink
 sink = open_sink(Path({path!r}))
 sink.apply([change(1, 1, item(1, 1))])
-writer = sink._open_writer()
+writer = sink.shards[0].take_writer(32 * 1024**2)
 print("ready", flush=True)
 key = 2
 while True:  # added but never committed, until it is killed
@@ -367,17 +419,34 @@ def test_a_killed_writer_leaves_the_last_commit_and_no_lock(tmp_path: Path) -> N
 
 
 def test_directories_that_are_not_our_index(tmp_path: Path) -> None:
-    (tmp_path / "busy" / "index").mkdir(parents=True)
-    (tmp_path / "busy" / "index" / "notes.txt").write_text("mine")
-    with pytest.raises(SearchSinkError, match="not empty and holds no Tantivy index"):
+    (tmp_path / "busy" / "shards" / "0").mkdir(parents=True)
+    (tmp_path / "busy" / "shards" / "0" / "notes.txt").write_text("mine")
+    with pytest.raises(SearchSinkError, match="not empty and no shards.json says"):
         open_sink(tmp_path / "busy").check()
+    (tmp_path / "busy2").mkdir()
+    (tmp_path / "busy2" / "shards.json").write_text('{"version": 1, "shards": 1}')
+    (tmp_path / "busy2" / "shards" / "0").mkdir(parents=True)
+    (tmp_path / "busy2" / "shards" / "0" / "notes.txt").write_text("mine")
+    with pytest.raises(SearchSinkError, match="not empty and holds no Tantivy index"):
+        open_sink(tmp_path / "busy2").check()
     builder = tantivy.SchemaBuilder()
     builder.add_text_field("body", stored=True)
-    other = tmp_path / "other" / "index"
+    other = tmp_path / "other" / "shards" / "0"
     other.mkdir(parents=True)
+    (tmp_path / "other" / "shards.json").write_text('{"version": 1, "shards": 1}')
     tantivy.Index(builder.build(), str(other))
     with pytest.raises(SearchSinkError, match="not a cdc search index"):
         open_sink(tmp_path / "other").check()
+    old = tmp_path / "old" / "index"  # the layout before shards
+    old.mkdir(parents=True)
+    tantivy.Index(search_module.build_schema(), str(old))
+    with pytest.raises(SearchSinkError, match="older layout") as caught:
+        open_sink(tmp_path / "old").read(TOPIC, ['{"id":1}'])
+    assert "checkpoint" in str(caught.value)
+    open_sink(tmp_path / "three", shards=3).apply([change(1, 1, item(1, 1))])
+    with pytest.raises(SearchSinkError, match="created with 3 shards, the config says 2") as c:
+        open_sink(tmp_path / "three", shards=2).read(TOPIC, ['{"id":1}'])
+    assert "shards: 3" in str(c.value)
     (tmp_path / "file").write_text("")
     with pytest.raises(SearchSinkError, match="cannot create the index directory"):
         open_sink(tmp_path / "file").check()
@@ -456,11 +525,12 @@ def test_the_gate_sees_every_document_of_an_id(sink: SearchSink, written_later: 
     first, second = (5, 10) if written_later == "newer" else (10, 5)
     sink.apply([change(1, first, item(1, first)),
                 *(change(key, 5, item(key, 5)) for key in (2, 3, 4))])
-    writer = sink._open_writer()
+    writer = sink.shards[0].take_writer(HEAP)
     extra = change(1, second, item(1, second))
     identity = search_module.doc_id(TOPIC, extra.key)
     writer.add_document(sink._document(identity, search_module.id_hash(identity), extra))
     writer.commit()  # id 1 now holds rows at 5 and at 10
+    writer.wait_merging_threads()
     assert documents_of(sink, 1) == 2
     stats = sink.apply([change(1, 7, item(1, 7)),
                         *(change(key, 20, item(key, 20)) for key in (2, 3, 4))])
@@ -481,21 +551,23 @@ def test_a_new_writer_never_reuses_the_last_commits_opstamp(tmp_path: Path) -> N
     first = open_sink(path)
     first.apply([change(1, 5, item(1, 1))])
     first.close()
-    committed = json.loads((path / "index" / "meta.json").read_text())["opstamp"]
-    raw = tantivy.Index.open(str(path / "index")).writer(32 * 1024**2, 1)
+    committed = json.loads((path / "shards" / "0" / "meta.json").read_text())["opstamp"]
+    raw = tantivy.Index.open(str(path / "shards" / "0")).writer(32 * 1024**2, 1)
     assert raw.delete_documents_by_term(search_module.ID, "none") == committed  # Tantivy's
     raw.rollback()
     del raw
     reopened = open_sink(path)
     try:
-        writer = reopened._open_writer()
+        writer = reopened.shards[0].take_writer(HEAP)
         assert writer.delete_documents_by_term(search_module.ID, "none") > committed
+        writer.rollback()
+        writer.wait_merging_threads()
     finally:
         reopened.close()
 
 
 def documents_of(sink: SearchSink, key: int) -> int:
-    searcher = sink._searcher()
+    searcher = sink.shard_of(f'{{"id":{key}}}').searcher()
     assert searcher is not None
     query = tantivy.Query.term_query(sink.schema, search_module.ID,
                                      search_module.doc_id(TOPIC, f'{{"id":{key}}}'))

@@ -403,8 +403,7 @@ def test_racing_writers_the_newer_batch_wins(kind: str, settings: dict[str, str]
     the older one started last; afterwards every key holds the newer batch's data."""
     if not sink.placement.on_executors:
         pytest.skip(f"{kind}: placed on the driver — cdc apply writes this follower from "
-                    "the driver only, one batch at a time (a Tantivy index has one writer), "
-                    "so writers never race")
+                    "the driver only, one batch at a time, so writers never race")
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(2)
     pipes = [context.Pipe() for _ in range(2)]

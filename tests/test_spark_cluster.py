@@ -5,11 +5,13 @@
   100,000 changes in all: tens of megabytes of records, many times
   ``spark.driver.maxResultSize``, which is 1m: no record is collected to the driver; a million
   changes through the cluster is ``bench/apply.py --master cluster --changes 1000000``),
-  ``cdc apply --master spark://...`` runs three followers (Redis, Delta SCD1, Delta SCD2) with
-  speculative task duplicates on, while the test SIGKILLs (through ``tests/kills.py``, each
+  ``cdc apply --master spark://...`` runs four followers (Redis, Delta SCD1, Delta SCD2, search)
+  with speculative task duplicates on, while the test SIGKILLs (through ``tests/kills.py``, each
   while a batch is in flight) an executor (the worker starts another), a whole live worker
   (its tasks rerun on the other; a new worker joins) and the driver (restarted from the
-  checkpoints). Afterwards ``cdc verify`` exits 0 for every follower and each equals the table.
+  checkpoints). Afterwards ``cdc verify`` exits 0 for every follower and each equals the table,
+  and Spark's own event log shows every follower's writes ran as executor tasks, none in the
+  driver.
 * One workload applied in local mode and on the cluster from the local log, and on the cluster
   from a Kafka log through Spark's Kafka source, gives identical followers.
 """
@@ -57,7 +59,7 @@ from tests.sparkkit import (
 
 pytestmark = [pytest.mark.timeout(1200)]
 
-FOLLOWERS = ("cache", "warehouse", "history")
+FOLLOWERS = ("cache", "warehouse", "history", "search")
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +84,13 @@ def cluster(bare_python: Path) -> Any:
         yield running
 
 
-def spark_section(cluster: ThrowawaySparkCluster) -> str:
-    conf = {"spark.executor.memory": EXECUTOR_MEMORY, "spark.driver.maxResultSize": "1m",
+def spark_section(cluster: ThrowawaySparkCluster, events: Path) -> str:
+    """The cluster's settings; Spark's own event log (its listener's record of every task,
+    where it ran and its metrics) into ``events``."""
+    events.mkdir(parents=True, exist_ok=True)
+    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(),
+            "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false",
+            "spark.executor.memory": EXECUTOR_MEMORY, "spark.driver.maxResultSize": "1m",
             "spark.task.maxFailures": "8", "spark.cores.max": "2",
             "spark.driver.memory": "512m", "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",
@@ -105,7 +112,10 @@ def followers_section(root: Path, redis_url: str, suffix: str = "") -> str:
             f"  history:\n    kind: delta\n    mode: scd2\n"
             f"    path: {root / ('history' + suffix)}\n"
             f"    buckets: 4\n    max_records_per_batch: 20000\n    trigger_interval: 500ms\n"
-            f"    checkpoint: {root / ('checkpoint-history' + suffix)}\n")
+            f"    checkpoint: {root / ('checkpoint-history' + suffix)}\n"
+            f"  search:\n    kind: search\n    path: {root / ('search' + suffix)}\n"
+            f"    max_records_per_batch: 20000\n    trigger_interval: 500ms\n"
+            f"    checkpoint: {root / ('checkpoint-search' + suffix)}\n")
 
 
 class Apply:
@@ -163,7 +173,8 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
                   f"FROM generate_series(1, {seeded}) g")
     options = kafka_yaml(request.getfixturevalue("kafka_broker")) if backend == "kafka" else {}
     config_path = write_config(tmp_path, pg_db, ["public.items"], log_options=options,
-                               extra=spark_section(cluster) + followers_section(tmp_path,
+                               extra=spark_section(cluster, tmp_path / "events") +
+                               followers_section(tmp_path,
                                                                                 redis_url))
     log: Any = {**options, "path": str(tmp_path / "log")} if options else tmp_path / "log"
     result = cdc("bootstrap", "--config", str(config_path))
@@ -237,6 +248,11 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
     assert load.committed > 500
     if backend == "local":  # through the cluster with maxResultSize=1m
         assert bulk.changes + SEEDED >= 100_000
+    # Spark's own record: every follower's writes ran as tasks on the executors, none in the
+    # driver (search included: each task writes the index shards of the keys it owns)
+    for name in FOLLOWERS:
+        tasks = apply_tasks(tmp_path / "events", name)
+        assert tasks["executor"] >= 4 and tasks["driver"] == 0, (name, tasks)
 
 
 #: rows of ``items`` before the load (snapshotted by ``cdc bootstrap``)
@@ -335,7 +351,9 @@ def mode_config(cluster: ThrowawaySparkCluster, tmp_path: Path, base: dict[str, 
         "warehouse": {"kind": "delta", "path": str(root / "warehouse"), "buckets": 4,
                       "checkpoint": str(root / "cp-warehouse"), **common},
         "history": {"kind": "delta", "mode": "scd2", "path": str(root / "history"),
-                    "buckets": 4, "checkpoint": str(root / "cp-history"), **common}}
+                    "buckets": 4, "checkpoint": str(root / "cp-history"), **common},
+        "search": {"kind": "search", "path": str(root / "search"),
+                   "checkpoint": str(root / "cp-search"), **common}}
     config = {**base, "followers": followers,
               "spark": {"master": "local[2]" if mode == "local" else cluster.master_url,
                         "conf": {"spark.driver.maxResultSize": "1m",
@@ -387,6 +405,30 @@ def finish_once(run: subprocess.Popen[str]) -> None:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 0, text[-3000:]
+
+
+def apply_tasks(events: Path, follower: str) -> dict[str, int]:
+    """From Spark's event logs in ``events`` (one per application, a killed driver's still
+    ``.inprogress``): the successful tasks of ``follower``'s apply jobs (their description is
+    ``cdc apply <follower>: batch ...``) by where they ran — ``driver`` or ``executor``."""
+    counts = {"driver": 0, "executor": 0}
+    for log in (path for path in events.rglob("*") if path.is_file()):
+        stages: set[tuple[str, int]] = set()
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # the last line of a killed driver's log
+            kind = event.get("Event")
+            if kind == "SparkListenerJobStart":
+                description = (event.get("Properties") or {}).get("spark.job.description", "")
+                if description.startswith(f"cdc apply {follower}: batch"):
+                    stages.update((log.name, stage) for stage in event["Stage IDs"])
+            elif (kind == "SparkListenerTaskEnd" and (log.name, event["Stage ID"]) in stages
+                  and event["Task End Reason"]["Reason"] == "Success"):
+                where = event["Task Info"]["Executor ID"]
+                counts["driver" if where == "driver" else "executor"] += 1
+    return counts
 
 
 def held_by_followers(path: Path) -> dict[str, dict[str, dict[str, str]]]:
