@@ -61,6 +61,9 @@ the work)
    slowest: ``latency_by_kind``; ``latency_p50_s``/``latency_p99_s`` are the worst kind's.
    Beside them: commit -> log (the log records' append time minus their commit time) and each
    follower's micro-batch durations and their parts (Spark's ``durationMs``).
+   Before the load, **the floor** (``--idle``, default 30 s; ``floor`` in the JSON): the prober
+   alone, so each micro-batch carries a probe row or two: the same figures, what a near-empty
+   batch costs and what a reader then sees.
 
 **Delta and search** (``--follower delta|search``): ``bench/apply_tables.py`` (table sizes,
 the limits beside them, and delta-spark's ``MERGE INTO`` of the same changes).
@@ -319,13 +322,20 @@ def capture_latency(log: Log, since: float) -> dict[str, Any]:
             "capture_p99_s": _rounded(hist.quantile(0.99))}
 
 
-def batch_durations(query: Any) -> dict[str, Any]:
+def batch_durations(query: Any, since: float = 0.0) -> dict[str, Any]:
     """Median and max of the micro-batches' durations (Spark's ``triggerExecution``), the
     median of each of its parts (``latestOffset``, ``walCommit``, ``addBatch``: the batch
-    handler, ``commitOffsets``...) over the query's recent progress (Spark keeps 100)."""
+    handler, ``commitOffsets``...) over the query's recent progress (Spark keeps 100), of the
+    batches started at ``since`` (epoch s) or later."""
+    from datetime import datetime
+
+    def started(item: dict[str, Any]) -> float:
+        return datetime.fromisoformat(item["timestamp"].replace("Z", "+00:00")).timestamp()
+
     # emit=ranges: the batch's DataFrame is never read, so numInputRows stays 0; a batch that
     # ran has an addBatch part
-    progress = [p for p in query.recentProgress if "addBatch" in p.get("durationMs", {})]
+    progress = [p for p in query.recentProgress if "addBatch" in p.get("durationMs", {})
+                and started(p) >= since]
     if not progress:
         return {}
 
@@ -448,14 +458,16 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
             progress = job.progress
             while any(progress[name].batches == 0 for name in LIVE_FOLLOWERS):
                 time.sleep(0.1)
+            prober_log = (env.root / "probe.log").open("w")
+            prober = subprocess.Popen(probe.command(spec_path, probe_out),
+                                      stdout=prober_log, stderr=prober_log, cwd=env.root)
+            if args.idle > 0:
+                results["floor"] = idle_floor(args.idle, job, probe_out)
             console.print(f"capture and continuous apply of {', '.join(LIVE_FOLLOWERS)} "
                           f"running; writing {args.rate:,} changes/s for {args.seconds:.0f} s, "
                           f"probes measured over the last {args.window:.0f} s ...")
             writer.thread.start()
-            prober_log = (env.root / "probe.log").open("w")
-            prober = subprocess.Popen(probe.command(spec_path, probe_out),
-                                      stdout=prober_log, stderr=prober_log, cwd=env.root)
-            loads = []
+            loads: list[float] = []
             began = time.monotonic()
             window_start = time.time() + args.seconds - args.window
             written_at_window = None
@@ -520,6 +532,29 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
             except subprocess.TimeoutExpired:
                 capture.kill()
             capture_log.close()
+
+
+def idle_floor(seconds: float, job: Any, probe_out: Path) -> dict[str, Any]:
+    """The floor: ``seconds`` with only the prober writing (10 one-row transactions/s, an
+    otherwise idle leader), the probes of all but the first 5 s — what a reader sees when each
+    micro-batch carries a row or two — and the followers' micro-batches meanwhile (Spark's
+    ``durationMs``: what a near-empty batch costs)."""
+    from cdc_app import probe
+
+    console.print(f"the floor: {seconds:.0f} s of probes alone ...")
+    started = time.time()
+    time.sleep(seconds)
+    ended = time.time()
+    by_name = probe.summarize(probe_out, started + 5, ended - 2, LIVE_FOLLOWERS)
+    floor: dict[str, Any] = {
+        "seconds": seconds,
+        "latency_by_kind": {figures["kind"]: {k: v for k, v in figures.items() if k != "kind"}
+                            for figures in by_name.values()},
+        "batches_by_follower": {name: batch_durations(job.queries[name], since=started + 5)
+                                for name in LIVE_FOLLOWERS}}
+    for kind, figures in floor["latency_by_kind"].items():
+        console.print(f"  floor {kind}: p50 {figures['p50_s']} s, p99 {figures['p99_s']} s")
+    return floor
 
 
 # ------------------------------------------------------------------------------ report
@@ -623,6 +658,9 @@ def main() -> None:
                         help="latency phase: how long the load and the probes run")
     parser.add_argument("--window", type=float, default=60.0,
                         help="latency phase: the probes of the last WINDOW seconds count")
+    parser.add_argument("--idle", type=float, default=30.0,
+                        help="latency phase: seconds of probes alone before the load (the "
+                             "floor: near-empty micro-batches); 0 skips it")
     parser.add_argument("--trigger", type=float, default=None,
                         help="latency phase: every follower's trigger interval (default: the "
                              "product's; a value here is not the default path)")
