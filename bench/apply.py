@@ -141,6 +141,7 @@ def throughput(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
         raise SystemExit(f"apply wrote {p.written:,} and Redis holds {held:,} of "
                          f"{args.changes:,} changes")
     in_batches = env.batch_seconds(job, "cache")
+    results["throughput_batches"] = batch_durations(job.queries["cache"])
     results.update(redis_changes_per_s=round(args.changes / seconds), apply_s=round(seconds, 2),
                    batches_s=None if in_batches is None else round(in_batches, 2),
                    apply_batches=p.batches, apply_load=round(max(before, load()), 2),

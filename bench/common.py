@@ -418,8 +418,10 @@ class BenchEnv:
         query = job.queries.get(name)
         if query is None:
             return None
+        # emit=ranges: numInputRows stays 0 (the batch's DataFrame is never read); a batch that
+        # ran has an addBatch part
         total = sum(p["durationMs"].get("triggerExecution", 0) for p in query.recentProgress
-                    if p.get("numInputRows"))
+                    if "addBatch" in p.get("durationMs", {}))
         return total / 1000 or None
 
     def warm_up(self, followers: dict[str, dict[str, Any]], records: int = 1000) -> None:
