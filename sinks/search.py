@@ -74,6 +74,7 @@ search`` run beside ``cdc apply``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -300,7 +301,38 @@ class SearchSink(Sink):
         self._laid_out = True
         return True
 
+    @contextlib.contextmanager
+    def creating(self) -> Iterator[None]:
+        """Held while this process creates the layout or a shard: writers racing on a new
+        index (a speculative or replayed task) create each part once, and never mistake the
+        other's half-made shard for a foreign directory."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            handle = os.open(self.path / ".create.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except NotADirectoryError:
+            raise SearchSinkError(
+                f"follower {self.name}: cannot create the index directory {self.path} (a file "
+                "is in its way)", f"move the file, or set followers.{self.name}.path "
+                "elsewhere") from None
+        except OSError as exc:
+            raise SearchSinkError(
+                f"follower {self.name}: cannot create the index directory {self.path} "
+                f"({exc.strerror})", f"make it writable, or set followers.{self.name}.path "
+                "elsewhere") from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(handle)
+
     def _create_layout(self) -> dict[str, Any]:
+        with self.creating():
+            with contextlib.suppress(FileNotFoundError):  # another writer was first
+                layout: dict[str, Any] = json.loads(self.layout_path.read_text(encoding="utf-8"))
+                return layout
+            return self._write_layout()
+
+    def _write_layout(self) -> dict[str, Any]:
         shards = self.path / "shards"
         try:
             if shards.is_dir() and any(shards.iterdir()):
@@ -516,27 +548,37 @@ class Shard:
         """The index (created when ``create``; ``None`` when absent and not ``create``)."""
         if self.index is not None:
             return self.index
-        name = self.sink.name
         exists = (self.path / "meta.json").exists()
         if not exists and not create:
             return None
-        if exists:
-            self._check_layout()
+        if not exists:
+            with self.sink.creating():
+                self.index = self._create()
+                return self.index
+        self._check_layout()
         try:
-            if not exists:
+            index = tantivy.Index.open(str(self.path))
+            index.config_reader("manual")
+        except ValueError as exc:
+            raise self.sink._error("open", self.path, exc) from None
+        self.index = index
+        return index
+
+    def _create(self) -> tantivy.Index:
+        """Create the shard's index (the caller holds :meth:`SearchSink.creating`), or open it
+        when another writer just did."""
+        name = self.sink.name
+        try:
+            if (self.path / "meta.json").exists():
+                self._check_layout()
+                index = tantivy.Index.open(str(self.path))
+            else:
                 self.path.mkdir(parents=True, exist_ok=True)
-                if any(p for p in self.path.iterdir() if p.name != ".tantivy-meta.lock"):
+                if any(self.path.iterdir()):
                     raise SearchSinkError(
                         f"follower {name}: {self.path} is not empty and holds no Tantivy index",
                         f"empty it, or point followers.{name}.path at another directory")
-                try:
-                    index = tantivy.Index(self.sink.schema, str(self.path), reuse=False)
-                except ValueError:
-                    if not (self.path / "meta.json").exists():
-                        raise
-                    index = tantivy.Index.open(str(self.path))  # another writer created it
-            else:
-                index = tantivy.Index.open(str(self.path))
+                index = tantivy.Index(self.sink.schema, str(self.path), reuse=False)
             index.config_reader("manual")
         except OSError as exc:
             raise SearchSinkError(
@@ -545,7 +587,6 @@ class Shard:
                 "elsewhere") from None
         except ValueError as exc:
             raise self.sink._error("open", self.path, exc) from None
-        self.index = index
         return index
 
     def _check_layout(self) -> None:
