@@ -427,12 +427,15 @@ class BenchEnv:
     def warm_up(self, followers: dict[str, dict[str, Any]], records: int = 1000) -> None:
         """Python workers and the first query's set-up, not measured: ``cdc apply --once`` of a
         ``records``-record log into ``followers`` (retried: under load a worker's start can
-        miss Spark's connect-back deadline)."""
+        miss Spark's connect-back deadline), as Spark tasks (``driver_batch_records: 0``: a
+        batch this small would otherwise be written without a Spark job, in local mode, and
+        the workers the measured batches use would start inside the measurement)."""
         from cdc.events import Op
 
         log = self.log("warm")
         append_log(log, range(records), Op.CREATE, 1)
-        config = self.config("warm", log, followers)
+        config = self.config("warm", log, {name: {**settings, "driver_batch_records": 0}
+                                           for name, settings in followers.items()})
         for attempt in range(3):
             try:
                 self.apply_once(config, list(followers))

@@ -63,6 +63,8 @@ class ApplyError(CdcError):
 TRANSIENT_FAILURES = ("Python worker failed to connect back", "CANNOT_OPEN_SOCKET",
                       "Timed out while waiting for the Python worker")
 TRANSIENT_RESTARTS = 5
+#: how soon :meth:`ApplyJob.wait` sees a stop request (SIGTERM, Ctrl-C) while it waits
+STOP_POLL_S = 0.1
 
 
 @dataclass
@@ -527,7 +529,7 @@ class ApplyJob:
                 self._raise_failures(restart=True)
                 if not any(q.isActive for q in self.queries.values()):
                     break
-                self.stop.wait(refresh)
+                self._await_any(refresh)
                 self.write_status()
                 if live is not None:
                     live.update(self.table())
@@ -541,6 +543,27 @@ class ApplyJob:
                 live.stop()
                 if not console.is_terminal:
                     console.line()  # rich leaves the last line of a non-terminal Live open
+
+    def _await_any(self, timeout: float) -> None:
+        """Up to ``timeout`` seconds, or until a query ends (waited for in the JVM, so ``--once``
+        returns as its last batch ends, not at the next poll) or a stop is requested (seen
+        within :data:`STOP_POLL_S`)."""
+        streams = getattr(self._spark, "streams", None)
+        deadline = time.monotonic() + timeout
+        while not self.stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if streams is None:
+                self.stop.wait(min(left, STOP_POLL_S))
+                continue
+            try:
+                if streams.awaitAnyTermination(min(left, STOP_POLL_S)):
+                    return
+            except Exception:  # noqa: BLE001 - a failed query: _raise_failures reports it
+                return
+            finally:
+                streams.resetTerminated()
 
     def write_status(self, state: str = "running", force: bool = False) -> None:
         """Each follower's progress for ``cdc status`` (at most once a second each)."""
