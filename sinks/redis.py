@@ -94,6 +94,7 @@ for c = 1, #changes do
   local row, marker = KEYS[2 * c - 1], KEYS[2 * c]
   local pos, key, image = change[1], change[2], change[3]
   local held = redis.call('HGET', row, '_cdc_position')
+  local in_row = held
   if not held then held = redis.call('GET', marker) end
   if held and not newer(pos, held) then
     skipped = skipped + 1
@@ -113,7 +114,8 @@ for c = 1, #changes do
       fields[n + 2] = text
       n = n + 2
     end
-    redis.call('DEL', row, marker)  -- a whole new row, whatever the key held before
+    -- a whole new row, whatever the key held before (a row or a marker, never both)
+    if in_row then redis.call('DEL', row) elseif held then redis.call('DEL', marker) end
     redis.call('HSET', row, unpack(fields))
     written = written + 1
   end
