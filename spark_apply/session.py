@@ -239,6 +239,14 @@ def scratch_dir(root: Path) -> Path:
     return mine
 
 
+#: Hadoop's local file system without checksum files (both of its APIs: Spark's checkpoint
+#: manager uses FileContext, the rest FileSystem)
+RAW_LOCAL_FILES = {
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
+}
+
+
 def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
                   conf: Mapping[str, str] | None = None,
                   jars_folder: Path | None = None, ship: bool = False,
@@ -277,6 +285,11 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
         "spark.driver.extraJavaOptions": java_options,
         **({"spark.executor.extraJavaOptions": extra} if extra else {}),
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        # local paths without Hadoop's .crc side files: each micro-batch writes two checkpoint
+        # files (offsets/N before it, commits/N after it), and the checksummed file system
+        # writes and renames a .crc beside each — 0.098 -> 0.071 s per near-empty batch
+        # measured (docs/followers.md: the trade). Other schemes (hdfs:, s3a:) are unchanged.
+        **RAW_LOCAL_FILES,
     }
     if not submitted:
         settings.update({"spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
