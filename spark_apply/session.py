@@ -187,11 +187,15 @@ def class_archive_options() -> str:
     return f"-XX:SharedArchiveFile={archive} {_CDS_QUIET}" if archive.exists() else ""
 
 
-def _driver_java_options(archive: str) -> str:
-    """The driver JVM's options: the log4j settings, ``CDC_JVM_OPTIONS`` and ``archive`` (the
-    class archive's options, or empty)."""
+def _driver_java_options(archive: str, temp: Path | None = None) -> str:
+    """The driver JVM's options: the log4j settings, ``CDC_JVM_OPTIONS``, ``archive`` (the
+    class archive's options, or empty) and ``temp`` as its ``java.io.tmpdir`` (Spark copies
+    each shipped archive into a temporary directory there before unpacking it — hundreds of
+    megabytes that a SIGKILLed driver leaves behind: in the scratch directory, the next start
+    removes them)."""
+    temp_option = f"-Djava.io.tmpdir={temp}" if temp is not None else ""
     return " ".join(filter(None, [f"-Dlog4j2.configurationFile=file:{LOG4J}", *jvm_options(),
-                                  archive]))
+                                  archive, temp_option]))
 
 
 def _worker_environment(executor_python: str = sys.executable) -> None:
@@ -274,7 +278,8 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
     from spark_apply.source import register
 
     archive = class_archive_options()
-    java_options = _driver_java_options(archive)
+    scratch_run = scratch_dir(scratch) if scratch is not None else None
+    java_options = _driver_java_options(archive, scratch_run)
     extra = " ".join(filter(None, [*jvm_options(), archive]))
     settings = {
         "spark.ui.enabled": "false",
@@ -303,8 +308,8 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
         settings["spark.sql.extensions"] = "io.delta.sql.DeltaSparkSessionExtension"
         settings["spark.sql.catalog.spark_catalog"] = \
             "org.apache.spark.sql.delta.catalog.DeltaCatalog"
-    if scratch is not None and "spark.local.dir" not in conf:
-        settings["spark.local.dir"] = str(scratch_dir(scratch))
+    if scratch_run is not None and "spark.local.dir" not in conf:
+        settings["spark.local.dir"] = str(scratch_run)
     settings.update(conf)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():

@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -168,6 +169,7 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
         CREATE TABLE audit (seq bigserial PRIMARY KEY, id int NOT NULL, v int NOT NULL,
                             op text NOT NULL);
     """)
+    temp_before = set(Path(tempfile.gettempdir()).glob("spark-*"))
     seeded = SEEDED if backend == "local" else 5000
     pg_db.execute("INSERT INTO items (id, v, amount, note) SELECT g, 1, g / 7.0, md5(g::text) "
                   f"FROM generate_series(1, {seeded}) g")
@@ -253,6 +255,11 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
     for name in FOLLOWERS:
         tasks = apply_tasks(tmp_path / "events", name)
         assert tasks["executor"] >= 4 and tasks["driver"] == 0, (name, tasks)
+    # the killed driver's copy of the shipped archive stayed in its scratch directory (removed
+    # by the next start), not in the system's temporary directory
+    left = [path for path in set(Path(tempfile.gettempdir()).glob("spark-*")) - temp_before
+            if any(path.glob("cdc-env-*.zip"))]
+    assert left == []
 
 
 #: rows of ``items`` before the load (snapshotted by ``cdc bootstrap``)
