@@ -496,8 +496,7 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
             prober.send_signal(signal.SIGTERM)
             prober.wait(30)
             by_name = probe.summarize(probe_out, window_start, window_end, LIVE_FOLLOWERS)
-            by_kind = {figures["kind"]: {k: v for k, v in figures.items() if k != "kind"}
-                       for figures in by_name.values()}
+            by_kind = by_follower_kind(by_name)
             worst = max(by_kind.values(), key=lambda f: (f["p99_s"] is None,
                                                          f["p99_s"] or 0.0))
             worst_p50 = max(by_kind.values(), key=lambda f: (f["p50_s"] is None,
@@ -535,6 +534,12 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
             capture_log.close()
 
 
+def by_follower_kind(by_name: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The prober's figures per follower (``probe.summarize``) keyed by the follower's kind."""
+    return {figures["kind"]: {k: v for k, v in figures.items() if k != "kind"}
+            for figures in by_name.values()}
+
+
 def idle_floor(seconds: float, job: Any, probe_out: Path) -> dict[str, Any]:
     """The floor: ``seconds`` with only the prober writing (10 one-row transactions/s, an
     otherwise idle leader), the probes of all but the first 5 s — what a reader sees when each
@@ -549,8 +554,7 @@ def idle_floor(seconds: float, job: Any, probe_out: Path) -> dict[str, Any]:
     by_name = probe.summarize(probe_out, started + 5, ended - 2, LIVE_FOLLOWERS)
     floor: dict[str, Any] = {
         "seconds": seconds,
-        "latency_by_kind": {figures["kind"]: {k: v for k, v in figures.items() if k != "kind"}
-                            for figures in by_name.values()},
+        "latency_by_kind": by_follower_kind(by_name),
         "batches_by_follower": {name: batch_durations(job.queries[name], since=started + 5)
                                 for name in LIVE_FOLLOWERS}}
     for kind, figures in floor["latency_by_kind"].items():

@@ -277,11 +277,8 @@ class SearchSink(Sink):
             if not create:
                 return False
             layout = self._create_layout()
-        except NotADirectoryError:
-            raise SearchSinkError(
-                f"follower {self.name}: cannot create the index directory {self.path} (a file "
-                "is in its way)", f"move the file, or set followers.{self.name}.path "
-                "elsewhere") from None
+        except NotADirectoryError as exc:
+            raise self._cannot_create(self.path, exc) from None
         except (OSError, ValueError) as exc:
             raise SearchSinkError(f"follower {self.name}: cannot read {self.layout_path} "
                                   f"({exc})", "check the directory's permissions; if it is "
@@ -309,16 +306,8 @@ class SearchSink(Sink):
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             handle = os.open(self.path / ".create.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except NotADirectoryError:
-            raise SearchSinkError(
-                f"follower {self.name}: cannot create the index directory {self.path} (a file "
-                "is in its way)", f"move the file, or set followers.{self.name}.path "
-                "elsewhere") from None
         except OSError as exc:
-            raise SearchSinkError(
-                f"follower {self.name}: cannot create the index directory {self.path} "
-                f"({exc.strerror})", f"make it writable, or set followers.{self.name}.path "
-                "elsewhere") from None
+            raise self._cannot_create(self.path, exc) from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
@@ -343,11 +332,14 @@ class SearchSink(Sink):
             layout = {"version": LAYOUT_FORMAT, "shards": self.shard_count}
             replace_file(self.layout_path, json.dumps(layout))
         except OSError as exc:
-            raise SearchSinkError(
-                f"follower {self.name}: cannot create the index directory {self.path} "
-                f"({exc.strerror})", f"make it writable, or set followers.{self.name}.path "
-                "elsewhere") from None
+            raise self._cannot_create(self.path, exc) from None
         return layout
+
+    def _cannot_create(self, where: Path, exc: OSError) -> SearchSinkError:
+        why = "a file is in its way" if isinstance(exc, NotADirectoryError) else exc.strerror
+        return SearchSinkError(f"follower {self.name}: cannot create the index directory "
+                               f"{where} ({why})", "make it writable (or move the file), or "
+                               f"set followers.{self.name}.path elsewhere")
 
     def _error(self, action: str, where: Path, exc: Exception) -> SearchSinkError:
         text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
@@ -581,10 +573,7 @@ class Shard:
                 index = tantivy.Index(self.sink.schema, str(self.path), reuse=False)
             index.config_reader("manual")
         except OSError as exc:
-            raise SearchSinkError(
-                f"follower {name}: cannot create the index directory {self.path} "
-                f"({exc.strerror})", f"make it writable, or set followers.{name}.path "
-                "elsewhere") from None
+            raise self.sink._cannot_create(self.path, exc) from None
         except ValueError as exc:
             raise self.sink._error("open", self.path, exc) from None
         return index

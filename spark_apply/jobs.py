@@ -548,15 +548,12 @@ class ApplyJob:
         """Up to ``timeout`` seconds, or until a query ends (waited for in the JVM, so ``--once``
         returns as its last batch ends, not at the next poll) or a stop is requested (seen
         within :data:`STOP_POLL_S`)."""
-        streams = getattr(self._spark, "streams", None)
+        streams = self._spark.streams  # started: wait() only waits for started queries
         deadline = time.monotonic() + timeout
         while not self.stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            if streams is None:
-                self.stop.wait(min(left, STOP_POLL_S))
-                continue
             try:
                 if streams.awaitAnyTermination(min(left, STOP_POLL_S)):
                     return

@@ -189,10 +189,10 @@ def class_archive_options() -> str:
 
 def _driver_java_options(archive: str, temp: Path | None = None) -> str:
     """The driver JVM's options: the log4j settings, ``CDC_JVM_OPTIONS``, ``archive`` (the
-    class archive's options, or empty) and ``temp`` as its ``java.io.tmpdir`` (Spark copies
-    each shipped archive into a temporary directory there before unpacking it — hundreds of
-    megabytes that a SIGKILLed driver leaves behind: in the scratch directory, the next start
-    removes them)."""
+    class archive's options, or empty) and ``temp`` as its ``java.io.tmpdir``: what the JVM
+    puts in temporary folders (Spark deletes them only at a clean exit) stays in the scratch
+    directory, which the next start removes once this process is gone. (Executors are where
+    the big leftovers were seen: a copy of each shipped archive; docs/followers.md.)"""
     temp_option = f"-Djava.io.tmpdir={temp}" if temp is not None else ""
     return " ".join(filter(None, [f"-Dlog4j2.configurationFile=file:{LOG4J}", *jvm_options(),
                                   archive, temp_option]))
