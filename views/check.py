@@ -14,7 +14,7 @@ from sqlglot import exp
 from cdc.errors import CdcError
 from cdc.events import TableId
 from cdc.source import Leader
-from views.definition import AFFECTED, IMAGES, KEY_COLUMN, LINEAGE, ViewPlan
+from views.definition import AFFECTED, IMAGES, KEY_COLUMN, LINEAGE, SCOPES, ViewPlan
 from views.sink import declared_columns, schema_store, view_plan
 
 if TYPE_CHECKING:
@@ -108,7 +108,11 @@ def _run_on_empty_state(name: str, plan: ViewPlan,
         keys = ", ".join(f'"{column}" AS k{i}' for i, column in enumerate(plan.key))
         db.execute(f"CREATE TEMP TABLE {AFFECTED} AS SELECT {keys} FROM ({plan.full_sql}) "
                    "LIMIT 0").fetchall()
-        for sql in (plan.full_sql, plan.lineage_sql, plan.restricted_sql):
+        if plan.scope_lineage_sql is not None:
+            db.execute(f"CREATE TEMP TABLE {SCOPES} AS {plan.scope_lineage_sql} LIMIT 0"
+                       ).fetchall()
+        for sql in (plan.full_sql, plan.scope_lineage_sql, plan.lineage_sql,
+                    plan.restricted_sql):
             if sql is not None:
                 db.execute(f"EXPLAIN {sql}").fetchall()
     except duckdb.Error as exc:

@@ -1,30 +1,44 @@
-"""A view's SQL, understood: which captured tables it reads, whether it can be maintained
-incrementally, and the three queries the engine runs on the base tables' current state.
+"""A view's SQL, understood: which captured tables it reads, which of its constructs are
+maintained incrementally, and the queries the engine runs on the base tables' current state.
 
 The user writes the view once, in the leader's own dialect (PostgreSQL or MySQL/MariaDB): the
 same text runs on the leader (``cdc verify --view``) and, translated by sqlglot, on the view's
-state (DuckDB: ``views/state.py``). :func:`analyze` parses it and decides:
+state (DuckDB: ``views/state.py``). :func:`analyze` parses it, rewrites it into an equivalent
+*normal form*, and records one :class:`Operator` per construct it meets, each incremental or
+not (with why, and the nearest rewrite that is):
 
-* **incremental** — one ``SELECT`` (no set operation, CTE, subquery, window function, LIMIT,
-  or DISTINCT without GROUP BY)
-  over captured tables joined with INNER or LEFT equi-joins (a LEFT join's ``ON`` holds at
-  least one equality between the joined table and the tables before it), with or without
-  GROUP BY/HAVING and any deterministic aggregate. Each key column is an output column whose
-  expression is not an aggregate; with GROUP BY, each is one of the grouping expressions, so
-  one key value covers whole groups. Then a batch of base-table changes is applied by **keyed
-  recomputation** (``docs/views.md``):
+* **normal form** (same rows on every state): a non-recursive ``WITH`` is inlined as subqueries
+  in FROM; a subquery in FROM that selects, filters and projects (no aggregate, window,
+  DISTINCT or LIMIT) is merged into the query around it; ``SELECT DISTINCT`` becomes a GROUP
+  BY of every output column.
+* **incremental**: ``SELECT``s (alone, or branches of UNION [ALL]) over captured tables joined
+  with INNER, LEFT, RIGHT and FULL equi-joins (a RIGHT or FULL join as the first join; an
+  outer join's ``ON`` holds at least one equality between its two sides), with GROUP BY/HAVING
+  and any deterministic aggregate, or with window functions that share PARTITION BY
+  expressions (no GROUP BY then). Each key column is an output column whose expression is no
+  aggregate and no window; with GROUP BY, each is one of the grouping expressions.
 
-  1. the *lineage query* finds the view keys of every joined tuple that involves a changed row
-     (its old image in the state before the batch, its new image after), plus — per LEFT join
-     — the tuples null-extended on that table whose join values equal a changed row's old or
-     new join values (a match appearing retracts them);
-  2. the *restricted query* recomputes the view for exactly those keys, from the new state;
-  3. the engine compares with what the view held for those keys: changed rows are upserted,
-     keys no longer produced are deleted.
+A batch of base-table changes is then applied by **keyed recomputation** (``docs/views.md``).
+Every tuple of the view's joins belongs to one *scope*: its key (the key expressions' values)
+or, with windows, its partition (the PARTITION BY values) — the rows a tuple can change are
+exactly its scope's.
 
-* **recompute** — anything else: the whole query runs on the new state after each batch that
-  touched its tables and the result is compared with the view's rows. Still exact; the work is
-  proportional to the tables. :attr:`ViewPlan.reason` says why.
+1. the *lineage query* finds the scope of every joined tuple that involves a changed row (its
+   old image in the state before the batch, its new image after), plus — per outer join —
+   the tuples null-extended on a side whose join values equal a changed row's of that side
+   (a match appearing retracts them, one vanishing creates them). Each branch reads the
+   changed rows and joins them to the whole tables (the other references), so its work
+   follows the change;
+2. with windows, the keys of every tuple of those partitions (before and after);
+3. the *restricted query* recomputes the view for exactly those scopes, from the new state
+   (the filter sits below grouping and windows, so whole groups and partitions are kept);
+4. the engine compares with what the view held for those keys: changed rows are upserted,
+   keys no longer produced are deleted.
+
+Anything else is **recomputed**: the whole query runs on the new state after each batch that
+touched its tables and the result is compared with the view's rows. Still exact; the work is
+proportional to the tables. :attr:`ViewPlan.reason` says why, :attr:`ViewPlan.operators` per
+construct.
 
 A function whose value changes by itself (``now()``, ``random()``) is refused: no follower of
 the log can keep such a view equal to the leader.
@@ -52,6 +66,7 @@ KEY_COLUMN = "_cdc_key"
 LINEAGE = "_cdc_lineage_{index}"
 IMAGES = "_cdc_images_{index}"     # the old and new images of those rows (the table's columns)
 AFFECTED = "_cdc_affected"        # (k0, k1, ...): the view keys to recompute
+SCOPES = "_cdc_scopes"            # (s0, s1, ...): with windows, the partitions to recompute
 
 #: the leader kinds' sqlglot dialects
 DIALECTS = {"postgres": "postgres", "mysql": "mysql"}
@@ -79,6 +94,26 @@ class BaseTable:
     index: int
 
 
+@dataclass(frozen=True)
+class Operator:
+    """One construct of a view, and how a batch maintains it."""
+
+    #: what it is, as a user would name it (``LEFT JOIN``, ``COUNT(DISTINCT)``, ``window
+    #: function (PARTITION BY o.customer_id)``)
+    construct: str
+    #: True: a batch's work on it follows the groups (partitions, keys) its changes touch
+    incremental: bool
+    #: why not (empty when incremental)
+    reason: str = ""
+    #: the nearest rewrite that is incremental (empty when incremental)
+    rewrite: str = ""
+
+    def describe(self) -> str:
+        if self.incremental:
+            return f"{self.construct}: incremental"
+        return f"{self.construct}: recomputed whole ({self.reason}; instead: {self.rewrite})"
+
+
 @dataclass
 class ViewPlan:
     """What :func:`analyze` found out about a view."""
@@ -101,6 +136,11 @@ class ViewPlan:
     #: the lineage and restricted queries (``None`` when ``mode`` is ``recompute``)
     lineage_sql: str | None = None
     restricted_sql: str | None = None
+    #: with window functions: the query giving the partitions (``s0, s1, ...``) of the tuples
+    #: that involve a changed row; ``lineage_sql`` then gives the keys in :data:`SCOPES`
+    scope_lineage_sql: str | None = None
+    #: every construct met, in order, each incremental or not
+    operators: list[Operator] = field(default_factory=list)
     #: each output column's expression (as written)
     outputs: dict[str, exp.Expr] = field(default_factory=dict)
     #: the joins' ON conditions (as written)
@@ -108,40 +148,57 @@ class ViewPlan:
     #: per table, the columns the SQL names (qualified, or unqualified with one table)
     referenced: dict[TableId, set[str]] = field(default_factory=dict)
 
+    @property
+    def blocking(self) -> list[Operator]:
+        """The constructs that make the view recomputed whole."""
+        return [operator for operator in self.operators if not operator.incremental]
+
 
 def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
             captured: Sequence[TableId]) -> ViewPlan:
     """Parse and classify view ``name`` (see the module docstring); ``captured``: the tables
     its source captures. A :class:`ViewDefinitionError` for SQL that cannot be a view."""
-    tree = _parse(name, sql, dialect)
-    references = _resolve_tables(name, tree, captured)
-    volatile = _volatile(tree)
+    written = _parse(name, sql, dialect)
+    _resolve_tables(name, written, captured, {})  # names checked as written
+    volatile = _volatile(written)
     if volatile:
         raise ViewDefinitionError(
             f"view {name} calls {volatile}, whose value changes without any change to the "
             "tables: no follower of the change log can keep such a view equal to the leader",
             f"remove it from views.{name}.sql (compute it when reading the view instead)")
-    tables = list(dict.fromkeys(ref.table for ref in references))
-    if not isinstance(tree, exp.Select):
-        return _recompute(name, tree, key, references, tables,
-                          "it is not a single SELECT (a set operation such as UNION)")
+    operators: list[Operator] = []
+    tree = _normalize(written.copy(), operators)
+    indexes: dict[TableId, int] = {}
+    references = _resolve_tables(name, tree, captured, indexes)
+    tables = list(indexes)
     columns = _output_columns(name, tree)
     _check_key(name, key, columns)
-    reason = _not_incremental(tree)
-    if reason:
-        return _recompute(name, tree, key, references, tables, reason)
-    key_exprs = _key_expressions(name, tree, key)
-    joins = _left_join_equalities(tree, references)
-    if isinstance(joins, str):
-        return _recompute(name, tree, key, references, tables, joins)
-    full = _state_sql(tree, references)
-    plan = ViewPlan(name, "incremental", "", tables, references, columns, list(key), full)
-    plan.lineage_sql = _lineage_sql(tree, references, key_exprs, joins)
-    plan.restricted_sql = _restricted_sql(tree, references, key_exprs)
+    branches = _set_branches(tree, operators)
+    compiled = [_compile(name, branch, _resolve_tables(name, branch, captured, indexes),
+                         [columns.index(column) for column in key], operators,
+                         len(branches) > 1)
+                for branch in branches]
+    blocking = [operator for operator in operators if not operator.incremental]
+    plan = ViewPlan(name, "recompute" if blocking else "incremental",
+                    f"{blocking[0].construct}: {blocking[0].reason}" if blocking else "",
+                    tables, references, columns,
+                    list(key), _state_sql(tree, references), operators=operators)
     plan.outputs = _outputs(tree)
     plan.join_conditions = _join_conditions(tree)
     plan.referenced = _referenced(tree, references)
+    if not blocking:
+        _set_queries(plan, tree, compiled)
     return plan
+
+
+def _set_queries(plan: ViewPlan, tree: exp.Query, compiled: Sequence[_Branch]) -> None:
+    if len(compiled) == 1 and compiled[0].scope_lineage is not None:
+        plan.scope_lineage_sql = compiled[0].scope_lineage
+    plan.lineage_sql = " UNION ".join(branch.lineage for branch in compiled)
+    joiner = " UNION ALL " if isinstance(tree, exp.Union) and not tree.args.get("distinct") \
+        else " UNION "
+    plan.restricted_sql = joiner.join(f"({branch.restricted})" if len(compiled) > 1
+                                      else branch.restricted for branch in compiled)
 
 
 def _outputs(tree: exp.Query) -> dict[str, exp.Expr]:
@@ -151,13 +208,20 @@ def _outputs(tree: exp.Query) -> dict[str, exp.Expr]:
 def _referenced(tree: exp.Query, references: Sequence[BaseTable]) -> dict[TableId, set[str]]:
     tables = {ref.alias: ref.table for ref in references}
     only = references[0].table if len({ref.table for ref in references}) == 1 else None
-    aliases = {projection.alias for projection in tree.selects if projection.alias}
+    aliases = {projection.alias for select in _selects(tree) for projection in select.selects
+               if projection.alias}
     out: dict[TableId, set[str]] = {}
     for column in tree.find_all(exp.Column):
         table = tables.get(column.table) if column.table else only
         if table is not None and (column.table or column.name not in aliases):
             out.setdefault(table, set()).add(column.name)
     return out
+
+
+def _selects(tree: exp.Query) -> list[exp.Select]:
+    if isinstance(tree, exp.SetOperation):
+        return [*_selects(tree.this), *_selects(tree.expression)]
+    return [tree] if isinstance(tree, exp.Select) else []
 
 
 def _join_conditions(tree: exp.Query) -> list[exp.Expr]:
@@ -210,14 +274,14 @@ def _parse(name: str, sql: str, dialect: str) -> exp.Query:
     return tree
 
 
-def _resolve_tables(name: str, tree: exp.Expr,
-                    captured: Sequence[TableId]) -> list[BaseTable]:
-    """Every table reference, resolved to a captured table (else a clear error)."""
+def _resolve_tables(name: str, tree: exp.Expr, captured: Sequence[TableId],
+                    indexes: dict[TableId, int]) -> list[BaseTable]:
+    """Every table reference, resolved to a captured table (else a clear error); ``indexes``
+    numbers the distinct tables in order of first reference (and is extended)."""
     by_name: dict[str, list[TableId]] = {}
     for table in captured:
         by_name.setdefault(table.table, []).append(table)
     out: list[BaseTable] = []
-    indexes: dict[TableId, int] = {}
     for node in _table_nodes(tree):
         if node.db:
             wanted = TableId(node.db, node.name)
@@ -243,14 +307,16 @@ def _resolve_tables(name: str, tree: exp.Expr,
 
 
 def _table_nodes(tree: exp.Expr) -> list[exp.Table]:
-    """The table references of ``tree`` that name tables (not its CTEs), in order."""
+    """The table references of ``tree`` that name tables (not its CTEs), in the order they
+    are written (a depth-first walk: FROM, then the joins)."""
     ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
-    return [node for node in tree.find_all(exp.Table) if node.db or node.name not in ctes]
+    return [node for node in tree.find_all(exp.Table, bfs=False)
+            if node.db or node.name not in ctes]
 
 
-def _output_columns(name: str, tree: exp.Select) -> list[str]:
+def _output_columns(name: str, tree: exp.Query) -> list[str]:
     columns: list[str] = []
-    for projection in tree.expressions:
+    for projection in tree.selects:
         if isinstance(projection, exp.Star) or (isinstance(projection, exp.Column)
                                                 and isinstance(projection.this, exp.Star)):
             raise ViewDefinitionError(f"view {name}: SELECT * leaves the view's columns to the "
@@ -280,34 +346,6 @@ def _check_key(name: str, key: Sequence[str], columns: Sequence[str]) -> None:
                                   f"correct views.{name}.key")
 
 
-# ------------------------------------------------------------------------ classification
-
-def _not_incremental(tree: exp.Select) -> str:
-    """Why ``tree`` is outside the incremental class ('' when inside)."""
-    if tree.args.get("with_") or tree.args.get("with"):
-        return "it has a WITH clause"
-    for node in tree.find_all(exp.Subquery, exp.Select):
-        if node is not tree:
-            return "it has a subquery"
-    if any(True for _ in tree.find_all(exp.Window)):
-        return "it has a window function"
-    if tree.args.get("limit") or tree.args.get("offset"):
-        return "it has LIMIT/OFFSET"
-    if tree.args.get("distinct") and not tree.args.get("group"):
-        return "it has SELECT DISTINCT (write GROUP BY instead)"
-    for join in tree.args.get("joins") or []:
-        side = (join.side or "").upper()
-        if side in ("RIGHT", "FULL"):
-            return f"it has a {side} JOIN (write it as a LEFT JOIN)"
-        if join.args.get("using"):
-            return "it has a JOIN ... USING (write ON a.x = b.x)"
-        if (join.kind or "").upper() in ("ANTI", "SEMI", "NATURAL"):
-            return f"it has a {join.kind.upper()} JOIN"
-    if not tree.args.get("group") and _has_aggregate(tree.expressions):
-        return "it aggregates without GROUP BY (one row for the whole table)"
-    return ""
-
-
 def _volatile(tree: exp.Expr) -> str:
     for node in tree.find_all(exp.Func):
         if isinstance(node, _VOLATILE):
@@ -317,28 +355,325 @@ def _volatile(tree: exp.Expr) -> str:
     return ""
 
 
+# ----------------------------------------------------------------------- normal form
+
+def _normalize(tree: exp.Query, operators: list[Operator]) -> exp.Query:
+    """``tree`` rewritten into the normal form of the module docstring (same rows)."""
+    tree = _inline_ctes(tree, operators)
+    for select in _selects(tree):
+        _merge_subqueries(select, operators)
+        _distinct_as_group(select, operators)
+    return tree
+
+
+def _inline_ctes(tree: exp.Query, operators: list[Operator]) -> exp.Query:
+    with_ = tree.args.get("with_")
+    if with_ is None:
+        return tree
+    if with_.args.get("recursive"):
+        operators.append(Operator("WITH RECURSIVE", False, "a recursive query's result depends "
+                                  "on all of its rows", "keep the hierarchy's closure in a "
+                                  "table on the leader, or recompute"))
+        return tree
+    ctes = {cte.alias_or_name: cte.this for cte in with_.expressions}
+    tree.set("with_", None)
+    for _ in range(len(ctes) + 1):  # a CTE may name an earlier one
+        found = [node for node in tree.find_all(exp.Table)
+                 if not node.db and node.name in ctes]
+        if not found:
+            break
+        for node in found:
+            node.replace(exp.Subquery(this=ctes[node.name].copy(),
+                                      alias=exp.TableAlias(this=exp.to_identifier(
+                                          node.alias_or_name))))
+    operators.append(Operator("WITH", True))
+    return tree
+
+
+def _plain(select: exp.Expr) -> bool:
+    """A SELECT that only filters and projects its FROM and joins."""
+    return isinstance(select, exp.Select) and not any(
+        select.args.get(arg) for arg in ("group", "having", "distinct", "limit", "offset",
+                                         "qualify", "with_")) \
+        and not _has_aggregate(select.expressions) \
+        and not any(True for _ in select.find_all(exp.Window, exp.Subquery))
+
+
+def _merge_subqueries(select: exp.Select, operators: list[Operator]) -> None:
+    """Each subquery in FROM (or a join) that only filters and projects one table (in FROM:
+    any joins) becomes that table, its columns replaced by their expressions and its filter
+    moved to the WHERE (or to the ON of a LEFT join that supplies its nulls)."""
+    joins = select.args.get("joins") or []
+    slots: list[exp.Expr] = [select.args["from_"].this, *(join.this for join in joins)] \
+        if select.args.get("from_") else []
+    for position, node in enumerate(slots):
+        if not isinstance(node, exp.Subquery):
+            continue
+        inner = node.this
+        join = joins[position - 1] if position else None
+        side = (join.side or "").upper() if join is not None else ""
+        single = _plain(inner) and not inner.args.get("joins")
+        if not _plain(inner) or (position and (not single or side in ("RIGHT", "FULL"))):
+            operators.append(_subquery_operator(inner, position, side))
+            continue
+        _merge_one(select, node, inner, join)
+        operators.append(Operator("subquery in FROM", True))
+
+
+def _subquery_operator(inner: exp.Expr, position: int, side: str) -> Operator:
+    if not _plain(inner):
+        return Operator("subquery in FROM (aggregating, windowed or limited)", False,
+                        "its rows are computed over whole tables",
+                        "join the tables directly and aggregate once, or make the subquery "
+                        "a view of its own")
+    if side in ("RIGHT", "FULL"):
+        return Operator(f"subquery on the null side of a {side} JOIN", False,
+                        "its filter cannot move out of the join",
+                        "join the table itself and put the filter into the ON")
+    return Operator("subquery with joins after the first table", False,
+                    "its joins cannot be reordered into the query's",
+                    "write the subquery's joins into the query, or move it into FROM")
+
+
+def _merge_one(select: exp.Select, node: exp.Subquery, inner: exp.Select,
+               join: exp.Join | None) -> None:
+    alias = node.alias_or_name
+    renames: dict[str, str] = {}
+    inner = inner.copy()
+    inner_tables = [inner.args["from_"].this, *(j.this for j in inner.args.get("joins") or [])]
+    for table in inner_tables:
+        if not isinstance(table, exp.Table):
+            return
+        renames[table.alias_or_name] = alias if len(inner_tables) == 1 \
+            else f"{alias}__{table.alias_or_name}"
+    only = next(iter(renames.values())) if len(renames) == 1 else None
+    for column in inner.find_all(exp.Column):
+        if column.table in renames:
+            column.set("table", exp.to_identifier(renames[column.table]))
+        elif not column.table and only is not None:
+            column.set("table", exp.to_identifier(only))
+    for table in inner_tables:
+        table.set("alias", exp.TableAlias(this=exp.to_identifier(renames[table.alias_or_name])))
+    outputs = {projection.alias_or_name: projection.unalias() for projection in inner.selects}
+    single_ref = len(select.args.get("joins") or []) == 0
+    for projection in select.expressions:  # an output keeps its name
+        if isinstance(projection, exp.Column) and projection.name in outputs and \
+                (projection.table == alias or (not projection.table and single_ref)):
+            projection.replace(exp.alias_(projection.copy(), projection.name))
+    for column in list(select.find_all(exp.Column)):
+        if column.find_ancestor(exp.Subquery) is node:
+            continue
+        if (column.table == alias or (not column.table and single_ref)) and \
+                column.name in outputs:
+            column.replace(outputs[column.name].copy())
+    node.replace(inner.args["from_"].this)
+    if inner.args.get("joins"):  # in FROM: its joins come first
+        select.set("joins", [*inner.args["joins"], *(select.args.get("joins") or [])])
+    condition = inner.args.get("where")
+    if condition is None:
+        return
+    if join is not None and (join.side or "").upper() == "LEFT":
+        join.set("on", exp.and_(join.args.get("on") or exp.true(), condition.this))
+    else:
+        select.where(condition.this, copy=False)
+
+
+def _distinct_as_group(select: exp.Select, operators: list[Operator]) -> None:
+    distinct = select.args.get("distinct")
+    if distinct is None or select.args.get("group") or _has_aggregate(select.expressions) \
+            or any(True for _ in select.find_all(exp.Window)):
+        return
+    if distinct.args.get("on") is not None:
+        operators.append(Operator("DISTINCT ON", False, "it keeps one row per group by an "
+                                  "order", "a window function: row_number() OVER (PARTITION "
+                                  "BY ... ORDER BY ...) in a subquery, filtered to 1"))
+        return
+    select.set("distinct", None)
+    select.set("group", exp.Group(expressions=[projection.unalias().copy()
+                                               for projection in select.expressions]))
+    operators.append(Operator("SELECT DISTINCT", True))
+
+
+# ------------------------------------------------------------------------ classification
+
+def _set_branches(tree: exp.Query, operators: list[Operator]) -> list[exp.Select]:
+    """The SELECTs whose rows make the view: one, or a UNION [ALL]'s branches."""
+    if not isinstance(tree, exp.SetOperation):
+        return [tree] if isinstance(tree, exp.Select) else []
+    if tree.args.get("limit") or tree.args.get("offset"):
+        operators.append(_LIMIT)
+    if isinstance(tree, exp.Union):
+        operators.append(Operator("UNION" if tree.args.get("distinct") else "UNION ALL", True))
+        return [*_set_branches(tree.this, operators), *_set_branches(tree.expression,
+                                                                     operators)]
+    what = type(tree).__name__.upper()
+    operators.append(Operator(what, False, f"{what} compares whole results",
+                              "INTERSECT as a JOIN on the compared columns, EXCEPT as a LEFT "
+                              "JOIN ... WHERE the right side's key IS NULL"))
+    return []
+
+
+_LIMIT = Operator("LIMIT/OFFSET", False, "which rows make the cut depends on all rows",
+                  "drop the LIMIT and limit when reading the view, or rank with row_number() "
+                  "OVER (PARTITION BY ...) and filter")
+
+
+@dataclass
+class _Join:
+    """One join of a SELECT: its position (1 = the first join), side, and, per side that it
+    null-extends, the pairs (that side's column, the expression over the other side)."""
+
+    position: int
+    side: str
+    #: null-extended reference position -> [(its column, the expression it must equal)]
+    null_sides: dict[int, list[tuple[str, exp.Expr]]] = field(default_factory=dict)
+
+
+@dataclass
+class _Branch:
+    """One SELECT's compiled queries (see :func:`_compile`)."""
+
+    lineage: str
+    restricted: str
+    scope_lineage: str | None = None
+
+
+def _compile(name: str, select: exp.Select, references: Sequence[BaseTable],
+             key_positions: Sequence[int], operators: list[Operator], in_union: bool
+             ) -> _Branch:
+    """Classify ``select`` (its operators appended to ``operators``) and, when every one so
+    far is incremental, build its lineage and restricted queries."""
+    _classify(select, operators)
+    joins = _joins(select, references, operators)
+    projections = [projection.unalias() for projection in select.expressions]
+    key_exprs = _key_expressions(name, select, [select.expressions[i].alias_or_name
+                                                for i in key_positions],
+                                 [projections[i] for i in key_positions])
+    scope = _window_scope(select, operators, in_union)
+    if any(not operator.incremental for operator in operators):
+        return _Branch("", "")
+    if scope is None:
+        lineage = _lineage_union(select, references, key_exprs, joins, "k")
+        return _Branch(lineage, _restricted(select, references, key_exprs, AFFECTED, "k"))
+    keys = _keys_of(_state_tree(select, references), key_exprs, "k").where(
+        _exists_in(SCOPES, scope, "s"), copy=False)
+    return _Branch(str(keys.sql(dialect="duckdb")),
+                   _restricted(select, references, scope, SCOPES, "s"),
+                   _lineage_union(select, references, scope, joins, "s"))
+
+
+def _classify(select: exp.Select, operators: list[Operator]) -> None:
+    """The operators of ``select`` other than its joins and windows."""
+    operators.append(Operator("SELECT (filter, projection)", True))
+    for node in select.find_all(exp.Select):
+        if node is not select and not _in_from(node, select):
+            operators.append(Operator("subquery in WHERE or SELECT", False,
+                                      "its result depends on rows outside the changed ones' "
+                                      "groups", "write IN/EXISTS as a JOIN (with GROUP BY or "
+                                      "DISTINCT on the key), a scalar subquery as a JOIN to "
+                                      "an aggregating view"))
+            break
+    if select.args.get("limit") or select.args.get("offset"):
+        operators.append(_LIMIT)
+    group = select.args.get("group")
+    if group is not None:
+        operators.append(Operator("GROUP BY", True))
+        if select.args.get("having") is not None:
+            operators.append(Operator("HAVING", True))
+    aggregates = [node for node in select.find_all(exp.AggFunc)
+                  if node.find_ancestor(exp.Window) is None]
+    for construct in dict.fromkeys(_aggregate_name(node) for node in aggregates):
+        if group is not None:
+            operators.append(Operator(construct, True))
+        else:
+            operators.append(Operator(f"{construct} without GROUP BY", False,
+                                      "one row over the whole table: each change recomputes "
+                                      "it from every row", "GROUP BY a column, so a change "
+                                      "recomputes its group only"))
+
+
+def _in_from(node: exp.Expr, select: exp.Select) -> bool:
+    """Whether ``node`` is inside a subquery in FROM or a join of ``select`` (those are
+    classified where they are merged)."""
+    while node.parent is not None and node is not select:
+        if isinstance(node, exp.Subquery) and isinstance(node.parent, (exp.From, exp.Join)) \
+                and node.parent.parent is select:
+            return True
+        node = node.parent
+    return False
+
+
+def _aggregate_name(node: exp.AggFunc) -> str:
+    if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):
+        return "COUNT(DISTINCT)"
+    if isinstance(node, exp.Anonymous):
+        return str(node.name).upper()
+    return node.sql_name() if hasattr(node, "sql_name") else type(node).__name__.upper()
+
+
+def _window_scope(select: exp.Select, operators: list[Operator], in_union: bool
+                  ) -> list[exp.Expr] | None:
+    """With window functions, the PARTITION BY expressions all of them share (an
+    operator that is not incremental when there are none); ``None`` without windows."""
+    windows = [node for node in select.find_all(exp.Window)]
+    if not windows:
+        return None
+    if select.args.get("group") is not None or any(
+            node.find_ancestor(exp.Window) is None for node in select.find_all(exp.AggFunc)):
+        operators.append(Operator("window function over GROUP BY", False,
+                                  "its partitions are made of groups", "compute the groups in "
+                                  "one view and rank them in the reader, or partition the "
+                                  "window over the base rows"))
+        return []
+    if select.args.get("distinct") is not None:
+        operators.append(Operator("SELECT DISTINCT over window values", False,
+                                  "equal rows of different partitions merge",
+                                  "add the PARTITION BY columns to the output and the key"))
+        return []
+    if in_union:
+        operators.append(Operator("window function in a UNION branch", False,
+                                  "the branches' partitions differ", "make the windowed "
+                                  "SELECT a view of its own"))
+        return []
+    shared: dict[str, exp.Expr] | None = None
+    for window in windows:
+        here = {_canonical(e): e for e in window.args.get("partition_by") or []}
+        shared = here if shared is None else {k: v for k, v in shared.items() if k in here}
+    if not shared:
+        operators.append(Operator("window function without PARTITION BY", False,
+                                  "every row's value depends on the whole table",
+                                  "add PARTITION BY (only the partitions a change touches "
+                                  "are recomputed)"))
+        return []
+    text = ", ".join(e.sql() for e in shared.values())
+    operators.append(Operator(f"window function (PARTITION BY {text})", True))
+    return list(shared.values())
+
+
 def _has_aggregate(nodes: Sequence[exp.Expr]) -> bool:
     return any(True for node in nodes for _ in node.find_all(exp.AggFunc))
 
 
-def _key_expressions(name: str, tree: exp.Select, key: Sequence[str]) -> list[exp.Expr]:
+def _key_expressions(name: str, select: exp.Select, key: Sequence[str],
+                     out: Sequence[exp.Expr]) -> list[exp.Expr]:
     """The expression of each key column; with GROUP BY, each must be a grouping expression."""
-    by_column = {projection.alias_or_name: projection.unalias() for projection in tree.expressions}
-    out = [by_column[column] for column in key]
     for column, expression in zip(key, out, strict=True):
+        if any(True for _ in expression.find_all(exp.Window)):
+            raise ViewDefinitionError(f"view {name}: key column {column} is a window "
+                                      "function's value", "key the view by columns of its rows")
         if _has_aggregate([expression]):
             raise ViewDefinitionError(f"view {name}: key column {column} is an aggregate",
                                       "key a view by the GROUP BY columns")
-    group = tree.args.get("group")
+    group = select.args.get("group")
     if group is not None:
-        grouped = {_canonical(expression) for expression in _grouping(tree)}
+        grouped = {_canonical(expression) for expression in _grouping(select)}
         loose = [column for column, expression in zip(key, out, strict=True)
                  if _canonical(expression) not in grouped]
         if loose:
             raise ViewDefinitionError(f"view {name}: key columns {loose} are not GROUP BY "
                                       "expressions, so one key could span several groups",
                                       f"key the view by GROUP BY columns (views.{name}.key)")
-    return out
+    return list(out)
 
 
 def _grouping(tree: exp.Select) -> list[exp.Expr]:
@@ -365,34 +700,67 @@ def _aliases_in(expression: exp.Expr) -> set[str]:
     return {column.table for column in expression.find_all(exp.Column) if column.table}
 
 
-def _left_join_equalities(tree: exp.Select, references: Sequence[BaseTable]
-                          ) -> dict[int, list[tuple[str, exp.Expr]]] | str:
-    """Per LEFT-joined reference (by its position in ``references``): the pairs (its column,
-    the expression over earlier tables it must equal) of its ``ON``; a reason string when a
-    LEFT join has no such equality."""
+def _joins(select: exp.Select, references: Sequence[BaseTable],
+           operators: list[Operator]) -> list[_Join]:
+    """Each join of ``select`` classified (its operator appended), with the equalities that
+    say which tuples an outer join null-extends."""
     aliases = [ref.alias for ref in references]
-    out: dict[int, list[tuple[str, exp.Expr]]] = {}
-    for position, join in enumerate(tree.args.get("joins") or [], start=1):
-        if (join.side or "").upper() != "LEFT":
+    out: list[_Join] = []
+    for position, join in enumerate(select.args.get("joins") or [], start=1):
+        side = (join.side or "").upper()
+        kind = (join.kind or "").upper()
+        construct = f"{side} JOIN" if side else ("CROSS JOIN" if kind == "CROSS" or
+                                                 join.args.get("on") is None else "INNER JOIN")
+        refused = _join_refusal(join, side, kind, position)
+        if refused is not None:
+            operators.append(Operator(construct, False, *refused))
             continue
-        mine = aliases[position]
-        earlier = set(aliases[:position])
-        pairs: list[tuple[str, exp.Expr]] = []
-        condition = join.args.get("on")
-        for term in condition.flatten() if isinstance(condition, exp.And) else [condition]:
-            if not isinstance(term, exp.EQ):
-                continue
-            for here, there in ((term.this, term.expression), (term.expression, term.this)):
-                if isinstance(here, exp.Column) and here.table == mine and \
-                        _aliases_in(there) and _aliases_in(there) <= earlier:
-                    pairs.append((here.name, there))
-                    break
-        if not pairs:
-            return f"its LEFT JOIN of {mine} has no equality with the tables before it"
-        out[position] = pairs
-    if len(aliases) != 1 + len(tree.args.get("joins") or []):
-        return "its FROM lists several tables (write them as JOINs)"
+        entry = _Join(position, side)
+        nulls = {"LEFT": [position], "RIGHT": [0], "FULL": [position, 0]}.get(side, [])
+        for null in nulls:
+            others = set(aliases[:position]) if null == position else {aliases[position]}
+            pairs = _equalities(join.args.get("on"), aliases[null], others)
+            if not pairs:
+                operators.append(Operator(construct, False, f"its {side} JOIN of "
+                                          f"{aliases[position]} has no equality between its "
+                                          "two sides", "join ON an equality of columns (a = "
+                                          "b AND ...), other conditions beside it"))
+                break
+            entry.null_sides[null] = pairs
+        else:
+            operators.append(Operator(construct, True))
+        out.append(entry)
     return out
+
+
+def _join_refusal(join: exp.Join, side: str, kind: str, position: int
+                  ) -> tuple[str, str] | None:
+    if join.args.get("using"):
+        return ("JOIN ... USING merges the two columns", "write ON a.x = b.x")
+    if kind in ("ANTI", "SEMI", "NATURAL"):
+        return (f"a {kind} JOIN", "a LEFT JOIN ... WHERE the right key IS [NOT] NULL, or ON")
+    if side in ("RIGHT", "FULL") and position > 1:
+        return (f"a {side} JOIN after the first join null-extends several tables at once",
+                f"make it the first join (FROM a {side} JOIN b ..., then the others)")
+    return None
+
+
+def _equalities(condition: exp.Expr | None, mine: str, others: set[str]
+                ) -> list[tuple[str, exp.Expr]]:
+    """The terms ``mine.col = expr`` of ``condition`` (an AND of terms) whose ``expr`` reads
+    only ``others``."""
+    pairs: list[tuple[str, exp.Expr]] = []
+    if condition is None:
+        return pairs
+    for term in condition.flatten() if isinstance(condition, exp.And) else [condition]:
+        if not isinstance(term, exp.EQ):
+            continue
+        for here, there in ((term.this, term.expression), (term.expression, term.this)):
+            if isinstance(here, exp.Column) and here.table == mine and \
+                    _aliases_in(there) and _aliases_in(there) <= others:
+                pairs.append((here.name, there))
+                break
+    return pairs
 
 
 # --------------------------------------------------------------------------- the queries
@@ -400,16 +768,15 @@ def _left_join_equalities(tree: exp.Select, references: Sequence[BaseTable]
 def _state_tree(tree: exp.Query, references: Sequence[BaseTable],
                 replace: Mapping[int, str] | None = None) -> exp.Select:
     """``tree`` with every table reference naming the state's table (``schema.table``,
-    quoted), its alias kept; the references at the positions of ``replace`` name that
-    (temporary) table instead, and a LEFT JOIN of one becomes an inner join."""
+    quoted), its alias kept; the reference at the position in ``replace`` names that
+    (temporary) table instead, and the joins keep only tuples that have its row (an outer
+    join that would null-extend it becomes the join that does not: :func:`_keep_side`)."""
     copy = tree.copy()
     for position, (node, ref) in enumerate(zip(_table_nodes(copy), references, strict=True)):
         alias = exp.TableAlias(this=exp.to_identifier(ref.alias, quoted=True))
         if replace is not None and position in replace:
-            parent = node.parent
-            if isinstance(parent, exp.Join) and parent.this is node:
-                parent.set("side", None)
             node.replace(exp.Table(this=exp.to_identifier(replace[position]), alias=alias))
+            _keep_side(copy, position)
             continue
         node.replace(exp.Table(this=exp.to_identifier(ref.table.table, quoted=True),
                                db=exp.to_identifier(ref.table.schema, quoted=True),
@@ -417,8 +784,67 @@ def _state_tree(tree: exp.Query, references: Sequence[BaseTable],
     return copy  # type: ignore[return-value]  # a Select wherever one is needed
 
 
-def _state_sql(tree: exp.Query, references: Sequence[BaseTable]) -> str:
-    return _state_tree(tree, references).sql(dialect="duckdb")
+#: the join that keeps the tuples having the (left composite's / right table's) row
+_KEEP_LEFT = {"RIGHT": None, "FULL": "LEFT"}
+_KEEP_RIGHT = {"LEFT": None, "FULL": "RIGHT"}
+
+
+def _keep_side(select: exp.Expr, position: int) -> None:
+    """Make the joins of ``select`` keep only tuples that have reference ``position``'s row:
+    its own join keeps its side (LEFT → INNER, FULL → RIGHT), the later ones the left
+    composite it is in (RIGHT → INNER, FULL → LEFT)."""
+    if not isinstance(select, exp.Select):
+        return
+    for number, join in enumerate(select.args.get("joins") or [], start=1):
+        if number < position:
+            continue
+        table = _KEEP_RIGHT if number == position else _KEEP_LEFT
+        side = (join.side or "").upper()
+        if side in table:
+            join.set("side", table[side])
+            if table[side] is None:
+                join.set("kind", None)
+
+
+def _keys_of(select: exp.Select, exprs: Sequence[exp.Expr], prefix: str) -> exp.Select:
+    """``select`` projecting ``exprs`` as ``<prefix>0, <prefix>1, ...``, per joined tuple."""
+    for arg in ("group", "having", "order", "distinct", "qualify"):
+        select.set(arg, None)
+    select.set("expressions", [expression.copy().as_(f"{prefix}{i}")
+                               for i, expression in enumerate(exprs)])
+    return select
+
+
+def _lineage_union(select: exp.Select, references: Sequence[BaseTable],
+                   exprs: Sequence[exp.Expr], joins: Sequence[_Join], prefix: str) -> str:
+    """The scopes (``exprs``) of every tuple involving a changed row, or null-extended where
+    a changed row's join values match (see the module docstring), as a UNION of branches:
+
+    * per table reference, the joins with that reference reading only the changed rows'
+      images in the current state (:data:`LINEAGE`), the joins keeping its side, the others
+      the whole tables — so each branch joins a few rows against the tables;
+    * with outer joins, one branch over the whole tables filtered to the tuples
+      null-extended on a side whose join values equal a changed row's old or new ones (the
+      engine's plan turns the filter into a semi-join on the other side's table)."""
+    branches = [_keys_of(_state_tree(select, references,
+                                     {position: LINEAGE.format(index=ref.index)}), exprs, prefix)
+                for position, ref in enumerate(references)]
+    extended: list[exp.Expr] = []
+    for join in joins:
+        for null, pairs in join.null_sides.items():
+            ref = references[null]
+            images = exp.to_identifier(IMAGES.format(index=ref.index))
+            match = exp.and_(*[exp.EQ(this=exp.column(exp.to_identifier(column, quoted=True),
+                                                      table="_m"), expression=other.copy())
+                               for column, other in pairs])
+            exists = exp.Exists(this=exp.select("1").from_(exp.Table(
+                this=images, alias=exp.TableAlias(this="_m"))).where(match))
+            extended.append(exp.and_(exp.Is(this=_quoted_alias_column(ref.alias, KEY_COLUMN),
+                                            expression=exp.Null()), exists))
+    if extended:
+        branches.append(_keys_of(_state_tree(select, references), exprs, prefix).where(
+            exp.paren(exp.or_(*extended)), copy=False))
+    return " UNION ".join(str(branch.sql(dialect="duckdb")) for branch in branches)
 
 
 def _quoted_alias_column(alias: str, column: str) -> exp.Column:
@@ -426,69 +852,25 @@ def _quoted_alias_column(alias: str, column: str) -> exp.Column:
                       table=exp.to_identifier(alias, quoted=True))
 
 
-def _lineage_sql(tree: exp.Select, references: Sequence[BaseTable],
-                 key_exprs: Sequence[exp.Expr],
-                 joins: Mapping[int, list[tuple[str, exp.Expr]]]) -> str:
-    """The keys of every tuple involving a changed row, or null-extended where a changed
-    row's join values match (see the module docstring), as a UNION of branches, each
-    ``SELECT <key exprs> FROM <the view's joins> WHERE <its filter>``:
-
-    * per table reference, the joins with that reference reading only the changed rows'
-      images in the current state (:data:`LINEAGE`; a LEFT JOIN of it becomes inner: a tuple
-      involving one of its rows has that row), the others the whole tables — so each branch
-      joins a few rows against the tables, instead of the whole join being filtered;
-    * with LEFT JOINs, one branch over the whole tables, filtered to the tuples null-extended
-      on a left-joined table whose join values equal a changed row's old or new ones."""
-
-    def keys_of(select: exp.Select) -> exp.Select:
-        for arg in ("group", "having", "order", "distinct"):
-            select.set(arg, None)
-        select.set("expressions", [expression.copy().as_(f"k{i}")
-                                   for i, expression in enumerate(key_exprs)])
-        return select
-
-    branches = [keys_of(_state_tree(tree, references,
-                                    {position: LINEAGE.format(index=ref.index)}))
-                for position, ref in enumerate(references)]
-    extended: list[exp.Expr | exp.Condition] = []
-    for position, pairs in joins.items():
-        ref = references[position]
-        images = exp.to_identifier(IMAGES.format(index=ref.index))
-        match = exp.and_(*[exp.EQ(this=exp.column(exp.to_identifier(column, quoted=True),
-                                                  table="_m"), expression=other.copy())
-                           for column, other in pairs])
-        exists = exp.Exists(this=exp.select("1").from_(exp.Table(this=images,
-                                                                 alias=exp.TableAlias(
-                                                                     this="_m"))).where(match))
-        extended.append(exp.and_(exp.Is(this=_quoted_alias_column(ref.alias, KEY_COLUMN),
-                                        expression=exp.Null()), exists))
-    if extended:
-        branches.append(keys_of(_state_tree(tree, references)).where(
-            exp.paren(exp.or_(*extended)), copy=False))
-    return " UNION ".join(str(branch.sql(dialect="duckdb")) for branch in branches)
-
-
-def _restricted_sql(tree: exp.Select, references: Sequence[BaseTable],
-                    key_exprs: Sequence[exp.Expr]) -> str:
-    """The view's query over only the tuples whose key is in the affected table."""
-    match = exp.and_(*[exp.NullSafeEQ(this=exp.column(f"k{i}", table="_a"),
+def _exists_in(table: str, exprs: Sequence[exp.Expr], prefix: str) -> exp.Exists:
+    """``EXISTS`` a row of ``table`` whose ``<prefix>i`` columns equal ``exprs`` (NULL equal
+    to NULL)."""
+    match = exp.and_(*[exp.NullSafeEQ(this=exp.column(f"{prefix}{i}", table="_a"),
                                       expression=expression.copy())
-                       for i, expression in enumerate(key_exprs)])
-    exists = exp.Exists(this=exp.select("1").from_(exp.Table(
-        this=exp.to_identifier(AFFECTED), alias=exp.TableAlias(this="_a"))).where(match))
-    select = _state_tree(tree, references)
-    select.set("order", None)
-    select = select.where(exists, copy=False)
-    return str(select.sql(dialect="duckdb"))
+                       for i, expression in enumerate(exprs)])
+    return exp.Exists(this=exp.select("1").from_(exp.Table(
+        this=exp.to_identifier(table), alias=exp.TableAlias(this="_a"))).where(match))
 
 
-def _recompute(name: str, tree: exp.Query, key: Sequence[str],
-               references: Sequence[BaseTable], tables: list[TableId], reason: str) -> ViewPlan:
-    columns = [projection.alias_or_name for projection in tree.selects]
-    _check_key(name, key, columns)
-    plan = ViewPlan(name, "recompute", reason, tables, list(references), columns, list(key),
-                    _state_sql(tree, references))
-    plan.outputs = _outputs(tree)
-    plan.join_conditions = _join_conditions(tree)
-    plan.referenced = _referenced(tree, references)
-    return plan
+def _restricted(select: exp.Select, references: Sequence[BaseTable],
+                exprs: Sequence[exp.Expr], table: str, prefix: str) -> str:
+    """The view's query over only the tuples whose scope (``exprs``) is in ``table``: the
+    filter is part of the WHERE, so whole groups and partitions are kept."""
+    restricted = _state_tree(select, references)
+    restricted.set("order", None)
+    restricted = restricted.where(_exists_in(table, exprs, prefix), copy=False)
+    return str(restricted.sql(dialect="duckdb"))
+
+
+def _state_sql(tree: exp.Query, references: Sequence[BaseTable]) -> str:
+    return _state_tree(tree, references).sql(dialect="duckdb")

@@ -32,7 +32,7 @@ from typing import Any
 from cdc.errors import CdcError, check_format
 from cdc.events import TableId
 from cdc.sink import canonical_text
-from views.definition import AFFECTED, IMAGES, KEY_COLUMN, LINEAGE, ViewPlan
+from views.definition import AFFECTED, IMAGES, KEY_COLUMN, LINEAGE, SCOPES, ViewPlan
 from views.types import json_form
 
 POSITION = "_cdc_pos"
@@ -260,12 +260,9 @@ class ViewState:
                 rows = self._run(self.plan.full_sql)
                 upserts, deletes = self._diff(rows, None)
             else:
-                self._stage(before=True)
-                self._q(f"CREATE OR REPLACE TEMP TABLE {AFFECTED} AS "
-                        f"{self.plan.lineage_sql}")
+                self._lineage(before=True)
                 self._write_base()
-                self._stage(before=False)
-                self._q(f"INSERT INTO {AFFECTED} {self.plan.lineage_sql}")
+                self._lineage(before=False)
                 affected = self._distinct_affected()
                 result.affected = len(affected)
                 rows = self._run(self.plan.restricted_sql or "")
@@ -283,6 +280,21 @@ class ViewState:
             self.set_meta("stale", "0")
         result.upserts, result.deletes = len(upserts), len(deletes)
         return result, recorded
+
+    def _lineage(self, before: bool) -> None:
+        """Stage the changed rows (:meth:`_stage`), then add to :data:`AFFECTED` the keys the
+        lineage query finds on the state as it is now (``before`` the batch's write, then
+        after it). With windows, the partitions first (:data:`SCOPES`: those found before,
+        then those found either time), and the keys are those of every tuple in them."""
+        self._stage(before)
+        verb = "CREATE OR REPLACE TEMP TABLE {table} AS" if before else "INSERT INTO {table}"
+        scoped = self.plan.scope_lineage_sql
+        if scoped:
+            self._q(f"{verb.format(table=SCOPES)} {scoped}")
+            if not before:
+                self._q(f"CREATE OR REPLACE TEMP TABLE {SCOPES} AS "
+                        f"SELECT DISTINCT * FROM {SCOPES}")
+        self._q(f"{verb.format(table=AFFECTED)} {self.plan.lineage_sql}")
 
     def _gate(self, counts: Mapping[TableId, int]) -> dict[TableId, int]:
         """Per table, keep in its staged changes only those strictly newer than what the state
