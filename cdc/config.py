@@ -390,6 +390,9 @@ class ViewConfig(_Strict):
     #: the view's state: its base tables' current rows (default: <log dir's
     #: parent>/state/views/<name>.duckdb)
     state: Path | None = None
+    #: ``strict``: refuse the view when any of its constructs would be recomputed whole
+    #: rather than maintained for the groups a batch touches (``auto``: recompute those)
+    incremental: Literal["auto", "strict"] = "auto"
 
     #: what ``cdc apply`` asks of every follower-like entry
     kind: Literal["view"] = "view"

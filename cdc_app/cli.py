@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from cdc import __version__
@@ -130,6 +131,8 @@ def _check_views(config: Config, connect: bool, console: Any) -> None:
                 f"[yellow]recomputed whole after each batch[/] ({checked.plan.reason})"
             console.print(f"  view {name} on {view.source} -> {', '.join(view.followers)}: {how}; "
                           f"key {', '.join(view.key)}", highlight=False)
+            for operator in checked.plan.operators:
+                console.print(f"    {escape(operator.describe())}", highlight=False)
             if checked.tables:
                 spark = spark or _check_spark()
                 from spark_apply.views_check import check_in_spark

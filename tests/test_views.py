@@ -176,6 +176,40 @@ def test_a_view_reading_a_masked_or_left_out_column_is_refused() -> None:
     view_plan(config({"public.customers": {"transforms": {"region": "mask"}}}), "v")
 
 
+def test_incremental_strict_refuses_a_recomputed_construct_naming_the_rewrite() -> None:
+    """``incremental: strict`` refuses a view any of whose constructs would be recomputed
+    whole, naming each such construct and its nearest incremental rewrite; an incremental view
+    passes, and every plan lists its constructs (what ``check-config`` prints)."""
+    from cdc.config import parse_config
+    from views.sink import view_plan
+
+    def plan(sql: str, key: list[str], strict: bool) -> Any:
+        view: dict[str, Any] = {"source": "shop", "key": key, "sql": sql, "followers": ["r"]}
+        if strict:
+            view["incremental"] = "strict"
+        return view_plan(parse_config({
+            "sources": [{"name": "shop", "kind": "postgres", "dsn": "postgresql://u@h/d",
+                         "tables": ["public.orders", "public.customers"]}],
+            "followers": {"r": {"kind": "sql", "url": "sqlite:///r.db"}},
+            "views": {"v": view}}, Path(".")), "v")
+
+    ranked = "SELECT o.id, row_number() OVER (ORDER BY o.amount) AS r FROM orders o"
+    assert plan(ranked, ["id"], strict=False).mode == "recompute"
+    with pytest.raises(ViewDefinitionError) as error:
+        plan(ranked, ["id"], strict=True)
+    assert "strict" in str(error.value) and "window function without PARTITION BY" in \
+        str(error.value)
+    assert error.value.fix and "PARTITION BY" in error.value.fix
+    with pytest.raises(ViewDefinitionError) as error:
+        plan("SELECT o.id FROM orders o WHERE o.customer_id IN (SELECT c.id FROM customers c)",
+             ["id"], strict=True)
+    assert "subquery in WHERE" in str(error.value) and "JOIN" in (error.value.fix or "")
+    running = plan(VIEWS["running"][0], ["id"], strict=True)
+    assert [op.construct for op in running.operators] == [
+        "SELECT (filter, projection)", "window function (PARTITION BY o.customer_id)"]
+    assert all(op.incremental for op in plan(REVENUE, ["customer_id"], True).operators)
+
+
 # ------------------------------------------------------------------ the engine, randomly
 
 def _state(directory: Path, name: str, sql: str, key: list[str]) -> ViewState:

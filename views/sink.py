@@ -63,6 +63,13 @@ def view_plan(config: Config, name: str) -> ViewPlan:
     captured = [TableId.parse(text) for text in source.tables]
     plan = analyze(name, view.sql, view.key, str(getattr(source, "kind", "postgres")), captured)
     _refuse_ruled_columns(name, plan, source.columns)
+    if view.incremental == "strict" and plan.blocking:
+        raise ViewDefinitionError(
+            f"view {name} is set incremental: strict, but "
+            + "; ".join(f"its {op.construct} would be recomputed whole ({op.reason})"
+                        for op in plan.blocking),
+            "; ".join(f"{op.construct}: {op.rewrite}" for op in plan.blocking)
+            + f" (or remove views.{name}.incremental to let it be recomputed)")
     return plan
 
 
