@@ -7,7 +7,7 @@ the leader would merge ``'A'`` and ``'a'`` where a follower keeps them apart).""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
@@ -49,7 +49,8 @@ def check_view(config: Config, name: str, leader: Leader | None) -> ViewCheck:
     result.checked.append("leader EXPLAIN")
     _refuse_case_insensitive(name, plan, leader)
     store = schema_store(config)
-    tables = {table: declared_columns(store, view.source, table) for table in plan.tables}
+    tables = {table: declared_columns(store, view.source, table)
+              for table in plan.captured_tables}
     missing = [str(table) for table, columns in tables.items() if columns is None]
     if missing:
         result.skipped.append(f"DuckDB: no schema in the log yet for {', '.join(missing)} "
@@ -74,14 +75,16 @@ def _grouped_or_joined(plan: ViewPlan) -> set[tuple[str, str]]:
 
 
 def _refuse_case_insensitive(name: str, plan: ViewPlan, leader: Leader) -> None:
-    tables = {ref.alias: ref.table for ref in plan.references}
     loose: list[str] = []
-    insensitive = {table: leader.case_insensitive_columns(table) for table in plan.tables}
-    for alias, column in sorted(_grouped_or_joined(plan)):
-        table = tables.get(alias) if alias else (plan.tables[0] if len(plan.tables) == 1
-                                                 else None)
-        if table is not None and column in insensitive[table]:
-            loose.append(f"{table}.{column}")
+    insensitive = {table: leader.case_insensitive_columns(table)
+                   for table in plan.captured_tables}
+    for part in (plan, *plan.subviews.values()):  # an aggregating subquery groups too
+        tables = {ref.alias: ref.table for ref in part.references}
+        for alias, column in sorted(_grouped_or_joined(part)):
+            table = tables.get(alias) if alias else (part.tables[0] if len(part.tables) == 1
+                                                     else None)
+            if table is not None and column in insensitive.get(table, set()):
+                loose.append(f"{table}.{column}")
     if loose:
         raise ViewCheckError(
             f"view {name} groups, keys or joins on case-insensitive text ({', '.join(loose)}): "
@@ -96,25 +99,23 @@ def _run_on_empty_state(name: str, plan: ViewPlan,
 
     db = duckdb.connect()
     try:
-        for index, (table, columns) in enumerate(tables.items()):
-            schema, table_name = table.schema, table.table
+        for table, columns in tables.items():
             data = ", ".join(f'"{column}" {kind}' for column, kind in columns)
-            db.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"').fetchall()
-            db.execute(f'CREATE TABLE "{schema}"."{table_name}" ("{KEY_COLUMN}" VARCHAR, '
-                       f"{data})").fetchall()
-            db.execute(f"CREATE TEMP TABLE {LINEAGE.format(index=index)} "
-                       f'("{KEY_COLUMN}" VARCHAR, {data})').fetchall()
-            db.execute(f"CREATE TEMP TABLE {IMAGES.format(index=index)} ({data})").fetchall()
-        keys = ", ".join(f'"{column}" AS k{i}' for i, column in enumerate(plan.key))
-        db.execute(f"CREATE TEMP TABLE {AFFECTED} AS SELECT {keys} FROM ({plan.full_sql}) "
-                   "LIMIT 0").fetchall()
+            _create_state_table(db, plan.tables.index(table), table, data)
+        for table, sub in plan.subviews.items():  # typed by its SQL over those tables
+            data = ", ".join(f'"{row[0]}" {row[1]}'
+                             for row in db.execute(f"DESCRIBE {sub.full_sql}").fetchall())
+            _create_state_table(db, plan.tables.index(table), table, data)
+            _create_affected(db, f"{AFFECTED}_{table.table}", sub)
+        _create_affected(db, AFFECTED, plan)
         if plan.scope_lineage_sql is not None:
             db.execute(f"CREATE TEMP TABLE {SCOPES} AS {plan.scope_lineage_sql} LIMIT 0"
                        ).fetchall()
-        for sql in (plan.full_sql, plan.scope_lineage_sql, plan.lineage_sql,
-                    plan.restricted_sql):
-            if sql is not None:
-                db.execute(f"EXPLAIN {sql}").fetchall()
+        for part in (*plan.subviews.values(), plan):
+            for sql in (part.full_sql, part.scope_lineage_sql, part.lineage_sql,
+                        part.lineage_early_sql, part.lineage_late_sql, part.restricted_sql):
+                if sql:
+                    db.execute(f"EXPLAIN {sql}").fetchall()
     except duckdb.Error as exc:
         raise ViewCheckError(f"view {name}: its SQL does not run on the view's state (DuckDB, "
                              f"translated from the leader's dialect): {exc}",
@@ -122,3 +123,19 @@ def _run_on_empty_state(name: str, plan: ViewPlan,
                              "functions and operators)") from None
     finally:
         db.close()
+
+
+def _create_state_table(db: Any, index: int, table: TableId, data: str) -> None:
+    """An empty state table of ``table`` (its columns ``data``), and its lineage tables."""
+    db.execute(f'CREATE SCHEMA IF NOT EXISTS "{table.schema}"').fetchall()
+    db.execute(f'CREATE TABLE "{table.schema}"."{table.table}" ("{KEY_COLUMN}" VARCHAR, '
+               f"{data})").fetchall()
+    db.execute(f"CREATE TEMP TABLE {LINEAGE.format(index=index)} "
+               f'("{KEY_COLUMN}" VARCHAR, {data})').fetchall()
+    db.execute(f"CREATE TEMP TABLE {IMAGES.format(index=index)} ({data})").fetchall()
+
+
+def _create_affected(db: Any, name: str, plan: ViewPlan) -> None:
+    keys = ", ".join(f'"{column}" AS k{i}' for i, column in enumerate(plan.key))
+    db.execute(f"CREATE TEMP TABLE {name} AS SELECT {keys} FROM ({plan.full_sql}) LIMIT 0"
+               ).fetchall()

@@ -49,7 +49,7 @@ table name that exactly one captured table has.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sqlglot
@@ -67,6 +67,8 @@ LINEAGE = "_cdc_lineage_{index}"
 IMAGES = "_cdc_images_{index}"     # the old and new images of those rows (the table's columns)
 AFFECTED = "_cdc_affected"        # (k0, k1, ...): the view keys to recompute
 SCOPES = "_cdc_scopes"            # (s0, s1, ...): with windows, the partitions to recompute
+#: the schema of the state's tables that hold an aggregating subquery's rows (``s0``, ``s1``...)
+SUB_SCHEMA = "_cdc_sub"
 
 #: the leader kinds' sqlglot dialects
 DIALECTS = {"postgres": "postgres", "mysql": "mysql"}
@@ -139,6 +141,15 @@ class ViewPlan:
     #: with window functions: the query giving the partitions (``s0, s1, ...``) of the tuples
     #: that involve a changed row; ``lineage_sql`` then gives the keys in :data:`SCOPES`
     scope_lineage_sql: str | None = None
+    #: with aggregating subqueries in FROM: the lineage branches that read only the captured
+    #: tables' changes (run before the batch's write) and those that read the subqueries'
+    #: changes (run after the captured tables' write, before the subqueries'); see
+    #: ``views/state.py``
+    lineage_early_sql: str | None = None
+    lineage_late_sql: str | None = None
+    #: each aggregating subquery in FROM, kept as a table of the state (``_cdc_sub.s<i>``):
+    #: its own plan over captured tables, keyed by its GROUP BY columns
+    subviews: dict[TableId, ViewPlan] = field(default_factory=dict)
     #: every construct met, in order, each incremental or not
     operators: list[Operator] = field(default_factory=list)
     #: each output column's expression (as written)
@@ -147,6 +158,11 @@ class ViewPlan:
     join_conditions: list[exp.Expr] = field(default_factory=list)
     #: per table, the columns the SQL names (qualified, or unqualified with one table)
     referenced: dict[TableId, set[str]] = field(default_factory=dict)
+
+    @property
+    def captured_tables(self) -> list[TableId]:
+        """The captured tables the view reads (``tables`` without the subqueries' own)."""
+        return [table for table in self.tables if table.schema != SUB_SCHEMA]
 
     @property
     def blocking(self) -> list[Operator]:
@@ -167,33 +183,77 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
             "tables: no follower of the change log can keep such a view equal to the leader",
             f"remove it from views.{name}.sql (compute it when reading the view instead)")
     operators: list[Operator] = []
-    tree = _normalize(written.copy(), operators)
+    subqueries: dict[TableId, exp.Select] = {}
+    tree = _normalize(written.copy(), operators, subqueries)
     indexes: dict[TableId, int] = {}
-    references = _resolve_tables(name, tree, captured, indexes)
-    tables = list(indexes)
+    known = [*captured, *subqueries]
+    references = _resolve_tables(name, tree, known, indexes)
+    subviews = {table: _subview(name, table, inner, captured, indexes, operators)
+                for table, inner in subqueries.items()}
     columns = _output_columns(name, tree)
     _check_key(name, key, columns)
     branches = _set_branches(tree, operators)
-    compiled = [_compile(name, branch, _resolve_tables(name, branch, captured, indexes),
+    compiled = [_compile(name, branch, _resolve_tables(name, branch, known, indexes),
                          [columns.index(column) for column in key], operators,
-                         len(branches) > 1)
+                         len(branches) > 1, AFFECTED)
                 for branch in branches]
-    blocking = [operator for operator in operators if not operator.incremental]
-    plan = ViewPlan(name, "recompute" if blocking else "incremental",
-                    f"{blocking[0].construct}: {blocking[0].reason}" if blocking else "",
-                    tables, references, columns,
-                    list(key), _state_sql(tree, references), operators=operators)
+    if subviews and (len(compiled) != 1 or compiled[0].scope_lineage is not None):
+        operators.append(Operator("aggregating subquery beside a UNION or a window", False,
+                                  "their lineage would need the subquery's old rows",
+                                  "make the subquery a view of its own"))
+    plan = ViewPlan(name, "incremental", "", list(indexes), references, columns, list(key),
+                    _state_sql(tree, references), subviews=subviews, operators=operators)
+    blocking = plan.blocking
+    if blocking:
+        plan.mode, plan.reason = "recompute", f"{blocking[0].construct}: {blocking[0].reason}"
     plan.outputs = _outputs(tree)
     plan.join_conditions = _join_conditions(tree)
     plan.referenced = _referenced(tree, references)
+    for sub in subviews.values():
+        for table, read in sub.referenced.items():
+            plan.referenced.setdefault(table, set()).update(read)
     if not blocking:
         _set_queries(plan, tree, compiled)
+    return plan
+
+
+def _subview(name: str, table: TableId, inner: exp.Select, captured: Sequence[TableId],
+             indexes: dict[TableId, int], operators: list[Operator]) -> ViewPlan:
+    """The plan of an aggregating subquery in FROM, kept in the state as ``table``: keyed by
+    its GROUP BY columns, which must all be among its outputs."""
+    label = f"{name} (subquery {table.table})"
+    columns = _output_columns(label, inner)
+    projections = {column: projection.unalias()
+                   for column, projection in zip(columns, inner.selects, strict=True)}
+    grouped = {_canonical(expression) for expression in _grouping(inner)}
+    key = [column for column, expression in projections.items()
+           if _canonical(expression) in grouped]
+    operators.append(Operator("subquery in FROM that aggregates", True))
+    if len(key) < len(grouped):
+        operators.append(Operator("aggregating subquery without its GROUP BY columns in its "
+                                  "SELECT", False, "its rows cannot be told apart",
+                                  "add every GROUP BY column to the subquery's SELECT"))
+    references = _resolve_tables(label, inner, captured, indexes)
+    if len(key) < len(grouped):
+        return ViewPlan(label, "recompute", "", list(dict.fromkeys(r.table for r in references)),
+                        references, columns, key or columns, _state_sql(inner, references))
+    own: list[Operator] = []
+    compiled = _compile(label, inner, references, [columns.index(c) for c in key], own,
+                        False, f"{AFFECTED}_{table.table}")
+    operators.extend(op for op in own if not op.incremental)
+    plan = ViewPlan(label, "incremental", "", list(dict.fromkeys(r.table for r in references)),
+                    references, columns, key, _state_sql(inner, references), operators=own)
+    plan.referenced = _referenced(inner, references)
+    if compiled.scope_lineage is None and not plan.blocking:
+        plan.lineage_sql, plan.restricted_sql = compiled.lineage, compiled.restricted
     return plan
 
 
 def _set_queries(plan: ViewPlan, tree: exp.Query, compiled: Sequence[_Branch]) -> None:
     if len(compiled) == 1 and compiled[0].scope_lineage is not None:
         plan.scope_lineage_sql = compiled[0].scope_lineage
+    if plan.subviews:
+        plan.lineage_early_sql, plan.lineage_late_sql = compiled[0].early, compiled[0].late
     plan.lineage_sql = " UNION ".join(branch.lineage for branch in compiled)
     joiner = " UNION ALL " if isinstance(tree, exp.Union) and not tree.args.get("distinct") \
         else " UNION "
@@ -357,11 +417,14 @@ def _volatile(tree: exp.Expr) -> str:
 
 # ----------------------------------------------------------------------- normal form
 
-def _normalize(tree: exp.Query, operators: list[Operator]) -> exp.Query:
-    """``tree`` rewritten into the normal form of the module docstring (same rows)."""
+def _normalize(tree: exp.Query, operators: list[Operator],
+               subqueries: dict[TableId, exp.Select]) -> exp.Query:
+    """``tree`` rewritten into the normal form of the module docstring (same rows); each
+    aggregating subquery in FROM is replaced by a table of :data:`SUB_SCHEMA` (added to
+    ``subqueries``)."""
     tree = _inline_ctes(tree, operators)
     for select in _selects(tree):
-        _merge_subqueries(select, operators)
+        _merge_subqueries(select, operators, subqueries)
         _distinct_as_group(select, operators)
     return tree
 
@@ -399,10 +462,20 @@ def _plain(select: exp.Expr) -> bool:
         and not any(True for _ in select.find_all(exp.Window, exp.Subquery))
 
 
-def _merge_subqueries(select: exp.Select, operators: list[Operator]) -> None:
+def _aggregating(select: exp.Expr) -> bool:
+    """A GROUP BY over tables (no window, LIMIT, DISTINCT ON or nested subquery): kept in
+    the state as a table of its own, maintained like a view."""
+    return isinstance(select, exp.Select) and select.args.get("group") is not None \
+        and not any(select.args.get(arg) for arg in ("limit", "offset", "qualify", "with_")) \
+        and not any(True for _ in select.find_all(exp.Window, exp.Subquery))
+
+
+def _merge_subqueries(select: exp.Select, operators: list[Operator],
+                      subqueries: dict[TableId, exp.Select]) -> None:
     """Each subquery in FROM (or a join) that only filters and projects one table (in FROM:
     any joins) becomes that table, its columns replaced by their expressions and its filter
-    moved to the WHERE (or to the ON of a LEFT join that supplies its nulls)."""
+    moved to the WHERE (or to the ON of a LEFT join that supplies its nulls); one that
+    aggregates becomes a table of the state that holds its rows (:data:`SUB_SCHEMA`)."""
     joins = select.args.get("joins") or []
     slots: list[exp.Expr] = [select.args["from_"].this, *(join.this for join in joins)] \
         if select.args.get("from_") else []
@@ -410,6 +483,14 @@ def _merge_subqueries(select: exp.Select, operators: list[Operator]) -> None:
         if not isinstance(node, exp.Subquery):
             continue
         inner = node.this
+        if _aggregating(inner):
+            table = TableId(SUB_SCHEMA, f"s{len(subqueries)}")
+            subqueries[table] = inner
+            node.replace(exp.Table(this=exp.to_identifier(table.table),
+                                   db=exp.to_identifier(SUB_SCHEMA),
+                                   alias=exp.TableAlias(this=exp.to_identifier(
+                                       node.alias_or_name))))
+            continue
         join = joins[position - 1] if position else None
         side = (join.side or "").upper() if join is not None else ""
         single = _plain(inner) and not inner.args.get("joins")
@@ -422,10 +503,9 @@ def _merge_subqueries(select: exp.Select, operators: list[Operator]) -> None:
 
 def _subquery_operator(inner: exp.Expr, position: int, side: str) -> Operator:
     if not _plain(inner):
-        return Operator("subquery in FROM (aggregating, windowed or limited)", False,
+        return Operator("subquery in FROM that windows, limits or nests", False,
                         "its rows are computed over whole tables",
-                        "join the tables directly and aggregate once, or make the subquery "
-                        "a view of its own")
+                        "join the tables directly, or make the subquery a view of its own")
     if side in ("RIGHT", "FULL"):
         return Operator(f"subquery on the null side of a {side} JOIN", False,
                         "its filter cannot move out of the join",
@@ -536,11 +616,15 @@ class _Branch:
     lineage: str
     restricted: str
     scope_lineage: str | None = None
+    #: with aggregating subqueries: the lineage branches of the captured tables' changes, and
+    #: those of the subqueries' changes
+    early: str | None = None
+    late: str | None = None
 
 
 def _compile(name: str, select: exp.Select, references: Sequence[BaseTable],
-             key_positions: Sequence[int], operators: list[Operator], in_union: bool
-             ) -> _Branch:
+             key_positions: Sequence[int], operators: list[Operator], in_union: bool,
+             affected: str) -> _Branch:
     """Classify ``select`` (its operators appended to ``operators``) and, when every one so
     far is incremental, build its lineage and restricted queries."""
     _classify(select, operators)
@@ -553,8 +637,14 @@ def _compile(name: str, select: exp.Select, references: Sequence[BaseTable],
     if any(not operator.incremental for operator in operators):
         return _Branch("", "")
     if scope is None:
-        lineage = _lineage_union(select, references, key_exprs, joins, "k")
-        return _Branch(lineage, _restricted(select, references, key_exprs, AFFECTED, "k"))
+        def sub(ref: BaseTable) -> bool:
+            return ref.table.schema == SUB_SCHEMA
+
+        return _Branch(_lineage_union(select, references, key_exprs, joins, "k"),
+                       _restricted(select, references, key_exprs, affected, "k"),
+                       early=_lineage_union(select, references, key_exprs, joins, "k",
+                                            lambda ref: not sub(ref)),
+                       late=_lineage_union(select, references, key_exprs, joins, "k", sub))
     keys = _keys_of(_state_tree(select, references), key_exprs, "k").where(
         _exists_in(SCOPES, scope, "s"), copy=False)
     return _Branch(str(keys.sql(dialect="duckdb")),
@@ -816,7 +906,8 @@ def _keys_of(select: exp.Select, exprs: Sequence[exp.Expr], prefix: str) -> exp.
 
 
 def _lineage_union(select: exp.Select, references: Sequence[BaseTable],
-                   exprs: Sequence[exp.Expr], joins: Sequence[_Join], prefix: str) -> str:
+                   exprs: Sequence[exp.Expr], joins: Sequence[_Join], prefix: str,
+                   only: Callable[[BaseTable], bool] | None = None) -> str:
     """The scopes (``exprs``) of every tuple involving a changed row, or null-extended where
     a changed row's join values match (see the module docstring), as a UNION of branches:
 
@@ -825,14 +916,19 @@ def _lineage_union(select: exp.Select, references: Sequence[BaseTable],
       the whole tables — so each branch joins a few rows against the tables;
     * with outer joins, one branch over the whole tables filtered to the tuples
       null-extended on a side whose join values equal a changed row's old or new ones (the
-      engine's plan turns the filter into a semi-join on the other side's table)."""
+      engine's plan turns the filter into a semi-join on the other side's table).
+
+    ``only``: just the branches of the references (changed rows, null-extended sides) it
+    accepts (the empty string when none)."""
     branches = [_keys_of(_state_tree(select, references,
                                      {position: LINEAGE.format(index=ref.index)}), exprs, prefix)
-                for position, ref in enumerate(references)]
+                for position, ref in enumerate(references) if only is None or only(ref)]
     extended: list[exp.Expr] = []
     for join in joins:
         for null, pairs in join.null_sides.items():
             ref = references[null]
+            if only is not None and not only(ref):
+                continue
             images = exp.to_identifier(IMAGES.format(index=ref.index))
             match = exp.and_(*[exp.EQ(this=exp.column(exp.to_identifier(column, quoted=True),
                                                       table="_m"), expression=other.copy())

@@ -183,7 +183,8 @@ class ViewSink(Sink):
         self.view = config.views[name]
         self.plan = view_plan(config, name)
         self.topic = view_topic(self.view.source, name)
-        self.topics = {topic_name(self.view.source, table): table for table in self.plan.tables}
+        self.topics = {topic_name(self.view.source, table): table
+                       for table in self.plan.captured_tables}
         #: the topics the view's query reads (``cdc apply`` passes only these ranges)
         self.read_topics = sorted(self.topics)
         self._shared = {follower: _acquire(config, follower) for follower in self.view.followers}

@@ -32,7 +32,15 @@ from typing import Any
 from cdc.errors import CdcError, check_format
 from cdc.events import TableId
 from cdc.sink import canonical_text
-from views.definition import AFFECTED, IMAGES, KEY_COLUMN, LINEAGE, SCOPES, ViewPlan
+from views.definition import (
+    AFFECTED,
+    IMAGES,
+    KEY_COLUMN,
+    LINEAGE,
+    SCOPES,
+    SUB_SCHEMA,
+    ViewPlan,
+)
 from views.types import json_form
 
 POSITION = "_cdc_pos"
@@ -126,6 +134,11 @@ class ViewState:
                             "is another `cdc apply` running this view? Stop it; or delete the "
                             "file to rebuild the view from the log") from None
         self._lock = threading.Lock()
+        #: (index, table) of the captured tables, and of the aggregating subqueries' tables
+        self._captured = [(i, t) for i, t in enumerate(plan.tables) if t.schema != SUB_SCHEMA]
+        self._subs = [(i, t) for i, t in enumerate(plan.tables) if t.schema == SUB_SCHEMA]
+        #: the temporary tables of affected keys filled so far in this batch
+        self._affected: set[str] = set()
         self.columns: dict[TableId, list[tuple[str, str]]] = {}
         #: the view's output columns and DuckDB types
         self._output: list[tuple[str, str]] | None = None
@@ -158,7 +171,7 @@ class ViewState:
                      f"view {self.plan.name}: its state {self.path}", error=ViewError,
                      fix="run the cdc version that wrote it (or a newer one), or delete the "
                      "file to rebuild the view from the log")
-        for table in self.plan.tables:
+        for _, table in [*self._captured, *self._subs]:  # a subquery's columns: DESCRIBE
             self._ensure_table(table)
         if self.meta("sql") != self.plan.full_sql:
             # a new definition: the next batch recomputes the whole view and compares
@@ -167,7 +180,9 @@ class ViewState:
 
     def _ensure_table(self, table: TableId, extra: Iterable[str] = ()) -> None:
         """Create the state table of ``table``, or add the columns it lacks."""
-        declared = self.columns_of(table)
+        declared = self.columns_of(table) if table.schema != SUB_SCHEMA else [
+            (str(row[0]), str(row[1]))
+            for row in self._q(f"DESCRIBE {self.plan.subviews[table].full_sql}")]
         have = {name for name, _ in self.columns.get(table, [])}
         if not have:
             self._q(f"CREATE SCHEMA IF NOT EXISTS {_quote(table.schema)}")
@@ -255,14 +270,20 @@ class ViewState:
             return result, []
         try:
             full = stale or self.plan.mode == "recompute" or self._mostly_touched(won)
+            self._affected = set()
             if full:
-                self._write_base()
+                self._write_base(self._captured)
+                for table in self.plan.subviews:
+                    self._refill_subview(table)
                 rows = self._run(self.plan.full_sql)
                 upserts, deletes = self._diff(rows, None)
             else:
-                self._lineage(before=True)
-                self._write_base()
-                self._lineage(before=False)
+                if self.plan.subviews:
+                    self._lineage_through_subviews()
+                else:
+                    self._lineage(before=True)
+                    self._write_base(self._captured)
+                    self._lineage(before=False)
                 affected = self._distinct_affected()
                 result.affected = len(affected)
                 rows = self._run(self.plan.restricted_sql or "")
@@ -286,22 +307,100 @@ class ViewState:
         lineage query finds on the state as it is now (``before`` the batch's write, then
         after it). With windows, the partitions first (:data:`SCOPES`: those found before,
         then those found either time), and the keys are those of every tuple in them."""
-        self._stage(before)
-        verb = "CREATE OR REPLACE TEMP TABLE {table} AS" if before else "INSERT INTO {table}"
+        self._stage(before, self._captured)
         scoped = self.plan.scope_lineage_sql
         if scoped:
-            self._q(f"{verb.format(table=SCOPES)} {scoped}")
+            self._affect(SCOPES, scoped)
             if not before:
                 self._q(f"CREATE OR REPLACE TEMP TABLE {SCOPES} AS "
                         f"SELECT DISTINCT * FROM {SCOPES}")
-        self._q(f"{verb.format(table=AFFECTED)} {self.plan.lineage_sql}")
+        self._affect(AFFECTED, self.plan.lineage_sql or "")
+
+    def _affect(self, table: str, sql: str) -> None:
+        """Add ``sql``'s rows to the temporary table ``table`` (made by the batch's first)."""
+        if not sql:
+            return
+        if table in self._affected:
+            self._q(f"INSERT INTO {table} {sql}")
+        else:
+            self._q(f"CREATE OR REPLACE TEMP TABLE {table} AS {sql}")
+            self._affected.add(table)
+
+    def _lineage_through_subviews(self) -> None:
+        """The lineage of a view with aggregating subqueries in FROM (each kept as a table of
+        the state, maintained like a view of its own):
+
+        1. before the write, the subqueries' affected keys and the lineage branches of the
+           captured tables' changes (on the old state, the subqueries' old rows included);
+        2. the captured tables are written; each subquery's affected keys after it, its rows
+           recomputed for them and compared with its table: its changes;
+        3. the branches of the subqueries' changes, on the new captured tables (a tuple that
+           also involved a changed captured row was found in 1), then the subqueries' tables
+           are written;
+        4. every branch on the new state."""
+        self._stage(True, self._captured)
+        for table, sub in self.plan.subviews.items():
+            self._affect(_sub_affected(table), sub.lineage_sql or "")
+        self._affect(AFFECTED, self.plan.lineage_early_sql or "")
+        newest = self._newest_position()
+        self._write_base(self._captured)
+        self._stage(False, self._captured)
+        for table, sub in self.plan.subviews.items():
+            self._affect(_sub_affected(table), sub.lineage_sql or "")
+            self._stage_subview(table, newest)
+        self._stage(True, self._subs)
+        self._affect(AFFECTED, self.plan.lineage_late_sql or "")
+        self._write_base(self._subs, markers=False)
+        self._stage(False, self._subs)
+        self._affect(AFFECTED, self.plan.lineage_sql or "")
+
+    @staticmethod
+    def _sub_key(columns: Sequence[str]) -> str:
+        """The text ``_cdc_key`` of a subquery's row: its key columns (``columns``: their
+        expressions, in the key's order) as a JSON list of their texts."""
+        texts = ", ".join(f"CAST({column} AS VARCHAR)" for column in columns)
+        return f"CAST(to_json(list_value({texts})) AS VARCHAR)"
+
+    def _stage_subview(self, table: TableId, position: bytes) -> None:
+        """The changes of subquery ``table``'s rows for its affected keys, staged as a captured
+        table's are (``_cdc_new_<i>``, ``_cdc_held_<i>``): rows recomputed that differ from
+        the held ones, and deletes of held keys no longer produced."""
+        sub = self.plan.subviews[table]
+        index = self.plan.tables.index(table)
+        new, held = NEW.format(index=index), HELD.format(index=index)
+        columns = self.columns[table]
+        names = [_quote(name) for name, _ in columns]
+        affected = _sub_affected(table)
+        keys = self._sub_key([f"k{i}" for i in range(len(sub.key))])
+        row_key = self._sub_key([f"r.{_quote(column)}" for column in sub.key])
+        self._q(f"CREATE OR REPLACE TEMP TABLE {held} AS SELECT rowid AS {ROWID}, * FROM "
+                f"{_table_sql(table)} WHERE {_quote(KEY_COLUMN)} IN "
+                f"(SELECT DISTINCT {keys} FROM {affected})")
+        self._q(f"CREATE OR REPLACE TEMP TABLE {new} AS SELECT {row_key} AS k, ?::BLOB AS pos, "
+                f"false AS gone, " + ", ".join(f"r.{n}" for n in names)
+                + f" FROM ({sub.restricted_sql}) r", [position])
+        self._q(f"INSERT INTO {new} (k, pos, gone) SELECT h.{_quote(KEY_COLUMN)}, ?, true "
+                f"FROM {held} h WHERE h.{_quote(KEY_COLUMN)} NOT IN (SELECT k FROM {new})",
+                [position])
+        same = " AND ".join(f"h.{n} IS NOT DISTINCT FROM {new}.{n}" for n in names)
+        self._q(f"DELETE FROM {new} WHERE NOT gone AND EXISTS (SELECT 1 FROM {held} h WHERE "
+                f"h.{_quote(KEY_COLUMN)} = {new}.k AND {same})")
+
+    def _refill_subview(self, table: TableId) -> None:
+        """Subquery ``table``'s rows recomputed whole (the view is recomputed whole)."""
+        sub = self.plan.subviews[table]
+        names = ", ".join(_quote(name) for name, _ in self.columns[table])
+        key = self._sub_key([f"r.{_quote(column)}" for column in sub.key])
+        self._q(f"DELETE FROM {_table_sql(table)}")
+        self._q(f"INSERT INTO {_table_sql(table)} ({_quote(KEY_COLUMN)}, {_quote(POSITION)}, "
+                f"{names}) SELECT {key}, ''::BLOB, {names} FROM ({sub.full_sql}) r")
 
     def _gate(self, counts: Mapping[TableId, int]) -> dict[TableId, int]:
         """Per table, keep in its staged changes only those strictly newer than what the state
         holds for their keys (a row, or a delete's marker); the state's rows of the batch's
         keys go to ``_cdc_held_<i>`` (one scan of the table). The number kept per table."""
         won: dict[TableId, int] = {}
-        for index, table in enumerate(self.plan.tables):
+        for index, table in self._captured:
             new, held = NEW.format(index=index), HELD.format(index=index)
             self._q(f"CREATE OR REPLACE TEMP TABLE {held} AS SELECT rowid AS {ROWID}, * "
                     f"FROM {_table_sql(table)} WHERE {_quote(KEY_COLUMN)} IN "
@@ -319,7 +418,7 @@ class ViewState:
     def _newest_position(self) -> bytes:
         """The newest position of the batch's changes that passed the gate."""
         newest = b""
-        for index in range(len(self.plan.tables)):
+        for index, _ in self._captured:
             found = self._q(f"SELECT max(pos) FROM {NEW.format(index=index)}")[0][0]
             if found is not None and bytes(found) > newest:
                 newest = bytes(found)
@@ -340,7 +439,7 @@ class ViewState:
         import pyarrow as pa
 
         counts: dict[TableId, int] = {}
-        for index, table in enumerate(self.plan.tables):
+        for index, table in self._captured:
             batch = by_table.get(table, [])
             counts[table] = len(batch)
             extra = {column for change in batch if change.row for column in change.row}
@@ -367,11 +466,11 @@ class ViewState:
                 self.db.unregister("_cdc_staged")
         return counts
 
-    def _stage(self, before: bool) -> None:
+    def _stage(self, before: bool, tables: Sequence[tuple[int, TableId]]) -> None:
         """Each table's changed rows as the lineage query reads them (``_cdc_lineage_<i>``):
         ``before`` the write their rows in the state, after it their new rows; and (once, for
         LEFT JOINs) their old and new images together."""
-        for index, table in enumerate(self.plan.tables):
+        for index, table in tables:
             new, held = NEW.format(index=index), HELD.format(index=index)
             names = [_quote(name) for name, _ in self.columns[table]]
             columns = ", ".join(names)
@@ -388,10 +487,11 @@ class ViewState:
                         f"SELECT k AS {_quote(KEY_COLUMN)}, pos AS {_quote(POSITION)}, "
                         f"{columns} FROM {new} WHERE NOT gone")
 
-    def _write_base(self) -> None:
-        """The gated changes into the base tables: rows replaced (the held rows deleted by
-        their row ids), deletes leave a marker."""
-        for index, table in enumerate(self.plan.tables):
+    def _write_base(self, tables: Sequence[tuple[int, TableId]], markers: bool = True) -> None:
+        """The gated changes into ``tables``: rows replaced (the held rows deleted by their
+        row ids), deletes leave a marker (with ``markers``: a subquery's table needs none, its
+        changes are made here, never replayed)."""
+        for index, table in tables:
             new, held = NEW.format(index=index), HELD.format(index=index)
             names = [_quote(name) for name, _ in self.columns[table]]
             self._q(f"DELETE FROM {_table_sql(table)} WHERE rowid IN (SELECT {ROWID} FROM "
@@ -402,8 +502,9 @@ class ViewState:
                     f"{_quote(POSITION)}" + "".join(f", {n}" for n in names)
                     + ") SELECT k, pos" + "".join(f", {n}" for n in names)
                     + f" FROM {new} WHERE NOT gone")
-            self._q(f"INSERT INTO _cdc_gone SELECT ?, k, pos FROM {new} WHERE gone",
-                    [str(table)])
+            if markers:
+                self._q(f"INSERT INTO _cdc_gone SELECT ?, k, pos FROM {new} WHERE gone",
+                        [str(table)])
 
     def _distinct_affected(self) -> list[tuple[Any, ...]]:
         self._q(f"CREATE OR REPLACE TEMP TABLE {AFFECTED} AS "
@@ -535,3 +636,9 @@ class ViewState:
 def _cell(value: Any) -> str | None:
     """A JSON-form value as the text DuckDB casts into the column's type."""
     return None if value is None else canonical_text(value)
+
+
+def _sub_affected(table: TableId) -> str:
+    """The temporary table of subquery ``table``'s affected keys (its plan's restricted
+    query reads it: ``views/definition.py``)."""
+    return f"{AFFECTED}_{table.table}"

@@ -183,7 +183,7 @@ def _double_columns(config: Config, name: str) -> dict[str, set[str]]:
     view = config.views[name]
     store = schema_store(config)
     out: dict[str, set[str]] = {}
-    for table in view_plan(config, name).tables:
+    for table in view_plan(config, name).captured_tables:
         columns = declared_columns(store, view.source, table) or []
         out[str(table)] = {column for column, kind in columns if kind == "DOUBLE"}
     return out
