@@ -136,16 +136,22 @@ class Placement(enum.Enum):
     file partition per task).
     ``DRIVER``: the driver writes, one share after the other (a store that allows a single
     writer; no follower kind of this project needs it: the search index is sharded).
-    ``DRIVER_WHOLE_BATCH``: the driver writes the whole batch in one :meth:`Sink.apply` call (a
-    view: it needs the batch's changes of every table together)."""
+    ``WHOLE_BATCH``: one task on an executor writes the whole batch in one :meth:`Sink.apply`
+    call (a view: it needs the batch's changes of every table together; its state is on
+    storage every executor reaches, opened by the task and closed before it ends)."""
 
     BY_PARTITION = "by-partition"
     BY_OWNER = "by-owner"
     DRIVER = "driver"
-    DRIVER_WHOLE_BATCH = "driver-whole-batch"
+    WHOLE_BATCH = "whole-batch"
 
     @property
     def on_executors(self) -> bool:
+        return self is not Placement.DRIVER
+
+    @property
+    def splits(self) -> bool:
+        """The batch is split into several tasks (by partition or by owner)."""
         return self in (Placement.BY_PARTITION, Placement.BY_OWNER)
 
 

@@ -102,7 +102,7 @@ class FollowerProgress:
 def reads_with_spark_kafka(config: Config, name: str, sink: Sink) -> bool:
     """Whether follower ``name``'s tasks read with Spark's Kafka source (its ``reader``; a sink
     written on the driver (``Sink.placement``) always reads through the log contract)."""
-    if not sink.placement.on_executors:
+    if not sink.placement.splits:
         return False
     follower = config.follower(name)
     return follower.reader == "spark-kafka" or (follower.reader == "auto"
@@ -162,12 +162,11 @@ class BatchHandler:
             ranges = [item for item in ranges if item.topic in self.topics]
         context = self.spark.sparkContext
         placement = self.sink.placement
-        whole = placement is Placement.DRIVER_WHOLE_BATCH  # a view: the batch in one call
-        tasks = plan_tasks(ranges, 1 if whole else max(1, context.defaultParallelism),
-                           placement is Placement.BY_OWNER)
+        tasks = plan_tasks(ranges, max(1, context.defaultParallelism) if placement.splits
+                           else 1, placement is Placement.BY_OWNER)  # a view: one call
         total = TaskReport()
         try:
-            if placement.on_executors and self._small_in_local_mode(ranges):
+            if placement.splits and self._small_in_local_mode(ranges):
                 reports = [self.local_applier.run(ApplyTask(tuple(ranges)))]
             elif self.kafka_reader and ranges and placement.on_executors:
                 reports = self._run_on_kafka(ranges, batch_id)

@@ -244,6 +244,8 @@ def _subview(name: str, table: TableId, inner: exp.Select, captured: Sequence[Ta
     plan = ViewPlan(label, "incremental", "", list(dict.fromkeys(r.table for r in references)),
                     references, columns, key, _state_sql(inner, references), operators=own)
     plan.referenced = _referenced(inner, references)
+    plan.outputs = _outputs(inner)
+    plan.join_conditions = _join_conditions(inner)
     if compiled.scope_lineage is None and not plan.blocking:
         plan.lineage_sql, plan.restricted_sql = compiled.lineage, compiled.restricted
     return plan
@@ -300,6 +302,8 @@ def approximate_columns(plan: ViewPlan, doubles: Mapping[str, set[str]]) -> list
     (``doubles``: per ``schema.table``, such columns). ``cdc verify --view`` compares them
     with a tolerance."""
     tables = {ref.alias: str(ref.table) for ref in plan.references}
+    doubles = {**doubles, **{str(table): set(approximate_columns(sub, doubles))
+                             for table, sub in plan.subviews.items()}}
     out: list[str] = []
     for column, expression in plan.outputs.items():
         floating = any(True for _ in expression.find_all(*_FLOATING)) or any(

@@ -3,8 +3,11 @@ into its followers.
 
 ``cdc apply`` gives each view a streaming query of its own, like a follower, over its source's
 topics. Each micro-batch holds whole source transactions (the source plans batches on the
-log's transaction boundaries), and a view takes it in *one* call (:attr:`ViewSink.placement`),
-on the driver: so the view never reflects part of a transaction. Per batch:
+log's transaction boundaries), and a view takes it in *one* call (:attr:`ViewSink.placement`):
+one task on an executor, never the driver, so the view never reflects part of a transaction.
+The task opens the view's state (a DuckDB file on storage every executor reaches, beside the
+log by default), and closes it before it ends: the next batch's task may run elsewhere. Per
+batch:
 
 1. the outbox left by a crash, if any, is written into every follower first;
 2. :meth:`ViewState.apply` gates the changes into the base tables' state and records the
@@ -174,8 +177,8 @@ class ViewSink(Sink):
     """View ``name`` of ``config``: its state, its followers' sinks."""
 
     folds = True
-    #: one call per micro-batch (whole transactions), never split into tasks
-    placement = Placement.DRIVER_WHOLE_BATCH
+    #: one call per micro-batch (whole transactions) in one executor task, never split
+    placement = Placement.WHOLE_BATCH
 
     def __init__(self, config: Config, name: str) -> None:
         self.name = name
@@ -188,7 +191,6 @@ class ViewSink(Sink):
         #: the topics the view's query reads (``cdc apply`` passes only these ranges)
         self.read_topics = sorted(self.topics)
         self._shared = {follower: _acquire(config, follower) for follower in self.view.followers}
-        self._state: ViewState | None = None
         self._store: Any = None
 
     # ------------------------------------------------------------------------- set-up
@@ -204,14 +206,19 @@ class ViewSink(Sink):
                             "mid-log with empty base tables",
                             f"delete the checkpoint {commits.parent} too (and empty the view's "
                             "tables in its followers) to rebuild the view from offset 0")
-        self._flush(self.state)
+        with self.opened() as state:
+            self._flush(state)
 
-    @property
-    def state(self) -> ViewState:
-        if self._state is None:
-            self._state = ViewState(self.config.view_state(self.name), self.plan,
-                                    self._columns_of)
-        return self._state
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[ViewState]:
+        """The view's state, open for one step (a batch, a watermark, a read) and closed
+        after it: the file is locked while open, and the next batch's task may run in another
+        process or on another machine."""
+        state = ViewState(self.config.view_state(self.name), self.plan, self._columns_of)
+        try:
+            yield state
+        finally:
+            state.close()
 
     def _columns_of(self, table: TableId) -> list[tuple[str, str]]:
         if self._store is None:
@@ -230,10 +237,10 @@ class ViewSink(Sink):
             return self._apply(changes)
 
     def _apply(self, changes: Sequence[Change]) -> ApplyStats:
-        state = self.state
-        self._flush(state)
-        result = self._commit_state(state, changes)
-        self._flush(state)
+        with self.opened() as state:
+            self._flush(state)
+            result = self._commit_state(state, changes)
+            self._flush(state)
         return ApplyStats(written=result.upserts, deleted=result.deletes,
                           skipped=result.skipped)
 
@@ -285,24 +292,27 @@ class ViewSink(Sink):
         for shared in self._shared.values():
             with shared.lock:
                 shared.sink.set_watermark(watermark_name(self.name), offset)
-        self.state.set_meta("watermark", json.dumps(dict(offset)))
+        with self.opened() as state:
+            state.set_meta("watermark", json.dumps(dict(offset)))
 
     def watermark(self, source: str) -> dict[str, Any] | None:
-        text = self.state.meta("watermark") if source == self.view.source else None
+        if source != self.view.source:
+            return None
+        with self.opened() as state:
+            text = state.meta("watermark")
         return None if text is None else dict(json.loads(text))
 
     # --------------------------------------------------------------------------- reading
     def read(self, topic: str, keys: Sequence[str]) -> dict[str, dict[str, str]]:
-        rows = self.state.rows()
+        with self.opened() as state:
+            rows = state.rows()
         return {key: row_text(rows[key]) for key in keys if key in rows}
 
     def keys(self, topic: str) -> Iterator[str]:
-        return iter(sorted(self.state.rows()))
+        with self.opened() as state:
+            return iter(sorted(state.rows()))
 
     def close(self) -> None:
         for follower in self._shared:
             _release(self.config, follower)
         self._shared = {}
-        if self._state is not None:
-            self._state.close()
-            self._state = None

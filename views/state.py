@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdc.errors import CdcError, check_format
 from cdc.events import TableId
@@ -43,10 +44,15 @@ from views.definition import (
 )
 from views.types import json_form
 
+if TYPE_CHECKING:
+    import duckdb
+
 POSITION = "_cdc_pos"
 #: the version of the state file's layout, in ``_cdc_meta`` (``format``; a file without it was
 #: written before formats were marked: format 1)
 FORMAT = 1
+#: how long a batch's task waits for the state file another process holds open
+LOCK_WAIT_S = 120.0
 #: above this share of a table's rows touched by one batch, the view is recomputed whole
 RECOMPUTE_SHARE = 0.25
 #: a table's changes of the batch, typed (k, pos, gone, its columns); after the gate, only
@@ -121,18 +127,12 @@ class ViewState:
 
     def __init__(self, path: Path, plan: ViewPlan,
                  columns_of: Callable[[TableId], list[tuple[str, str]]]) -> None:
-        import duckdb
 
         self.plan = plan
         self.path = path
         self.columns_of = columns_of
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.db = duckdb.connect(str(path))
-        except duckdb.Error as exc:
-            raise ViewError(f"view {plan.name}: cannot open its state {path} ({exc})",
-                            "is another `cdc apply` running this view? Stop it; or delete the "
-                            "file to rebuild the view from the log") from None
+        self.db = _connect(path, plan.name)
         self._lock = threading.Lock()
         #: (index, table) of the captured tables, and of the aggregating subqueries' tables
         self._captured = [(i, t) for i, t in enumerate(plan.tables) if t.schema != SUB_SCHEMA]
@@ -636,6 +636,23 @@ class ViewState:
 def _cell(value: Any) -> str | None:
     """A JSON-form value as the text DuckDB casts into the column's type."""
     return None if value is None else canonical_text(value)
+
+
+def _connect(path: Path, name: str) -> duckdb.DuckDBPyConnection:
+    """A read-write connection to the state file, waiting up to :data:`LOCK_WAIT_S` while
+    another process holds it (the task of the batch before, a speculative duplicate)."""
+    import duckdb
+
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            return duckdb.connect(str(path))
+        except duckdb.Error as exc:
+            if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                raise ViewError(f"view {name}: cannot open its state {path} ({exc})",
+                                "is another `cdc apply` running this view? Stop it; or delete "
+                                "the file to rebuild the view from the log") from None
+            time.sleep(0.05)
 
 
 def _sub_affected(table: TableId) -> str:
