@@ -765,3 +765,16 @@ views:
         capture_code = capture.terminate()
     assert apply_code == 0, (tmp_path / "apply.log").read_text()[-3000:] if apply else ""
     assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
+
+
+def test_verify_compares_floating_columns_within_the_leaders_rounding() -> None:
+    """An approximate column equals the leader's value within 1e-9 relative, or within half
+    a unit of the leader's last decimal place (MariaDB's AVG of a DECIMAL: scale + 4); never
+    beyond, and exact columns stay exact."""
+    from views.types import same_cell
+
+    assert same_cell("12.345678", "12.34567812345", True)  # MariaDB AVG vs a double
+    assert same_cell("0.3333333333333333", "0.33333333333333331", True)
+    assert not same_cell("12.345678", "12.3457", True)
+    assert not same_cell("12.345678", "12.34567812345", False)
+    assert same_cell("1.50", "1.5", False)
