@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -456,11 +457,16 @@ def held_by_followers(path: Path) -> dict[str, dict[str, dict[str, str]]]:
     return held
 
 
-def test_views_of_every_construct_equal_the_leader(
+def test_views_of_every_construct_survive_kills_and_equal_the_leader(
         cluster: ThrowawaySparkCluster, pg_db: Database, tmp_path: Path) -> None:
-    """The randomized differential test of docs/views.md's coverage table, on PostgreSQL: one
-    workload, one ``cdc apply`` of all the views (into one SQL follower), then each view
-    against the leader."""
+    """The randomized differential test of docs/views.md's coverage table, on PostgreSQL, and
+    the views' proof on the cluster: one random load, one ``cdc apply`` of every view (each
+    batch one executor task), an executor, a worker and the driver SIGKILLed while a batch of
+    the join + aggregate view is in flight; between the driver's runs its scratch directory and
+    every worker's work directory are deleted, and the restarted apply goes on from its
+    committed batches (the views' state is beside the log, not there). Then each view equals
+    the leader running the same SQL: every one in the SQL follower, the join + aggregate in
+    Delta too."""
     from tests.test_views import CONSTRUCTS, SHOP, VIEWS, ShopLoad
 
     pg_db.execute(SHOP)
@@ -468,31 +474,78 @@ def test_views_of_every_construct_equal_the_leader(
     sqlite = tmp_path / "reporting.sqlite"
     section = "".join(
         f"  {name}:\n    source: {pg_db.source}\n    sql: {json.dumps(VIEWS[name][0])}\n"
-        f"    key: {json.dumps(VIEWS[name][1])}\n    followers: [reporting]\n"
-        f"    incremental: strict\n    trigger_interval: 500ms\n" for name in views)
+        f"    key: {json.dumps(VIEWS[name][1])}\n"
+        f"    followers: {'[reporting, warehouse]' if name == 'revenue' else '[reporting]'}\n"
+        # the kills aim at the join + aggregate view; the others in fewer, larger batches (a
+        # task each per batch, on two one-core executors)
+        f"    incremental: strict\n    trigger_interval: {'500ms' if name == 'revenue' else '3s'}"
+        "\n" for name in views)
     config = write_config(tmp_path, pg_db, ["public.customers", "public.orders"], extra=(
         spark_section(cluster, tmp_path / "events")
         + f"followers:\n  reporting:\n    kind: sql\n    url: sqlite:///{sqlite}\n"
+        + f"  warehouse:\n    kind: delta\n    path: {tmp_path / 'warehouse'}\n"
         + "views:\n" + section))
     assert cdc("bootstrap", "--config", str(config)).returncode == 0
     capture = Capture(config, tmp_path / "capture.log").start()
     follow = [arg for name in views for arg in ("--view", name)]
-    with open(tmp_path / "apply.log", "ab") as out:
-        apply = subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "apply", "--config",
-                                  str(config), *follow], stdout=out, stderr=out, cwd=PROJECT,
-                                 start_new_session=True)
+    roots = [tmp_path / "state" / "apply" / "view-revenue"]
+    phase = "mid-batch (a view)"
+
+    def start() -> subprocess.Popen[bytes]:
+        with open(tmp_path / "apply.log", "ab") as out:
+            return subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "apply", "--config",
+                                     str(config), *follow], stdout=out, stderr=out,
+                                    cwd=PROJECT, start_new_session=True)
+
+    def more_batches(count: int) -> None:
+        target = committed_batches(roots) + count
+        wait_for(lambda: committed_batches(roots) >= target or apply.poll() is not None, 240,
+                 f"{count} more batches of the view")
+        assert apply.poll() is None, (tmp_path / "apply.log").read_text()[-3000:]
+
+    apply = start()
     load = ShopLoad(pg_db).start()
-    verified: dict[str, subprocess.CompletedProcess[str]] = {}
+    verified: dict[tuple[str, str], subprocess.CompletedProcess[str]] = {}
     try:
-        time.sleep(15)
+        more_batches(2)
+        victim = cluster.executor_pids()[0]
+        with tree_watch("Spark executor", lambda: [victim], roots) as watch:
+            watch.wait_moving()
+            watch.kill(phase, lambda: os.kill(victim, signal.SIGKILL),
+                       lambda: committed_batches(roots), aim=60, read_before=True)
+        more_batches(1)
+        index = next(i for i in cluster.live_workers() if cluster.executor_pids(i))
+        worker = cluster.worker_processes[index]
+        assert worker is not None
+        with tree_watch("Spark worker", lambda: [worker.pid], roots) as watch:
+            watch.wait_moving()
+            watch.kill(phase, lambda: cluster.kill_worker(index),
+                       lambda: committed_batches(roots), aim=60, read_before=True)
+        cluster.wait_worker(cluster.start_worker())
+        more_batches(1)
+        with driver_watch(roots) as watch:
+            watch.wait_moving()
+            watch.kill(phase, lambda: (os.killpg(apply.pid, signal.SIGKILL), apply.wait(30)),
+                       lambda: committed_batches(roots), aim=60,
+                       freeze=group_freeze(apply.pid))
+        # the driver's scratch and every worker's work directory gone: nothing of the views'
+        # state was there (the restart does not rebuild from offset 0: it would be refused
+        # without the state, and it goes on from the committed batches)
+        shutil.rmtree(tmp_path / "state" / "spark", ignore_errors=True)
+        assert cluster.directory is not None
+        for work in (path for path in cluster.directory.glob("worker-*") if path.is_dir()):
+            for item in work.iterdir():
+                shutil.rmtree(item, ignore_errors=True)
+        assert (tmp_path / "state" / "views" / "revenue.duckdb").exists()
+        committed = committed_batches(roots)
+        apply = start()
+        more_batches(1)
+        assert committed_batches(roots) > committed
         load.finish()
         assert load.transactions > 50
         wait_caught_up(pg_db, tmp_path / "log")
-        for name in views:
-            verified[name] = cdc("verify", "--config", str(config), "--view", name,
-                                 "--timeout", "240s", timeout=400)
-            if verified[name].returncode != 0:
-                break
+        verified = verify_views(config, [(name, "reporting") for name in views]
+                                + [("revenue", "warehouse")])
     finally:
         load.finish()
         apply.send_signal(signal.SIGTERM)
@@ -502,12 +555,29 @@ def test_views_of_every_construct_equal_the_leader(
             os.killpg(apply.pid, signal.SIGKILL)
             apply_code = apply.wait(30)
         capture_code = capture.terminate()
-    for name, result in verified.items():
-        assert result.returncode == 0, f"view {name}: {output(result)}"
-        assert "equals the leader" in result.stdout, name
-    assert len(verified) == len(views)
+    for (name, follower), result in verified.items():
+        assert result.returncode == 0, f"view {name} in {follower}: {output(result)}"
+        assert "equals the leader" in result.stdout, (name, follower)
+    assert len(verified) == len(views) + 1
     assert apply_code == 0, (tmp_path / "apply.log").read_text(errors="replace")[-3000:]
     assert capture_code == 0
+    # Spark's own record: every view's batches ran as executor tasks, none in the driver
+    for name in views:
+        tasks = apply_tasks(tmp_path / "events", name)
+        assert tasks["executor"] >= 1 and tasks["driver"] == 0, (name, tasks)
+
+
+def verify_views(config: Path, pairs: list[tuple[str, str]], env: dict[str, str] | None = None
+                 ) -> dict[tuple[str, str], subprocess.CompletedProcess[str]]:
+    """``cdc verify --view V --follower F`` of each pair, three at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(pair: tuple[str, str]) -> subprocess.CompletedProcess[str]:
+        return cdc("verify", "--config", str(config), "--view", pair[0], "--follower", pair[1],
+                   "--timeout", "240s", timeout=400, env=env)
+
+    with ThreadPoolExecutor(3) as pool:
+        return dict(zip(pairs, pool.map(one, pairs), strict=True))
 
 
 #: the MariaDB shop: text compared byte by byte (a view groups and joins on it)
@@ -589,7 +659,7 @@ def test_views_equal_the_leader_on_mariadb(
     section = "".join(
         f"  {name}:\n    source: {mysql_db.source}\n    sql: {json.dumps(VIEWS[name][0])}\n"
         f"    key: {json.dumps(VIEWS[name][1])}\n    followers: [reporting]\n"
-        f"    incremental: strict\n    trigger_interval: 500ms\n" for name in MARIADB_VIEWS)
+        f"    incremental: strict\n    trigger_interval: 2s\n" for name in MARIADB_VIEWS)
     config = mykit.write_config(tmp_path, mysql_db, ["customers", "orders"], extra=(
         spark_section(cluster, tmp_path / "events")
         + f"followers:\n  reporting:\n    kind: sql\n    url: sqlite:///{sqlite}\n"
@@ -606,16 +676,12 @@ def test_views_equal_the_leader_on_mariadb(
                                  env=env, start_new_session=True)
     load = MariaDBShopLoad(mysql_db, seconds=15)
     load.start()
-    verified: dict[str, subprocess.CompletedProcess[str]] = {}
+    verified: dict[tuple[str, str], subprocess.CompletedProcess[str]] = {}
     try:
         load.join(120)
         assert load.transactions > 50
         mykit.wait_caught_up(mysql_db, tmp_path / "log")
-        for name in MARIADB_VIEWS:
-            verified[name] = cdc("verify", "--config", str(config), "--view", name,
-                                 "--timeout", "240s", timeout=400, env=env)
-            if verified[name].returncode != 0:
-                break
+        verified = verify_views(config, [(name, "reporting") for name in MARIADB_VIEWS], env)
     finally:
         apply.send_signal(signal.SIGTERM)
         try:
@@ -624,7 +690,7 @@ def test_views_equal_the_leader_on_mariadb(
             os.killpg(apply.pid, signal.SIGKILL)
             apply_code = apply.wait(30)
         capture_code = capture.terminate()
-    for name, result in verified.items():
+    for (name, _), result in verified.items():
         assert result.returncode == 0, f"view {name}: {output(result)}"
         assert "equals the leader" in result.stdout, name
     assert len(verified) == len(MARIADB_VIEWS)
