@@ -84,6 +84,9 @@ class ApplyStats:
     deleted: int = 0
     #: changes the version gate ignored (not newer than what the follower holds)
     skipped: int = 0
+    #: rows the sink's own storage engine read to apply the batch, by its own count (a view:
+    #: DuckDB's profiler over every query of the batch); 0 where not measured
+    scanned: int = 0
 
 
 

@@ -78,6 +78,8 @@ class FollowerProgress:
     written: int = 0
     deleted: int = 0
     skipped: int = 0
+    #: rows the sink's storage engine read (a view's state: :attr:`ApplyStats.scanned`)
+    scanned: int = 0
     #: seconds from the newest applied record's commit at the source to its apply
     lag_s: float | None = None
     #: per change event (c/u/d) applied: commit at the source -> batch applied
@@ -308,6 +310,7 @@ class BatchHandler:
         progress.written += total.written
         progress.deleted += total.deleted
         progress.skipped += total.skipped
+        progress.scanned += total.scanned
         progress.watermarks.update(watermarks)
         for topic, count in total.records_by_topic.items():
             progress.records_by_topic[topic] = progress.records_by_topic.get(topic, 0) + count

@@ -71,6 +71,8 @@ class TaskReport:
     written: int = 0
     deleted: int = 0
     skipped: int = 0
+    #: rows the sink's storage engine read (:attr:`cdc.sink.ApplyStats.scanned`)
+    scanned: int = 0
     newest_ts_ms: int | None = None
     records_by_topic: dict[str, int] = field(default_factory=dict)
     latency_by_topic: dict[str, LatencyHistogram] = field(default_factory=dict)
@@ -78,7 +80,7 @@ class TaskReport:
     sink_seconds: float = 0.0
 
     def merge(self, other: TaskReport) -> None:
-        for name in ("records", "changes", "written", "deleted", "skipped"):
+        for name in ("records", "changes", "written", "deleted", "skipped", "scanned"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         if other.newest_ts_ms is not None and (self.newest_ts_ms is None
                                                or other.newest_ts_ms > self.newest_ts_ms):
@@ -175,6 +177,7 @@ def apply_records(handle: FollowerHandle, records: Iterable[RawRecord], decode: 
     report.read_seconds = folded - started
     report.changes = len(changes)
     report.written, report.deleted, report.skipped = stats.written, stats.deleted, stats.skipped
+    report.scanned = stats.scanned
     stamps: dict[str, list[int]] = {}
     for change in changes:
         if change.ts_ms is not None and change.op in COMMITS:

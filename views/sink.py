@@ -242,7 +242,7 @@ class ViewSink(Sink):
             result = self._commit_state(state, changes)
             self._flush(state)
         return ApplyStats(written=result.upserts, deleted=result.deletes,
-                          skipped=result.skipped)
+                          skipped=result.skipped, scanned=result.scanned)
 
     def _commit_state(self, state: ViewState, changes: Sequence[Change]) -> BatchResult:
         """Step 2 of a batch: its changes of the view's base tables gated into the state, the

@@ -23,6 +23,7 @@ Contracts, stated exactly:
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     import duckdb
 
 POSITION = "_cdc_pos"
+#: the rows DuckDB's profiler says a query's scans read
+_ROWS_SCANNED = re.compile(r'"total_rows_scanned":\s*(\d+)')
 #: the version of the state file's layout, in ``_cdc_meta`` (``format``; a file without it was
 #: written before formats were marked: format 1)
 FORMAT = 1
@@ -111,6 +114,8 @@ class BatchResult:
     upserts: int = 0
     deletes: int = 0
     recomputed: bool = False
+    #: rows DuckDB's scans read for the batch (its profiler, summed over the batch's queries)
+    scanned: int = 0
 
 
 def _quote(name: str) -> str:
@@ -133,6 +138,9 @@ class ViewState:
         self.columns_of = columns_of
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = _connect(path, plan.name)
+        #: rows read by the scans of every query so far (DuckDB's profiler: cheap, always on)
+        self.scanned = 0
+        self.db.execute("SET enable_profiling = 'no_output'")
         self._lock = threading.Lock()
         #: (index, table) of the captured tables, and of the aggregating subqueries' tables
         self._captured = [(i, t) for i, t in enumerate(plan.tables) if t.schema != SUB_SCHEMA]
@@ -209,8 +217,16 @@ class ViewState:
                 have.add(name)
 
     def _q(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        """Run ``sql``; its rows (fetched: DuckDB wants every result finished)."""
-        return self.db.execute(sql, params or []).fetchall()
+        """Run ``sql``; its rows (fetched: DuckDB wants every result finished). The rows its
+        scans read count into :attr:`scanned`."""
+        rows = self.db.execute(sql, params or []).fetchall()
+        self._count_scanned()
+        return rows
+
+    def _count_scanned(self) -> None:
+        found = _ROWS_SCANNED.search(self.db.get_profiling_information(format="json"))
+        if found:
+            self.scanned += int(found.group(1))
 
     def meta(self, name: str) -> str | None:
         rows = self._q("SELECT value FROM _cdc_meta WHERE name = ?", [name])
@@ -243,6 +259,7 @@ class ViewState:
         """One batch (whole source transactions; at most one change per table and key), in
         one transaction (see the module docstring). The outbox must be empty."""
         with self._lock:
+            scanned = self.scanned
             self._q("BEGIN TRANSACTION")
             try:
                 result, recorded = self._apply(changes)
@@ -252,6 +269,7 @@ class ViewState:
             self._q("COMMIT")
             if self._outbox is not None:
                 self._outbox.extend(recorded)
+            result.scanned = self.scanned - scanned
             return result
 
     def _apply(self, changes: Sequence[BaseChange]) -> tuple[BatchResult, list[ViewChange]]:
@@ -525,7 +543,9 @@ class ViewState:
         cursor = self.db.execute(sql)
         names = [str(d[0]) for d in cursor.description or []]
         types = [kind for _, kind in self._output]
-        return names, types, cursor.fetchall()
+        rows = cursor.fetchall()
+        self._count_scanned()
+        return names, types, rows
 
     def _forms(self, names: Sequence[str], types: Sequence[str]
                ) -> Callable[[Sequence[Any]], dict[str, Any]]:
