@@ -285,7 +285,7 @@ def test_incremental_views_equal_recomputation_after_every_batch(tmp_path: Path,
     last = {name: b"" for name in VIEWS}
     emitted = dict.fromkeys(VIEWS, 0)
     position = 0
-    for _ in range(30):
+    for _ in range(25):
         batch, position = _random_batch(rng, position)
         compacted.update({(change.table, change.key): change for change in batch})
         for name, state in states.items():
