@@ -149,6 +149,31 @@ class Apply:
         return code, self.log_file.read_text(errors="replace")
 
 
+def kill_executor(cluster: ThrowawaySparkCluster, roots: list[Path], phase: str) -> None:
+    """SIGKILL an executor while a batch of the queries checkpointing under ``roots`` is in
+    flight (the worker starts another; its tasks run again)."""
+    executors = cluster.executor_pids()
+    assert executors, cluster.log_tail()
+    victim = executors[0]
+    with tree_watch("Spark executor", lambda: [victim], roots) as watch:
+        watch.wait_moving()
+        watch.kill(phase, lambda: os.kill(victim, signal.SIGKILL),
+                   lambda: committed_batches(roots), aim=60, read_before=True)
+
+
+def kill_worker(cluster: ThrowawaySparkCluster, roots: list[Path], phase: str) -> None:
+    """SIGKILL a whole live worker with an executor (a lost machine) while a batch is in
+    flight: its tasks rerun on the other."""
+    index = next(i for i in cluster.live_workers() if cluster.executor_pids(i))
+    worker = cluster.worker_processes[index]
+    assert worker is not None
+    with tree_watch("Spark worker", lambda: [worker.pid], roots) as watch:
+        watch.wait_moving()
+        watch.kill(phase, lambda: cluster.kill_worker(index),
+                   lambda: committed_batches(roots), aim=60, read_before=True)
+    assert worker.poll() is not None and index not in cluster.live_workers()
+
+
 def commits(checkpoint: Path) -> int:
     folder = checkpoint / "commits"
     return sum(1 for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else 0
@@ -202,26 +227,12 @@ def test_cluster_apply_survives_killed_executor_worker_and_driver(
         assert run is not None
         wait_commits(cache_checkpoint, 2, run)
         step("two batches committed")
-        # an executor (the worker starts another): in flight, its tasks run again
-        executors = cluster.executor_pids()
-        assert executors, cluster.log_tail()
-        victim = executors[0]
-        with tree_watch("Spark executor", lambda: [victim], roots) as watch:
-            watch.wait_moving()
-            watch.kill(phase, lambda: os.kill(victim, signal.SIGKILL),
-                       lambda: committed_batches(roots), aim=60, read_before=True)
+        kill_executor(cluster, roots, phase)
         step("executor killed")
         wait_commits(cache_checkpoint, 2, run)
         step("two more batches")
         # a whole live worker with an executor (a lost machine): its tasks rerun on the other
-        index = next(i for i in cluster.live_workers() if cluster.executor_pids(i))
-        worker = cluster.worker_processes[index]
-        assert worker is not None
-        with tree_watch("Spark worker", lambda: [worker.pid], roots) as watch:
-            watch.wait_moving()
-            watch.kill(phase, lambda: cluster.kill_worker(index),
-                       lambda: committed_batches(roots), aim=60, read_before=True)
-        assert worker.poll() is not None and index not in cluster.live_workers()
+        kill_worker(cluster, roots, phase)
         wait_commits(cache_checkpoint, 1, run)
         step("worker killed, a batch more")
         cluster.wait_worker(cluster.start_worker())  # a new one joins
@@ -467,24 +478,19 @@ def test_views_of_every_construct_survive_kills_and_equal_the_leader(
     committed batches (the views' state is beside the log, not there). Then each view equals
     the leader running the same SQL: every one in the SQL follower, the join + aggregate in
     Delta too."""
-    from tests.test_views import CONSTRUCTS, SHOP, VIEWS, ShopLoad
+    from tests.test_views import CONSTRUCTS, SHOP, ShopLoad
 
     pg_db.execute(SHOP)
     views = sorted(set(CONSTRUCTS.values()))
     sqlite = tmp_path / "reporting.sqlite"
-    section = "".join(
-        f"  {name}:\n    source: {pg_db.source}\n    sql: {json.dumps(VIEWS[name][0])}\n"
-        f"    key: {json.dumps(VIEWS[name][1])}\n"
-        f"    followers: {'[reporting, warehouse]' if name == 'revenue' else '[reporting]'}\n"
-        # the kills aim at the join + aggregate view; the others in fewer, larger batches (a
-        # task each per batch, on two one-core executors)
-        f"    incremental: strict\n    trigger_interval: {'500ms' if name == 'revenue' else '3s'}"
-        "\n" for name in views)
+    # the kills aim at the join + aggregate view; the others in fewer, larger batches (a task
+    # each per batch, on two one-core executors)
+    section = views_section(pg_db.source, views, {"revenue": "500ms"},
+                            {"revenue": "[reporting, warehouse]"})
     config = write_config(tmp_path, pg_db, ["public.customers", "public.orders"], extra=(
         spark_section(cluster, tmp_path / "events")
         + f"followers:\n  reporting:\n    kind: sql\n    url: sqlite:///{sqlite}\n"
-        + f"  warehouse:\n    kind: delta\n    path: {tmp_path / 'warehouse'}\n"
-        + "views:\n" + section))
+        + f"  warehouse:\n    kind: delta\n    path: {tmp_path / 'warehouse'}\n" + section))
     assert cdc("bootstrap", "--config", str(config)).returncode == 0
     capture = Capture(config, tmp_path / "capture.log").start()
     follow = [arg for name in views for arg in ("--view", name)]
@@ -508,19 +514,9 @@ def test_views_of_every_construct_survive_kills_and_equal_the_leader(
     verified: dict[tuple[str, str], subprocess.CompletedProcess[str]] = {}
     try:
         more_batches(2)
-        victim = cluster.executor_pids()[0]
-        with tree_watch("Spark executor", lambda: [victim], roots) as watch:
-            watch.wait_moving()
-            watch.kill(phase, lambda: os.kill(victim, signal.SIGKILL),
-                       lambda: committed_batches(roots), aim=60, read_before=True)
+        kill_executor(cluster, roots, phase)
         more_batches(1)
-        index = next(i for i in cluster.live_workers() if cluster.executor_pids(i))
-        worker = cluster.worker_processes[index]
-        assert worker is not None
-        with tree_watch("Spark worker", lambda: [worker.pid], roots) as watch:
-            watch.wait_moving()
-            watch.kill(phase, lambda: cluster.kill_worker(index),
-                       lambda: committed_batches(roots), aim=60, read_before=True)
+        kill_worker(cluster, roots, phase)
         cluster.wait_worker(cluster.start_worker())
         more_batches(1)
         with driver_watch(roots) as watch:
@@ -548,23 +544,48 @@ def test_views_of_every_construct_survive_kills_and_equal_the_leader(
                                 + [("revenue", "warehouse")])
     finally:
         load.finish()
-        apply.send_signal(signal.SIGTERM)
-        try:
-            apply_code = apply.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(apply.pid, signal.SIGKILL)
-            apply_code = apply.wait(30)
+        apply_code = stop(apply)
         capture_code = capture.terminate()
-    for (name, follower), result in verified.items():
-        assert result.returncode == 0, f"view {name} in {follower}: {output(result)}"
-        assert "equals the leader" in result.stdout, (name, follower)
-    assert len(verified) == len(views) + 1
+    assert_views_verified(verified, len(views) + 1)
     assert apply_code == 0, (tmp_path / "apply.log").read_text(errors="replace")[-3000:]
     assert capture_code == 0
     # Spark's own record: every view's batches ran as executor tasks, none in the driver
     for name in views:
         tasks = apply_tasks(tmp_path / "events", name)
         assert tasks["executor"] >= 1 and tasks["driver"] == 0, (name, tasks)
+
+
+def views_section(source: str, names: list[str], trigger: dict[str, str],
+                  followers: dict[str, str]) -> str:
+    """The ``views:`` of a config: each of tests/test_views.py's ``names`` (``incremental:
+    strict``) held by the SQL follower ``reporting`` (or ``followers[name]``), its trigger
+    ``trigger[name]`` (default 2 s)."""
+    from tests.test_views import VIEWS
+
+    return "views:\n" + "".join(
+        f"  {name}:\n    source: {source}\n    sql: {json.dumps(VIEWS[name][0])}\n"
+        f"    key: {json.dumps(VIEWS[name][1])}\n"
+        f"    followers: {followers.get(name, '[reporting]')}\n"
+        f"    incremental: strict\n    trigger_interval: {trigger.get(name, '2s')}\n"
+        for name in names)
+
+
+def stop(apply: subprocess.Popen[bytes]) -> int:
+    """SIGTERM to a ``cdc apply`` (SIGKILL to its group if it does not stop); its exit code."""
+    apply.send_signal(signal.SIGTERM)
+    try:
+        return apply.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(apply.pid, signal.SIGKILL)
+        return apply.wait(30)
+
+
+def assert_views_verified(verified: dict[tuple[str, str], subprocess.CompletedProcess[str]],
+                          count: int) -> None:
+    for (name, follower), result in verified.items():
+        assert result.returncode == 0, f"view {name} in {follower}: {output(result)}"
+        assert "equals the leader" in result.stdout, (name, follower)
+    assert len(verified) == count
 
 
 def verify_views(config: Path, pairs: list[tuple[str, str]], env: dict[str, str] | None = None
@@ -652,18 +673,13 @@ def test_views_equal_the_leader_on_mariadb(
     """The same differential test on MariaDB: the views of every construct it has (no FULL
     JOIN), one random load, one ``cdc apply`` on the cluster, each view against the leader."""
     from tests import mykit
-    from tests.test_views import VIEWS
 
     mysql_db.script(MARIADB_SHOP)
     sqlite = tmp_path / "reporting.sqlite"
-    section = "".join(
-        f"  {name}:\n    source: {mysql_db.source}\n    sql: {json.dumps(VIEWS[name][0])}\n"
-        f"    key: {json.dumps(VIEWS[name][1])}\n    followers: [reporting]\n"
-        f"    incremental: strict\n    trigger_interval: 2s\n" for name in MARIADB_VIEWS)
     config = mykit.write_config(tmp_path, mysql_db, ["customers", "orders"], extra=(
         spark_section(cluster, tmp_path / "events")
         + f"followers:\n  reporting:\n    kind: sql\n    url: sqlite:///{sqlite}\n"
-        + "views:\n" + section))
+        + views_section(mysql_db.source, list(MARIADB_VIEWS), {}, {})))
     env = {**os.environ, **mysql_db.env()}
     assert cdc("bootstrap", "--config", str(config), env=env).returncode == 0
     checked = cdc("check-config", "--config", str(config), "--connect", env=env)
@@ -683,16 +699,8 @@ def test_views_equal_the_leader_on_mariadb(
         mykit.wait_caught_up(mysql_db, tmp_path / "log")
         verified = verify_views(config, [(name, "reporting") for name in MARIADB_VIEWS], env)
     finally:
-        apply.send_signal(signal.SIGTERM)
-        try:
-            apply_code = apply.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(apply.pid, signal.SIGKILL)
-            apply_code = apply.wait(30)
+        apply_code = stop(apply)
         capture_code = capture.terminate()
-    for (name, _), result in verified.items():
-        assert result.returncode == 0, f"view {name}: {output(result)}"
-        assert "equals the leader" in result.stdout, name
-    assert len(verified) == len(MARIADB_VIEWS)
+    assert_views_verified(verified, len(MARIADB_VIEWS))
     assert apply_code == 0, (tmp_path / "apply.log").read_text(errors="replace")[-3000:]
     assert capture_code == 0
