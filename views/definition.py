@@ -641,14 +641,14 @@ def _compile(name: str, select: exp.Select, references: Sequence[BaseTable],
     if any(not operator.incremental for operator in operators):
         return _Branch("", "")
     if scope is None:
-        def sub(ref: BaseTable) -> bool:
-            return ref.table.schema == SUB_SCHEMA
-
-        return _Branch(_lineage_union(select, references, key_exprs, joins, "k"),
-                       _restricted(select, references, key_exprs, affected, "k"),
-                       early=_lineage_union(select, references, key_exprs, joins, "k",
-                                            lambda ref: not sub(ref)),
-                       late=_lineage_union(select, references, key_exprs, joins, "k", sub))
+        branch = _Branch(_lineage_union(select, references, key_exprs, joins, "k"),
+                         _restricted(select, references, key_exprs, affected, "k"))
+        if any(ref.table.schema == SUB_SCHEMA for ref in references):  # the two halves too
+            branch.early = _lineage_union(select, references, key_exprs, joins, "k",
+                                          lambda ref: ref.table.schema != SUB_SCHEMA)
+            branch.late = _lineage_union(select, references, key_exprs, joins, "k",
+                                         lambda ref: ref.table.schema == SUB_SCHEMA)
+        return branch
     keys = _keys_of(_state_tree(select, references), key_exprs, "k").where(
         _exists_in(SCOPES, scope, "s"), copy=False)
     return _Branch(str(keys.sql(dialect="duckdb")),
