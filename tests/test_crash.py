@@ -6,7 +6,6 @@ resumes from the source offset committed *with* the records, the log holds every
 exactly once (no gap, no duplicate): records and source offsets are atomic.
 """
 
-import contextlib
 import os
 import random
 import signal
@@ -127,12 +126,33 @@ def test_sigkill_during_appends_loses_nothing_acknowledged(tmp_path: Path) -> No
 
 
 COMPACT_ONCE = """
-import sys
+import os, signal, sys
 from cdc.log.compaction import compact
+stop_at, calls = int(sys.argv[2]), 0
+real_fsync = os.fsync
+
+def fsync(fd):  # every durable step of a compaction ends in an fsync: stop before the chosen one
+    global calls
+    calls += 1
+    if calls == stop_at:
+        os.kill(os.getpid(), signal.SIGSTOP)  # the test SIGKILLs it here, stopped mid-compaction
+    real_fsync(fd)
+
+os.fsync = fsync
 print("START", flush=True)
 compact(sys.argv[1], tombstone_retention=3600, roll=False)
-print("DONE", flush=True)
+print("DONE", calls, flush=True)
 """
+
+
+def io_bytes(pid: int) -> int:
+    """What a compaction has done: the bytes it read (scanning segments) and wrote (rewriting
+    them); a segment dropped whole is only read."""
+    return process_io(pid, "rchar") + process_io(pid, "wchar")
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
 @pytest.mark.slow
@@ -165,34 +185,33 @@ def test_sigkill_during_compaction_keeps_the_log_whole(tmp_path: Path) -> None:
         return latest
 
     rnd = random.Random(5)
-    written = 0  # bytes a whole compaction of one round writes here: measured first
+    fsyncs = 0  # fsyncs a whole compaction of one round makes here: counted first
     for round_ in range(11):
         add_versions(40_000)  # fresh garbage, so every compaction has real work to do
         truth = snapshot()
-        child = subprocess.Popen([sys.executable, "-c", COMPACT_ONCE, str(log_dir)],
+        # aimed by the fsyncs it makes (a file written but not renamed, a rename or a removal not
+        # yet made durable): the child stops itself before the chosen one, somewhere between 5 %
+        # and 90 % of a compaction, so the SIGKILL lands inside it however busy the machine is
+        stop_at = 0 if round_ == 0 else max(1, round(rnd.uniform(0.05, 0.9) * fsyncs))
+        child = subprocess.Popen([sys.executable, "-c", COMPACT_ONCE, str(log_dir), str(stop_at)],
                                  stdout=subprocess.PIPE, cwd=ROOT, text=True,
                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "START"
-        base = process_io(child.pid, "wchar")
-        if round_ == 0:  # calibration: let it finish, so the kills below land inside one
-            while child.poll() is None:
-                with contextlib.suppress(OSError):
-                    written = max(written, process_io(child.pid, "wchar"))
-                time.sleep(0.001)
-            assert child.stdout.read().strip() == "DONE"
-            written -= base
-            assert written > 100_000
-        else:  # aimed by the bytes it wrote: somewhere between 5 % and 90 % of a compaction
-            share = rnd.uniform(0.05, 0.9)
-            with Watch("log compaction", lambda c=child: process_io(c.pid, "wchar"),
+        if round_ == 0:  # calibration: let it finish
+            done, count = child.stdout.read().split()
+            assert done == "DONE"
+            fsyncs = int(count)
+            assert fsyncs > 20
+        else:
+            with Watch("log compaction", lambda c=child: io_bytes(c.pid),
                        ahead=lambda _, done: not done) as watch:
-                while process_io(child.pid, "wchar") < base + share * written:
-                    time.sleep(0.0005)
-                # stopped at once where it is: on a busy machine this test may run again only
-                # after the compaction finished (seen in a clean run); SIGKILL ends it stopped
-                child.send_signal(signal.SIGSTOP)
-                kill = watch.kill("first half" if share < 0.5 else "second half",
+                deadline = time.monotonic() + 60
+                while not _stopped(child.pid):
+                    assert child.poll() is None and time.monotonic() < deadline, \
+                        "the compaction never reached its chosen fsync"
+                    time.sleep(0.002)
+                kill = watch.kill("first half" if stop_at < fsyncs / 2 else "second half",
                                   lambda c=child: c.send_signal(signal.SIGKILL))
             kill.settle("DONE" in child.stdout.read(), "the compaction had finished")
         child.wait()
