@@ -364,6 +364,53 @@ def test_view_state_carries_its_format_and_a_newer_one_is_refused(tmp_path: Path
             (str(FORMAT),)]
 
 
+def test_a_format_1_state_is_upgraded_in_place_and_keeps_its_rows(tmp_path: Path) -> None:
+    import duckdb
+
+    rng = random.Random(7)
+    state = _state(tmp_path, "revenue", REVENUE, ["customer_id"])
+    position = 0
+    for _ in range(6):
+        batch, position = _random_batch(rng, position)
+        state.apply(batch)
+        state.drained()
+    state.close()
+    with duckdb.connect(str(tmp_path / "revenue.duckdb")) as db:  # format 1: no key hashes
+        for table in CAPTURED:
+            db.execute(f'ALTER TABLE "{table.schema}"."{table.table}" DROP COLUMN _cdc_h')
+        db.execute("UPDATE _cdc_meta SET value = '1' WHERE name = 'format'")
+    state = _state(tmp_path, "revenue", REVENUE, ["customer_id"])
+    assert state.meta("format") == "2"
+    for _ in range(6):  # the rows written before are found by their filled-in hashes
+        batch, position = _random_batch(rng, position)
+        state.apply(batch)
+        state.drained()
+        assert state.rows() == state.recompute()
+    for table in CAPTURED:
+        keys, distinct = state.db.execute(
+            f'SELECT count(*), count(DISTINCT _cdc_key) FROM "{table.schema}"."{table.table}"'
+        ).fetchone() or (0, 0)
+        assert keys == distinct > 0
+    state.close()
+
+
+def test_base_columns_named_like_the_states_own_are_kept_apart(tmp_path: Path) -> None:
+    table = TableId("public", "t")
+    columns = [("id", "BIGINT"), ("k", "VARCHAR"), ("h", "BIGINT"), ("pos", "BIGINT"),
+               ("gone", "BOOLEAN")]
+    plan = analyze("odd", "SELECT t.id, t.k, t.h, t.pos, t.gone FROM public.t t", ["id"],
+                   "postgres", [table])
+    state = ViewState(tmp_path / "odd.duckdb", plan, lambda _: columns)
+    row = {"id": 1, "k": "kay", "h": 8, "pos": 9, "gone": False}
+    state.apply([BaseChange(table, '{"id":1}', b"\x01", row)])
+    assert list(state.rows().values()) == [row]
+    state.apply([BaseChange(table, '{"id":1}', b"\x02", {**row, "gone": True})])
+    assert list(state.rows().values()) == [{**row, "gone": True}]
+    state.apply([BaseChange(table, '{"id":1}', b"\x03", None)])
+    assert state.rows() == {}
+    state.close()
+
+
 def test_a_crash_before_the_outbox_is_drained_writes_it_again(tmp_path: Path) -> None:
     state = _state(tmp_path, "revenue", REVENUE, ["customer_id"])
     customer = BaseChange(CUSTOMERS, '{"id":1}', b"\x01", {"id": 1, "name": "ann", "region": "n"})

@@ -49,18 +49,26 @@ if TYPE_CHECKING:
     import duckdb
 
 POSITION = "_cdc_pos"
+#: a base table's 64-bit hash of its key text (:func:`key_hash`): the batch's rows are found by
+#: it, as a scan of one integer column (a semi-join on the key text hashes every key of the
+#: table: 4x slower at 10M rows)
+KEY_HASH = "_cdc_h"
 #: the rows DuckDB's profiler says a query's scans read
 _ROWS_SCANNED = re.compile(r'"total_rows_scanned":\s*(\d+)')
 #: the version of the state file's layout, in ``_cdc_meta`` (``format``; a file without it was
-#: written before formats were marked: format 1)
-FORMAT = 1
+#: written before formats were marked: format 1). Format 2 added :data:`KEY_HASH` to the base
+#: tables (a format-1 file is upgraded in place when opened)
+FORMAT = 2
 #: how long a batch's task waits for the state file another process holds open
 LOCK_WAIT_S = 120.0
 #: above this share of a table's rows touched by one batch, the view is recomputed whole
 RECOMPUTE_SHARE = 0.25
-#: a table's changes of the batch, typed (k, pos, gone, its columns); after the gate, only
-#: those newer than the state's
+#: a table's changes of the batch, typed (:data:`KEY_COLUMN`, :data:`KEY_HASH`,
+#: :data:`POSITION`, :data:`DELETED`, its columns: names no captured column can take); after the
+#: gate, only those newer than the state's
 NEW = "_cdc_new_{index}"
+#: in a :data:`NEW` table: the change is a delete
+DELETED = "_cdc_deleted"
 #: the state's rows of the batch's keys of a table, before the batch (_cdc_rowid, then the
 #: table's columns)
 HELD = "_cdc_held_{index}"
@@ -181,6 +189,8 @@ class ViewState:
                      "file to rebuild the view from the log")
         for _, table in [*self._captured, *self._subs]:  # a subquery's columns: DESCRIBE
             self._ensure_table(table)
+        if stored != str(FORMAT):
+            self.set_meta("format", str(FORMAT))
         if self.meta("sql") != self.plan.full_sql:
             # a new definition: the next batch recomputes the whole view and compares
             self.set_meta("sql", self.plan.full_sql)
@@ -200,11 +210,16 @@ class ViewState:
                 [table.schema, table.table])
             if not rows:
                 data = "".join(f", {_quote(name)} {kind}" for name, kind in declared)
-                self._q(f"CREATE TABLE {_table_sql(table)} ({_quote(KEY_COLUMN)} "
-                                f"VARCHAR, {_quote(POSITION)} BLOB{data})")
-                rows = [(KEY_COLUMN, "VARCHAR"), (POSITION, "BLOB"), *declared]
+                self._q(f"CREATE TABLE {_table_sql(table)} ({_quote(KEY_COLUMN)} VARCHAR, "
+                        f"{_quote(KEY_HASH)} UBIGINT, {_quote(POSITION)} BLOB{data})")
+                rows = [(KEY_COLUMN, "VARCHAR"), (KEY_HASH, "UBIGINT"), (POSITION, "BLOB"),
+                        *declared]
+            if KEY_HASH not in {name for name, _ in rows}:  # format 1: upgraded in place
+                self._q(f"ALTER TABLE {_table_sql(table)} ADD COLUMN {_quote(KEY_HASH)} UBIGINT")
+                self._q(f"UPDATE {_table_sql(table)} SET {_quote(KEY_HASH)} = "
+                        f"{key_hash(_quote(KEY_COLUMN))}")
             self.columns[table] = [(name, kind) for name, kind in rows
-                                   if name not in (KEY_COLUMN, POSITION)]
+                                   if name not in (KEY_COLUMN, KEY_HASH, POSITION)]
             have = {name for name, _ in self.columns[table]}
         wanted = dict(declared)
         for name in extra:
@@ -391,18 +406,18 @@ class ViewState:
         affected = _sub_affected(table)
         keys = self._sub_key([f"k{i}" for i in range(len(sub.key))])
         row_key = self._sub_key([f"r.{_quote(column)}" for column in sub.key])
-        self._q(f"CREATE OR REPLACE TEMP TABLE {held} AS SELECT rowid AS {ROWID}, * FROM "
-                f"{_table_sql(table)} WHERE {_quote(KEY_COLUMN)} IN "
-                f"(SELECT DISTINCT {keys} FROM {affected})")
-        self._q(f"CREATE OR REPLACE TEMP TABLE {new} AS SELECT {row_key} AS k, ?::BLOB AS pos, "
-                f"false AS gone, " + ", ".join(f"r.{n}" for n in names)
-                + f" FROM ({sub.restricted_sql}) r", [position])
-        self._q(f"INSERT INTO {new} (k, pos, gone) SELECT h.{_quote(KEY_COLUMN)}, ?, true "
-                f"FROM {held} h WHERE h.{_quote(KEY_COLUMN)} NOT IN (SELECT k FROM {new})",
-                [position])
-        same = " AND ".join(f"h.{n} IS NOT DISTINCT FROM {new}.{n}" for n in names)
-        self._q(f"DELETE FROM {new} WHERE NOT gone AND EXISTS (SELECT 1 FROM {held} h WHERE "
-                f"h.{_quote(KEY_COLUMN)} = {new}.k AND {same})")
+        self._held(table, held, f"SELECT DISTINCT {keys} AS k FROM {affected}")
+        self._q(f"CREATE OR REPLACE TEMP TABLE {new} AS SELECT {KEY_COLUMN}, "
+                f"{key_hash(KEY_COLUMN)} AS {KEY_HASH}, ?::BLOB AS {POSITION}, "
+                f"false AS {DELETED}, " + ", ".join(names) + f" FROM (SELECT {row_key} AS "
+                f"{KEY_COLUMN}, " + ", ".join(f"r.{n}" for n in names)
+                + f" FROM ({sub.restricted_sql}) r)", [position])
+        self._q(f"INSERT INTO {new} ({KEY_COLUMN}, {KEY_HASH}, {POSITION}, {DELETED}) "
+                f"SELECT o.{KEY_COLUMN}, o.{KEY_HASH}, ?, true FROM {held} o "
+                f"WHERE o.{KEY_COLUMN} NOT IN (SELECT {KEY_COLUMN} FROM {new})", [position])
+        same = " AND ".join(f"o.{n} IS NOT DISTINCT FROM {new}.{n}" for n in names)
+        self._q(f"DELETE FROM {new} WHERE NOT {DELETED} AND EXISTS (SELECT 1 FROM {held} o "
+                f"WHERE o.{KEY_COLUMN} = {new}.{KEY_COLUMN} AND {same})")
 
     def _refill_subview(self, table: TableId) -> None:
         """Subquery ``table``'s rows recomputed whole (the view is recomputed whole)."""
@@ -410,8 +425,10 @@ class ViewState:
         names = ", ".join(_quote(name) for name, _ in self.columns[table])
         key = self._sub_key([f"r.{_quote(column)}" for column in sub.key])
         self._q(f"DELETE FROM {_table_sql(table)}")
-        self._q(f"INSERT INTO {_table_sql(table)} ({_quote(KEY_COLUMN)}, {_quote(POSITION)}, "
-                f"{names}) SELECT {key}, ''::BLOB, {names} FROM ({sub.full_sql}) r")
+        self._q(f"INSERT INTO {_table_sql(table)} ({_quote(KEY_COLUMN)}, {_quote(KEY_HASH)}, "
+                f"{_quote(POSITION)}, {names}) SELECT {KEY_COLUMN}, {key_hash(KEY_COLUMN)}, "
+                f"''::BLOB, {names} FROM (SELECT {key} AS {KEY_COLUMN}, r.* "
+                f"FROM ({sub.full_sql}) r)")
 
     def _gate(self, counts: Mapping[TableId, int]) -> dict[TableId, int]:
         """Per table, keep in its staged changes only those strictly newer than what the state
@@ -420,24 +437,34 @@ class ViewState:
         won: dict[TableId, int] = {}
         for index, table in self._captured:
             new, held = NEW.format(index=index), HELD.format(index=index)
-            self._q(f"CREATE OR REPLACE TEMP TABLE {held} AS SELECT rowid AS {ROWID}, * "
-                    f"FROM {_table_sql(table)} WHERE {_quote(KEY_COLUMN)} IN "
-                    f"(SELECT k FROM {new})")
+            self._held(table, held, f"SELECT {KEY_COLUMN} AS k FROM {new}")
             if not counts.get(table):
                 won[table] = 0
                 continue
-            self._q(f"DELETE FROM {new} USING {held} h WHERE h.{_quote(KEY_COLUMN)} = "
-                    f"{new}.k AND h.{_quote(POSITION)} >= {new}.pos")
-            self._q(f"DELETE FROM {new} USING _cdc_gone g WHERE g.tbl = ? AND g.k = {new}.k "
-                    f"AND g.pos >= {new}.pos", [str(table)])
+            self._q(f"DELETE FROM {new} USING {held} o WHERE o.{KEY_COLUMN} = "
+                    f"{new}.{KEY_COLUMN} AND o.{POSITION} >= {new}.{POSITION}")
+            self._q(f"DELETE FROM {new} USING _cdc_gone g WHERE g.tbl = ? AND "
+                    f"g.k = {new}.{KEY_COLUMN} AND g.pos >= {new}.{POSITION}", [str(table)])
             won[table] = int(self._q(f"SELECT count(*) FROM {new}")[0][0])
         return won
+
+    def _held(self, table: TableId, held: str, keys: str) -> None:
+        """The temporary table ``held``: the rows of ``table`` whose key is one of ``keys`` (a
+        query of one column ``k``) with their row ids. One scan of the table's key hashes, then
+        the few rows found are checked by their key text (a hash collision's row is dropped)."""
+        self._q(f"CREATE OR REPLACE TEMP TABLE _cdc_wanted AS SELECT k, {key_hash('k')} AS h "
+                f"FROM ({keys})")
+        self._q(f"CREATE OR REPLACE TEMP TABLE {held} AS SELECT rowid AS {ROWID}, * "
+                f"FROM {_table_sql(table)} WHERE {_quote(KEY_HASH)} IN "
+                f"(SELECT h FROM _cdc_wanted)")
+        self._q(f"DELETE FROM {held} WHERE {_quote(KEY_COLUMN)} NOT IN "
+                f"(SELECT k FROM _cdc_wanted)")
 
     def _newest_position(self) -> bytes:
         """The newest position of the batch's changes that passed the gate."""
         newest = b""
         for index, _ in self._captured:
-            found = self._q(f"SELECT max(pos) FROM {NEW.format(index=index)}")[0][0]
+            found = self._q(f"SELECT max({POSITION}) FROM {NEW.format(index=index)}")[0][0]
             if found is not None and bytes(found) > newest:
                 newest = bytes(found)
         return newest
@@ -452,7 +479,7 @@ class ViewState:
         return False
 
     def _stage_new(self, by_table: Mapping[TableId, list[BaseChange]]) -> dict[TableId, int]:
-        """Per table, the batch's changes typed: ``_cdc_new_<i>`` (k, pos, gone, columns...);
+        """Per table, the batch's changes typed (:data:`NEW`);
         the number of changes per table."""
         import pyarrow as pa
 
@@ -479,7 +506,8 @@ class ViewState:
                 casts = "".join(f", CAST(c{number} AS {kind}) AS {_quote(name)}"
                                 for number, (name, kind) in enumerate(columns))
                 self._q(f"CREATE OR REPLACE TEMP TABLE {NEW.format(index=index)} AS "
-                        f"SELECT k, pos, gone{casts} FROM _cdc_staged")
+                        f"SELECT k AS {KEY_COLUMN}, {key_hash('k')} AS {KEY_HASH}, "
+                        f"pos AS {POSITION}, gone AS {DELETED}{casts} FROM _cdc_staged")
             finally:
                 self.db.unregister("_cdc_staged")
         return counts
@@ -492,18 +520,18 @@ class ViewState:
             new, held = NEW.format(index=index), HELD.format(index=index)
             names = [_quote(name) for name, _ in self.columns[table]]
             columns = ", ".join(names)
-            old = (f"SELECT {columns} FROM {held} WHERE {_quote(KEY_COLUMN)} IN "
-                   f"(SELECT k FROM {new})")
+            old = (f"SELECT {columns} FROM {held} WHERE {KEY_COLUMN} IN "
+                   f"(SELECT {KEY_COLUMN} FROM {new})")
             if before:
                 self._q(f"CREATE OR REPLACE TEMP TABLE {IMAGES.format(index=index)} AS {old} "
-                        f"UNION ALL SELECT {columns} FROM {new} WHERE NOT gone")
+                        f"UNION ALL SELECT {columns} FROM {new} WHERE NOT {DELETED}")
                 self._q(f"CREATE OR REPLACE TEMP TABLE {LINEAGE.format(index=index)} AS "
                         f"SELECT {_quote(KEY_COLUMN)}, {_quote(POSITION)}, {columns} FROM "
-                        f"{held} WHERE {_quote(KEY_COLUMN)} IN (SELECT k FROM {new})")
+                        f"{held} WHERE {KEY_COLUMN} IN (SELECT {KEY_COLUMN} FROM {new})")
             else:
                 self._q(f"CREATE OR REPLACE TEMP TABLE {LINEAGE.format(index=index)} AS "
-                        f"SELECT k AS {_quote(KEY_COLUMN)}, pos AS {_quote(POSITION)}, "
-                        f"{columns} FROM {new} WHERE NOT gone")
+                        f"SELECT {KEY_COLUMN}, {POSITION}, {columns} FROM {new} "
+                        f"WHERE NOT {DELETED}")
 
     def _write_base(self, tables: Sequence[tuple[int, TableId]], markers: bool = True) -> None:
         """The gated changes into ``tables``: rows replaced (the held rows deleted by their
@@ -513,15 +541,17 @@ class ViewState:
             new, held = NEW.format(index=index), HELD.format(index=index)
             names = [_quote(name) for name, _ in self.columns[table]]
             self._q(f"DELETE FROM {_table_sql(table)} WHERE rowid IN (SELECT {ROWID} FROM "
-                    f"{held} WHERE {_quote(KEY_COLUMN)} IN (SELECT k FROM {new}))")
-            self._q(f"DELETE FROM _cdc_gone WHERE tbl = ? AND k IN (SELECT k FROM {new})",
+                    f"{held} WHERE {KEY_COLUMN} IN (SELECT {KEY_COLUMN} FROM {new}))")
+            self._q(f"DELETE FROM _cdc_gone WHERE tbl = ? AND k IN "
+                    f"(SELECT {KEY_COLUMN} FROM {new})",
                     [str(table)])
             self._q(f"INSERT INTO {_table_sql(table)} ({_quote(KEY_COLUMN)}, "
-                    f"{_quote(POSITION)}" + "".join(f", {n}" for n in names)
-                    + ") SELECT k, pos" + "".join(f", {n}" for n in names)
-                    + f" FROM {new} WHERE NOT gone")
+                    f"{_quote(KEY_HASH)}, {_quote(POSITION)}" + "".join(f", {n}" for n in names)
+                    + f") SELECT {KEY_COLUMN}, {KEY_HASH}, {POSITION}"
+                    + "".join(f", {n}" for n in names) + f" FROM {new} WHERE NOT {DELETED}")
             if markers:
-                self._q(f"INSERT INTO _cdc_gone SELECT ?, k, pos FROM {new} WHERE gone",
+                self._q(f"INSERT INTO _cdc_gone SELECT ?, {KEY_COLUMN}, {POSITION} FROM "
+                        f"{new} WHERE {DELETED}",
                         [str(table)])
 
     def _distinct_affected(self) -> list[tuple[Any, ...]]:
@@ -651,6 +681,13 @@ class ViewState:
         forms = self._forms(names, types)
         return {self._key_text([row[i] for i in positions]): forms(row) for row in rows}
 
+
+
+def key_hash(key: str) -> str:
+    """The SQL of the 64-bit hash of the key text ``key`` (an SQL expression) that
+    :data:`KEY_HASH` holds: the low half of its MD5, a function whose value no DuckDB version
+    may change (the state file keeps it)."""
+    return f"md5_number_lower({key})"
 
 
 def _cell(value: Any) -> str | None:
