@@ -34,7 +34,7 @@ from cdc.events import TableId, topic_name
 from cdc.logical import logical_columns
 from cdc.sink import ApplyStats, Change, Placement, Sink, row_text
 from views.definition import ViewDefinitionError, ViewPlan, analyze
-from views.state import BaseChange, BatchResult, ViewChange, ViewError, ViewState
+from views.state import BaseChange, BatchResult, ViewChange, ViewError, ViewState, state_meta
 from views.types import duckdb_type
 
 if TYPE_CHECKING:
@@ -292,14 +292,13 @@ class ViewSink(Sink):
         for shared in self._shared.values():
             with shared.lock:
                 shared.sink.set_watermark(watermark_name(self.name), offset)
-        with self.opened() as state:
-            state.set_meta("watermark", json.dumps(dict(offset)))
+        state_meta(self.config.view_state(self.name), self.name, "watermark",
+                   json.dumps(dict(offset)))
 
     def watermark(self, source: str) -> dict[str, Any] | None:
         if source != self.view.source:
             return None
-        with self.opened() as state:
-            text = state.meta("watermark")
+        text = state_meta(self.config.view_state(self.name), self.name, "watermark")
         return None if text is None else dict(json.loads(text))
 
     # --------------------------------------------------------------------------- reading

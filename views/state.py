@@ -711,6 +711,24 @@ def _connect(path: Path, name: str) -> duckdb.DuckDBPyConnection:
             time.sleep(0.05)
 
 
+def state_meta(path: Path, view: str, name: str, value: str | None = None) -> str | None:
+    """Meta value ``name`` of view ``view``'s state at ``path`` — or, given ``value``, set it —
+    without opening the rest of the state (the driver's watermark, once a batch is written:
+    no table checked, nothing loaded)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = _connect(path, view)
+    try:
+        db.execute("CREATE TABLE IF NOT EXISTS _cdc_meta (name VARCHAR PRIMARY KEY, "
+                   "value VARCHAR)")
+        if value is not None:
+            db.execute("INSERT OR REPLACE INTO _cdc_meta VALUES (?, ?)", [name, value])
+            return value
+        row = db.execute("SELECT value FROM _cdc_meta WHERE name = ?", [name]).fetchone()
+        return None if row is None else str(row[0])
+    finally:
+        db.close()
+
+
 def _sub_affected(table: TableId) -> str:
     """The temporary table of subquery ``table``'s affected keys (its plan's restricted
     query reads it: ``views/definition.py``)."""
