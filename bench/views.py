@@ -319,6 +319,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        incremental_batches=progress.batches,
                        incremental_read_fold_s=round(progress.fold_seconds, 2),
                        incremental_sink_s=round(progress.sink_seconds, 2),
+                       incremental_phases_s={phase: round(seconds, 3) for phase, seconds
+                                             in progress.phases.items()},
                        view_rows_written=progress.written, view_rows_deleted=progress.deleted,
                        state_rows_scanned=progress.scanned, touched_groups=len(touched),
                        touched_rows=touched_rows,

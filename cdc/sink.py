@@ -87,6 +87,9 @@ class ApplyStats:
     #: rows the sink's own storage engine read to apply the batch, by its own count (a view:
     #: DuckDB's profiler over every query of the batch); 0 where not measured
     scanned: int = 0
+    #: seconds per step of the apply, where the sink measures them (a view: opening its state,
+    #: the gate, the lineage, ..., writing its followers)
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 

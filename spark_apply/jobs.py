@@ -47,7 +47,7 @@ from cdc.sink import Placement, Sink
 from cdc.transactions import is_transaction_topic
 from spark_apply.checkpoint import remove_torn_writes, resume_offsets
 from spark_apply.latency import LatencyHistogram, format_seconds
-from spark_apply.tasks import FollowerHandle, open_target
+from spark_apply.tasks import FollowerHandle, add_phases, open_target
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ class FollowerProgress:
     seconds: float = 0.0
     fold_seconds: float = 0.0
     sink_seconds: float = 0.0
+    #: of the sink's seconds, per phase where it measures them (:attr:`ApplyStats.phases`)
+    phases: dict[str, float] = field(default_factory=dict)
     #: a CdcError raised inside the handler (re-raised by the job with its fix)
     error: CdcError | None = None
     #: told of each applied batch, failure and restart (``cdc apply --metrics-port``:
@@ -317,6 +319,7 @@ class BatchHandler:
         progress.seconds += seconds
         progress.fold_seconds += total.read_seconds
         progress.sink_seconds += total.sink_seconds
+        add_phases(progress.phases, total.phases)
         for topic, histogram in total.latency_by_topic.items():
             progress.latency.merge(histogram)
             progress.latency_by_topic.setdefault(topic, LatencyHistogram()).merge(histogram)

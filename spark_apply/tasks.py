@@ -78,6 +78,8 @@ class TaskReport:
     latency_by_topic: dict[str, LatencyHistogram] = field(default_factory=dict)
     read_seconds: float = 0.0
     sink_seconds: float = 0.0
+    #: :attr:`cdc.sink.ApplyStats.phases`
+    phases: dict[str, float] = field(default_factory=dict)
 
     def merge(self, other: TaskReport) -> None:
         for name in ("records", "changes", "written", "deleted", "skipped", "scanned"):
@@ -92,6 +94,13 @@ class TaskReport:
             mine.merge(histogram)
         self.read_seconds += other.read_seconds
         self.sink_seconds += other.sink_seconds
+        add_phases(self.phases, other.phases)
+
+
+def add_phases(total: dict[str, float], more: dict[str, float]) -> None:
+    """Add ``more``'s seconds per phase into ``total``."""
+    for phase, seconds in more.items():
+        total[phase] = total.get(phase, 0.0) + seconds
 
 
 def plan_tasks(ranges: Sequence[Range], tasks: int, split_keys: bool) -> list[ApplyTask]:
@@ -178,6 +187,7 @@ def apply_records(handle: FollowerHandle, records: Iterable[RawRecord], decode: 
     report.changes = len(changes)
     report.written, report.deleted, report.skipped = stats.written, stats.deleted, stats.skipped
     report.scanned = stats.scanned
+    report.phases = dict(stats.phases)
     stamps: dict[str, list[int]] = {}
     for change in changes:
         if change.ts_ms is not None and change.op in COMMITS:

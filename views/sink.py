@@ -26,6 +26,7 @@ import contextlib
 import gc
 import json
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -237,12 +238,20 @@ class ViewSink(Sink):
             return self._apply(changes)
 
     def _apply(self, changes: Sequence[Change]) -> ApplyStats:
+        started = time.perf_counter()
         with self.opened() as state:
-            self._flush(state)
+            opened = time.perf_counter()
+            self._flush(state)  # a batch's outbox a crash left unwritten
+            leftover = time.perf_counter() - opened
             result = self._commit_state(state, changes)
+            committed = time.perf_counter()
             self._flush(state)
+            flushed = time.perf_counter()
+        phases = {"open": opened - started, **result.phases,
+                  "followers": leftover + flushed - committed,
+                  "close": time.perf_counter() - flushed}
         return ApplyStats(written=result.upserts, deleted=result.deletes,
-                          skipped=result.skipped, scanned=result.scanned)
+                          skipped=result.skipped, scanned=result.scanned, phases=phases)
 
     def _commit_state(self, state: ViewState, changes: Sequence[Change]) -> BatchResult:
         """Step 2 of a batch: its changes of the view's base tables gated into the state, the

@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +124,9 @@ class BatchResult:
     recomputed: bool = False
     #: rows DuckDB's scans read for the batch (its profiler, summed over the batch's queries)
     scanned: int = 0
+    #: seconds per step: gate, lineage (with the base tables' write), recompute (the view's
+    #: SQL on the affected keys), diff, record (view rows and outbox), commit
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def _quote(name: str) -> str:
@@ -162,6 +165,7 @@ class ViewState:
         self._key_prefix = "{" + _STRING(plan.key[0]) + ":"
         #: the outbox's content when this process knows it (None: read it from the state)
         self._outbox: list[ViewChange] | None = None
+        self._lap_at = 0.0
         try:
             self._create()
         except BaseException:
@@ -275,6 +279,7 @@ class ViewState:
         one transaction (see the module docstring). The outbox must be empty."""
         with self._lock:
             scanned = self.scanned
+            self._lap_at = time.perf_counter()
             self._q("BEGIN TRANSACTION")
             try:
                 result, recorded = self._apply(changes)
@@ -282,6 +287,7 @@ class ViewState:
                 self._q("ROLLBACK")
                 raise
             self._q("COMMIT")
+            self._lap(result, "commit")
             if self._outbox is not None:
                 self._outbox.extend(recorded)
             result.scanned = self.scanned - scanned
@@ -296,6 +302,7 @@ class ViewState:
             by_table.setdefault(change.table, []).append(change)
         counts = self._stage_new(by_table)
         won = self._gate(counts)
+        self._lap(result, "gate")
         result.applied = sum(won.values())
         result.skipped = sum(counts.values()) - result.applied
         stale = self.meta("stale") == "1"
@@ -308,7 +315,9 @@ class ViewState:
                 self._write_base(self._captured)
                 for table in self.plan.subviews:
                     self._refill_subview(table)
+                self._lap(result, "lineage")
                 rows = self._run(self.plan.full_sql)
+                self._lap(result, "recompute")
                 upserts, deletes = self._diff(rows, None)
             else:
                 if self.plan.subviews:
@@ -319,9 +328,12 @@ class ViewState:
                     self._lineage(before=False)
                 affected = self._distinct_affected()
                 result.affected = len(affected)
+                self._lap(result, "lineage")
                 rows = self._run(self.plan.restricted_sql or "")
+                self._lap(result, "recompute")
                 upserts, deletes = self._diff(rows, affected)
             newest = self._newest_position()
+            self._lap(result, "diff")
         except duckdb.Error as exc:
             raise ViewError(f"view {self.plan.name}: its SQL failed on the state ({exc})",
                             "a base table's schema may have changed under the view (a dropped "
@@ -333,7 +345,14 @@ class ViewState:
         if stale:
             self.set_meta("stale", "0")
         result.upserts, result.deletes = len(upserts), len(deletes)
+        self._lap(result, "record")
         return result, recorded
+
+    def _lap(self, result: BatchResult, phase: str) -> None:
+        """The seconds since the last lap (or the batch's start) go to ``phase``."""
+        now = time.perf_counter()
+        result.phases[phase] = result.phases.get(phase, 0.0) + now - self._lap_at
+        self._lap_at = now
 
     def _lineage(self, before: bool) -> None:
         """Stage the changed rows (:meth:`_stage`), then add to :data:`AFFECTED` the keys the
