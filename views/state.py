@@ -456,10 +456,12 @@ class ViewState:
         won: dict[TableId, int] = {}
         for index, table in self._captured:
             new, held = NEW.format(index=index), HELD.format(index=index)
-            self._held(table, held, f"SELECT {KEY_COLUMN} AS k FROM {new}")
-            if not counts.get(table):
+            if not counts.get(table):  # nothing to look up: no scan
+                self._q(f"CREATE OR REPLACE TEMP TABLE {held} AS SELECT rowid AS {ROWID}, * "
+                        f"FROM {_table_sql(table)} LIMIT 0")
                 won[table] = 0
                 continue
+            self._held(table, held, f"SELECT {KEY_COLUMN} AS k FROM {new}")
             self._q(f"DELETE FROM {new} USING {held} o WHERE o.{KEY_COLUMN} = "
                     f"{new}.{KEY_COLUMN} AND o.{POSITION} >= {new}.{POSITION}")
             self._q(f"DELETE FROM {new} USING _cdc_gone g WHERE g.tbl = ? AND "
@@ -472,11 +474,10 @@ class ViewState:
         query of one column ``k``) with their row ids. One scan of the table's key hashes, then
         the few rows found are checked by their key text (32 bits: at 10M rows a batch of 1,000
         keys finds about two rows of other keys, dropped here)."""
-        self._q(f"CREATE OR REPLACE TEMP TABLE _cdc_wanted AS SELECT k, {key_hash('k')} AS h "
-                f"FROM ({keys})")
         self._q(f"CREATE OR REPLACE TEMP TABLE {held} AS SELECT rowid AS {ROWID}, * "
-                f"FROM {_table_sql(table)} WHERE {KEY_HASH} IN (SELECT h FROM _cdc_wanted)")
-        self._q(f"DELETE FROM {held} WHERE {KEY_COLUMN} NOT IN (SELECT k FROM _cdc_wanted)")
+                f"FROM {_table_sql(table)} WHERE {KEY_HASH} IN "
+                f"(SELECT {key_hash('k')} FROM ({keys}))")
+        self._q(f"DELETE FROM {held} WHERE {KEY_COLUMN} NOT IN (SELECT k FROM ({keys}))")
 
     def _newest_position(self) -> bytes:
         """The newest position of the batch's changes that passed the gate."""
