@@ -133,6 +133,8 @@ def bootstrap(config: Config, source_config: SourceConfig, writer: ChangeLogWrit
     started = time.monotonic()
     columns = source_config.column_policies()  # a missing hash key is refused first
     with connector.snapshot(codec) as snap:
+        stored = writer.source_offsets().get(source_config.name)
+        snap.stored = connector.load_offset(stored) if stored else None
         tables = snap.check()  # every refusal happens here, before anything changes
         _check_columns(columns, tables, codec)
         report.warnings = snap.warnings()

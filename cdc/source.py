@@ -144,11 +144,17 @@ class SnapshotSource(ABC):
     snap.rows(t)``; then store :meth:`resume_offset` with the last rows."""
 
     tables: dict[TableId, TableSchema]
+    #: the offset this log committed for the source before this bootstrap (None: a new log),
+    #: set before :meth:`check`. It says what on the server is *ours*: a snapshot replaces only
+    #: what that offset names (a replication slot) and refuses, in :meth:`check`, to touch
+    #: anything else (another tool's slot of the same name)
+    stored: SourceOffset | None = None
 
     @abstractmethod
     def check(self) -> dict[TableId, TableSchema]:
-        """Every check that can refuse (server settings, privileges, tables, keys), before
-        anything changes; the schema of each captured table."""
+        """Every check that can refuse (server settings, privileges, tables, keys, ownership
+        of what the snapshot would replace), before anything changes; the schema of each
+        captured table."""
 
     @abstractmethod
     def open(self) -> str:

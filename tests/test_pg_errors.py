@@ -241,3 +241,25 @@ def test_publication_needs_privileges(table_db: Database, tmp_path: Path) -> Non
     assert SECRET_PASSWORD not in text
     with psycopg.connect(table_db.dsn(), autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM pg_publication").fetchone() == (0,)
+
+
+def test_bootstrap_refuses_a_slot_this_log_did_not_create(table_db: Database,
+                                                           tmp_path: Path) -> None:
+    """A slot of the configured name made by someone else (Debezium's, say) is neither dropped
+    nor used; the slot a log's own bootstrap made is replaced by its next bootstrap."""
+    slot = f"cdc_{table_db.source}"
+    table_db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    before = table_db.slot()
+    config = write_config(tmp_path, table_db, ["public.t"])
+    refused(config, f"replication slot {slot!r} already exists", "this log did not create it",
+            f"pg_drop_replication_slot('{slot}')", "slot: <name>")
+    assert table_db.slot() == before  # untouched
+    assert stored_offset(tmp_path / "log", table_db.source) is None
+    table_db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    assert cdc("bootstrap", "--config", str(config)).returncode == 0
+    assert table_db.slot() is not None
+    again = cdc("bootstrap", "--config", str(config))  # its own slot: replaced
+    assert again.returncode == 0, output(again)
+    other = tmp_path / "other"  # another log naming the same slot: refused
+    other.mkdir()
+    refused(write_config(other, table_db, ["public.t"]), "this log did not create it")

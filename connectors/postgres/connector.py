@@ -143,6 +143,8 @@ class PostgresSnapshot(SnapshotSource):
         self.tables: dict[TableId, TableSchema] = {}
 
     def check(self) -> dict[TableId, TableSchema]:
+        stored = self.stored
+        self.session.owned_slot = stored.slot if isinstance(stored, PostgresOffset) else None
         self.tables = {t: c.schema for t, c in self.session.check().items()}
         return self.tables
 

@@ -48,13 +48,27 @@ class SnapshotSession:
         self._replication: psycopg.Connection[Any] | None = None
         self._reader: psycopg.Connection[Any] | None = None
         self._row_number = 0
+        #: the slot this log's stored offset names (it committed that name before creating
+        #: the slot): the only existing slot :meth:`open` may drop and recreate
+        self.owned_slot: str | None = None
 
     def check(self) -> dict[TableId, CapturedTable]:
-        """Validate server, role, tables and keys and set up the publication; no slot yet."""
+        """Validate server, role, tables and keys and set up the publication; no slot yet.
+        An existing slot of the configured name is refused unless it is :attr:`owned_slot`."""
         self._catalog = self.source.connect()
         self.tables = self.source.check(self._catalog)
-        if catalog.slot_info(self._catalog, self.source.config.slot_name) is None:
+        slot = self.source.config.slot_name
+        existing = catalog.slot_info(self._catalog, slot)
+        if existing is None:
             catalog.check_free_slot(self._catalog, self.source.name)
+        elif slot != self.owned_slot:
+            raise SourceError(
+                f"source {self.source.name!r}: replication slot {slot!r} already exists "
+                f"(plugin {existing.plugin}, database {existing.database}) and this log did "
+                "not create it — another tool's (Debezium's?) or a cdc log that is gone; "
+                "bootstrap would drop it",
+                f"give the source a slot of its own (sources: slot: <name>), or, if nothing "
+                f"reads from it any more, drop it: SELECT pg_drop_replication_slot('{slot}')")
         catalog.ensure_publication(self._catalog, self.source.config.publication_name,
                                    list(self.tables))
         return self.tables
