@@ -59,6 +59,10 @@ _ROWS_SCANNED = re.compile(r'"total_rows_scanned":\s*(\d+)')
 #: written before formats were marked: format 1). Format 2 added :data:`KEY_HASH` to the base
 #: tables (a format-1 file is upgraded in place when opened)
 FORMAT = 2
+#: the state's named values (format, definition, position, watermark ...)
+_META_TABLE = "CREATE TABLE IF NOT EXISTS _cdc_meta (name VARCHAR PRIMARY KEY, value VARCHAR)"
+_META_READ = "SELECT value FROM _cdc_meta WHERE name = ?"
+_META_WRITE = "INSERT OR REPLACE INTO _cdc_meta VALUES (?, ?)"
 #: how long a batch's task waits for the state file another process holds open
 LOCK_WAIT_S = 120.0
 #: above this share of a table's rows touched by one batch, the view is recomputed whole
@@ -175,25 +179,22 @@ class ViewState:
     # ------------------------------------------------------------------------- set-up
     def _create(self) -> None:
         db = self.db
-        # no indexes: DuckDB scans a column of millions of keys in milliseconds, while an ART
-        # index makes every commit's checkpoint rewrite it (keys stay unique: every write
-        # deletes the batch's keys, then inserts them)
+        # no indexes: the batch's rows are found by a scan of the key hashes (KEY_HASH), while
+        # an ART index is loaded whole by each open and rewritten by each checkpoint (keys stay
+        # unique: every write deletes the batch's keys, then inserts them)
         db.execute("CREATE TABLE IF NOT EXISTS _cdc_gone (tbl VARCHAR, k VARCHAR, pos BLOB)")
         db.execute("CREATE TABLE IF NOT EXISTS _cdc_view (k VARCHAR, row VARCHAR)")
         db.execute("CREATE TABLE IF NOT EXISTS _cdc_outbox (seq BIGINT, k VARCHAR, row VARCHAR, "
                    "pos BLOB)")
-        db.execute("CREATE TABLE IF NOT EXISTS _cdc_meta (name VARCHAR PRIMARY KEY, "
-                   "value VARCHAR)")
+        db.execute(_META_TABLE)
         stored = self.meta("format")
-        if stored is None:
-            self.set_meta("format", str(FORMAT))
         check_format(int(stored) if stored and stored.isdigit() else (stored or FORMAT), FORMAT,
                      f"view {self.plan.name}: its state {self.path}", error=ViewError,
                      fix="run the cdc version that wrote it (or a newer one), or delete the "
                      "file to rebuild the view from the log")
         for _, table in [*self._captured, *self._subs]:  # a subquery's columns: DESCRIBE
             self._ensure_table(table)
-        if stored != str(FORMAT):
+        if stored != str(FORMAT):  # new, unmarked, or upgraded just now
             self.set_meta("format", str(FORMAT))
         if self.meta("sql") != self.plan.full_sql:
             # a new definition: the next batch recomputes the whole view and compares
@@ -248,11 +249,11 @@ class ViewState:
             self.scanned += int(found.group(1))
 
     def meta(self, name: str) -> str | None:
-        rows = self._q("SELECT value FROM _cdc_meta WHERE name = ?", [name])
+        rows = self._q(_META_READ, [name])
         return str(rows[0][0]) if rows else None
 
     def set_meta(self, name: str, value: str) -> None:
-        self._q("INSERT OR REPLACE INTO _cdc_meta VALUES (?, ?)", [name, value])
+        self._q(_META_WRITE, [name, value])
 
     def close(self) -> None:
         self.db.close()
@@ -738,12 +739,11 @@ def state_meta(path: Path, view: str, name: str, value: str | None = None) -> st
     path.parent.mkdir(parents=True, exist_ok=True)
     db = _connect(path, view)
     try:
-        db.execute("CREATE TABLE IF NOT EXISTS _cdc_meta (name VARCHAR PRIMARY KEY, "
-                   "value VARCHAR)")
+        db.execute(_META_TABLE)
         if value is not None:
-            db.execute("INSERT OR REPLACE INTO _cdc_meta VALUES (?, ?)", [name, value])
+            db.execute(_META_WRITE, [name, value])
             return value
-        row = db.execute("SELECT value FROM _cdc_meta WHERE name = ?", [name]).fetchone()
+        row = db.execute(_META_READ, [name]).fetchone()
         return None if row is None else str(row[0])
     finally:
         db.close()
