@@ -151,6 +151,13 @@ class LogConfig(_Strict):
 
     backend: Literal["local", "kafka"] = "local"
     path: Path = Path("./cdc-data/log")
+    #: kafka: how the topics' records are written, fixed when the log is created: ``avro``
+    #: (Confluent's wire format) or ``json`` (Kafka Connect's ``JsonConverter`` with schemas:
+    #: ``{"schema", "payload"}``, what Debezium's JDBC sink reads; :mod:`cdc.connect`)
+    format: Literal["avro", "json"] = "avro"
+    #: format json: decimals as Connect's ``Decimal`` (``precise``: a NaN or infinity then stops
+    #: capture) or as their exact text (``string``); fixed when the log is created
+    decimal_handling: Literal["precise", "string"] = "precise"
     #: kafka: the brokers, ``host:port[,host:port...]``
     bootstrap_servers: str | None = None
     #: kafka: replication factor of the topics cdc creates (-1: the broker's default)
@@ -202,6 +209,13 @@ class LogConfig(_Strict):
                 raise ValueError(f"topic_config: {fixed} cannot be set: the log's topics are "
                                  "always compacted, and tombstones are kept for "
                                  "tombstone_retention (set that instead)")
+        elif self.format != "avro":
+            raise ValueError(f"format {self.format} is for backend kafka (what Kafka Connect "
+                             "and other Kafka consumers read); a local log is read by cdc only: "
+                             "remove format, or set backend: kafka")
+        if self.decimal_handling != "precise" and self.format != "json":
+            raise ValueError("decimal_handling applies to format json only (format avro keeps "
+                             "exact decimals, NaN included): remove it, or set format: json")
         return self
 
 

@@ -35,6 +35,7 @@ from cdc.avro import EventCodec
 from cdc.avroreader import RUN_PROGRAM as _RUN_PROGRAM
 from cdc.avroreader import Projection, compile_program, compile_projection
 from cdc.avrowriter import Unsupported
+from cdc.connect import VALUE_PREFIX, ConnectJson
 from cdc.log.base import ChangeLogReader, Committed, StoredRecord
 from cdc.sink import Change
 from cdc.transactions import is_transaction_topic
@@ -131,6 +132,7 @@ class Decoder:
         self._plans: dict[int, tuple[Projection | None, Any]] = {}
         #: schema id -> the compiled program (``cdc/_fast.pyx``; None: not compiled)
         self._programs: dict[int, Any] = {}
+        self._connect: ConnectJson | None = None
 
     def _plan(self, schema_id: int) -> tuple[Projection | None, Any]:
         """The projection of a value schema (``None``: fastavro) and its row builder (after
@@ -162,6 +164,8 @@ class Decoder:
     def decode_image(self, value: bytes) -> tuple[str, dict[str, Any] | None, int | None]:
         """``(op, after image in its JSON form or None, source ts_ms)`` of a log value."""
         if len(value) < 5 or value[0] != 0:
+            if value.startswith(VALUE_PREFIX):  # Kafka Connect's JSON form (log.format: json)
+                return self.decode_image(self._connect_json().to_avro(value) or b"")
             self.codec.decode_raw(value)  # raises the SchemaError that explains it
         schema_id = int.from_bytes(value[1:5], "big")
         try:
@@ -182,6 +186,11 @@ class Decoder:
         if image is None or op not in ("c", "u", "r"):
             return op, None, ts
         return op, columns(image), ts
+
+    def _connect_json(self) -> ConnectJson:
+        if self._connect is None:
+            self._connect = ConnectJson(self.codec.store)
+        return self._connect
 
     def decode(self, value: bytes) -> tuple[str, str | None, int | None]:
         """As :meth:`decode_image`, the image as compact JSON."""

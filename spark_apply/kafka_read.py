@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Context
 from typing import Any
 
+from cdc.connect import canonical_key
 from cdc.log.open import kafka_topic_name, spark_kafka_options
 from cdc.reading import Range, open_log, row_builder, to_change
 
@@ -224,8 +225,8 @@ def kafka_task(handle: Any, topics: Mapping[str, Range]) -> Any:
 
         decoder = KafkaRowDecoder(handle)
         records = (
-            (topics[row["topic"]], row["key"].encode(), row["position"] or b"", row["offset"],
-             row)
+            (topics[row["topic"]], canonical_key(row["key"].encode()), row["position"] or b"",
+             row["offset"], row)
             for batch in batches for row in batch.to_pylist())
         report = apply_records(handle, records, decoder.change)
         yield pa.RecordBatch.from_pydict({"report": [pickle.dumps(report)]})

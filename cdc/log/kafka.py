@@ -9,13 +9,19 @@ Layout
 * Partitions are chosen here with Kafka's murmur2 (:mod:`cdc.log.partitioner`) and passed
   explicitly (librdkafka's default partitioner is not Java's).
 * Keys are the JSON key bytes, values Confluent's wire format (magic byte, schema id, Avro), the
-  position travels in the record header ``cdc.position``.
+  position travels in the record header ``cdc.position``. With ``log.format: json`` keys and
+  values are in Kafka Connect's JSON form instead (:mod:`cdc.connect`): written so by the
+  writer, given back in the forms above by the reader; partitions are still chosen from the
+  canonical key bytes.
 * ``log.offsets_topic`` (compacted, one partition) holds each source's offset (key
   ``source:<name>``, with its cut) and each topic's description (key ``topic:<name>``: Kafka name,
   partitions, meta). ``log.schemas_topic`` holds the schemas (:mod:`cdc.log.kafka_schemas`).
-* The offsets topic's record ``format`` (``{"format": N}``, written with the first topic
-  description) is the version of this layout, :data:`FORMAT_VERSION`; a log without it was
-  written before formats were marked (format 1). Readers and writers refuse a newer one.
+* The offsets topic's record ``format`` (``{"format": N, "records": "avro"|"json", ...}``,
+  written with the first topic description) is the version of this layout (2 for ``json``
+  records, else 1; :data:`FORMAT_VERSION` the newest), the records' format and the decimal
+  handling, all fixed when the log is created: a writer whose config says otherwise is refused.
+  A log without it was written before formats were marked (format 1). Readers and writers refuse
+  a newer one.
 
 Exactly once
 ------------
@@ -56,6 +62,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from cdc.config import LogConfig
+from cdc.connect import KEY_PREFIX, VALUE_PREFIX, ConnectJson, canonical_key
 from cdc.errors import LogError, LogUnavailable, check_format
 from cdc.log.base import (
     AppendResult,
@@ -73,8 +80,9 @@ from cdc.log.kafka_schemas import assigned, committed_reader
 from cdc.log.partitioner import partition_for
 
 POSITION_HEADER = "cdc.position"
-#: the version of the layout above, in the offsets topic's ``format`` record
-FORMAT_VERSION = 1
+#: the version of the layout above, in the offsets topic's ``format`` record: 1, or 2 for a log
+#: whose records are in Kafka Connect's JSON form (``log.format: json``)
+FORMAT_VERSION = 2
 #: the key of that record
 FORMAT_KEY = b"format"
 #: librdkafka's own log lines go here (not to stderr)
@@ -204,6 +212,10 @@ class _Snapshot:
         self.topics: dict[str, dict[str, Any]] = {}
         #: the offsets topic holds the ``format`` record
         self.marked = False
+        #: how the log's records are written (``log.format``; ``avro`` for a log that does not
+        #: say) and its decimal handling, from that record
+        self.records = "avro"
+        self.decimal_handling = "precise"
         self.next_offset = 0
 
 
@@ -224,6 +236,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         self._snapshot = _Snapshot()
         self._lock = threading.RLock()
         self._schemas: Any = None
+        self._connect: ConnectJson | None = None
         self._check_reachable()
 
     # -- clients -----------------------------------------------------------------------------
@@ -264,6 +277,9 @@ class KafkaChangeLogReader(ChangeLogReader):
                                  FORMAT_VERSION, f"the Kafka log's {topic} topic",
                                  fix="run the cdc version that wrote the log (or a newer one)")
                     snap.marked = True
+                    if isinstance(data, dict):
+                        snap.records = str(data.get("records", "avro"))
+                        snap.decimal_handling = str(data.get("decimal_handling", "precise"))
                 elif key.startswith("source:"):
                     at = int(record.offset() or 0)
                     if at > snap.source_at.get(key[7:], -1):
@@ -400,14 +416,24 @@ class KafkaChangeLogReader(ChangeLogReader):
             messages = self._consume(name, partition, start, end, max_records)
         return [self._stored(topic, partition, m) for m in messages]
 
-    @staticmethod
-    def _stored(topic: str, partition: int, message: Any) -> StoredRecord:
+    def _stored(self, topic: str, partition: int, message: Any) -> StoredRecord:
         position = b""
         for header, value in message.headers() or ():
             if header == POSITION_HEADER:
                 position = bytes(value)
+        key, value = message.key() or b"", message.value()
+        if key.startswith(KEY_PREFIX):  # log.format json: back to the log's own forms
+            key = canonical_key(key)
+        if value is not None and value.startswith(VALUE_PREFIX):
+            value = self._connect_json().to_avro(value)
         return StoredRecord(topic, partition, message.offset(), message.timestamp()[1],
-                            message.key() or b"", message.value(), position)
+                            key, value, position)
+
+    def _connect_json(self) -> ConnectJson:
+        """The converter of Kafka Connect's JSON form (:mod:`cdc.connect`), made once."""
+        if self._connect is None:
+            self._connect = ConnectJson(self.schemas(), self.config.decimal_handling)
+        return self._connect
 
     def partition_stats(self, topic: str, partition: int) -> PartitionStats:
         data = self._refresh().topics.get(topic)
@@ -469,6 +495,19 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         self._unresolved = False
         if parent is None:
             self._create_internal_topics()
+            self._check_records_format(self._refresh())
+
+    def _check_records_format(self, snap: _Snapshot) -> None:
+        """Refuse a config whose ``log.format`` (or decimal handling) is not the log's own."""
+        wanted = (self.config.format, self.config.decimal_handling)
+        stored = (snap.records, snap.decimal_handling if snap.records == "json" else "precise")
+        if snap.marked and wanted != stored:
+            raise LogError(f"the Kafka log on {self.where} was created with format "
+                           f"{stored[0]} (decimal_handling {stored[1]}); the config says "
+                           f"format {wanted[0]} (decimal_handling {wanted[1]})",
+                           "a log's format is fixed when it is created: set log.format and "
+                           "log.decimal_handling as the log has them, or bootstrap a new log "
+                           "(its own offsets_topic, schemas_topic and source names)")
 
     def source_offsets(self) -> dict[str, Any]:
         """As committed — after this writer's own unfinished transaction, if an outage left
@@ -582,10 +621,16 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         messages = [(self.config.offsets_topic, f"topic:{topic}".encode(),
                      json.dumps(description).encode())]
         if not snap.marked:
+            choice: dict[str, Any] = {"format": 1, "records": "avro"}
+            if self.config.format == "json":  # format 2: older readers refuse it (cleanly)
+                choice = {"format": 2, "records": "json",
+                          "decimal_handling": self.config.decimal_handling}
             messages.insert(0, (self.config.offsets_topic, FORMAT_KEY,
-                                json.dumps({"format": FORMAT_VERSION}).encode()))
+                                json.dumps(choice).encode()))
         self._transaction(messages)
         snap.topics[topic] = description
+        if not snap.marked:
+            snap.records, snap.decimal_handling = self.config.format, self.config.decimal_handling
         snap.marked = True
         return self._info(topic, description)
 
@@ -768,6 +813,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
     def _send(self, producer: Producer, snap: _Snapshot, records: Sequence[Record],
               results: list[AppendResult | None], failures: list[Any], base: int) -> None:
         names: dict[str, tuple[str, int]] = {}
+        connect = self._connect_json() if self.config.format == "json" else None
         for index, record in enumerate(records):
             found = names.get(record.topic)
             if found is None:
@@ -785,8 +831,10 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                 else:
                     results[index] = AppendResult(topic, message.partition(), message.offset())
 
-            self._produce(producer, found[0], record.key, record.value, partition,
-                          record.position, delivered)
+            key, value = record.key, record.value
+            if connect is not None:  # Kafka Connect's JSON form; partitioned by the key's own
+                key, value = connect.key(found[0], key), connect.value(value)
+            self._produce(producer, found[0], key, value, partition, record.position, delivered)
 
     def _flush(self, producer: Producer, failures: list[Any]) -> None:
         remaining = self._call(producer, "writing records", producer.flush, TIMEOUT * 8)
