@@ -52,6 +52,7 @@ import fastavro
 
 from cdc.errors import EncodingError, SchemaError
 from cdc.log.base import SchemaRegistry
+from cdc.types import ColumnType
 
 #: ``log.decimal_handling``: how decimals appear in Connect's JSON form
 DECIMAL_MODES = ("precise", "string")
@@ -64,6 +65,8 @@ KEY_PREFIX = b'{"schema":{"type":"struct","fields":['
 SCHEMA_ID = "cdc.schema.id"
 #: ... and the decimal handling it was written with
 DECIMALS = "cdc.decimal.handling"
+#: ... and, set to ``true``, that its ``before`` holds only the key (see ConnectJson.record)
+REMOVAL = "cdc.removal"
 _MAGIC = 0
 _PAYLOAD = b',"payload":'
 _DECIMAL = "org.apache.kafka.connect.data.Decimal"
@@ -306,6 +309,27 @@ class _Plan:
             raise SchemaError("a value schema is not a record", "use log.format: avro")
         self.parsed = fastavro.parse_schema(avro)
         self.header = bytes([_MAGIC]) + schema_id.to_bytes(4, "big")
+        self.connect = connect
+        self.avro = avro
+        self._removal: tuple[bytes, dict[str, tuple[str, Any]]] | None = None
+
+    def removal(self) -> tuple[bytes, dict[str, tuple[str, Any]]]:
+        """For a delete without images: the ``schema`` part's bytes with the ``before``
+        struct's non-key fields optional (so it can hold the key alone), and per key column
+        (its ``cdc.column`` name) its Avro field name and type."""
+        if self._removal is None:
+            connect = json.loads(json.dumps(self.connect))
+            connect["parameters"][REMOVAL] = "true"
+            keys = set(self.avro.get("cdc.key", ()))
+            value = self.avro["fields"][0]["type"][1]
+            columns = {f.get("cdc.column", f["name"]): (f["name"], ColumnType.from_description(
+                f["cdc.type"])) for f in value["fields"] if f.get("cdc.column", f["name"]) in keys}
+            before = next(f for f in connect["fields"] if f["field"] == "before")
+            key_fields = {name for name, _ in columns.values()}
+            for field in before["fields"]:
+                field["optional"] = field["optional"] or field["field"] not in key_fields
+            self._removal = (_dumps({**connect, "optional": False}).encode(), columns)
+        return self._removal
 
 
 class ConnectJson:
@@ -331,14 +355,34 @@ class ConnectJson:
             self._read_plans[(schema_id, mode)] = plan
         return plan
 
-    def value(self, value: bytes | None) -> bytes | None:
-        """A log value (Confluent's framing) in Connect's JSON form."""
+    def value(self, value: bytes | None, key: bytes = b"{}") -> bytes | None:
+        """A log value (Confluent's framing) of the record keyed ``key`` in Connect's JSON
+        form (see :meth:`record`)."""
         if value is None or len(value) < 5 or value[0] != _MAGIC:
             return value
         plan = self._plan(int.from_bytes(value[1:5], "big"), self.mode)
         datum = fastavro.schemaless_reader(io.BytesIO(value[5:]), plan.parsed, None)
+        assert isinstance(datum, dict)
+        schema_bytes = plan.schema_bytes
+        if datum.get("op") == "d" and datum.get("before") is None and key != b"{}":
+            schema_bytes, columns = plan.removal()
+            values = json.loads(key)
+            before: dict[str, Any] = dict.fromkeys(
+                f["name"] for f in plan.avro["fields"][0]["type"][1]["fields"])
+            for column, (field, ctype) in columns.items():
+                before[field] = ctype.to_avro(ctype.from_json(values[column]))
+            datum["before"] = before
         payload = _dumps(plan.out(datum)).encode()
-        return b'{"schema":' + plan.schema_bytes + _PAYLOAD + payload + b"}"
+        return b'{"schema":' + schema_bytes + _PAYLOAD + payload + b"}"
+
+    def record(self, kafka_topic: str, key: bytes, value: bytes | None
+               ) -> tuple[bytes, bytes | None]:
+        """A log record's key and value in Connect's JSON form. A delete without images (a row
+        known by its key only: :meth:`cdc.events.ChangeEvent.removal`) gets a ``before`` image
+        holding the key's columns, which is what Kafka Connect sinks delete by (Debezium's JDBC
+        sink cannot read a delete without one); its envelope says so (``cdc.removal``) and
+        reading it back gives the record as written."""
+        return self.key(kafka_topic, key), self.value(value, key)
 
     def to_avro(self, value: bytes | None) -> bytes | None:
         """A value in Connect's JSON form back in Confluent's framing, as it was written."""
@@ -357,9 +401,12 @@ class ConnectJson:
             raise SchemaError("a Connect JSON value is not {schema, payload}",
                               "the topic holds records cdc did not write")
         payload = _decoder.decode(text[end + len(_PAYLOAD):-1])
+        datum = plan.back(payload)
+        if schema.get("parameters", {}).get(REMOVAL) == "true":
+            datum["before"] = None  # a delete without images (see ConnectJson.record)
         out = io.BytesIO()
         out.write(plan.header)
-        fastavro.schemaless_writer(out, plan.parsed, plan.back(payload))
+        fastavro.schemaless_writer(out, plan.parsed, datum)
         return out.getvalue()
 
     def key(self, kafka_topic: str, key: bytes) -> bytes:

@@ -242,6 +242,15 @@ class ChangeEvent:
         if op is Op.DELETE and before is None:
             raise SchemaError("a delete event needs a before image (at least the key)")
 
+    @classmethod
+    def removal(cls, schema: TableSchema, position: Position, ts_ms: int) -> ChangeEvent:
+        """The delete of a row known only by its key (no images; the record's key says which):
+        a TRUNCATE's live keys, rows gone while a slot was lost, rows an incremental snapshot
+        found gone."""
+        event = cls(schema, Op.DELETE, position, ts_ms, before={})
+        event._before = None
+        return event
+
     def _materialize(self) -> None:
         assert self.raw is not None
         self._before, self._after = self.raw.rows()

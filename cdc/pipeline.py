@@ -293,9 +293,19 @@ class Dispatcher:
             self._boundary(records[-1].position if records else None)
 
     def add_tombstone(self, schema: TableSchema, key: bytes, position: Position) -> None:
-        """Buffer a tombstone for ``key`` of ``schema``'s table (a row known only by its key)."""
+        """Buffer the removal of ``key`` of ``schema``'s table (a row known only by its key: a
+        TRUNCATE's live keys, rows gone while a slot was lost, rows an incremental snapshot
+        found gone): a delete event without images, then the key's tombstone, both at
+        ``position`` — what a delete is everywhere else. The delete event is for consumers that
+        skip tombstones (Kafka Connect sinks such as Debezium's JDBC sink do): each key's
+        removal is then in its own partition's order, which a TRUNCATE's one record (keyed
+        ``{}``, in one partition) cannot be for a topic of several partitions."""
         self.ensure_topic(schema)
+        removal = ChangeEvent.removal(schema, position, int(time.time() * 1000))
+        value = self.codec.encode(removal)
+        self._buffer.append(Record(schema.topic, key, value, position.to_bytes()))
         self._buffer.append(Record(schema.topic, key, None, position.to_bytes()))
+        self._buffered_bytes += len(value)
         self.images.remember(schema.topic, key, None)
         if self._oldest is None:
             self._oldest = time.monotonic()

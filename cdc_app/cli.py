@@ -159,17 +159,19 @@ def _check_spark() -> Any:
 
 
 @main.command("setup")
-@click.option("--only", "only", multiple=True, type=click.Choice(["spark", "kafka"]),
-              help="Only this jar set (repeatable; default: both).")
+@click.option("--only", "only", multiple=True, type=click.Choice(["spark", "kafka", "connect"]),
+              help="Only this jar set (repeatable; default: spark and kafka; connect is Kafka "
+                   "Connect with Debezium's JDBC sink, for the interoperability tests).")
 @friendly_errors
 def setup_cmd(only: tuple[str, ...]) -> None:
     """Fetch the JVM jars once, with Maven, into the jar cache ($CDC_JARS_DIR, else
     ~/.cache/cdc/jars): Spark's connectors for `cdc apply`, the Kafka broker for the demo; and
     make the Spark driver's class archive there (it starts faster with it)."""
+    from cdc.jvm import DEFAULT_SETS
     from cdc_app.jars import fetch_jars
 
     console = make_console()
-    names = list(only) or ["spark", "kafka"]
+    names = list(only) or list(DEFAULT_SETS)
     fetch_jars(names, lambda line: console.print(line, highlight=False))
     if "spark" in names:
         try:

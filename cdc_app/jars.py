@@ -11,17 +11,19 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tarfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cdc.errors import CdcError
-from cdc.jvm import COMPLETE, POMS, jars_dir, jars_ready
+from cdc.jvm import COMPLETE, PLUGINS, POMS, jars_dir, jars_ready
 
 #: extra Maven arguments per set: Spark itself is `provided` in its pom (pyspark ships it)
-MAVEN_ARGS = {"spark": ["-DincludeScope=runtime"], "kafka": []}
+MAVEN_ARGS = {"spark": ["-DincludeScope=runtime"], "kafka": [], "connect": []}
 #: what each set is for, as `cdc setup` says it
 PURPOSE = {"spark": "Spark's Kafka source, spark-avro and delta-spark (cdc apply)",
-           "kafka": "the Kafka broker (the throwaway brokers of the demo and the tests)"}
+           "kafka": "the Kafka broker (the throwaway brokers of the demo and the tests)",
+           "connect": "Kafka Connect and Debezium's JDBC sink (the interoperability tests)"}
 
 
 def fetch_jars(names: Sequence[str], say: Callable[[str], None]) -> dict[str, Path]:
@@ -57,6 +59,10 @@ def _fetch(name: str, folder: Path) -> None:
         raise CdcError(f"Maven could not fetch the {name} jars (it needs Maven Central or a "
                        f"mirror in ~/.m2/settings.xml):\n{output}",
                        "check the network or the Maven settings, then run `cdc setup` again")
+    for archive in sorted(temporary.glob("*-plugin.tar.gz")):  # Kafka Connect plugins
+        with tarfile.open(archive) as packed:
+            packed.extractall(temporary / PLUGINS, filter="data")
+        archive.unlink()
     (temporary / COMPLETE).write_text(POMS[name].name + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(temporary, folder)

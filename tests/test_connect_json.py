@@ -123,3 +123,24 @@ def test_keys_depend_on_their_values_only(store) -> None:
         ColumnType("decimal", 9, 1), Decimal("1.5"))
     assert canonical_key(b'{"id":1}') == b'{"id":1}'  # the log's own form passes through
     assert ConnectJson(store).key("t", b"{}").startswith(KEY_PREFIX)  # a truncate's key
+
+
+def test_a_delete_known_by_its_key_only_gets_a_key_only_before_image(store) -> None:
+    """TRUNCATE's live keys (and rows gone during a lost slot) are logged as deletes without
+    images; Kafka Connect sinks delete by the ``before`` image, so the JSON form gives them one
+    with the key's columns, and reading it back gives the record as written."""
+    schema = TableSchema("src", "db", TableId("public", "k"),
+                         (Column("id", ColumnType("int64"), False),
+                          Column("at", ColumnType("timestamp"), False),
+                          Column("v", ColumnType("string"), False)), ("id", "at"))
+    codec, connect = EventCodec(store), ConnectJson(store)
+    value = codec.encode(ChangeEvent.removal(schema, Position.test(3), 1))
+    key = b'{"id":4,"at":"2024-01-02T03:04:05.000006"}'
+    as_key, as_json = connect.record("src.public.k", key, value)
+    document = json.loads(as_json)
+    assert document["payload"]["before"] == {"id": 4, "at": 1704164645000006, "v": None}  # µs
+    before = next(f for f in document["schema"]["fields"] if f["field"] == "before")
+    assert {f["field"]: f["optional"] for f in before["fields"]} == {
+        "id": False, "at": False, "v": True}
+    assert ConnectJson(store).to_avro(as_json) == value
+    assert canonical_key(as_key) == key

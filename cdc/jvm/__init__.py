@@ -1,8 +1,10 @@
 """The JVMs this project starts: their options (``CDC_JVM_OPTIONS``) and their jars.
 
-**Jars.** Two sets, each the dependencies of a pom shipped here: ``spark.pom.xml`` (Spark's
-Kafka source, spark-avro, delta-spark: ``cdc apply`` passes them with ``spark.jars``) and
-``kafka.pom.xml`` (the throwaway Kafka brokers of the demo and the tests). ``cdc setup`` copies
+**Jars.** Three sets, each the dependencies of a pom shipped here: ``spark.pom.xml`` (Spark's
+Kafka source, spark-avro, delta-spark: ``cdc apply`` passes them with ``spark.jars``),
+``kafka.pom.xml`` (the throwaway Kafka brokers of the demo and the tests) and
+``connect.pom.xml`` (a throwaway Kafka Connect worker with Debezium's JDBC sink, for the
+interoperability tests; plugin archives unpacked into its ``plugins/``). ``cdc setup`` copies
 them from Maven into a user cache, once; nothing fetches them at run time. The folder of a set is
 ``<root>/<set>-<first 12 hex digits of the pom's SHA-256>``, so a changed pom (another Spark
 release) gets a folder of its own and two installations of different versions share the cache
@@ -73,7 +75,13 @@ def jvm_options() -> list[str]:
 JARS_ENV = "CDC_JARS_DIR"
 #: the jar sets: name -> the pom whose dependencies they are
 POMS = {"spark": Path(__file__).with_name("spark.pom.xml"),
-        "kafka": Path(__file__).with_name("kafka.pom.xml")}
+        "kafka": Path(__file__).with_name("kafka.pom.xml"),
+        "connect": Path(__file__).with_name("connect.pom.xml")}
+#: the sets ``cdc setup`` fetches unless told which: ``connect`` (a Kafka Connect worker with
+#: Debezium's JDBC sink) is for the interoperability tests, ``cdc setup --only connect``
+DEFAULT_SETS = ("spark", "kafka")
+#: where in a set's folder ``cdc setup`` unpacks its plugin archives (``*-plugin.tar.gz``)
+PLUGINS = "plugins"
 #: written last into a jar folder by ``cdc setup``
 COMPLETE = ".complete"
 #: the fix named wherever a jar set is missing

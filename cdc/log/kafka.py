@@ -833,7 +833,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
 
             key, value = record.key, record.value
             if connect is not None:  # Kafka Connect's JSON form; partitioned by the key's own
-                key, value = connect.key(found[0], key), connect.value(value)
+                key, value = connect.record(found[0], key, value)
             self._produce(producer, found[0], key, value, partition, record.position, delivered)
 
     def _flush(self, producer: Producer, failures: list[Any]) -> None:
