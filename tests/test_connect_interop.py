@@ -1,8 +1,9 @@
 """Tools nobody here wrote read the log: Apache Kafka Connect (standalone, from Maven's jars)
 running Debezium's own JDBC sink connector with Kafka's JsonConverter consumes the topics of a
-log in ``format: json`` into a PostgreSQL target, and the target's tables equal the leader's —
-under updates, deletes, a primary-key change, a TRUNCATE, an unchanged TOAST column and an
-``ADD COLUMN`` mid-run."""
+log in ``format: json`` — of a PostgreSQL source and of a MariaDB source — into a PostgreSQL
+target, and the target's tables equal the leader's, every row: under updates, deletes, a
+primary-key change, a TRUNCATE, an unchanged TOAST column (PostgreSQL) and an ``ADD COLUMN``
+mid-run. One worker JVM for the module."""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ import psycopg
 import pytest
 
 from cdc_app.servers.connect import ThrowawayConnect
-from tests.kafkakit import kafka_yaml
+from tests.kafkakit import kafka_yaml, latest
 from tests.pgkit import Capture, Database, cdc, new_database, output, wait_caught_up, write_config
 
 pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def connect_worker(kafka_broker: Any) -> Any:
+    """One Kafka Connect worker (a JVM) for the module's tests; each adds its own connector."""
+    with ThrowawayConnect(kafka_broker.bootstrap_servers) as worker:
+        yield worker
 
 LEADER_SCHEMA = """
 CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, amount numeric(10,2),
@@ -28,7 +36,7 @@ CREATE TABLE lines (order_id int, line int, sku varchar(20), qty bigint,
 """
 
 
-def _sink(name: str, target: Database, topics: list[str]) -> dict[str, str]:
+def _sink(target: Database, topics: list[str]) -> dict[str, str]:
     """Debezium's JDBC sink as its documentation sets it up for a Debezium source."""
     return {
         "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector",
@@ -78,8 +86,23 @@ def _workload(db: Database, rng: random.Random) -> None:
         conn.execute("UPDATE lines SET qty = 3000000000 WHERE order_id = 1")
 
 
+def _converge(connect: ThrowawayConnect, name: str, same: Any, timeout: float = 120) -> None:
+    def converged() -> bool:
+        try:
+            return bool(same())
+        except psycopg.errors.UndefinedColumn:  # the sink has not added a new column yet
+            return False
+
+    deadline = time.monotonic() + timeout
+    while not converged() and time.monotonic() < deadline:
+        connect.check(name)
+        time.sleep(0.5)
+    connect.check(name)
+
+
 def test_debezium_jdbc_sink_through_kafka_connect_copies_a_postgres_source(
-        pg_cluster: Any, pg_db: Database, kafka_broker: Any, tmp_path: Path) -> None:
+        pg_cluster: Any, pg_db: Database, kafka_broker: Any, connect_worker: ThrowawayConnect,
+        tmp_path: Path) -> None:
     pg_db.execute(LEADER_SCHEMA)
     options = {**kafka_yaml(kafka_broker), "format": "json"}
     config = write_config(tmp_path, pg_db, ["public.orders", "public.lines"],
@@ -89,25 +112,99 @@ def test_debezium_jdbc_sink_through_kafka_connect_copies_a_postgres_source(
     capture = Capture(config, tmp_path / "capture.log").start()
     target = new_database(pg_cluster)
     topics = [f"{pg_db.source}.public.orders", f"{pg_db.source}.public.lines"]
+    tables = (("orders", "id"), ("lines", "order_id, line"))
+    name = f"pg-{pg_db.source}"
     try:
-        with ThrowawayConnect(kafka_broker.bootstrap_servers) as connect:
-            connect.add("pg-sink", _sink("pg-sink", target, topics))
-            connect.wait_running("pg-sink", timeout=120)
-            _workload(pg_db, random.Random(30))
-            wait_caught_up(pg_db, {**options, "path": str(tmp_path / "log")}, 120)
-            deadline = time.monotonic() + 120
-            while True:
-                connect.check("pg-sink")
-                same = all(_rows(target, t, k) == _rows(pg_db, t, k) for t, k in
-                           (("orders", "id"), ("lines", "order_id, line")))
-                if same or time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)
-            for table, key in (("orders", "id"), ("lines", "order_id, line")):
-                leader, copy = _rows(pg_db, table, key), _rows(target, table, key)
-                assert copy == leader, (table, connect.log_tail())
-            assert len(_rows(target, "orders", "id")) == 38
-            assert _rows(target, "lines", "order_id, line")[0]["sku"] == "after-truncate"
+        connect_worker.add(name, _sink(target, topics))
+        connect_worker.wait_running(name, timeout=120)
+        _workload(pg_db, random.Random(30))
+        wait_caught_up(pg_db, {**options, "path": str(tmp_path / "log")}, 120)
+        _converge(connect_worker, name, lambda: all(
+            _rows(target, t, k) == _rows(pg_db, t, k) for t, k in tables))
+        for table, key in tables:
+            leader, copy = _rows(pg_db, table, key), _rows(target, table, key)
+            assert copy == leader, (table, connect_worker.log_tail())
+        assert len(_rows(target, "orders", "id")) == 38
+        assert _rows(target, "lines", "order_id, line")[0]["sku"] == "after-truncate"
     finally:
+        connect_worker.request("DELETE", f"/connectors/{name}")
+        capture.terminate()
+        target.drop()
+
+
+MARIADB_SCHEMA = """
+CREATE TABLE orders (id int PRIMARY KEY, customer varchar(40) NOT NULL, amount decimal(10,2),
+                     placed datetime(6), note text, flag tinyint(1), big bigint unsigned);
+CREATE TABLE order_lines (order_id int, line int, sku varchar(20), qty bigint,
+                    PRIMARY KEY (order_id, line));
+"""
+ORDER_COLUMNS = "id, customer, amount, placed, note"
+
+
+def _my_workload(db: Any) -> None:
+    with db.connect() as conn, conn.cursor() as cursor:
+        for i in range(1, 31):
+            cursor.execute("INSERT INTO orders VALUES (%s, %s, %s, '2024-05-06 07:08:09.123456', "
+                           "%s, %s, %s)", (i, f"c{i % 7}", f"{i * 3.25:.2f}", f"n{i}", i % 2,
+                                           2**63 + i))
+            cursor.execute("INSERT INTO order_lines VALUES (%s, 1, %s, %s), (%s, 2, %s, %s)",
+                           (i, f"sku{i}", i, i, f"sku{i}b", 2 * i))
+        cursor.execute("UPDATE orders SET amount = amount + 1, note = 'upd' WHERE MOD(id, 3) = 1")
+        cursor.execute("DELETE FROM orders WHERE id IN (2, 4, 8)")
+        cursor.execute("UPDATE orders SET id = 1000 + id WHERE id = 7")  # a key change
+        cursor.execute("ALTER TABLE orders ADD COLUMN status varchar(10)")  # mid-run
+        cursor.execute("UPDATE orders SET status = 'shipped' WHERE MOD(id, 2) = 1")
+        cursor.execute("TRUNCATE order_lines")
+        cursor.execute("INSERT INTO order_lines VALUES (1, 1, 'after-truncate', 9)")
+
+
+def _my_rows(db: Any, table: str, columns: str, key: str) -> list[tuple[Any, ...]]:
+    return [tuple(row) for row in db.execute(f"SELECT {columns} FROM {table} ORDER BY {key}")]
+
+
+def _target_rows(target: Database, table: str, columns: str, key: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(target.dsn(), autocommit=True) as conn:
+        exists = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+        if exists is None or exists[0] is None:
+            return []
+        return [tuple(row) for row in conn.execute(
+            f"SELECT {columns} FROM {table} ORDER BY {key}").fetchall()]
+
+
+def test_debezium_jdbc_sink_through_kafka_connect_copies_a_mariadb_source(
+        pg_cluster: Any, mysql_db: Any, kafka_broker: Any, connect_worker: ThrowawayConnect,
+        tmp_path: Path) -> None:
+    from tests.mykit import wait_caught_up as my_caught_up
+    from tests.mykit import write_config as my_config
+
+    mysql_db.script(MARIADB_SCHEMA)
+    options = {**kafka_yaml(kafka_broker), "format": "json"}
+    config = my_config(tmp_path, mysql_db, ["orders", "order_lines"], log_options=options)
+    result = cdc("bootstrap", "--config", str(config), env=mysql_db.env())
+    assert result.returncode == 0, output(result)
+    capture = Capture(config, tmp_path / "capture.log").start()
+    target = new_database(pg_cluster)
+    topics = [f"{mysql_db.source}.{mysql_db.name}.orders",
+              f"{mysql_db.source}.{mysql_db.name}.order_lines"]
+    compared = (("orders", f"{ORDER_COLUMNS}, flag, big, status", "id"),
+                ("order_lines", "order_id, line, sku, qty", "order_id, line"))
+    name = f"my-{mysql_db.source}"
+    try:
+        connect_worker.add(name, _sink(target, topics))
+        connect_worker.wait_running(name, timeout=120)
+        _my_workload(mysql_db)
+        my_caught_up(mysql_db, {**options, "path": str(tmp_path / "log")}, 120)
+        _converge(connect_worker, name, lambda: all(
+            _target_rows(target, t, c, k) == _my_rows(mysql_db, t, c, k) for t, c, k in compared))
+        for table, columns, key in compared:
+            leader, copy = _my_rows(mysql_db, table, columns, key), _target_rows(
+                target, table, columns, key)
+            assert copy == leader, (table, connect_worker.log_tail())
+        # our own reader of the json log: the latest row per key is the leader's
+        logged = latest({**options, "path": str(tmp_path / "log")}, topics[1])
+        assert sorted((r["order_id"], r["line"]) for r in logged.values()) == [(1, 1)]
+        assert len(_my_rows(mysql_db, "orders", "id", "id")) == 27
+    finally:
+        connect_worker.request("DELETE", f"/connectors/{name}")
         capture.terminate()
         target.drop()

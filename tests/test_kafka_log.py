@@ -440,19 +440,39 @@ def test_the_layout_carries_its_format_and_a_newer_one_is_refused(kafka_broker: 
                                                                 reader._high(config.offsets_topic,
                                                                              0) or 0)
                  if r.key() == FORMAT_KEY]
-        assert marks == [{"format": FORMAT_VERSION}]
+        assert marks == [{"format": 1, "records": "avro"}]  # format 2 is for json records
         assert reader.source_offsets() == {"s1": {"seq": 3}}
     finally:
         reader.close()
     producer = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
-    producer.produce(config.offsets_topic, key=FORMAT_KEY, value=b'{"format": 2}', partition=0)
+    producer.produce(config.offsets_topic, key=FORMAT_KEY,
+                     value=json.dumps({"format": FORMAT_VERSION + 1}).encode(), partition=0)
     producer.flush(30)
+    newer = f"has format {FORMAT_VERSION + 1}, written by a newer cdc"
     for opened in (KafkaChangeLogReader, KafkaChangeLog):
-        other = opened(config)
-        try:
-            with pytest.raises(FormatVersionError, match="has format 2, written by a newer cdc"
-                               ) as held:
+        with pytest.raises(FormatVersionError, match=newer) as held:  # the writer reads it
+            other = opened(config)                                     # when it opens
+            try:
                 other.source_offsets()
-            assert "run the cdc version that wrote the log" in str(held.value)
-        finally:
-            other.close()
+            finally:
+                other.close()
+        assert "run the cdc version that wrote the log" in str(held.value)
+
+
+def test_a_log_keeps_the_records_format_it_was_created_with(kafka_broker: Any) -> None:
+    """``log.format`` is fixed when the log is created: a writer configured otherwise is
+    refused, naming the fix; a reader needs no setting to read either."""
+    from cdc.errors import LogError
+
+    config = _config(kafka_broker)
+    log = KafkaChangeLog(config).for_source("s1")
+    try:
+        log.ensure_topic("s1.public.t", {"source": "s1", "table": "public.t"})
+        log.append(_records("s1.public.t", 3), {"s1": {"seq": 3}})
+    finally:
+        log.close()
+    as_json = config.model_copy(update={"format": "json"})
+    with pytest.raises(LogError) as refused:
+        KafkaChangeLog(as_json)
+    assert "created with format avro" in refused.value.problem
+    assert "log.format" in (refused.value.fix or "")

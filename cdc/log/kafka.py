@@ -237,6 +237,9 @@ class KafkaChangeLogReader(ChangeLogReader):
         self._lock = threading.RLock()
         self._schemas: Any = None
         self._connect: ConnectJson | None = None
+        #: (topic, partition) -> one past the last offset this process's writer committed
+        #: there (empty in a reader): reads wait for the markers of its own commits
+        self._own_ends: dict[tuple[str, int], int] = {}
         self._check_reachable()
 
     # -- clients -----------------------------------------------------------------------------
@@ -289,6 +292,27 @@ class KafkaChangeLogReader(ChangeLogReader):
                     snap.topics[key[6:]] = data
             snap.next_offset = end
             return snap
+
+    def _committed_end(self, topic: str, kafka_name: str, partition: int) -> int:
+        """The partition's end for ``read_committed`` reads — and, in a writer, never short of
+        what this writer committed: a transaction's commit returns before its markers reach
+        the partitions, and until they do the last stable offset stays behind the records
+        (a TRUNCATE's live-key scan right after an append would miss them). Asked again for up
+        to :data:`ADMIN_DEADLINE` s."""
+        root = getattr(self, "_parent", None) or self  # a source's writer shares its root's
+        written = root._own_ends.get((topic, partition), 0)
+        deadline = time.monotonic() + ADMIN_DEADLINE
+        while True:
+            end = self._high(kafka_name, partition) or 0
+            if end >= written:
+                return end
+            if time.monotonic() > deadline:
+                raise LogUnavailable(f"Kafka partition {kafka_name}[{partition}] still ends at "
+                                     f"{end} for committed reads, {ADMIN_DEADLINE:.0f} s after "
+                                     f"this writer committed records up to {written - 1}",
+                                     f"check the brokers on {self.where} (the transaction "
+                                     "coordinator writes the commit markers)")
+            time.sleep(0.01)
 
     def _high(self, kafka_name: str, partition: int) -> int | None:
         """The partition's last stable offset (read_committed end); None if no such topic.
@@ -410,7 +434,7 @@ class KafkaChangeLogReader(ChangeLogReader):
             return []
         name = str(data["kafka"])
         with self._lock:
-            end = self._high(name, partition) or 0
+            end = self._committed_end(topic, name, partition)
             if start >= end:
                 return []
             messages = self._consume(name, partition, start, end, max_records)
@@ -796,6 +820,10 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                                   json.dumps(offset).encode(), 0, None,
                                   _failed_into(failures, delivered_at, name))
                 self._commit(producer, failures)
+                ends = (self._parent or self)._own_ends
+                for result in placed:
+                    at = (result.topic, result.partition)
+                    ends[at] = max(ends.get(at, 0), result.offset + 1)
                 for name, offset in (source_offsets or {}).items():
                     snap.sources[name] = json.loads(json.dumps(offset))
                     if name in delivered_at:  # where the committed value sits (see _Snapshot)
