@@ -86,7 +86,7 @@ def _workload(db: Database, rng: random.Random) -> None:
         conn.execute("UPDATE lines SET qty = 3000000000 WHERE order_id = 1")
 
 
-def _converge(connect: ThrowawayConnect, name: str, same: Any, timeout: float = 120) -> None:
+def _converge(connect: ThrowawayConnect, name: str, same: Any, timeout: float = 15) -> None:
     def converged() -> bool:
         try:
             return bool(same())

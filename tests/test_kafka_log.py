@@ -476,3 +476,26 @@ def test_a_log_keeps_the_records_format_it_was_created_with(kafka_broker: Any) -
         KafkaChangeLog(as_json)
     assert "created with format avro" in refused.value.problem
     assert "log.format" in (refused.value.fix or "")
+
+
+def test_a_writer_reads_what_it_just_committed(kafka_broker: Any) -> None:
+    """A Kafka commit returns before its markers reach the partitions, and until they do a
+    committed read ends short of the records. The writer's own reads (a TRUNCATE's live-key
+    scan, previous images) must see every record it committed, right after the commit."""
+    config = _config(kafka_broker)
+    log = KafkaChangeLog(config).for_source("s1")
+    topics = ["s1.public.a", "s1.public.b"]
+    short = 0
+    try:
+        for topic in topics:
+            log.ensure_topic(topic, {"source": "s1", "table": topic[3:]})
+        for round_ in range(40):
+            records = [r for t in topics for r in _records(t, 8, tag=f"r{round_}-")]
+            placed = log.append(records, {"s1": {"seq": round_}})
+            last = {(p.topic, p.partition): p.offset for p in placed}
+            for (topic, partition), offset in sorted(last.items()):
+                seen = list(log.iter_partition(topic, partition))
+                short += not seen or seen[-1].offset < offset
+    finally:
+        log.close()
+    assert short == 0

@@ -363,10 +363,13 @@ class KafkaChangeLogReader(ChangeLogReader):
             batch = consumer.consume(num_messages=min(10_000, limit or 10_000), timeout=0.02)
             done = False
             for message in batch:
+                if message.topic() != kafka_name or message.partition() != partition:
+                    continue  # left in the queue by an earlier assignment of the consumer
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        done = True
+                        # an end reached before ``end`` is an earlier read's (stale): go on
+                        done = done or (message.offset() or 0) >= end
                         continue
                     raise self._read_failure(f"reading {kafka_name}", error)
                 if (message.offset() or 0) >= end:
