@@ -338,6 +338,35 @@ def log_dump(config_path: str | None, topics: tuple[str, ...], partition: int | 
         sys.stderr.close()
 
 
+@main.group("registry")
+def registry_group() -> None:
+    """The log's schemas through Confluent's Schema Registry API."""
+
+
+@registry_group.command("serve")
+@config_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8081, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: a free one).")
+@friendly_errors
+def registry_serve(config_path: str | None, host: str, port: int) -> None:
+    """Serve the log's schemas, read-only, through the subset of Confluent's Schema Registry
+    REST API that consumers decode with (`/schemas/ids/{id}`, `/subjects/{s}/versions[/{v}]`),
+    until interrupted: point `schema.registry.url` (or AvroDeserializer) here."""
+    from cdc.log.open import must_read
+    from cdc_app.registry import serve
+
+    config = _load(config_path)
+    reader = must_read(config)
+    try:
+        serve(reader.schemas(), host, port,
+              lambda url: click.echo(f"serving the schemas of the log on {url}", err=True))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        reader.close()
+
+
 source_option = click.option("--source", "sources", multiple=True,
                              help="Only this source (repeatable; default: every source).")
 

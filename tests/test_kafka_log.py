@@ -4,6 +4,8 @@ topics refused, and PostgreSQL captured into Kafka end to end."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from cdc.log.kafka import KafkaChangeLog, KafkaChangeLogReader, LogFencedError, 
 from tests.kafkakit import kafka_yaml, latest
 from tests.pgkit import (
     LOAD_SCHEMA,
+    PROJECT,
     Capture,
     Database,
     Load,
@@ -188,6 +191,8 @@ def test_postgres_captured_into_kafka(kafka_broker: Any, pg_db: Database,
     load = Load(pg_db, threads=1).start()
     wait_for(lambda: load.committed > 50, 60, "load")
     load.finish()
+    pg_db.execute("ALTER TABLE items ADD COLUMN extra text")  # a second schema version
+    pg_db.execute("UPDATE items SET extra = 'x' || id WHERE id % 10 = 0")
     settings = {**options, "path": str(tmp_path / "log")}
     wait_caught_up(pg_db, settings, 120)
     assert capture.terminate() == 0, (tmp_path / "capture.log").read_text()
@@ -206,15 +211,26 @@ def test_postgres_captured_into_kafka(kafka_broker: Any, pg_db: Database,
     status = cdc("status", "--config", str(config), "--json")
     assert status.returncode == 0, output(status)
     dumped = [json.loads(line) for line in dump.stdout.splitlines()]
-    _check_a_foreign_consumer_decodes(kafka_broker, options, topic, dumped)
+    registry = subprocess.Popen([sys.executable, "-m", "cdc_app.cli", "registry", "serve",
+                                 "--config", str(config), "--port", "0"],
+                                stderr=subprocess.PIPE, text=True, cwd=PROJECT)
+    try:
+        line = registry.stderr.readline() if registry.stderr else ""
+        assert "serving the schemas of the log on http://" in line, line
+        url = line.rsplit(" ", 1)[1].strip()
+        _check_a_foreign_consumer_decodes(kafka_broker, url, topic, dumped)
+    finally:
+        registry.terminate()
+        registry.wait(30)
 
 
-def _check_a_foreign_consumer_decodes(broker: Any, options: dict[str, Any], topic: str,
+def _check_a_foreign_consumer_decodes(broker: Any, url: str, topic: str,
                                       dumped: list[dict[str, Any]]) -> None:
-    """Interop: confluent-kafka's own AvroDeserializer, with schemas read from our schemas topic
-    by a plain consumer, decodes every value of ``topic`` to what `cdc log dump` printed."""
+    """Interop: confluent-kafka's own SchemaRegistryClient and AvroDeserializer, pointed at
+    `cdc registry serve`, decode every value of ``topic`` — across two schema versions — to
+    what `cdc log dump` printed."""
     from confluent_kafka import Consumer, TopicPartition
-    from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
 
     def consume(name: str) -> list[Any]:
@@ -234,22 +250,18 @@ def _check_a_foreign_consumer_decodes(broker: Any, options: dict[str, Any], topi
         consumer.close()
         return out
 
-    schemas: dict[int, str] = {}
-    for message in consume(options["schemas_topic"]):  # the first message for an id wins
-        entry = json.loads(message.value())
-        schemas.setdefault(int(entry["id"]), json.dumps(entry["schema"]))
-
-    class TopicRegistry:  # what AvroDeserializer asks a Schema Registry client
-        def get_schema(self, schema_id: int, *args: Any, **kwargs: Any) -> Schema:
-            return Schema(schemas[schema_id], "AVRO")
-
-        def config(self) -> dict[str, Any]:
-            return {}
-
-    decode = AvroDeserializer(TopicRegistry())  # type: ignore[arg-type]
+    client = SchemaRegistryClient({"url": url})
+    versions = client.get_versions(f"{topic}-value")
+    assert versions == [1, 2], versions
+    latest_version = client.get_latest_version(f"{topic}-value")
+    assert latest_version.version == 2 and "extra" in latest_version.schema.schema_str
+    decode = AvroDeserializer(client)
     by_offset = {(d["partition"], d["offset"]): d["value"] for d in dumped if d["topic"] == topic}
-    decoded = {(m.partition(), m.offset()): decode(m.value()) for m in consume(topic)}
+    messages = consume(topic)
+    decoded = {(m.partition(), m.offset()): decode(m.value()) for m in messages}
     assert len(decoded) == len(by_offset) > 500
+    ids = {int.from_bytes(m.value()[1:5], "big") for m in messages if m.value() is not None}
+    assert len(ids) == 2  # both versions decoded
     for at, value in decoded.items():
         ours = by_offset[at]
         if value is None:
