@@ -144,6 +144,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, frozen=True)
 
 
+class SchemaRegistryConfig(_Strict):
+    """``log.schema_registry``: a Schema Registry of yours (Confluent's REST API) that holds the
+    log's Avro schemas and assigns their ids, instead of the log's own schemas topic."""
+
+    #: e.g. ``http://registry:8081`` (Apicurio: ``http://registry:8080/apis/ccompat/v7``)
+    url: str = Field(pattern=r"^https?://\S+$")
+    #: name of an environment variable holding ``user:password`` for basic authentication
+    basic_auth_env: str | None = None
+
+
 class LogConfig(_Strict):
     """Where and how the change log is kept: ``backend: local`` (files under ``path``) or
     ``backend: kafka`` (compacted topics on ``bootstrap_servers``; ``path`` then holds only the
@@ -158,6 +168,9 @@ class LogConfig(_Strict):
     #: format json: decimals as Connect's ``Decimal`` (``precise``: a NaN or infinity then stops
     #: capture) or as their exact text (``string``); fixed when the log is created
     decimal_handling: Literal["precise", "string"] = "precise"
+    #: kafka, format avro: keep the schemas in this Schema Registry (its ids in the values);
+    #: fixed when the log is created
+    schema_registry: SchemaRegistryConfig | None = None
     #: kafka: the brokers, ``host:port[,host:port...]``
     bootstrap_servers: str | None = None
     #: kafka: replication factor of the topics cdc creates (-1: the broker's default)
@@ -213,6 +226,10 @@ class LogConfig(_Strict):
             raise ValueError(f"format {self.format} is for backend kafka (what Kafka Connect "
                              "and other Kafka consumers read); a local log is read by cdc only: "
                              "remove format, or set backend: kafka")
+        if self.schema_registry is not None and (self.backend != "kafka"
+                                                 or self.format != "avro"):
+            raise ValueError("schema_registry is for backend kafka with format avro (format "
+                             "json carries each schema inline): remove it, or set those")
         if self.decimal_handling != "precise" and self.format != "json":
             raise ValueError("decimal_handling applies to format json only (format avro keeps "
                              "exact decimals, NaN included): remove it, or set format: json")

@@ -142,6 +142,14 @@ def kafka_topic(topic: str) -> str:
     return name
 
 
+def _rest_registry(config: LogConfig) -> Any:
+    """The user's Schema Registry (``log.schema_registry``) as the log's schema store."""
+    from cdc.log.rest_schemas import RestSchemaRegistry
+
+    assert config.schema_registry is not None
+    return RestSchemaRegistry(config.schema_registry.url, config.schema_registry.basic_auth_env)
+
+
 def client_settings(config: LogConfig) -> dict[str, Any]:
     """librdkafka settings shared by every client (the password read from its variable)."""
     settings: dict[str, Any] = {"bootstrap.servers": config.bootstrap_servers,
@@ -216,6 +224,8 @@ class _Snapshot:
         #: say) and its decimal handling, from that record
         self.records = "avro"
         self.decimal_handling = "precise"
+        #: where the schemas are: ``log`` (the schemas topic) or ``registry`` (the user's)
+        self.schemas = "log"
         self.next_offset = 0
 
 
@@ -283,6 +293,7 @@ class KafkaChangeLogReader(ChangeLogReader):
                     if isinstance(data, dict):
                         snap.records = str(data.get("records", "avro"))
                         snap.decimal_handling = str(data.get("decimal_handling", "precise"))
+                        snap.schemas = str(data.get("schemas", "log"))
                 elif key.startswith("source:"):
                     at = int(record.offset() or 0)
                     if at > snap.source_at.get(key[7:], -1):
@@ -489,6 +500,13 @@ class KafkaChangeLogReader(ChangeLogReader):
             float(self.config.tombstone_retention)
 
     def schemas(self) -> Any:
+        if self._schemas is None and self.config.schema_registry is not None:
+            self._schemas = _rest_registry(self.config)
+        if self._schemas is None and self._refresh().schemas == "registry":
+            raise LogError(f"the Kafka log on {self.where} keeps its schemas in a schema "
+                           "registry, and the config names none",
+                           "set log.schema_registry.url to the registry the log was written "
+                           "with")
         if self._schemas is None:
             from cdc.log.kafka_schemas import KafkaSchemaRegistry
 
@@ -528,6 +546,14 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         """Refuse a config whose ``log.format`` (or decimal handling) is not the log's own."""
         wanted = (self.config.format, self.config.decimal_handling)
         stored = (snap.records, snap.decimal_handling if snap.records == "json" else "precise")
+        wanted_schemas = "registry" if self.config.schema_registry is not None else "log"
+        if snap.marked and snap.schemas != wanted_schemas:
+            places = {"registry": "a schema registry (log.schema_registry)",
+                      "log": "its schemas topic (no log.schema_registry)"}
+            raise LogError(f"the Kafka log on {self.where} keeps its schemas in "
+                           f"{places[snap.schemas]}; the config says {places[wanted_schemas]}",
+                           "where a log keeps its schemas is fixed when it is created: set "
+                           "log.schema_registry as the log has it, or bootstrap a new log")
         if snap.marked and wanted != stored:
             raise LogError(f"the Kafka log on {self.where} was created with format "
                            f"{stored[0]} (decimal_handling {stored[1]}); the config says "
@@ -615,6 +641,10 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
 
     def schemas(self) -> Any:
         root = self._parent or self
+        if self.config.schema_registry is not None:
+            if root._schemas is None:
+                root._schemas = _rest_registry(self.config)
+            return root._schemas
         if root._schemas is None or not root._schemas.writable:
             from cdc.log.kafka_schemas import KafkaSchemaRegistry
 
@@ -649,6 +679,8 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                      json.dumps(description).encode())]
         if not snap.marked:
             choice: dict[str, Any] = {"format": 1, "records": "avro"}
+            if self.config.schema_registry is not None:
+                choice = {"format": 2, "records": "avro", "schemas": "registry"}
             if self.config.format == "json":  # format 2: older readers refuse it (cleanly)
                 choice = {"format": 2, "records": "json",
                           "decimal_handling": self.config.decimal_handling}
@@ -658,6 +690,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         snap.topics[topic] = description
         if not snap.marked:
             snap.records, snap.decimal_handling = self.config.format, self.config.decimal_handling
+            snap.schemas = "registry" if self.config.schema_registry is not None else "log"
         snap.marked = True
         return self._info(topic, description)
 
