@@ -465,6 +465,15 @@ def test_a_writer_found_fenced_mid_write_says_so(kafka_broker: Any) -> None:
         log.close()
 
 
+def _three_records_of_s1(config: LogConfig) -> None:
+    log = KafkaChangeLog(config).for_source("s1")
+    try:
+        log.ensure_topic("s1.public.t", {"source": "s1", "table": "public.t"})
+        log.append(_records("s1.public.t", 3), {"s1": {"seq": 3}})
+    finally:
+        log.close()
+
+
 def test_the_layout_carries_its_format_and_a_newer_one_is_refused(kafka_broker: Any) -> None:
     """The offsets topic's ``format`` record is written with the first topic; a log marked
     with a newer format is refused by readers and writers, naming the fix."""
@@ -474,12 +483,7 @@ def test_the_layout_carries_its_format_and_a_newer_one_is_refused(kafka_broker: 
     from cdc.log.kafka import FORMAT_KEY, FORMAT_VERSION
 
     config = _config(kafka_broker)
-    log = KafkaChangeLog(config).for_source("s1")
-    try:
-        log.ensure_topic("s1.public.t", {"source": "s1", "table": "public.t"})
-        log.append(_records("s1.public.t", 3), {"s1": {"seq": 3}})
-    finally:
-        log.close()
+    _three_records_of_s1(config)
     reader = KafkaChangeLogReader(config)
     try:
         marks = [json.loads(r.value()) for r in reader._consume(config.offsets_topic, 0, 0,
@@ -511,12 +515,7 @@ def test_a_log_keeps_the_records_format_it_was_created_with(kafka_broker: Any) -
     from cdc.errors import LogError
 
     config = _config(kafka_broker)
-    log = KafkaChangeLog(config).for_source("s1")
-    try:
-        log.ensure_topic("s1.public.t", {"source": "s1", "table": "public.t"})
-        log.append(_records("s1.public.t", 3), {"s1": {"seq": 3}})
-    finally:
-        log.close()
+    _three_records_of_s1(config)
     as_json = config.model_copy(update={"format": "json"})
     with pytest.raises(LogError) as refused:
         KafkaChangeLog(as_json)

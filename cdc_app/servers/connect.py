@@ -34,6 +34,7 @@ from typing import Any
 from cdc.errors import CdcError
 from cdc.jvm import PLUGINS, SETUP_FIX, jvm_options
 from cdc.jvm import jars_dir as jar_cache
+from cdc_app.servers import stop_process
 from cdc_app.servers.kafka import _LOG4J2, _die_with_parent, _escape, find_java
 from cdc_app.servers.postgres import free_port
 
@@ -168,13 +169,7 @@ class ThrowawayConnect:
         return text[-chars:]
 
     def stop(self, timeout: float = 20.0) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
+        stop_process(self.process, timeout)
         self.process = None
 
     def cleanup(self) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdc.errors import CdcError
+from cdc_app.servers import stop_process
 from cdc_app.servers.postgres import free_port
 
 
@@ -79,13 +80,7 @@ class ThrowawayRedis:
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s) and delete its directory."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_process(self.process, 10)
         self.process = None
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
