@@ -159,9 +159,11 @@ def _check_spark() -> Any:
 
 
 @main.command("setup")
-@click.option("--only", "only", multiple=True, type=click.Choice(["spark", "kafka", "connect"]),
+@click.option("--only", "only", multiple=True,
+              type=click.Choice(["spark", "kafka", "connect", "apicurio"]),
               help="Only this jar set (repeatable; default: spark and kafka; connect is Kafka "
-                   "Connect with Debezium's JDBC sink, for the interoperability tests).")
+                   "Connect with Debezium's JDBC sink and apicurio a Schema Registry, for the "
+                   "interoperability tests).")
 @friendly_errors
 def setup_cmd(only: tuple[str, ...]) -> None:
     """Fetch the JVM jars once, with Maven, into the jar cache ($CDC_JARS_DIR, else

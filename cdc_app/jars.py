@@ -16,14 +16,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cdc.errors import CdcError
-from cdc.jvm import COMPLETE, PLUGINS, POMS, jars_dir, jars_ready
+from cdc.jvm import APP, COMPLETE, PLUGINS, POMS, jars_dir, jars_ready
 
 #: extra Maven arguments per set: Spark itself is `provided` in its pom (pyspark ships it)
-MAVEN_ARGS = {"spark": ["-DincludeScope=runtime"], "kafka": [], "connect": []}
+MAVEN_ARGS = {"spark": ["-DincludeScope=runtime"], "kafka": [], "connect": [], "apicurio": []}
 #: what each set is for, as `cdc setup` says it
 PURPOSE = {"spark": "Spark's Kafka source, spark-avro and delta-spark (cdc apply)",
            "kafka": "the Kafka broker (the throwaway brokers of the demo and the tests)",
-           "connect": "Kafka Connect and Debezium's JDBC sink (the interoperability tests)"}
+           "connect": "Kafka Connect and Debezium's JDBC sink (the interoperability tests)",
+           "apicurio": "Apicurio Registry (the interoperability tests)"}
 
 
 def fetch_jars(names: Sequence[str], say: Callable[[str], None]) -> dict[str, Path]:
@@ -36,7 +37,7 @@ def fetch_jars(names: Sequence[str], say: Callable[[str], None]) -> dict[str, Pa
         else:
             say(f"{name}: fetching {PURPOSE[name]} with Maven into {folder} ...")
             _fetch(name, folder)
-            say(f"{name}: {len(list(folder.glob('*.jar')))} jars in {folder}")
+            say(f"{name}: {len(list(folder.glob('**/*.jar')))} jars in {folder}")
         done[name] = folder
     return done
 
@@ -59,10 +60,11 @@ def _fetch(name: str, folder: Path) -> None:
         raise CdcError(f"Maven could not fetch the {name} jars (it needs Maven Central or a "
                        f"mirror in ~/.m2/settings.xml):\n{output}",
                        "check the network or the Maven settings, then run `cdc setup` again")
-    for archive in sorted(temporary.glob("*-plugin.tar.gz")):  # Kafka Connect plugins
-        with tarfile.open(archive) as packed:
-            packed.extractall(temporary / PLUGINS, filter="data")
-        archive.unlink()
+    for pattern, into in (("*-plugin.tar.gz", PLUGINS), ("*-all.tar.gz", APP)):
+        for archive in sorted(temporary.glob(pattern)):  # Connect plugins, a Quarkus build
+            with tarfile.open(archive) as packed:
+                packed.extractall(temporary / into, filter="data")
+            archive.unlink()
     (temporary / COMPLETE).write_text(POMS[name].name + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(temporary, folder)

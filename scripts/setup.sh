@@ -57,5 +57,6 @@ fi
 # Apache Kafka's broker, which the tests, the demo and the benchmarks run throwaway KRaft brokers
 # from (cdc/jvm: the poms; never fetched at run time)
 .venv/bin/cdc setup
-# ... and Kafka Connect with Debezium's JDBC sink, which the interoperability tests run
-.venv/bin/cdc setup --only connect
+# ... and Kafka Connect with Debezium's JDBC sink and Apicurio Registry, which the
+# interoperability tests run
+.venv/bin/cdc setup --only connect --only apicurio

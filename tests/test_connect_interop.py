@@ -240,3 +240,84 @@ def test_debezium_jdbc_sink_through_kafka_connect_copies_a_mariadb_source(
         connect_worker.request("DELETE", f"/connectors/{name}")
         capture.terminate()
         target.drop()
+
+
+def test_a_log_keeps_its_schemas_in_apicurio_registry(
+        pg_db: Database, kafka_broker: Any, tmp_path: Path) -> None:
+    """``log.schema_registry`` pointed at a third-party registry (Apicurio Registry 3, its
+    Confluent-compatible API): the registry assigns the ids the values carry; our own reader and
+    confluent-kafka's SchemaRegistryClient + AvroDeserializer, both asking Apicurio, decode every
+    value across two schema versions; a schema the registry refuses as incompatible stops
+    capture with the registry's reason and the fix."""
+    import json
+    import urllib.request
+
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+    from cdc_app.servers.apicurio import ThrowawayApicurio
+    from tests.pgkit import table_rows, wait_for
+
+    pg_db.execute("CREATE TABLE items (id int PRIMARY KEY, v int NOT NULL, "
+                  "amount numeric(12,2), note text)")
+    pg_db.execute("INSERT INTO items SELECT g, 1, g * 1.25, 'n' || g "
+                  "FROM generate_series(1, 200) g")
+    with ThrowawayApicurio() as registry:
+        options = {**kafka_yaml(kafka_broker), "schema_registry": {"url": registry.url}}
+        settings = {**options, "path": str(tmp_path / "log")}
+        config = write_config(tmp_path, pg_db, ["public.items"], log_options=options)
+        result = cdc("bootstrap", "--config", str(config))
+        assert result.returncode == 0, output(result)
+        capture = Capture(config, tmp_path / "capture.log").start()
+        topic = f"{pg_db.source}.public.items"
+        try:
+            pg_db.execute("UPDATE items SET v = 2 WHERE id % 3 = 0")
+            pg_db.execute("DELETE FROM items WHERE id % 10 = 0")
+            pg_db.execute("ALTER TABLE items ADD COLUMN extra text")  # a second version
+            pg_db.execute("UPDATE items SET v = 3, extra = 'x' || id WHERE id % 4 = 0")
+            wait_caught_up(pg_db, settings, 120)
+            logged = latest(settings, topic)  # our reader, schemas from Apicurio
+            table = table_rows(pg_db, "items")
+            assert {k: r["v"] for k, r in logged.items()} == {k: r["v"] for k, r in table.items()}
+
+            client = SchemaRegistryClient({"url": registry.url})
+            assert client.get_versions(f"{topic}-value") == [1, 2]
+            decode = AvroDeserializer(client)
+            consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers,
+                                 "group.id": "apicurio", "isolation.level": "read_committed",
+                                 "enable.partition.eof": True})
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+            newest: dict[bytes, Any] = {}
+            ids, ended = set(), set()
+            while len(ended) < len(partitions):
+                for message in consumer.consume(500, timeout=1.0):
+                    if message.error():
+                        ended.add(message.partition())
+                    elif message.value() is not None:
+                        ids.add(int.from_bytes(message.value()[1:5], "big"))
+                        newest[message.key()] = decode(message.value())
+                    else:
+                        newest.pop(message.key(), None)
+            consumer.close()
+            assert len(ids) == 2 and ids <= {r.schema_id for r in (
+                client.get_version(f"{topic}-value", 1), client.get_version(f"{topic}-value", 2))}
+            assert {k.decode(): e["after"]["v"] for k, e in newest.items()} == {
+                k: r["v"] for k, r in table.items()}
+
+            # the registry refuses a schema: capture stops with its reason and the fix
+            request = urllib.request.Request(
+                f"{registry.url}/config/{topic}-value", method="PUT",
+                data=json.dumps({"compatibility": "BACKWARD"}).encode(),
+                headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+            urllib.request.urlopen(request, timeout=10).close()
+            pg_db.execute("ALTER TABLE items ALTER COLUMN v TYPE text")  # long -> string
+            pg_db.execute("UPDATE items SET v = 'four' WHERE id = 1")
+            wait_for(lambda: not capture.alive(), 60, "capture to stop on the refusal")
+            said = (tmp_path / "capture.log").read_text()
+            assert "refused the new schema" in said and "ncompatible" in said, said[-2000:]
+            assert '"compatibility": "NONE"' in said
+        finally:
+            if capture.alive():
+                capture.terminate()

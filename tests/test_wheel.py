@@ -29,6 +29,7 @@ def test_the_wheel_holds_the_fast_paths_and_every_data_file(package: Installed) 
         assert any(n.startswith(kernel) and n.endswith(".so") for n in names), kernel
     wanted = {f"cdc/schemas/{p.name}" for p in (ROOT / "cdc" / "schemas").glob("*.avsc")}
     wanted |= {"cdc/jvm/spark.pom.xml", "cdc/jvm/kafka.pom.xml", "cdc/jvm/connect.pom.xml",
+               "cdc/jvm/apicurio.pom.xml",
                "spark_apply/log4j2.properties", "cdc/py.typed"}
     assert wanted <= names, sorted(wanted - names)
     assert package.wheel.name.endswith("-linux_x86_64.whl")  # a platform wheel

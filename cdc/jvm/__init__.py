@@ -1,10 +1,11 @@
 """The JVMs this project starts: their options (``CDC_JVM_OPTIONS``) and their jars.
 
-**Jars.** Three sets, each the dependencies of a pom shipped here: ``spark.pom.xml`` (Spark's
+**Jars.** Four sets, each the dependencies of a pom shipped here: ``spark.pom.xml`` (Spark's
 Kafka source, spark-avro, delta-spark: ``cdc apply`` passes them with ``spark.jars``),
 ``kafka.pom.xml`` (the throwaway Kafka brokers of the demo and the tests) and
 ``connect.pom.xml`` (a throwaway Kafka Connect worker with Debezium's JDBC sink, for the
-interoperability tests; plugin archives unpacked into its ``plugins/``). ``cdc setup`` copies
+interoperability tests; plugin archives unpacked into its ``plugins/``), ``apicurio.pom.xml``
+(a throwaway Apicurio Registry, unpacked into ``app/``, for the same tests). ``cdc setup`` copies
 them from Maven into a user cache, once; nothing fetches them at run time. The folder of a set is
 ``<root>/<set>-<first 12 hex digits of the pom's SHA-256>``, so a changed pom (another Spark
 release) gets a folder of its own and two installations of different versions share the cache
@@ -76,12 +77,16 @@ JARS_ENV = "CDC_JARS_DIR"
 #: the jar sets: name -> the pom whose dependencies they are
 POMS = {"spark": Path(__file__).with_name("spark.pom.xml"),
         "kafka": Path(__file__).with_name("kafka.pom.xml"),
-        "connect": Path(__file__).with_name("connect.pom.xml")}
+        "connect": Path(__file__).with_name("connect.pom.xml"),
+        "apicurio": Path(__file__).with_name("apicurio.pom.xml")}
 #: the sets ``cdc setup`` fetches unless told which: ``connect`` (a Kafka Connect worker with
-#: Debezium's JDBC sink) is for the interoperability tests, ``cdc setup --only connect``
+#: Debezium's JDBC sink) and ``apicurio`` (a Schema Registry) are for the interoperability
+#: tests, ``cdc setup --only connect --only apicurio``
 DEFAULT_SETS = ("spark", "kafka")
 #: where in a set's folder ``cdc setup`` unpacks its plugin archives (``*-plugin.tar.gz``)
 PLUGINS = "plugins"
+#: ... and its application archives (``*-all.tar.gz``: a finished Quarkus build)
+APP = "app"
 #: written last into a jar folder by ``cdc setup``
 COMPLETE = ".complete"
 #: the fix named wherever a jar set is missing

@@ -139,6 +139,9 @@ class RestSchemaRegistry(SchemaRegistry):
     def subjects(self) -> list[str]:
         return sorted(self._call("GET", "/subjects"))
 
+    def close(self) -> None:
+        """Nothing to release: each call is one HTTP request."""
+
     def _refusal(self, subject: str, refused: _Refused) -> SchemaError:
         if refused.status == INCOMPATIBLE:
             return SchemaError(
