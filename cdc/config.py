@@ -168,6 +168,9 @@ class LogConfig(_Strict):
     #: format json: decimals as Connect's ``Decimal`` (``precise``: a NaN or infinity then stops
     #: capture) or as their exact text (``string``); fixed when the log is created
     decimal_handling: Literal["precise", "string"] = "precise"
+    #: how times and timestamps are written: ``micro`` (Debezium's ``MicroTime``,
+    #: ``MicroTimestamp``, ``Date``, ``ZonedTimestamp``: exact to the microsecond)
+    time_precision: Literal["micro"] = "micro"
     #: kafka, format avro: keep the schemas in this Schema Registry (its ids in the values);
     #: fixed when the log is created
     schema_registry: SchemaRegistryConfig | None = None
@@ -206,6 +209,23 @@ class LogConfig(_Strict):
     tombstone_retention: Duration = Field(24 * 3600.0, ge=0)
     #: false only for throwaway logs: appends are then not fsynced
     fsync: bool = True
+
+    @field_validator("decimal_handling", "time_precision", mode="before")
+    @classmethod
+    def _lossless_only(cls, value: Any) -> Any:
+        refused = {
+            "double": "decimal_handling double loses digits (a 64-bit float holds ~16 of them)",
+            "connect": "time_precision connect loses microseconds (Kafka Connect's own "
+                       "Timestamp and Time are milliseconds)",
+            "adaptive": "time_precision adaptive is not offered yet (it needs each column's "
+                        "declared precision)",
+            "adaptive_time_microseconds": "time_precision adaptive_time_microseconds is not "
+                                          "offered yet",
+        }
+        if isinstance(value, str) and value in refused:
+            raise ValueError(f"{refused[value]}: cdc offers only modes that lose nothing — "
+                             "decimal_handling precise or string, time_precision micro")
+        return value
 
     @model_validator(mode="after")
     def _backend_settings(self) -> LogConfig:

@@ -208,3 +208,20 @@ def test_a_follower_kind_whose_sink_does_not_load_is_a_config_error(
     with pytest.raises(ConfigError, match="kind 'search'.*sinks.search:NoSuchSink") as raised:
         open_sink(config, "idx")
     assert "fix or uninstall the package" in str(raised.value)
+
+
+def test_log_formats_and_lossy_modes_are_refused_with_the_reason() -> None:
+    base = {"backend": "kafka", "bootstrap_servers": "b:9092"}
+    refused = [({**base, "format": "json", "decimal_handling": "double"}, "loses digits"),
+               ({**base, "time_precision": "connect"}, "loses microseconds"),
+               ({**base, "time_precision": "adaptive"}, "not offered yet"),
+               ({"backend": "local", "format": "json"}, "is for backend kafka"),
+               ({**base, "decimal_handling": "string"}, "applies to format json only"),
+               ({**base, "format": "json", "schema_registry": {"url": "http://r:8081"}},
+                "carries each schema inline")]
+    for log, reason in refused:
+        with pytest.raises(ConfigError, match=reason):
+            parse_config({"log": log, "sources": []}, Path("/"))
+    parsed = parse_config({"log": {**base, "format": "json", "decimal_handling": "string"},
+                           "sources": []}, Path("/"))
+    assert (parsed.log.format, parsed.log.decimal_handling) == ("json", "string")
