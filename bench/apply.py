@@ -2,9 +2,9 @@
 search, and commit -> visible latency of four follower kinds in one ``cdc apply``.
 
 Run with ``make bench-apply`` / ``make bench-apply-tables`` or ``.venv/bin/python bench/apply.py
---follower redis|delta|search [--master local|cluster|URL] [--log local|kafka] [--changes N]
-[--batch B] [--rate R] [--seconds S] [--trigger T] [--profile] [--py-spy FILE]
-[--skip-latency] [--skip-throughput] [--skip-references]``.
+--follower redis|delta|search [--master local|cluster|URL] [--log local|kafka]
+[--format avro|json] [--changes N] [--batch B] [--rate R] [--seconds S] [--trigger T]
+[--profile] [--py-spy FILE] [--skip-latency] [--skip-throughput] [--skip-references]``.
 
 The goals (one run, 2 cores, the *default path*: Spark local mode ``local[2,3]`` and a local
 log; the JSON's ``goals`` says which are met):
@@ -648,6 +648,8 @@ def main() -> None:
                              "standalone cluster, 2 workers x 1 core) or a master URL")
     parser.add_argument("--log", default="local", choices=["local", "kafka"],
                         help="where the log is: local files, or a throwaway Kafka broker")
+    parser.add_argument("--format", default="avro", choices=["avro", "json"],
+                        help="--log kafka: the log's format (json: Kafka Connect's form)")
     parser.add_argument("--mode", default="scd1", choices=["scd1", "scd2"],
                         help="delta: SCD1 (current state) or SCD2 (history)")
     parser.add_argument("--buckets", type=int, default=16, help="delta: hash buckets")
@@ -684,7 +686,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.batch is None:
         args.batch = default_batch(args.follower)
-    with BenchEnv(master=args.master, log_backend=args.log) as env:
+    if args.format != "avro" and args.log != "kafka":
+        parser.error("--format json is for --log kafka")
+    with BenchEnv(master=args.master, log_backend=args.log, log_format=args.format) as env:
         if args.follower != "redis":  # bench/apply_tables.py: table sizes, MERGE / index costs
             from bench.apply_tables import run
 

@@ -302,6 +302,8 @@ class BenchEnv:
 
     master: str = "local"
     log_backend: str = "local"
+    #: the Kafka log's ``log.format`` (``avro`` or ``json``)
+    log_format: str = "avro"
     root: Path = dataclasses.field(
         default_factory=lambda: Path(tempfile.mkdtemp(prefix="cdc-bench-apply-")))
     spark: Any = None
@@ -318,7 +320,8 @@ class BenchEnv:
         return self.master == "local" and self.log_backend == "local"
 
     def __enter__(self) -> BenchEnv:
-        self.results.update(master=self.master, log=self.log_backend, uptime_start=uptime())
+        self.results.update(master=self.master, log=self.log_backend, uptime_start=uptime(),
+                            log_format=self.log_format)
         if self.log_backend == "kafka":
             from cdc_app.servers.kafka import ThrowawayKafka
 
@@ -376,7 +379,7 @@ class BenchEnv:
             settings.update(backend="kafka", bootstrap_servers=self.kafka.bootstrap_servers,
                             offsets_topic=f"_cdc_offsets_{tag}",
                             schemas_topic=f"_cdc_schemas_{tag}",
-                            transactional_id_prefix=f"cdc-{tag}-")
+                            transactional_id_prefix=f"cdc-{tag}-", format=self.log_format)
         return Log(name, settings, source)
 
     def config(self, name: str, log: Log, followers: dict[str, dict[str, Any]],

@@ -2,7 +2,9 @@
 against capture into the local log.
 
 Run with ``make bench-kafka`` or ``.venv/bin/python bench/kafka_log.py [--records N]
-[--capture-rows N] [--transaction-ms D] [--no-capture] [--profile]``.
+[--capture-rows N] [--transaction-ms D] [--format avro|json] [--no-capture] [--profile]``.
+``--format json`` writes the Kafka logs in Kafka Connect's form (``log.format: json``); sizes
+are then those of the records as Kafka gets them.
 
 One run, one throwaway single-node KRaft broker (``cdc_app.servers.kafka.ThrowawayKafka``: combined
 broker and controller, replication factor 1, 1 GB heap), everything on the same broker:
@@ -104,6 +106,8 @@ from cdc_app.servers.postgres import ThrowawayPostgres  # noqa: E402
 from cdc_app.synthetic import ORDERS  # noqa: E402
 
 PARTITIONS = 8  # log.partitions' default, and bench/log_append.py's
+#: the Kafka logs' ``log.format`` (``--format``; set once by main)
+FORMAT = ["avro"]
 BATCHES = (1_000, 10_000)
 RATIO_BATCH = 10_000  # kafka_ratio compares ours at this many records per append
 BROKER_HEAP = ("-Xmx1g", "-Xms1g")  # kafka-server-start.sh's default heap
@@ -369,13 +373,32 @@ def producer_performance(kafka: ThrowawayKafka, work: Path, name: str, records: 
 # ------------------------------------------------------------------------------ capture
 
 
+def wire_sizes(log: KafkaChangeLog, records: Sequence[Record], log_format: str
+               ) -> tuple[float, float]:
+    """Average bytes per record as Kafka gets it: the value, and key + value + position (with
+    ``json``, of the records in Kafka Connect's form, measured on a sample of 5,000)."""
+    if log_format == "json":
+        from cdc.connect import ConnectJson
+
+        connect = ConnectJson(log.schemas())
+        sample = records[:5000]
+        pairs = [connect.record(r.topic, r.key, r.value) for r in sample]
+        values = [len(v or b"") for _, v in pairs]
+        whole = [len(k) + len(v or b"") + len(r.position) for (k, v), r in zip(pairs, sample,
+                                                                               strict=True)]
+        return sum(values) / len(sample), sum(whole) / len(sample)
+    n = len(records)
+    return (sum(len(r.value or b"") for r in records) / n,
+            sum(len(r.key) + len(r.value or b"") + len(r.position) for r in records) / n)
+
+
 def capture_config(bench: pgc.Bench, kafka: ThrowawayKafka, source: str) -> Path:
     """``pg_capture``'s config of ``source``; with the log on Kafka unless ``source`` is the
     local one."""
     if source == LOCAL_SOURCE:
         return bench.source_config(source)
     kafka_log = {"backend": "kafka", "bootstrap_servers": json.dumps(kafka.bootstrap_servers),
-                 "partitions": PARTITIONS}
+                 "partitions": PARTITIONS, "format": FORMAT[0]}
     return write_config(bench.work / f"{source}.yaml", bench.work / f"log-{source}", source,
                         "postgres", bench.dsn(), [pgc.TABLE], kafka_log)
 
@@ -688,15 +711,14 @@ def run(args: argparse.Namespace, console: Console, work: Path) -> int:
 
         # 1. ours
         config = LogConfig(backend="kafka", bootstrap_servers=kafka.bootstrap_servers,
-                           partitions=PARTITIONS)
+                           partitions=PARTITIONS, format=args.format)
         with progress_bar(progress_console, 48) as bar, recording_producers(seen):
-            build = bar.add_task("building records (not timed)", total=n, info="")
-            records = build_records(n, work, lambda done: bar.advance(build, done))
-            value_bytes = sum(len(r.value or b"") for r in records) / n
-            payload_bytes = sum(len(r.key) + len(r.value or b"") + len(r.position)
-                                for r in records) / n
-            tombstones = sum(r.value is None for r in records)
             log = KafkaChangeLog(config)
+            build = bar.add_task("building records (not timed)", total=n, info="")
+            records = build_records(n, work, lambda done: bar.advance(build, done),
+                                    store=log.schemas())
+            value_bytes, payload_bytes = wire_sizes(log, records, args.format)
+            tombstones = sum(r.value is None for r in records)
             try:
                 log.ensure_topic(ORDERS.topic, {"source": "shop", "table": str(ORDERS.table)})
                 for batch in BATCHES:
@@ -831,6 +853,7 @@ def run(args: argparse.Namespace, console: Console, work: Path) -> int:
         },
         "records": n,
         "value_bytes_avg": round(value_bytes, 1),
+        "format": args.format,
         "payload_bytes_avg": round(payload_bytes, 1),
         "record_size": size,
         "tombstones": tombstones,
@@ -855,6 +878,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--transaction-ms", type=int, default=None,
                         help="ProducerPerformance's --transaction-duration-ms (default: "
                              "calibrated to ~10,000 records per transaction)")
+    parser.add_argument("--format", default="avro", choices=["avro", "json"],
+                        help="the Kafka log's format (json: Kafka Connect's form)")
     parser.add_argument("--no-capture", action="store_true",
                         help="skip the PostgreSQL capture comparison")
     parser.add_argument("--profile", action="store_true",
@@ -868,6 +893,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds any one measurement may take (1800)")
     parser.add_argument("--profile-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    FORMAT[0] = args.format
     if args.profile_child:
         return profile_child(*args.profile_child)
     # SIGTERM unwinds like Ctrl-C, so that the finally blocks stop the broker, PostgreSQL and

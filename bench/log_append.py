@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))  # `bench` is not an installed package
@@ -139,11 +140,15 @@ def fdatasync_latency(directory: Path, samples: int = 200) -> tuple[float, float
 # ------------------------------------------------------------------------------ the records
 
 
-def build_records(count: int, scratch: Path, advance: Callable[[int], None]) -> list[Record]:
-    """``count`` records of the synthetic workload, encoded exactly as the capture path does."""
-    store_dir = scratch / "schemas"
-    store_dir.mkdir()
-    codec = EventCodec(SchemaStore(store_dir, writable=True))
+def build_records(count: int, scratch: Path, advance: Callable[[int], None],
+                  store: Any = None) -> list[Record]:
+    """``count`` records of the synthetic workload, encoded exactly as the capture path does
+    (schemas registered in ``store``, else a fresh store under ``scratch``)."""
+    if store is None:
+        store_dir = scratch / "schemas"
+        store_dir.mkdir()
+        store = SchemaStore(store_dir, writable=True)
+    codec = EventCodec(store)
     workload = Workload(keys=WORKLOAD_KEYS)
     records: list[Record] = []
     while len(records) < count:
