@@ -95,6 +95,7 @@ from bench.common import (  # noqa: E402
 )
 from bench.log_append import build_records, filesystem  # noqa: E402
 from cdc.config import LogConfig  # noqa: E402
+from cdc.connect import canonical_key  # noqa: E402
 from cdc.log.base import ChangeLogReader, Record  # noqa: E402
 from cdc.log.kafka import KafkaChangeLog, KafkaChangeLogReader  # noqa: E402
 from cdc.log.local import LocalChangeLogReader  # noqa: E402
@@ -481,8 +482,8 @@ class KafkaProbe(LogProbe):
         while time.monotonic() < deadline:
             for message in self.consumer.consume(num_messages=16, timeout=0.005):
                 error = message.error()
-                if error is None and message.key() == key:
-                    return True
+                if error is None and canonical_key(message.key() or b"") == key:
+                    return True  # the key as the log holds it (log.format json: Connect's)
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
                     return False
         return False
