@@ -344,7 +344,6 @@ class ConnectJson:
                               f"use one of {', '.join(DECIMAL_MODES)}")
         self.store = store
         self.mode = decimal_handling
-        self._plans: dict[int, _Plan] = {}
         self._read_plans: dict[tuple[int, str], _Plan] = {}
         self._key_schemas: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
 

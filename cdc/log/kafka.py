@@ -247,9 +247,6 @@ class KafkaChangeLogReader(ChangeLogReader):
         self._lock = threading.RLock()
         self._schemas: Any = None
         self._connect: ConnectJson | None = None
-        #: (topic, partition) -> one past the last offset this process's writer committed
-        #: there (empty in a reader): reads wait for the markers of its own commits
-        self._own_ends: dict[tuple[str, int], int] = {}
         self._check_reachable()
 
     # -- clients -----------------------------------------------------------------------------
@@ -310,8 +307,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         the partitions, and until they do the last stable offset stays behind the records
         (a TRUNCATE's live-key scan right after an append would miss them). Asked again for up
         to :data:`ADMIN_DEADLINE` s."""
-        root = getattr(self, "_parent", None) or self  # a source's writer shares its root's
-        written = root._own_ends.get((topic, partition), 0)
+        written = self._written_end(topic, partition)
         deadline = time.monotonic() + ADMIN_DEADLINE
         while True:
             end = self._high(kafka_name, partition) or 0
@@ -324,6 +320,10 @@ class KafkaChangeLogReader(ChangeLogReader):
                                      f"check the brokers on {self.where} (the transaction "
                                      "coordinator writes the commit markers)")
             time.sleep(0.01)
+
+    def _written_end(self, topic: str, partition: int) -> int:
+        """One past the last offset this process committed to the partition (a reader: 0)."""
+        return 0
 
     def _high(self, kafka_name: str, partition: int) -> int | None:
         """The partition's last stable offset (read_committed end); None if no such topic.
@@ -538,6 +538,9 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         self._parent = parent
         #: a commit failed on an outage: its outcome is unknown until the producer is renewed
         self._unresolved = False
+        #: (topic, partition) -> one past the last offset committed there by this writer or
+        #: its sources' (kept by the root): reads wait for the markers of these commits
+        self._own_ends: dict[tuple[str, int], int] = {}
         if parent is None:
             self._create_internal_topics()
             self._check_records_format(self._refresh())
@@ -561,6 +564,9 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                            "a log's format is fixed when it is created: set log.format and "
                            "log.decimal_handling as the log has them, or bootstrap a new log "
                            "(its own offsets_topic, schemas_topic and source names)")
+
+    def _written_end(self, topic: str, partition: int) -> int:
+        return (self._parent or self)._own_ends.get((topic, partition), 0)
 
     def source_offsets(self) -> dict[str, Any]:
         """As committed — after this writer's own unfinished transaction, if an outage left
