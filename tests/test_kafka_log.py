@@ -4,8 +4,10 @@ topics refused, and PostgreSQL captured into Kafka end to end."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -544,3 +546,56 @@ def test_a_writer_reads_what_it_just_committed(kafka_broker: Any) -> None:
     finally:
         log.close()
     assert short == 0
+
+
+def test_offsets_are_right_when_another_producer_writes_into_the_partitions(
+        kafka_broker: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """An append learns the offsets of each partition's first and last record and places the
+    ones between at the offsets between. Another producer writing into the same partitions
+    meanwhile breaks that: the append must notice, make itself again with every offset
+    reported, and still say where each record really is."""
+    from confluent_kafka import Producer
+
+    config = _config(kafka_broker)
+    log = KafkaChangeLog(config).for_source("s1")
+    intruder = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers, "linger.ms": 0})
+    stop = threading.Event()
+
+    def intrude() -> None:
+        while not stop.is_set():
+            for partition in range(3):
+                intruder.produce(kafka_topic("s1.public.t"), b"intruder", b'{"id":-1}',
+                                 partition=partition)
+            intruder.poll(0.001)
+
+    try:
+        log.ensure_topic("s1.public.t", {"source": "s1", "table": "public.t"})
+        records = _records("s1.public.t", 20_000)
+        thread = threading.Thread(target=intrude, daemon=True)
+        thread.start()
+        with caplog.at_level(logging.WARNING, logger="cdc.log.kafka"):
+            placed = log.append(records, {"s1": {"seq": 1}})
+        stop.set()
+        thread.join()
+        intruder.flush(10)
+        assert "another producer wrote into source s1's partitions" in caplog.text
+        _assert_placed(log, placed, records)
+        # alone again: the first and last of each partition are enough, and right
+        alone = _records("s1.public.t", 3_000, tag="w")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="cdc.log.kafka"):
+            placed = log.append(alone, {"s1": {"seq": 2}})
+        assert "another producer" not in caplog.text
+        _assert_placed(log, placed, alone)
+    finally:
+        stop.set()
+        log.close()
+
+
+def _assert_placed(log: KafkaChangeLog, placed: list[Any], records: list[Record]) -> None:
+    """Each record is where its append said it went."""
+    stored = {(p, r.offset): (r.key, r.value) for p in range(3)
+              for r in log.iter_partition("s1.public.t", p)}
+    assert len(placed) == len(records)
+    for result, record in zip(placed, records, strict=True):
+        assert stored[(result.partition, result.offset)] == (record.key, record.value)

@@ -76,7 +76,7 @@ from cdc.log.base import (
     TopicInfo,
 )
 from cdc.log.kafka_errors import AUTHENTICATION, kafka_error
-from cdc.log.kafka_schemas import assigned, committed_reader
+from cdc.log.kafka_schemas import assigned, committed_reader, idempotent_producer
 from cdc.log.partitioner import partition_for
 
 POSITION_HEADER = "cdc.position"
@@ -87,6 +87,7 @@ FORMAT_VERSION = 2
 FORMAT_KEY = b"format"
 #: librdkafka's own log lines go here (not to stderr)
 _CLIENT_LOG = logging.getLogger("cdc.kafka.client")
+_LOG = logging.getLogger(__name__)
 
 
 #: answers to a watermark read that a moment later are different (leader elections)
@@ -227,6 +228,58 @@ class _Snapshot:
         #: where the schemas are: ``log`` (the schemas topic) or ``registry`` (the user's)
         self.schemas = "log"
         self.next_offset = 0
+
+
+class _Sent:
+    """The records of one append as produced: each one's ``(topic, partition)`` and the offsets
+    that the first and last of each partition were delivered at.
+
+    One transactional producer writes all of a source's topics and a transaction's records of a
+    partition are appended in the order produced, so the records between the first and last of
+    a partition sit at the offsets between them. :meth:`place` checks that (last - first ==
+    count - 1) instead of assuming it: another producer writing into the partition meanwhile
+    breaks it, and the append is then made again with every record reporting."""
+
+    def __init__(self, size: int) -> None:
+        self.groups: list[tuple[str, int]] = []
+        #: the index of the last record of each group
+        self.last: dict[tuple[str, int], int] = {}
+        self.offsets: dict[int, int] = {}
+        self._size = size
+
+    def report(self, index: int, failures: list[Any]) -> Any:
+        """A delivery callback keeping record ``index``'s offset (or its error)."""
+        offsets = self.offsets
+
+        def delivered(error: Any, message: Any) -> None:
+            if error is not None:
+                failures.append(error)
+            else:
+                offsets[index] = message.offset()
+        return delivered
+
+    def place(self) -> list[AppendResult] | None:
+        """Where each record landed, in order; None when a partition's records do not sit at
+        consecutive offsets (or a report is missing: its record's delivery failed)."""
+        offsets, groups = self.offsets, self.groups
+        if any(index not in offsets for index in self.last.values()):
+            return None
+        if len(offsets) == self._size:  # every record reported
+            return [AppendResult(topic, partition, offsets[index])
+                    for index, (topic, partition) in enumerate(groups)]
+        nexts: dict[tuple[str, int], int] = {}
+        placed: list[AppendResult] = []
+        for index, group in enumerate(groups):
+            at = nexts.get(group)
+            if at is None:
+                at = offsets.get(index)
+                if at is None:
+                    return None
+            elif index in offsets and offsets[index] != at:
+                return None
+            nexts[group] = at + 1
+            placed.append(AppendResult(group[0], group[1], at))
+        return placed
 
 
 class KafkaChangeLogReader(ChangeLogReader):
@@ -716,13 +769,11 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
     def _open_producer(self) -> Producer:
         if self._producer is None:
             txn_id = self.config.transactional_id_prefix + (self.source or "default")
-            producer = Producer({**self.settings, "transactional.id": txn_id,
-                                 "enable.idempotence": True, "acks": "all",
-                                 "linger.ms": 5, "batch.size": 1_000_000,
-                                 "transaction.timeout.ms": int(
-                                     self.config.transaction_timeout * 1000),
-                                 "message.max.bytes": int(
-                                     self.config.client.get("message.max.bytes", 4_000_000))})
+            producer = idempotent_producer(self.settings, **{
+                "transactional.id": txn_id, "linger.ms": 5, "batch.size": 1_000_000,
+                "transaction.timeout.ms": int(self.config.transaction_timeout * 1000),
+                "message.max.bytes": int(self.config.client.get("message.max.bytes",
+                                                                4_000_000))})
             try:
                 producer.init_transactions(TIMEOUT * 4)
             except KafkaException as exc:
@@ -840,22 +891,18 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                 raise LogError("the change log writer is closed")
             producer = self._open_producer()
             snap = self._snapshot  # this writer's own view: _send refreshes it for a new topic
-            results: list[AppendResult | None] = [None] * len(records)
             failures: list[Any] = []
             self._begin(producer)
             try:
-                self._send(producer, snap, records, results, failures, 0)
-                self._flush(producer, failures)
-                placed = [r for r in results if r is not None]
+                placed = self._send_placed(producer, snap, records, failures)
                 if finish is not None:
                     more, offsets = finish(placed)
                     if offsets is not None:
                         source_offsets = offsets
                     if more:
-                        extra: list[AppendResult | None] = [None] * len(more)
-                        self._send(producer, snap, more, extra, failures, 0)
+                        sent = self._send(producer, snap, more, failures, exact=True)
                         self._flush(producer, failures)
-                        placed.extend(r for r in extra if r is not None)
+                        placed.extend(self._placed(sent))
                 delivered_at: dict[str, int] = {}
                 for name, offset in (source_offsets or {}).items():
                     self._produce(producer, self.config.offsets_topic, f"source:{name}".encode(),
@@ -863,9 +910,9 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                                   _failed_into(failures, delivered_at, name))
                 self._commit(producer, failures)
                 ends = (self._parent or self)._own_ends
-                for result in placed:
-                    at = (result.topic, result.partition)
-                    ends[at] = max(ends.get(at, 0), result.offset + 1)
+                # a partition's offsets grow along the list: its last one is its end
+                for at, offset in {(r.topic, r.partition): r.offset for r in placed}.items():
+                    ends[at] = max(ends.get(at, 0), offset + 1)
                 for name, offset in (source_offsets or {}).items():
                     snap.sources[name] = json.loads(json.dumps(offset))
                     if name in delivered_at:  # where the committed value sits (see _Snapshot)
@@ -881,10 +928,16 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                 raise
 
     def _send(self, producer: Producer, snap: _Snapshot, records: Sequence[Record],
-              results: list[AppendResult | None], failures: list[Any], base: int) -> None:
+              failures: list[Any], exact: bool = False) -> _Sent:
+        """Produce ``records`` into the open transaction; what :meth:`_Sent.place` needs, once
+        flushed, to say where each landed. Only the first and last record of each partition
+        report their offsets (``exact``: every record does): a delivery callback per record
+        was a third of an append's time."""
         names: dict[str, tuple[str, int]] = {}
         connect = self._connect_json() if self.config.format == "json" else None
-        for index, record in enumerate(records):
+        sent = _Sent(len(records))
+        groups = sent.groups
+        for record in records:
             found = names.get(record.topic)
             if found is None:
                 data = snap.topics.get(record.topic) or self._refresh().topics.get(record.topic)
@@ -892,19 +945,59 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                     raise LogError(f"append to unknown topic {record.topic!r}",
                                    "call ensure_topic() first (this is a bug in the caller)")
                 found = names[record.topic] = (str(data["kafka"]), int(data["partitions"]))
-            partition = partition_for(record.key, found[1])
-
-            def delivered(error: Any, message: Any, index: int = index,
-                          topic: str = record.topic) -> None:
-                if error is not None:
-                    failures.append(error)
-                else:
-                    results[index] = AppendResult(topic, message.partition(), message.offset())
-
+            group = (record.topic, partition_for(record.key, found[1]))
+            groups.append(group)
+            sent.last[group] = len(groups) - 1
+        report = sent.report
+        produce = producer.produce
+        last = sent.last
+        first: set[tuple[str, int]] = set()
+        for index, record in enumerate(records):
+            group = groups[index]
+            name = names[record.topic][0]
             key, value = record.key, record.value
             if connect is not None:  # Kafka Connect's JSON form; partitioned by the key's own
-                key, value = connect.record(found[0], key, value)
-            self._produce(producer, found[0], key, value, partition, record.position, delivered)
+                key, value = connect.record(name, key, value)
+            callback = None
+            if exact or last[group] == index or group not in first:
+                first.add(group)
+                callback = report(index, failures)
+            headers: list[tuple[str, str | bytes | None]] | None = (
+                None if record.position is None else [(POSITION_HEADER, record.position)])
+            try:
+                produce(name, value, key, partition=group[1], headers=headers,
+                        on_delivery=callback)
+            except (BufferError, KafkaException):  # the queue is full, or a refusal: the slow way
+                self._produce(producer, name, key, value, group[1], record.position, callback)
+        return sent
+
+    def _send_placed(self, producer: Producer, snap: _Snapshot, records: Sequence[Record],
+                     failures: list[Any]) -> list[AppendResult]:
+        """Produce ``records`` into the open transaction and flush: where each landed. When a
+        partition's records did not land at consecutive offsets (see :class:`_Sent`), the
+        transaction is aborted and begun again, and the records produced once more, each
+        reporting its own offset."""
+        sent = self._send(producer, snap, records, failures)
+        self._flush(producer, failures)
+        placed = sent.place()
+        if placed is None:
+            _LOG.warning("Kafka log at %s: another producer wrote into source %s's partitions "
+                         "during an append; it is made again with every offset reported",
+                         self.where, self.source or "default")
+            self._abort(producer)
+            self._begin(producer)
+            sent = self._send(producer, snap, records, failures, exact=True)
+            self._flush(producer, failures)
+            placed = self._placed(sent)
+        return placed
+
+    def _placed(self, sent: _Sent) -> list[AppendResult]:
+        """Where the records of ``sent`` (produced ``exact``, then flushed) landed."""
+        placed = sent.place()
+        if placed is None:  # every record reported its offset, unless its delivery failed
+            raise self._failure("writing records", KafkaException(
+                KafkaError(KafkaError._MSG_TIMED_OUT)))
+        return placed
 
     def _flush(self, producer: Producer, failures: list[Any]) -> None:
         remaining = self._call(producer, "writing records", producer.flush, TIMEOUT * 8)

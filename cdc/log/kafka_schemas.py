@@ -53,6 +53,18 @@ def committed_reader(settings: dict[str, Any], group: str) -> Consumer:
                      "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
 
 
+def idempotent_producer(settings: dict[str, Any], **extra: Any) -> Producer:
+    """An idempotent ``acks=all`` producer (``extra``: more settings, e.g. a transactional id)
+    already connected to a broker. librdkafka asks for its producer id as soon as it is made;
+    asked before any broker connection is up, it waits a fixed 500 ms to ask again (seen on
+    every second start or so): a metadata request first (~0.06 s) makes the first ask succeed.
+    Brokers that do not answer within 2 s are left to the caller's next call to report."""
+    producer = Producer({**settings, "acks": "all", "enable.idempotence": True, **extra})
+    with contextlib.suppress(KafkaException):
+        producer.list_topics(timeout=2.0)
+    return producer
+
+
 def candidate_id(text: str) -> int:
     """The first id tried for a schema: 31 bits of its canonical text's SHA-256 (never 0)."""
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF or 1
@@ -172,8 +184,7 @@ class KafkaSchemaRegistry(SchemaRegistry):
 
     def _write(self, subject: str, schema_id: int, schema: Any) -> None:
         if self._producer is None:
-            self._producer = Producer({**self.settings, "acks": "all",
-                                       "enable.idempotence": True})
+            self._producer = idempotent_producer(self.settings)
         errors: list[Any] = []
         self._producer.produce(self.topic, json.dumps(
             {"subject": subject, "id": schema_id, "schema": schema}).encode(),
