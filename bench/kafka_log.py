@@ -72,7 +72,6 @@ from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-import cdc.log.kafka as kafka_backend  # noqa: E402
 from bench import pg_capture as pgc  # noqa: E402
 from bench.common import (  # noqa: E402
     COMMIT_INTERVAL_MS,
@@ -237,18 +236,20 @@ def flush_policy(broker: dict[str, str | None]) -> str:
 def recording_producers(seen: list[dict[str, Any]]) -> Iterator[None]:
     """Record the settings every producer ``KafkaChangeLog`` makes is given (so the output
     states what ran, not what this script believes ``_open_producer`` says)."""
-    original = kafka_backend.Producer  # type: ignore[attr-defined]
+    import cdc.log.kafka_schemas as producers  # where KafkaChangeLog's producers are made
+
+    original = producers.Producer
 
     def make(config: dict[str, Any]) -> Any:
         seen.append({k: v for k, v in config.items()
                      if k != "bootstrap.servers" and not callable(v) and k != "logger"})
         return original(config)
 
-    kafka_backend.Producer = make  # type: ignore[attr-defined,assignment]
+    producers.Producer = make  # type: ignore[misc,assignment]
     try:
         yield
     finally:
-        kafka_backend.Producer = original  # type: ignore[attr-defined]
+        producers.Producer = original  # type: ignore[misc]
 
 
 # ------------------------------------------------------------------------------ ours
