@@ -13,6 +13,8 @@ from cdc_app import shutdown  # isort: split
 import functools
 import json
 import os
+import re
+import shlex
 import sys
 import traceback
 from collections.abc import Callable
@@ -29,7 +31,22 @@ from cdc.errors import CdcError
 from cdc_app.console import make_console
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: where ``cdc --config F <command>`` keeps F (``ctx.meta`` is shared by the whole invocation)
+_GLOBAL_CONFIG = "cdc.config_path"
 err_console = make_console(stderr=True)
+
+
+def _given_config() -> str | None:
+    """The ``--config`` given before the command, if any."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(_GLOBAL_CONFIG)
+
+
+def _with_config(text: str, path: str | None) -> str:
+    """``text`` with each command it suggests (`` `cdc <verb> ...` ``) given the same config."""
+    if not path:
+        return text
+    return re.sub(r"`cdc (?=[a-z])", lambda _m: f"`cdc --config {shlex.quote(path)} ", text)
 
 
 def friendly_errors(func: F) -> F:
@@ -42,9 +59,12 @@ def friendly_errors(func: F) -> F:
         except CdcError as exc:
             if os.environ.get("CDC_TRACEBACK"):  # for bug reports: where the error came from
                 traceback.print_exc()
-            err_console.print(f"[bold red]error:[/] {exc.problem}", highlight=False, markup=True)
+            path = kwargs.get("config_path") or _given_config()
+            err_console.print(f"[bold red]error:[/] {escape(_with_config(exc.problem, path))}",
+                              highlight=False, markup=True)
             if exc.fix:
-                err_console.print(f"  [bold]fix:[/] {exc.fix}", highlight=False)
+                err_console.print(f"  [bold]fix:[/] {escape(_with_config(exc.fix, path))}",
+                                  highlight=False)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             err_console.print("interrupted")
@@ -59,7 +79,17 @@ config_option = click.option(
 )
 
 
+def _remember_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.meta[_GLOBAL_CONFIG] = value
+
+
 def _load(config_path: str | None) -> Config:
+    """The config the command was given (``--config`` after the command, else before it)."""
+    if config_path is None:
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:
+            config_path = ctx.meta.get(_GLOBAL_CONFIG)
     return load_config(config_path)
 
 
@@ -76,6 +106,9 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "-c", type=click.Path(dir_okay=False), default=None,
+              expose_value=False, callback=_remember_config,
+              help="YAML config file for the command (it may also follow the command).")
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True,
               callback=_print_version,
               help="Show the version and which compiled fast paths are in use, and exit.")
