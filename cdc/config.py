@@ -104,6 +104,15 @@ def redact_dsn(dsn: str) -> str:
     return re.sub(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
+class Invalid(ValueError):
+    """A setting's value is wrong, and here is how to fix it (a validator's error that names
+    its own fix; other validators' errors get a fix by their kind)."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.fix = fix
+
+
 class Secret:
     """A string that never shows itself: ``str()`` and ``repr()`` give the redacted form."""
 
@@ -304,6 +313,9 @@ class SourceConfig(_Strict):
 
     #: the connector class, ``"module:Class"`` (set by each kind)
     connector: ClassVar[str]
+    #: the URL schemes a ``dsn`` of this kind may have, the first one the usual (set by each
+    #: kind; empty: not checked)
+    dsn_schemes: ClassVar[tuple[str, ...]] = ()
 
     name: str
     kind: str
@@ -338,6 +350,23 @@ class SourceConfig(_Strict):
     @classmethod
     def _tables_ok(cls, value: list[str]) -> list[str]:
         return check_table_names(value)
+
+    @field_validator("dsn")
+    @classmethod
+    def _dsn_kind(cls, value: Secret) -> Secret:
+        """A URL-style DSN must name this kind's database (``dsn_schemes``)."""
+        text = value.reveal().strip()
+        if not cls.dsn_schemes or "://" not in text and not text.startswith("jdbc:"):
+            return value  # a libpq ``key=value`` string, or a kind that says nothing
+        scheme = text.split(":", 1)[0].lower()
+        example = f"{cls.dsn_schemes[0]}://user@host:port/database"
+        if scheme == "jdbc":
+            raise Invalid("a JDBC URL: cdc connects with the database's own driver, not JDBC",
+                          f"drop the `jdbc:` prefix and write it as {example}")
+        if scheme not in cls.dsn_schemes:
+            raise Invalid(f"a {scheme}:// connection string for a source of another kind",
+                          f"write it as {example}, or set `kind:` to the database's kind")
+        return value
 
     @model_validator(mode="after")
     def _keys_name_tables(self) -> SourceConfig:
@@ -553,7 +582,9 @@ class Config(_Strict):
         names = [source.name for source in self.sources]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
-            raise ValueError(f"source names must be unique; repeated: {', '.join(duplicates)}")
+            raise Invalid(f"source names must be unique; repeated: {', '.join(duplicates)}",
+                          "give each source its own `name:` (it names the source's topics, "
+                          "slot and stored position)")
         for name, follower in self.followers.items():
             self._check_follower(name, follower)
         for name, view in self.views.items():
@@ -794,6 +825,9 @@ def _describe(error: Any) -> str:
         return f"{key}: unknown key\n  fix: remove it or correct the spelling ({hint})"
     message = str(error["msg"]).removeprefix("Value error, ")
     fix = _FIX_BY_TYPE.get(kind, "correct the value")
+    raised = (error.get("ctx") or {}).get("error")
+    if isinstance(raised, Invalid):
+        fix = raised.fix
     what, kinds = _kinds_of(str(loc[0]) if loc else "")
     named = _either(kinds)
     if kind == "union_tag_not_found":

@@ -91,7 +91,37 @@ def test_duplicate_source_names(tmp_path: Path) -> None:
     dsn: mysql://root@127.0.0.1/shop
     tables: [shop.orders]
 """
-    assert "unique" in error_of(tmp_path, text)
+    message = error_of(tmp_path, text)
+    assert "unique" in message and "give each source its own `name:`" in message
+    assert "correct the value" not in message
+
+
+@pytest.mark.parametrize(("kind", "dsn", "expected"), [
+    ("mysql", "postgresql://cdc:pw@db/shop", "a postgresql:// connection string for a source "
+     "of another kind"),
+    ("postgres", "mysql://cdc@db/shop", "a mysql:// connection string"),
+    ("postgres", "jdbc:postgresql://db:5432/shop", "drop the `jdbc:` prefix"),
+    ("mysql", "jdbc:mariadb://db/shop", "write it as mysql://user@host:port/database"),
+])
+def test_a_dsn_of_another_kind_is_refused_with_the_fix(tmp_path: Path, kind: str, dsn: str,
+                                                       expected: str) -> None:
+    text = GOOD.replace("kind: postgres", f"kind: {kind}").replace(
+        "postgresql://cdc@127.0.0.1:5432/shop", dsn)
+    message = error_of(tmp_path, text)
+    assert "sources[0].dsn: " in message
+    assert expected in message
+    assert "pw" not in message  # the password never shows
+
+
+def test_the_dsn_forms_each_kind_takes(tmp_path: Path) -> None:
+    for kind, dsn in (("postgres", "postgres://cdc@db/shop"),
+                      ("postgres", "host=db dbname=shop user=cdc"),
+                      ("mysql", "mariadb://cdc@db:3306/shop"), ("mysql", "mysql://cdc@db/shop")):
+        text = GOOD.replace("kind: postgres", f"kind: {kind}").replace(
+            "postgresql://cdc@127.0.0.1:5432/shop", dsn)
+        if kind == "mysql":
+            text = text.replace("public.orders, public.customers", "shop.orders")
+        assert load_config(write(tmp_path, text)).sources[0].dsn.reveal() == dsn
 
 
 def test_bad_duration(tmp_path: Path) -> None:

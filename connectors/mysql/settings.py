@@ -18,6 +18,7 @@ class MySqlSourceConfig(SourceConfig):
 
     kind: Literal["mysql"]
     connector: ClassVar[str] = "connectors.mysql.connector:MySqlConnector"
+    dsn_schemes: ClassVar[tuple[str, ...]] = ("mysql", "mariadb")
     #: the replica id capture registers with; it must differ from the server's own and from
     #: every other replica's (default: derived from the source name, stable across restarts)
     server_id: int | None = Field(None, ge=1, le=2**32 - 1)

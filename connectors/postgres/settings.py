@@ -16,6 +16,7 @@ class PostgresSourceConfig(SourceConfig):
 
     kind: Literal["postgres"]
     connector: ClassVar[str] = "connectors.postgres.connector:PostgresConnector"
+    dsn_schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
     #: replication slot and publication names (default: cdc_<name>)
     slot: str | None = None
     publication: str | None = None
