@@ -105,8 +105,11 @@ def test_password_variable_unset(mysql_db: MyDatabase, tmp_path: Path,
 
 def test_bad_dsn(mysql_db: MyDatabase, tmp_path: Path) -> None:
     db = mysql_db
+    # refused by the config itself, before anything connects
+    _refused(db, tmp_path, "a postgresql:// connection string for a source of another kind",
+             "mysql://user@host:port/database", url="postgresql://x@127.0.0.1/db")
     _refused(db, tmp_path, "not a MySQL URL", "mysql://user@host:port/database",
-             url="postgresql://x@127.0.0.1/db")
+             url="mysql:///db")
 
 
 def test_table_without_primary_key_needs_keys(mysql_db: MyDatabase, tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def address(source: SourceConfig) -> Address:
         port = parts.port or 3306
     except ValueError:
         parts, port = None, 0
-    if parts is None or parts.scheme not in ("mysql", "mariadb") or not parts.hostname:
+    if parts is None or parts.scheme not in source.dsn_schemes or not parts.hostname:
         raise SourceError(f"source {source.name!r}: dsn is not a MySQL URL ({source.dsn})",
                           "write it as mysql://user@host:port/database")
     database = unquote(parts.path.lstrip("/"))
