@@ -13,8 +13,6 @@ from cdc_app import shutdown  # isort: split
 import functools
 import json
 import os
-import re
-import shlex
 import sys
 import traceback
 from collections.abc import Callable
@@ -36,19 +34,6 @@ _GLOBAL_CONFIG = "cdc.config_path"
 err_console = make_console(stderr=True)
 
 
-def _given_config() -> str | None:
-    """The ``--config`` given before the command, if any."""
-    ctx = click.get_current_context(silent=True)
-    return None if ctx is None else ctx.meta.get(_GLOBAL_CONFIG)
-
-
-def _with_config(text: str, path: str | None) -> str:
-    """``text`` with each command it suggests (`` `cdc <verb> ...` ``) given the same config."""
-    if not path:
-        return text
-    return re.sub(r"`cdc (?=[a-z])", lambda _m: f"`cdc --config {shlex.quote(path)} ", text)
-
-
 def friendly_errors(func: F) -> F:
     """Turn a :class:`CdcError` into a message and an exit code."""
 
@@ -59,12 +44,10 @@ def friendly_errors(func: F) -> F:
         except CdcError as exc:
             if os.environ.get("CDC_TRACEBACK"):  # for bug reports: where the error came from
                 traceback.print_exc()
-            path = kwargs.get("config_path") or _given_config()
-            err_console.print(f"[bold red]error:[/] {escape(_with_config(exc.problem, path))}",
-                              highlight=False, markup=True)
+            err_console.print(f"[bold red]error:[/] {escape(exc.problem)}", highlight=False,
+                              markup=True)
             if exc.fix:
-                err_console.print(f"  [bold]fix:[/] {escape(_with_config(exc.fix, path))}",
-                                  highlight=False)
+                err_console.print(f"  [bold]fix:[/] {escape(exc.fix)}", highlight=False)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             err_console.print("interrupted")
