@@ -240,12 +240,13 @@ class _Sent:
     count - 1) instead of assuming it: another producer writing into the partition meanwhile
     breaks it, and the append is then made again with every record reporting."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self) -> None:
+        #: each record's (topic, partition), in order
         self.groups: list[tuple[str, int]] = []
         #: the index of the last record of each group
         self.last: dict[tuple[str, int], int] = {}
+        #: the offsets reported, by record index
         self.offsets: dict[int, int] = {}
-        self._size = size
 
     def report(self, index: int, failures: list[Any]) -> Any:
         """A delivery callback keeping record ``index``'s offset (or its error)."""
@@ -264,7 +265,7 @@ class _Sent:
         offsets, groups = self.offsets, self.groups
         if any(index not in offsets for index in self.last.values()):
             return None
-        if len(offsets) == self._size:  # every record reported
+        if len(offsets) == len(groups):  # every record reported
             return [AppendResult(topic, partition, offsets[index])
                     for index, (topic, partition) in enumerate(groups)]
         nexts: dict[tuple[str, int], int] = {}
@@ -935,7 +936,7 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
         was a third of an append's time."""
         names: dict[str, tuple[str, int]] = {}
         connect = self._connect_json() if self.config.format == "json" else None
-        sent = _Sent(len(records))
+        sent = _Sent()
         groups = sent.groups
         for record in records:
             found = names.get(record.topic)
