@@ -178,8 +178,11 @@ class LogConfig(_Strict):
     #: capture) or as their exact text (``string``); fixed when the log is created
     decimal_handling: Literal["precise", "string"] = "precise"
     #: how times and timestamps are written: ``micro`` (Debezium's ``MicroTime``,
-    #: ``MicroTimestamp``, ``Date``, ``ZonedTimestamp``: exact to the microsecond)
-    time_precision: Literal["micro"] = "micro"
+    #: ``MicroTimestamp``: exact to the microsecond); format json also ``adaptive`` (a column
+    #: declaring at most 3 fractional digits as ``Timestamp`` / ``Time`` milliseconds, Debezium's
+    #: default) or ``adaptive_time_microseconds`` (``time`` always ``MicroTime``); fixed when the
+    #: log is created (:mod:`cdc.connect`)
+    time_precision: Literal["micro", "adaptive", "adaptive_time_microseconds"] = "micro"
     #: kafka, format avro: keep the schemas in this Schema Registry (its ids in the values);
     #: fixed when the log is created
     schema_registry: SchemaRegistryConfig | None = None
@@ -226,14 +229,11 @@ class LogConfig(_Strict):
             "double": "decimal_handling double loses digits (a 64-bit float holds ~16 of them)",
             "connect": "time_precision connect loses microseconds (Kafka Connect's own "
                        "Timestamp and Time are milliseconds)",
-            "adaptive": "time_precision adaptive is not offered yet (it needs each column's "
-                        "declared precision)",
-            "adaptive_time_microseconds": "time_precision adaptive_time_microseconds is not "
-                                          "offered yet",
         }
         if isinstance(value, str) and value in refused:
-            raise ValueError(f"{refused[value]}: cdc offers only modes that lose nothing — "
-                             "decimal_handling precise or string, time_precision micro")
+            raise Invalid(f"{refused[value]}: cdc offers only modes that lose nothing",
+                          "use decimal_handling precise or string; time_precision micro, "
+                          "adaptive or adaptive_time_microseconds")
         return value
 
     @model_validator(mode="after")
@@ -260,8 +260,12 @@ class LogConfig(_Strict):
             raise ValueError("schema_registry is for backend kafka with format avro (format "
                              "json carries each schema inline): remove it, or set those")
         if self.decimal_handling != "precise" and self.format != "json":
-            raise ValueError("decimal_handling applies to format json only (format avro keeps "
-                             "exact decimals, NaN included): remove it, or set format: json")
+            raise Invalid("decimal_handling applies to format json only (format avro keeps "
+                          "exact decimals, NaN included)", "remove it, or set format: json")
+        if self.time_precision != "micro" and self.format != "json":
+            raise Invalid(f"time_precision {self.time_precision} applies to format json only "
+                          "(format avro keeps every time in microseconds)",
+                          "remove it, or set format: json")
         return self
 
 

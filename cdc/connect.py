@@ -22,6 +22,23 @@ place that turns a record into Connect's JSON form and back, exactly:
     Debezium's own rule for this mode; nothing is written, nothing is lost.
   - ``string``: every decimal is its exact text (``"12.50"``, ``"NaN"``).
 
+  Times follow ``log.time_precision`` (:data:`TIME_MODES`), Debezium's ``time.precision.mode``
+  where it loses nothing:
+
+  - ``micro``: every ``time`` and ``timestamp`` is ``MicroTime`` / ``MicroTimestamp``.
+  - ``adaptive``: a ``timestamp`` column declaring at most 3 fractional digits (``timestamp(3)``,
+    MySQL's ``DATETIME``) is ``io.debezium.time.Timestamp`` (int64 milliseconds; PostgreSQL's
+    infinities keep their sentinels ``±(2**63 - 1)``), a ``time`` column of at most 3 digits is
+    ``io.debezium.time.Time`` (int32 milliseconds); more digits stay micro. A MySQL ``TIME``
+    beyond ±596 hours has no int32 form: a change holding one stops capture naming
+    ``adaptive_time_microseconds`` as the fix (nothing is written, nothing is lost).
+  - ``adaptive_time_microseconds``: timestamps as ``adaptive``, every ``time`` ``MicroTime``
+    (Debezium's default for MySQL).
+
+  The column's declared digits come from its ``cdc.type`` (:class:`cdc.types.ColumnType`'s
+  ``precision``); an array's elements stay micro. Dates are ``Date`` and zoned times
+  ``ZonedTimestamp`` / ``ZonedTime`` in every mode.
+
   The envelope struct carries the value's schema id in its parameters
   (``cdc.schema.id``): reading a value back finds its Avro schema by that id, and the JSON
   payload becomes the very Avro datum it was made from (:meth:`ConnectJson.to_avro`).
@@ -52,10 +69,12 @@ import fastavro
 
 from cdc.errors import EncodingError, SchemaError
 from cdc.log.base import SchemaRegistry
-from cdc.types import ColumnType
+from cdc.types import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, ColumnType
 
 #: ``log.decimal_handling``: how decimals appear in Connect's JSON form
 DECIMAL_MODES = ("precise", "string")
+#: ``log.time_precision``: how times and timestamps appear in it (see the module docstring)
+TIME_MODES = ("micro", "adaptive", "adaptive_time_microseconds")
 #: every value in Connect's JSON form starts with these bytes
 VALUE_PREFIX = b'{"schema":{"type":"struct",'
 #: every key in Connect's JSON form starts with these bytes (a canonical key never does: its
@@ -65,6 +84,8 @@ KEY_PREFIX = b'{"schema":{"type":"struct","fields":['
 SCHEMA_ID = "cdc.schema.id"
 #: ... and the decimal handling it was written with
 DECIMALS = "cdc.decimal.handling"
+#: ... and its time precision (absent: ``micro``)
+TIMES = "cdc.time.precision"
 #: ... and, set to ``true``, that its ``before`` holds only the key (see ConnectJson.record)
 REMOVAL = "cdc.removal"
 _MAGIC = 0
@@ -136,6 +157,55 @@ class _Decimals:
         return Decimal(unscaled).scaleb(-self.scale, context=_EXACT)
 
 
+# -- times -------------------------------------------------------------------------------------
+_MILLIS_AT_MOST = 3
+
+
+class _Millis:
+    """A ``time`` or ``timestamp`` column of at most 3 fractional digits as milliseconds (the
+    Avro datum is microseconds), both ways; a timestamp's infinity sentinels stay as they are."""
+
+    def __init__(self, column: str, kind: str) -> None:
+        self.column, self.kind = column, kind
+        self.low, self.high = (INT32_MIN, INT32_MAX) if kind == "time" else (INT64_MIN, INT64_MAX)
+
+    def out(self, micros: int) -> int:
+        if self.kind == "timestamp" and micros in (INT64_MAX, INT64_MIN):
+            return micros
+        millis, rest = divmod(micros, 1000)
+        if rest:
+            raise EncodingError(f"{self.column} holds a {self.kind} with digits below the "
+                                "millisecond, though its column declares at most 3",
+                                "this is a bug in the connector's type mapping; please report "
+                                "it with the column type")
+        if not self.low <= millis <= self.high:
+            shown = ColumnType("time").to_json(micros)
+            raise EncodingError(f"{self.column} holds the time {shown}, "
+                                "beyond io.debezium.time.Time's 32-bit milliseconds (±596 "
+                                "hours), which log.time_precision: adaptive writes",
+                                "set log.time_precision: adaptive_time_microseconds for this "
+                                "log (a new log: bootstrap again into new topics)")
+        return millis
+
+    def back(self, millis: int) -> int:
+        if self.kind == "timestamp" and millis in (INT64_MAX, INT64_MIN):
+            return millis
+        return int(millis) * 1000
+
+
+def _millis_schema(ctype: dict[str, Any], mode: str) -> dict[str, Any] | None:
+    """The Connect schema of a column of type ``ctype`` (its ``cdc.type``) when ``mode`` writes
+    it as milliseconds, else None."""
+    digits = ctype.get("precision")
+    if mode == "micro" or digits is None or digits > _MILLIS_AT_MOST:
+        return None
+    if ctype.get("name") == "timestamp":
+        return {"type": "int64", "name": "io.debezium.time.Timestamp", "version": 1}
+    if ctype.get("name") == "time" and mode == "adaptive":
+        return {"type": "int32", "name": "io.debezium.time.Time", "version": 1}
+    return None
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -170,8 +240,8 @@ _PRIMITIVES = {"boolean": "boolean", "int": "int32", "long": "int64", "float": "
 class _Mapper:
     """Builds the Connect schema of an Avro schema and the conversions of its data."""
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
+    def __init__(self, mode: str, times: str = "micro") -> None:
+        self.mode, self.times = mode, times
         #: Avro full name -> (the record's Avro schema, its namespace)
         self.named: dict[str, tuple[dict[str, Any], str | None]] = {}
 
@@ -242,7 +312,13 @@ class _Mapper:
         backs: list[tuple[str, Convert]] = []
         for field in record["fields"]:
             name = field["name"]
-            schema, out, back = self.node(field["type"], own, field.get("cdc.column", name))
+            column = field.get("cdc.column", name)
+            millis = _millis_schema(field.get("cdc.type") or {}, self.times)
+            if millis is not None:
+                codec = _Millis(column, field["cdc.type"]["name"])
+                schema, out, back = millis, codec.out, codec.back
+            else:
+                schema, out, back = self.node(field["type"], own, column)
             fields.append({**schema, "optional": _nullable(field["type"]), "field": name})
             outs.append((name, _optional(out)))
             backs.append((name, _optional(back)))
@@ -299,11 +375,13 @@ def _float_back(value: Any) -> float:
 class _Plan:
     """One value schema's Connect form: the ``schema`` part's bytes and the conversions."""
 
-    def __init__(self, schema_id: int, avro: Any, mode: str) -> None:
-        mapper = _Mapper(mode)
+    def __init__(self, schema_id: int, avro: Any, mode: str, times: str = "micro") -> None:
+        mapper = _Mapper(mode, times)
         connect, self.out, self.back = mapper.node(avro, None, "the value")
         connect["parameters"] = {**connect.get("parameters", {}), SCHEMA_ID: str(schema_id),
                                  DECIMALS: mode}
+        if times != "micro":  # absent in micro: logs written before the setting read the same
+            connect["parameters"][TIMES] = times
         self.schema_bytes = _dumps({**connect, "optional": False}).encode()
         if not (b'{"schema":' + self.schema_bytes).startswith(VALUE_PREFIX):
             raise SchemaError("a value schema is not a record", "use log.format: avro")
@@ -336,22 +414,27 @@ class ConnectJson:
     """Turns log records into Kafka Connect's JSON form and back (see the module docstring).
 
     ``store`` is the log's schema store (Avro schemas by id); ``decimal_handling`` one of
-    :data:`DECIMAL_MODES` (used when writing; reading follows each value's own schema)."""
+    :data:`DECIMAL_MODES`, ``time_precision`` one of :data:`TIME_MODES` (used when writing;
+    reading follows each value's own schema)."""
 
-    def __init__(self, store: SchemaRegistry, decimal_handling: str = "precise") -> None:
+    def __init__(self, store: SchemaRegistry, decimal_handling: str = "precise",
+                 time_precision: str = "micro") -> None:
         if decimal_handling not in DECIMAL_MODES:
             raise SchemaError(f"unknown decimal handling {decimal_handling!r}",
                               f"use one of {', '.join(DECIMAL_MODES)}")
+        if time_precision not in TIME_MODES:
+            raise SchemaError(f"unknown time precision {time_precision!r}",
+                              f"use one of {', '.join(TIME_MODES)}")
         self.store = store
-        self.mode = decimal_handling
-        self._read_plans: dict[tuple[int, str], _Plan] = {}
+        self.mode, self.times = decimal_handling, time_precision
+        self._read_plans: dict[tuple[int, str, str], _Plan] = {}
         self._key_schemas: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
 
-    def _plan(self, schema_id: int, mode: str) -> _Plan:
-        plan = self._read_plans.get((schema_id, mode))
+    def _plan(self, schema_id: int, mode: str, times: str) -> _Plan:
+        plan = self._read_plans.get((schema_id, mode, times))
         if plan is None:
-            plan = _Plan(schema_id, self.store.get(schema_id).schema, mode)
-            self._read_plans[(schema_id, mode)] = plan
+            plan = _Plan(schema_id, self.store.get(schema_id).schema, mode, times)
+            self._read_plans[(schema_id, mode, times)] = plan
         return plan
 
     def value(self, value: bytes | None, key: bytes = b"{}") -> bytes | None:
@@ -359,7 +442,7 @@ class ConnectJson:
         form (see :meth:`record`)."""
         if value is None or len(value) < 5 or value[0] != _MAGIC:
             return value
-        plan = self._plan(int.from_bytes(value[1:5], "big"), self.mode)
+        plan = self._plan(int.from_bytes(value[1:5], "big"), self.mode, self.times)
         datum = fastavro.schemaless_reader(io.BytesIO(value[5:]), plan.parsed, None)
         assert isinstance(datum, dict)
         schema_bytes = plan.schema_bytes
@@ -395,7 +478,11 @@ class ConnectJson:
             raise SchemaError("a Connect JSON value has no cdc.schema.id parameter",
                               "the topic holds records cdc did not write; check log.* ") from None
         mode = "string" if _has_string_decimals(schema) else "precise"
-        plan = self._plan(schema_id, mode)
+        times = str(schema.get("parameters", {}).get(TIMES, "micro"))
+        if times not in TIME_MODES:
+            raise SchemaError(f"a Connect JSON value says {TIMES}: {times!r}, which this cdc "
+                              "does not know", "run the cdc version that wrote the log")
+        plan = self._plan(schema_id, mode, times)
         if not text.startswith(_PAYLOAD.decode(), end):
             raise SchemaError("a Connect JSON value is not {schema, payload}",
                               "the topic holds records cdc did not write")

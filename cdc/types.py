@@ -73,6 +73,9 @@ class ColumnType:
     """A logical type. ``name`` is one of :data:`TYPE_NAMES`; ``params`` refine it."""
 
     name: str
+    #: decimal: its digits; bits: its length; time and timestamp: the fractional-second digits
+    #: the column declares when fewer than six (``None``: six, the most either database keeps) —
+    #: what ``log.time_precision: adaptive`` reads (:mod:`cdc.connect`)
     precision: int | None = None
     scale: int | None = None
     #: allowed values of an enum

@@ -30,7 +30,7 @@ FOLLOWERS = ("jvm", "python", "jvm_delta")
 TABLE = """
 CREATE TABLE kinds (
   id int PRIMARY KEY, big bigint, amount numeric(20,5), free numeric, ratio double precision,
-  flag boolean, born date, seen timestamptz, at timestamp, doc jsonb, tags text[],
+  flag boolean, born date, seen timestamptz, at timestamp(3), doc jsonb, tags text[],
   raw bytea, uid uuid, note text);
 """
 ROW = ("INSERT INTO kinds SELECT g, g::bigint * 1000000007, g / 7.0, g * 1.5e10, "
@@ -85,13 +85,15 @@ def apply_and_verify(config: Path, topic: str, verify: bool = True
 def test_spark_kafka_reader_equals_the_log_reader_and_follows_add_column(
         kafka_broker: Any, pg_db: Database, tmp_path: Path, redis_url: str, spark: Any,
         log_format: str) -> None:
-    """With ``log.format: json`` (Kafka Connect's form, decimals ``precise``) the JVM cannot
-    decode the values: the Spark reader's tasks turn them back into the log's own forms
-    (cdc/connect.py; ``decimal_handling: string`` round-trips byte for byte as well:
-    tests/test_connect_json.py)."""
+    """With ``log.format: json`` (Kafka Connect's form, decimals ``precise``, times
+    ``adaptive``) the JVM cannot decode the values: the Spark reader's tasks turn them back into
+    the log's own forms (cdc/connect.py; ``decimal_handling: string`` round-trips byte for byte
+    as well: tests/test_connect_json.py)."""
     pg_db.execute(TABLE)
     pg_db.execute(ROW, (1, 300))
     options = {**kafka_yaml(kafka_broker), "format": log_format}
+    if log_format == "json":  # `at` timestamp(3): Connect's Timestamp in milliseconds
+        options["time_precision"] = "adaptive"
     config = write_config(tmp_path, pg_db, ["public.kinds"], log_options=options,
                           extra=followers_yaml(redis_url, tmp_path))
     settings = {**options, "path": str(tmp_path / "log")}

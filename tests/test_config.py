@@ -244,7 +244,7 @@ def test_log_formats_and_lossy_modes_are_refused_with_the_reason() -> None:
     base = {"backend": "kafka", "bootstrap_servers": "b:9092"}
     refused = [({**base, "format": "json", "decimal_handling": "double"}, "loses digits"),
                ({**base, "time_precision": "connect"}, "loses microseconds"),
-               ({**base, "time_precision": "adaptive"}, "not offered yet"),
+               ({**base, "time_precision": "adaptive"}, "applies to format json only"),
                ({"backend": "local", "format": "json"}, "is for backend kafka"),
                ({**base, "decimal_handling": "string"}, "applies to format json only"),
                ({**base, "format": "json", "schema_registry": {"url": "http://r:8081"}},
@@ -255,3 +255,9 @@ def test_log_formats_and_lossy_modes_are_refused_with_the_reason() -> None:
     parsed = parse_config({"log": {**base, "format": "json", "decimal_handling": "string"},
                            "sources": []}, Path("/"))
     assert (parsed.log.format, parsed.log.decimal_handling) == ("json", "string")
+    parsed = parse_config({"log": {**base, "format": "json", "time_precision": "adaptive"},
+                           "sources": []}, Path("/"))
+    assert parsed.log.time_precision == "adaptive"
+    with pytest.raises(ConfigError) as raised:
+        parse_config({"log": {**base, "decimal_handling": "string"}, "sources": []}, Path("/"))
+    assert "fix: remove it, or set format: json" in str(raised.value)

@@ -30,7 +30,7 @@ def connect_worker(kafka_broker: Any) -> Any:
 
 LEADER_SCHEMA = """
 CREATE TABLE orders (id int PRIMARY KEY, customer text NOT NULL, amount numeric(10,2),
-                     placed timestamp, note text, big text);
+                     placed timestamp(3), note text, big text);
 CREATE TABLE lines (order_id int, line int, sku varchar(20), qty bigint,
                     PRIMARY KEY (order_id, line));
 """
@@ -135,7 +135,8 @@ def test_debezium_jdbc_sink_through_kafka_connect_copies_a_postgres_source(
         pg_cluster: Any, pg_db: Database, kafka_broker: Any, connect_worker: ThrowawayConnect,
         tmp_path: Path) -> None:
     pg_db.execute(LEADER_SCHEMA)
-    options = {**kafka_yaml(kafka_broker), "format": "json"}
+    # Debezium's default time.precision.mode: `placed` is a Timestamp in milliseconds
+    options = {**kafka_yaml(kafka_broker), "format": "json", "time_precision": "adaptive"}
     config = write_config(tmp_path, pg_db, ["public.orders", "public.lines"],
                           log_options=options)
     result = cdc("bootstrap", "--config", str(config))
@@ -166,7 +167,8 @@ def test_debezium_jdbc_sink_through_kafka_connect_copies_a_postgres_source(
 
 MARIADB_SCHEMA = """
 CREATE TABLE orders (id int PRIMARY KEY, customer varchar(40) NOT NULL, amount decimal(10,2),
-                     placed datetime(6), note text, flag tinyint(1), big bigint unsigned);
+                     placed datetime(6), note text, flag tinyint(1), big bigint unsigned,
+                     shipped datetime);
 CREATE TABLE order_lines (order_id int, line int, sku varchar(20), qty bigint,
                     PRIMARY KEY (order_id, line));
 """
@@ -177,8 +179,8 @@ def _my_workload(db: Any) -> None:
     with db.connect() as conn, conn.cursor() as cursor:
         for i in range(1, 31):
             cursor.execute("INSERT INTO orders VALUES (%s, %s, %s, '2024-05-06 07:08:09.123456', "
-                           "%s, %s, %s)", (i, f"c{i % 7}", f"{i * 3.25:.2f}", f"n{i}", i % 2,
-                                           2**63 + i))
+                           "%s, %s, %s, '2024-05-06 07:08:09' + INTERVAL %s SECOND)",
+                           (i, f"c{i % 7}", f"{i * 3.25:.2f}", f"n{i}", i % 2, 2**63 + i, i))
             cursor.execute("INSERT INTO order_lines VALUES (%s, 1, %s, %s), (%s, 2, %s, %s)",
                            (i, f"sku{i}", i, i, f"sku{i}b", 2 * i))
         cursor.execute("UPDATE orders SET amount = amount + 1, note = 'upd' WHERE MOD(id, 3) = 1")
@@ -210,7 +212,9 @@ def test_debezium_jdbc_sink_through_kafka_connect_copies_a_mariadb_source(
     from tests.mykit import write_config as my_config
 
     mysql_db.script(MARIADB_SCHEMA)
-    options = {**kafka_yaml(kafka_broker), "format": "json"}
+    # Debezium's default for MySQL: `placed` (6 digits) MicroTimestamp, `shipped` Timestamp
+    options = {**kafka_yaml(kafka_broker), "format": "json",
+               "time_precision": "adaptive_time_microseconds"}
     config = my_config(tmp_path, mysql_db, ["orders", "order_lines"], log_options=options)
     result = cdc("bootstrap", "--config", str(config), env=mysql_db.env())
     assert result.returncode == 0, output(result)
@@ -218,7 +222,7 @@ def test_debezium_jdbc_sink_through_kafka_connect_copies_a_mariadb_source(
     target = new_database(pg_cluster)
     topics = [f"{mysql_db.source}.{mysql_db.name}.orders",
               f"{mysql_db.source}.{mysql_db.name}.order_lines"]
-    compared = (("orders", f"{ORDER_COLUMNS}, flag, big, status", "id"),
+    compared = (("orders", f"{ORDER_COLUMNS}, flag, big, shipped, status", "id"),
                 ("order_lines", "order_id, line, sku, qty", "order_id, line"))
     name = f"my-{mysql_db.source}"
     try:

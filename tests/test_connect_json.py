@@ -2,6 +2,7 @@
 byte for byte, the stated decimal rules, and keys that depend on their values only."""
 
 import base64
+import datetime as dt
 import json
 import uuid
 from decimal import Decimal
@@ -88,6 +89,62 @@ def test_nan_in_precise_mode_stops_with_the_fix(store) -> None:
     assert "NaN" in caught.value.problem and "decimal_handling: string" in caught.value.fix
     assert json.loads(ConnectJson(store, "string").value(value))["payload"]["after"]["dec"] == \
         "NaN"
+
+
+@pytest.mark.parametrize("times", ["adaptive", "adaptive_time_microseconds"])
+def test_adaptive_times_are_milliseconds_where_the_column_declares_at_most_3_digits(
+        store, times) -> None:
+    """Debezium's ``time.precision.mode`` adaptive: the declared digits (ColumnType.precision)
+    pick Timestamp/Time milliseconds or MicroTimestamp/MicroTime; reading back is exact."""
+    stamp = dt.datetime(2024, 2, 29, 23, 59, 58, 123000)
+    schema = schema_with(Column("ts3", ColumnType("timestamp", 3)),
+                         Column("ts0", ColumnType("timestamp", 0)),
+                         Column("ts6", ColumnType("timestamp")),
+                         Column("ts5", ColumnType("timestamp", 5)),
+                         Column("tinf", ColumnType("timestamp", 3)),
+                         Column("t3", ColumnType("time", 3)), Column("t6", ColumnType("time")),
+                         Column("tz", ColumnType("timestamptz")),
+                         Column("arr", ColumnType("array", element=ColumnType("timestamp", 3))))
+    row = {"id": 1, "ts3": stamp, "ts0": stamp.replace(microsecond=0),
+           "ts6": stamp.replace(microsecond=123456), "ts5": stamp.replace(microsecond=123450),
+           "tinf": "-infinity", "t3": dt.time(12, 30, 1, 250000),
+           "t6": dt.time(12, 30, 1, 250001), "tz": stamp.replace(tzinfo=dt.UTC), "arr": [stamp]}
+    value = EventCodec(store).records(_event(schema, row, Op.CREATE))[0].value
+    as_json = ConnectJson(store, "precise", times).value(value)
+    document = json.loads(as_json)
+    after = {f["field"]: f for f in document["schema"]["fields"][1]["fields"]}
+    names = {name: (after[name]["type"], after[name]["name"]) for name in after if name not in ("id", "arr")}
+    millis = ("int64", "io.debezium.time.Timestamp")
+    micros = ("int64", "io.debezium.time.MicroTimestamp")
+    assert names["ts3"] == names["ts0"] == names["tinf"] == millis
+    assert names["ts6"] == names["ts5"] == micros
+    assert names["t6"] == ("int64", "io.debezium.time.MicroTime")
+    assert names["t3"] == (("int32", "io.debezium.time.Time") if times == "adaptive"
+                           else ("int64", "io.debezium.time.MicroTime"))
+    assert names["tz"] == ("string", "io.debezium.time.ZonedTimestamp")
+    assert after["arr"]["items"]["name"] == "io.debezium.time.MicroTimestamp"
+    payload = document["payload"]["after"]
+    epoch_ms = int(stamp.replace(tzinfo=dt.UTC).timestamp() * 1000)
+    assert (payload["ts3"], payload["ts0"]) == (epoch_ms, epoch_ms - 123)
+    assert payload["ts6"] == epoch_ms * 1000 + 456 and payload["tinf"] == -(2**63)
+    assert payload["t3"] == (45_001_250 if times == "adaptive" else 45_001_250_000)
+    assert document["schema"]["parameters"]["cdc.time.precision"] == times
+    assert ConnectJson(store).to_avro(as_json) == value  # exact, and a reader needs no setting
+    micro = json.loads(ConnectJson(store).value(value))  # micro: no parameter, as before
+    assert "cdc.time.precision" not in micro["schema"]["parameters"]
+    assert micro["payload"]["after"]["ts3"] == epoch_ms * 1000
+
+
+def test_a_time_beyond_int32_milliseconds_stops_adaptive_with_the_fix(store) -> None:
+    schema = schema_with(Column("t", ColumnType("time", 0)))
+    long_ago = dt.timedelta(hours=-838, minutes=-59, seconds=-59)  # MySQL's TIME minimum
+    value = EventCodec(store).records(_event(schema, {"id": 1, "t": long_ago}))[0].value
+    with pytest.raises(EncodingError) as caught:
+        ConnectJson(store, "precise", "adaptive").value(value)
+    assert "-838:59:59" in caught.value.problem
+    assert "adaptive_time_microseconds" in caught.value.fix
+    kept = json.loads(ConnectJson(store, "precise", "adaptive_time_microseconds").value(value))
+    assert kept["payload"]["after"]["t"] == -(838 * 3600 + 59 * 60 + 59) * 1_000_000
 
 
 def test_a_multidimensional_array_is_refused_with_the_fix(store) -> None:

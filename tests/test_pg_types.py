@@ -409,6 +409,11 @@ def test_type_mapping_from_oid_modifier_and_catalog() -> None:
     assert (mapped(1560, 12).name, mapped(1560, 12).precision) == ("bits", 12)
     assert mapped(1562, 5).name == "string" and mapped(1562, 5).source_type == "bit varying(5)"
     assert (mapped(1700, ((12 << 16) | 3) + 4).name, mapped(1700).name) == ("decimal", "numeric")
+    # time and timestamp keep the fractional digits they declare below six (adaptive reads them)
+    assert (mapped(1114, 3).precision, mapped(1114, 3).source_type) == (3, "timestamp(3)")
+    assert (mapped(1083, 0).precision, mapped(1083, 0).name) == (0, "time")
+    assert mapped(1114).precision is mapped(1114, 6).precision is mapped(1184, 3).precision is None
+    assert mapped(1115, 3).element == mapped(1114, 3)  # timestamp(3)[]
     money = mapped(790)
     assert (money.name, money.precision, money.scale) == ("decimal", 19, 2)
     array = mapped(1231, ((12 << 16) | 3) + 4)  # numeric(12,3)[]: the modifier is the element's

@@ -206,6 +206,14 @@ def _failed_into(failures: list[Any], offsets: dict[str, int] | None = None,
     return delivered
 
 
+def _format_text(setting: tuple[str, str, str]) -> str:
+    """``format json (decimal_handling string, time_precision adaptive)``, for messages."""
+    records, decimals, times = setting
+    if records != "json":
+        return f"format {records}"
+    return f"format json (decimal_handling {decimals}, time_precision {times})"
+
+
 class _Snapshot:
     """What the offsets topic says, read to its end: source offsets and topic descriptions.
 
@@ -225,6 +233,7 @@ class _Snapshot:
         #: say) and its decimal handling, from that record
         self.records = "avro"
         self.decimal_handling = "precise"
+        self.time_precision = "micro"
         #: where the schemas are: ``log`` (the schemas topic) or ``registry`` (the user's)
         self.schemas = "log"
         self.next_offset = 0
@@ -344,6 +353,7 @@ class KafkaChangeLogReader(ChangeLogReader):
                     if isinstance(data, dict):
                         snap.records = str(data.get("records", "avro"))
                         snap.decimal_handling = str(data.get("decimal_handling", "precise"))
+                        snap.time_precision = str(data.get("time_precision", "micro"))
                         snap.schemas = str(data.get("schemas", "log"))
                 elif key.startswith("source:"):
                     at = int(record.offset() or 0)
@@ -524,7 +534,8 @@ class KafkaChangeLogReader(ChangeLogReader):
     def _connect_json(self) -> ConnectJson:
         """The converter of Kafka Connect's JSON form (:mod:`cdc.connect`), made once."""
         if self._connect is None:
-            self._connect = ConnectJson(self.schemas(), self.config.decimal_handling)
+            self._connect = ConnectJson(self.schemas(), self.config.decimal_handling,
+                                        self.config.time_precision)
         return self._connect
 
     def partition_stats(self, topic: str, partition: int) -> PartitionStats:
@@ -601,8 +612,8 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
 
     def _check_records_format(self, snap: _Snapshot) -> None:
         """Refuse a config whose ``log.format`` (or decimal handling) is not the log's own."""
-        wanted = (self.config.format, self.config.decimal_handling)
-        stored = (snap.records, snap.decimal_handling if snap.records == "json" else "precise")
+        wanted = (self.config.format, self.config.decimal_handling, self.config.time_precision)
+        stored = (snap.records, snap.decimal_handling, snap.time_precision)
         wanted_schemas = "registry" if self.config.schema_registry is not None else "log"
         if snap.marked and snap.schemas != wanted_schemas:
             places = {"registry": "a schema registry (log.schema_registry)",
@@ -612,12 +623,12 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                            "where a log keeps its schemas is fixed when it is created: set "
                            "log.schema_registry as the log has it, or bootstrap a new log")
         if snap.marked and wanted != stored:
-            raise LogError(f"the Kafka log on {self.where} was created with format "
-                           f"{stored[0]} (decimal_handling {stored[1]}); the config says "
-                           f"format {wanted[0]} (decimal_handling {wanted[1]})",
-                           "a log's format is fixed when it is created: set log.format and "
-                           "log.decimal_handling as the log has them, or bootstrap a new log "
-                           "(its own offsets_topic, schemas_topic and source names)")
+            raise LogError(f"the Kafka log on {self.where} was created with "
+                           f"{_format_text(stored)}; the config says {_format_text(wanted)}",
+                           "a log's format is fixed when it is created: set log.format, "
+                           "log.decimal_handling and log.time_precision as the log has them, "
+                           "or bootstrap a new log (its own offsets_topic, schemas_topic and "
+                           "source names)")
 
     def _written_end(self, topic: str, partition: int) -> int:
         return (self._parent or self)._own_ends.get((topic, partition), 0)
@@ -744,12 +755,15 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
             if self.config.format == "json":  # format 2: older readers refuse it (cleanly)
                 choice = {"format": 2, "records": "json",
                           "decimal_handling": self.config.decimal_handling}
+                if self.config.time_precision != "micro":
+                    choice["time_precision"] = self.config.time_precision
             messages.insert(0, (self.config.offsets_topic, FORMAT_KEY,
                                 json.dumps(choice).encode()))
         self._transaction(messages)
         snap.topics[topic] = description
         if not snap.marked:
             snap.records, snap.decimal_handling = self.config.format, self.config.decimal_handling
+            snap.time_precision = self.config.time_precision
             snap.schemas = "registry" if self.config.schema_registry is not None else "log"
         snap.marked = True
         return self._info(topic, description)

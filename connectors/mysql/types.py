@@ -128,12 +128,13 @@ def column_type(column: MyColumn) -> ColumnType:
         return of("json")
     if kind == "date":
         return of("date")
+    fraction = column.scale if column.scale is not None and column.scale < 6 else None
     if kind == "datetime":
-        return of("timestamp")
+        return of("timestamp", precision=fraction)
     if kind == "timestamp":
         return of("timestamptz")
     if kind == "time":
-        return of("time")
+        return of("time", precision=fraction)
     if kind == "year":
         return of("year")
     if kind == "uuid":

@@ -193,6 +193,8 @@ BUILTIN: dict[int, PgType] = {
     3912: _simple("string", str, "daterange", STRING),
 }
 NUMERIC, BIT, VARBIT = 1700, 1560, 1562
+#: time and timestamp: their type modifier is the declared fractional-second digits
+FRACTIONAL = (1083, 1114)
 #: built-ins whose mapping depends on the type modifier
 MODIFIED = (NUMERIC, BIT, VARBIT)
 
@@ -290,6 +292,11 @@ def pg_type(type_oid: int, type_modifier: int, catalog: dict[int, dict[str, Any]
     """
     found = BUILTIN.get(type_oid)
     if found is not None:
+        if type_oid in FRACTIONAL and 0 <= type_modifier < 6:
+            return PgType(ColumnType(found.column_type.name, type_modifier,
+                                     source_type=f"{found.column_type.source_type}"
+                                                 f"({type_modifier})"),
+                          found.parse, found.kind)
         return found
     if type_oid == NUMERIC:
         return numeric_type(type_modifier)
