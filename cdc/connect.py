@@ -313,12 +313,7 @@ class _Mapper:
         for field in record["fields"]:
             name = field["name"]
             column = field.get("cdc.column", name)
-            millis = _millis_schema(field.get("cdc.type") or {}, self.times)
-            if millis is not None:
-                codec = _Millis(column, field["cdc.type"]["name"])
-                schema, out, back = millis, codec.out, codec.back
-            else:
-                schema, out, back = self.node(field["type"], own, column)
+            schema, out, back = self._field(field, own, column)
             fields.append({**schema, "optional": _nullable(field["type"]), "field": name})
             outs.append((name, _optional(out)))
             backs.append((name, _optional(back)))
@@ -333,6 +328,15 @@ class _Mapper:
         def back_record(value: dict[str, Any]) -> dict[str, Any]:
             return {name: convert(value.get(name)) for name, convert in backs}
         return connect, out_record, back_record
+
+    def _field(self, field: dict[str, Any], namespace: str | None, column: str
+               ) -> tuple[dict[str, Any], Convert, Convert]:
+        """A record field's node: milliseconds where :attr:`times` says so, else its type's."""
+        millis = _millis_schema(field.get("cdc.type") or {}, self.times)
+        if millis is None:
+            return self.node(field["type"], namespace, column)
+        codec = _Millis(column, field["cdc.type"]["name"])
+        return millis, codec.out, codec.back
 
     def _union(self, branches: list[Any], namespace: str | None, column: str
                ) -> tuple[dict[str, Any], Convert, Convert]:
