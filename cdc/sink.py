@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.errors import ConfigError
 from cdc.events import TableId
+from cdc.preflight import Step
 
 # the text of a JSON-form value lives with the types (capture's column hashes use it too)
 from cdc.types import canonical_text as canonical_text
@@ -191,6 +192,12 @@ class Sink(ABC):
     def check(self) -> None:  # noqa: B027 (optional: sinks without a server have nothing to ask)
         """Raise a :class:`~cdc.errors.CdcError` with the fix if the follower cannot be
         written (server down, wrong password, directory not writable, wrong mode...)."""
+
+    def preflight(self) -> list[Step]:
+        """What ``cdc check-config --connect`` asks of the follower, creating nothing (the
+        contract of :mod:`cdc.preflight`): its server reached, its directory writable or
+        creatable. None by default (a kind without a server or a directory)."""
+        return []
 
     def owner_groups(self, topic: str) -> int | None:
         """Keys of ``topic`` whose ``crc32(key) % groups`` is equal must be written by one task

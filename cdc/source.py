@@ -64,6 +64,7 @@ from cdc.errors import ConfigError
 from cdc.events import ChangeEvent, TableId, TableSchema
 from cdc.offsets import SourceOffset
 from cdc.position import Position
+from cdc.preflight import Part, Step, Warn
 
 if TYPE_CHECKING:
     from cdc.avro import EventCodec
@@ -442,6 +443,17 @@ class Connector(ABC):
     @abstractmethod
     def leader(self) -> Leader:
         """The leader as ``cdc verify`` reads it (connected; close it when done)."""
+
+    def preflight(self, stored: SourceOffset | None, log_read: bool = True) -> Part:
+        """What ``cdc check-config --connect`` asks of this source, creating nothing (the
+        contract of :mod:`cdc.preflight`): the server reached and its version, its settings for
+        capture, the role's privileges, the slot (or server id) free or this log's own —
+        ``stored`` is the log's offset of the source, None when the log holds none or, with
+        ``log_read`` False, when the log could not be read (a slot that exists is then
+        reported as unknown, not as another tool's) — and every table and its key. A kind
+        without checks of its own says so, failing nothing."""
+        return Part(f"source {self.name}", [Step(
+            "checks", lambda: Warn(f"a {self.config.kind} source has no preflight checks"))])
 
 
 # ------------------------------------------------------------------------------ the registry

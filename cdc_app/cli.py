@@ -110,8 +110,10 @@ def main(ctx: click.Context) -> None:
 @main.command("check-config")
 @config_option
 @click.option("--connect", is_flag=True,
-              help="Also run each view's SQL where it must run: EXPLAIN on the leader, and on "
-                   "the view's state (DuckDB).")
+              help="Also reach every part the config names and check it, creating nothing: "
+                   "each source (version, settings, privileges, slot or server_id, tables and "
+                   "keys), the log, each follower, the Spark master; and run each view's SQL "
+                   "where it must run (EXPLAIN on the leader, DuckDB). Exits 1 on any ✗.")
 @friendly_errors
 def check_config(config_path: str | None, connect: bool) -> None:
     """Validate the config file and print what it means (secrets redacted)."""
@@ -124,8 +126,17 @@ def check_config(config_path: str | None, connect: bool) -> None:
     for source in config.sources:
         console.print(f"  source {source.name} ({source.kind}) {source.dsn}: "
                       f"{', '.join(source.tables)}", highlight=False)
+    failed = 0
+    if connect:
+        from cdc_app.preflight import preflight
+
+        failed = preflight(config, console)
     if config.views:
         _check_views(config, connect, console)
+    if failed:
+        raise CdcError(f"preflight: {failed} check(s) failed",
+                       "fix each ✗ above as its row says, then run `cdc check-config --connect` "
+                       "again")
 
 
 def _check_views(config: Config, connect: bool, console: Any) -> None:

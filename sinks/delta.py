@@ -84,6 +84,7 @@ from cdc.errors import CdcError
 from cdc.events import TableId
 from cdc.log.open import log_settings
 from cdc.logical import LogicalKind, guess_kind, logical_columns
+from cdc.preflight import Step, writable_place
 from cdc.sink import (
     ApplyStats,
     Change,
@@ -409,6 +410,11 @@ class DeltaSink(Sink):
                                  f"followers.{self.name}.path elsewhere") from None
         for topic in self.tables:
             self._open(topic)
+
+    def preflight(self) -> list[Step]:
+        return [Step("directory", lambda: writable_place(
+            self.root, f"followers.{self.name}.path", "create it and make it writable by this "
+            f"user, or set followers.{self.name}.path elsewhere"))]
 
     def close(self) -> None:
         self._state.clear()

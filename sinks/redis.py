@@ -45,6 +45,7 @@ import redis
 from cdc.config import Config, FollowerConfig, Secret
 from cdc.errors import CdcError, check_format
 from cdc.events import TableId, split_topic
+from cdc.preflight import Step
 from cdc.sink import ApplyStats, Change, Sink, Topics, canonical_text, row_text
 from sinks.redis_settings import RedisFollowerConfig, check_key_template
 
@@ -225,6 +226,13 @@ class RedisSink(Sink):
     def check(self) -> None:
         """PING the server; :class:`RedisSinkError` with the fix when it does not answer."""
         self._call(self.client.ping)
+
+    def preflight(self) -> list[Step]:
+        return [Step("server", self._server_version)]
+
+    def _server_version(self) -> str:
+        info = self._call(self.client.info, "server")
+        return f"Redis {info.get('redis_version', '?')} at {self._url}"
 
     def _call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -90,6 +90,7 @@ import tantivy
 
 from cdc.errors import CdcError, check_format
 from cdc.events import TableId, split_topic
+from cdc.preflight import Step, writable_place
 from cdc.sink import (
     ApplyStats,
     Change,
@@ -252,6 +253,11 @@ class SearchSink(Sink):
         self._layout(create=True)
         for shard in self.shards:
             shard.open_index(create=True)
+
+    def preflight(self) -> list[Step]:
+        return [Step("directory", lambda: writable_place(
+            self.path, f"followers.{self.name}.path", "create it and make it writable by this "
+            f"user, or set followers.{self.name}.path elsewhere"))]
 
     def owner_groups(self, topic: str) -> int:
         """Keys of one shard are written by one task."""

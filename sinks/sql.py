@@ -104,6 +104,7 @@ import binascii
 import contextlib
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -114,6 +115,7 @@ from typing import TYPE_CHECKING, Any
 from cdc.errors import CdcError, check_format
 from cdc.log.open import log_settings
 from cdc.logical import Logical, LogicalKind, guess_kind, logical_columns
+from cdc.preflight import Step, writable_place
 from cdc.sink import (
     ApplyStats,
     Change,
@@ -532,6 +534,40 @@ class SqlSink(Sink):
         for topic in self.tables:
             _, newest = self._declared(topic, self.engine.dialect, ())
             self._check_names(self.engine.dialect, self._table_name(topic), newest)
+
+    def preflight(self) -> list[Step]:
+        return [Step("database", self._reachable)]
+
+    def _reachable(self) -> str:
+        """The database answers (a SQLite file: its folder is writable); creates nothing."""
+        import sqlalchemy as sa
+
+        url = sa.make_url(self.url)
+        if url.get_backend_name() == "sqlite":
+            if not url.database or url.database == ":memory:":
+                return "SQLite in memory"
+            path = Path(url.database)
+            if path.exists():
+                if not os.access(path, os.W_OK):
+                    raise SqlSinkError(f"the SQLite file {path} is not writable by this user",
+                                       "make it writable, or correct "
+                                       f"followers.{self.name}.url")
+                return f"SQLite file {path} exists and is writable"
+            return writable_place(path.parent, f"followers.{self.name}.url's folder",
+                                  f"correct followers.{self.name}.url")
+        engine = sa.create_engine(self.url)
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+            version = ".".join(str(v) for v in engine.dialect.server_version_info or ())
+        except Exception as exc:  # noqa: BLE001 - the driver's own errors, one clear message
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise SqlSinkError(f"cannot reach the database at {self._where()}: {first[:300]}",
+                               f"check followers.{self.name}.url and that the database is up"
+                               ) from None
+        finally:
+            engine.dispose()
+        return f"{engine.dialect.name} {version} at {self._where()}"
 
     def _side_tables(self) -> Any:
         import sqlalchemy as sa

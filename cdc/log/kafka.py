@@ -78,6 +78,7 @@ from cdc.log.base import (
 from cdc.log.kafka_errors import AUTHENTICATION, kafka_error
 from cdc.log.kafka_schemas import assigned, committed_reader, idempotent_producer
 from cdc.log.partitioner import partition_for
+from cdc.preflight import Part, Step, environment_set
 
 POSITION_HEADER = "cdc.position"
 #: the version of the layout above, in the offsets topic's ``format`` record: 1, or 2 for a log
@@ -324,6 +325,62 @@ class KafkaChangeLogReader(ChangeLogReader):
         except KafkaException as exc:
             self._admin.poll(0)  # serves error_cb
             raise kafka_error("connecting", self._auth_error or exc, self.where) from None
+
+    def _check_records_format(self, snap: _Snapshot) -> None:
+        """Refuse a config whose ``log.format`` (or decimal handling) is not the log's own."""
+        wanted = (self.config.format, self.config.decimal_handling, self.config.time_precision)
+        stored = (snap.records, snap.decimal_handling, snap.time_precision)
+        wanted_schemas = "registry" if self.config.schema_registry is not None else "log"
+        if snap.marked and snap.schemas != wanted_schemas:
+            places = {"registry": "a schema registry (log.schema_registry)",
+                      "log": "its schemas topic (no log.schema_registry)"}
+            raise LogError(f"the Kafka log on {self.where} keeps its schemas in "
+                           f"{places[snap.schemas]}; the config says {places[wanted_schemas]}",
+                           "where a log keeps its schemas is fixed when it is created: set "
+                           "log.schema_registry as the log has it, or bootstrap a new log")
+        if snap.marked and wanted != stored:
+            raise LogError(f"the Kafka log on {self.where} was created with "
+                           f"{_format_text(stored)}; the config says {_format_text(wanted)}",
+                           "a log's format is fixed when it is created: set log.format, "
+                           "log.decimal_handling and log.time_precision as the log has them, "
+                           "or bootstrap a new log (its own offsets_topic, schemas_topic and "
+                           "source names)")
+
+    def _check_existing(self, name: str, partitions: int) -> None:
+        deadline = time.monotonic() + ADMIN_DEADLINE
+        while True:  # a topic just created may take a moment to be known everywhere
+            try:
+                meta = self._admin.list_topics(name, timeout=TIMEOUT).topics[name]
+                if meta.error is not None:
+                    raise KafkaException(meta.error)
+                resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+                configs = self._admin.describe_configs([resource])[resource].result(
+                    timeout=TIMEOUT)
+                break
+            except (KafkaException, FutureTimeout) as exc:
+                error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+                unknown = isinstance(exc, FutureTimeout) or isinstance(error, KafkaError) and \
+                    error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                     KafkaError.LEADER_NOT_AVAILABLE)
+                problem = kafka_error(f"describing topic {name}", error or "no answer within "
+                                      f"{TIMEOUT:.0f} s", self.where)
+                # a broker just killed (transport failure) is asked again too, as creating is
+                if time.monotonic() > deadline or not (
+                        unknown or isinstance(problem, LogUnavailable)):
+                    raise problem from None
+                time.sleep(0.1)
+        if len(meta.partitions) != partitions:
+            raise LogError(f"Kafka topic {name} has {len(meta.partitions)} partitions; the log "
+                           f"needs {partitions} (log.partitions)",
+                           "cdc never repartitions a topic (keys would move): set "
+                           f"log.partitions to {len(meta.partitions)}, or delete the topic and "
+                           "rebuild it from the sources")
+        policy = configs.get("cleanup.policy")
+        if policy is None or "compact" not in str(policy.value):
+            raise LogError(f"Kafka topic {name} exists with cleanup.policy="
+                           f"{policy.value if policy else '?'}, not compact",
+                           f"set it: kafka-configs --alter --topic {name} --add-config "
+                           "cleanup.policy=compact (or delete the topic so cdc creates it)")
 
     def _reader(self) -> Consumer:
         if self._consumer is None:
@@ -610,26 +667,6 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
             self._create_internal_topics()
             self._check_records_format(self._refresh())
 
-    def _check_records_format(self, snap: _Snapshot) -> None:
-        """Refuse a config whose ``log.format`` (or decimal handling) is not the log's own."""
-        wanted = (self.config.format, self.config.decimal_handling, self.config.time_precision)
-        stored = (snap.records, snap.decimal_handling, snap.time_precision)
-        wanted_schemas = "registry" if self.config.schema_registry is not None else "log"
-        if snap.marked and snap.schemas != wanted_schemas:
-            places = {"registry": "a schema registry (log.schema_registry)",
-                      "log": "its schemas topic (no log.schema_registry)"}
-            raise LogError(f"the Kafka log on {self.where} keeps its schemas in "
-                           f"{places[snap.schemas]}; the config says {places[wanted_schemas]}",
-                           "where a log keeps its schemas is fixed when it is created: set "
-                           "log.schema_registry as the log has it, or bootstrap a new log")
-        if snap.marked and wanted != stored:
-            raise LogError(f"the Kafka log on {self.where} was created with "
-                           f"{_format_text(stored)}; the config says {_format_text(wanted)}",
-                           "a log's format is fixed when it is created: set log.format, "
-                           "log.decimal_handling and log.time_precision as the log has them, "
-                           "or bootstrap a new log (its own offsets_topic, schemas_topic and "
-                           "source names)")
-
     def _written_end(self, topic: str, partition: int) -> int:
         return (self._parent or self)._own_ends.get((topic, partition), 0)
 
@@ -673,42 +710,6 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                     raise problem from None
                 time.sleep(1.0)
         self._check_existing(name, partitions)
-
-    def _check_existing(self, name: str, partitions: int) -> None:
-        deadline = time.monotonic() + ADMIN_DEADLINE
-        while True:  # a topic just created may take a moment to be known everywhere
-            try:
-                meta = self._admin.list_topics(name, timeout=TIMEOUT).topics[name]
-                if meta.error is not None:
-                    raise KafkaException(meta.error)
-                resource = ConfigResource(ConfigResource.Type.TOPIC, name)
-                configs = self._admin.describe_configs([resource])[resource].result(
-                    timeout=TIMEOUT)
-                break
-            except (KafkaException, FutureTimeout) as exc:
-                error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-                unknown = isinstance(exc, FutureTimeout) or isinstance(error, KafkaError) and \
-                    error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                     KafkaError.LEADER_NOT_AVAILABLE)
-                problem = kafka_error(f"describing topic {name}", error or "no answer within "
-                                      f"{TIMEOUT:.0f} s", self.where)
-                # a broker just killed (transport failure) is asked again too, as creating is
-                if time.monotonic() > deadline or not (
-                        unknown or isinstance(problem, LogUnavailable)):
-                    raise problem from None
-                time.sleep(0.1)
-        if len(meta.partitions) != partitions:
-            raise LogError(f"Kafka topic {name} has {len(meta.partitions)} partitions; the log "
-                           f"needs {partitions} (log.partitions)",
-                           "cdc never repartitions a topic (keys would move): set "
-                           f"log.partitions to {len(meta.partitions)}, or delete the topic and "
-                           "rebuild it from the sources")
-        policy = configs.get("cleanup.policy")
-        if policy is None or "compact" not in str(policy.value):
-            raise LogError(f"Kafka topic {name} exists with cleanup.policy="
-                           f"{policy.value if policy else '?'}, not compact",
-                           f"set it: kafka-configs --alter --topic {name} --add-config "
-                           "cleanup.policy=compact (or delete the topic so cdc creates it)")
 
     def schemas(self) -> Any:
         root = self._parent or self
@@ -1035,3 +1036,49 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
                 self._producer.flush(5)
             self._producer = None
         super().close()
+
+
+def preflight_part(config: LogConfig) -> Part:
+    """The log's preflight (the contract of :mod:`cdc.preflight`): the brokers reached, the
+    log's recorded format against the config's, and every topic the log has already made
+    compacted with its partition count. Reads only: no topic is created."""
+    opened: list[KafkaChangeLogReader] = []
+
+    def reach() -> str:
+        environment_set(config.password_env, "log.password_env")
+        opened.append(KafkaChangeLogReader(config))  # refuses, with the fix, when unreachable
+        brokers = opened[0]._admin.list_topics(timeout=TIMEOUT).brokers
+        return f"{len(brokers)} broker(s) answer at {config.bootstrap_servers}"
+
+    def recorded_format() -> str:
+        reader = opened[0]
+        snap = reader._refresh()
+        wanted = _format_text((config.format, config.decimal_handling, config.time_precision))
+        if not snap.marked:
+            return f"a new log: `cdc bootstrap` creates its topics ({wanted})"
+        reader._check_records_format(snap)
+        return f"{wanted}, as the log was created"
+
+    def topics() -> str:
+        reader = opened[0]
+        expected = [(config.offsets_topic, 1), (config.schemas_topic, 1)] + [
+            (reader.kafka_name(t.name), t.partitions) for t in reader.topics()]
+        existing = set(reader._admin.list_topics(timeout=TIMEOUT).topics)
+        checked = [(name, count) for name, count in expected if name in existing]
+        for name, count in checked:
+            reader._check_existing(name, count)
+        if not checked:
+            return "none yet"
+        return f"{len(checked)} topic(s): compacted, partitions as the log made them"
+
+    steps = [Step("brokers", reach, TIMEOUT + 5), Step("format", recorded_format, TIMEOUT + 5),
+             Step("topics", topics, 30.0)]
+    if config.schema_registry is not None:
+        registry = config.schema_registry
+
+        def subjects() -> str:
+            environment_set(registry.basic_auth_env, "log.schema_registry.basic_auth_env")
+            found = _rest_registry(config).subjects()
+            return f"{registry.url} answers ({len(found)} subjects)"
+        steps.append(Step("schema registry", subjects))
+    return Part("log (kafka)", steps, lambda: opened[0].close() if opened else None)

@@ -66,6 +66,7 @@ from cdc.log.segment import (
     scan_batches,
     segment_name,
 )
+from cdc.preflight import Part, Step, Warn, writable_place
 
 STATE_FILE = "state.json"
 #: the framing blobs an appender keeps between commits (beyond this they are let go)
@@ -765,3 +766,37 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview, at: int) -> None:
         written = os.pwrite(fd, view, at)
         view = view[written:]
         at += written
+
+
+#: below this much free space the local log's preflight warns
+LOW_DISK = 1024**3
+
+
+def preflight_part(path: Path) -> Part:
+    """The local log's preflight (the contract of :mod:`cdc.preflight`): its directory a log,
+    or a place where one can be created; the free space there. Creates nothing."""
+
+    def directory() -> str:
+        if (path / STATE_FILE).exists():
+            reader = LocalChangeLogReader(path)
+            try:
+                return f"a log of {len(reader.topics())} topic(s) at {path}"
+            finally:
+                reader.close()
+        if path.is_dir() and any(path.iterdir()):
+            raise LogError(f"{path} holds files but no change log (no {STATE_FILE})",
+                           "point log.path at an empty or new directory, or at the directory "
+                           "`cdc capture` writes")
+        return writable_place(path, "log.path", "make it writable by the user cdc runs as, "
+                              "or set log.path elsewhere")
+
+    def disk() -> str:
+        place = path
+        while not place.exists() and place != place.parent:
+            place = place.parent
+        free = shutil.disk_usage(place).free
+        shown = f"{free / 1024**3:.1f} GiB free at {place}"
+        return Warn(f"{shown}: the log needs room for every key's newest record") \
+            if free < LOW_DISK else shown
+
+    return Part("log (local)", [Step("directory", directory), Step("disk space", disk)])

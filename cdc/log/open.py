@@ -16,6 +16,7 @@ from cdc.log.base import ChangeLogReader, ChangeLogWriter
 
 if TYPE_CHECKING:
     from cdc.config import Config, LogConfig
+    from cdc.preflight import Part
 
 
 def log_settings(config: Config) -> dict[str, Any]:
@@ -53,6 +54,17 @@ def open_reader(config: Config, missing_ok: bool = False) -> ChangeLogReader | N
     """A reader of ``config``'s log. ``missing_ok``: None when nothing was ever committed to
     it (no capture ran yet) instead of a :class:`~cdc.errors.LogError`."""
     return reader_from(log_settings(config), missing_ok)
+
+
+def log_preflight(config: Config) -> Part:
+    """The preflight part of ``config``'s log (:mod:`cdc.preflight`; creates nothing)."""
+    if config.log.backend == "kafka":
+        from cdc.log.kafka import preflight_part
+
+        return preflight_part(config.log)
+    from cdc.log.local import preflight_part as local_part
+
+    return local_part(config.log_path)
 
 
 def schema_store_from(settings: dict[str, Any] | None) -> Any:

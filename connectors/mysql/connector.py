@@ -29,6 +29,7 @@ from cdc.events import ChangeEvent, Op, TableId, TableSchema
 from cdc.log.base import Record
 from cdc.offsets import BOOTSTRAPPING, SourceOffset
 from cdc.position import Position
+from cdc.preflight import Part
 from cdc.source import (
     Connector,
     EncodedBatch,
@@ -124,6 +125,11 @@ class MySqlConnector(Connector):
                           retained_bytes=fields["binlog_bytes"])
             warnings.extend(purge_warnings(self.my_config, files, stored, expiring))
         return ServerStatus(fields, warnings)
+
+    def preflight(self, stored: SourceOffset | None, log_read: bool = True) -> Part:
+        from connectors.mysql.preflight import preflight_part
+
+        return preflight_part(self.my_config, stored)
 
     def leader(self) -> Leader:
         from connectors.mysql.checksum import MySqlLeader

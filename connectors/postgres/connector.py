@@ -20,6 +20,7 @@ from cdc.errors import ConfigError
 from cdc.events import ChangeEvent, TableId, TableSchema
 from cdc.offsets import BOOTSTRAPPING, SourceOffset
 from cdc.position import Position, format_lsn
+from cdc.preflight import Part
 from cdc.source import (
     Connector,
     EncodedBatch,
@@ -118,6 +119,11 @@ class PostgresConnector(Connector):
                              "position": fields.get("confirmed_lsn"),
                              "lag_bytes": fields.get("lag_bytes"),
                              "retained_bytes": fields.get("retained_bytes")}, warnings)
+
+    def preflight(self, stored: SourceOffset | None, log_read: bool = True) -> Part:
+        from connectors.postgres.preflight import preflight_part
+
+        return preflight_part(self.pg_config, stored, log_read)
 
     def leader(self) -> Leader:
         from connectors.postgres.checksum import PostgresLeader
