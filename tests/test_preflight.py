@@ -109,7 +109,8 @@ def test_preflight_names_each_problem_and_its_fix(
     rows = _rows(checked.stdout)
     assert rows[f"{pg_db.source}/slot cdc_{pg_db.source}"].startswith("✗ replication slot"), rows
     assert "this log did not create it" in text and "pg_drop_replication_slot" in text
-    assert rows[f"{pg_db.source}/table public.keyless"].startswith("✗") and "REPLICA IDENTITY" in text
+    assert rows[f"{pg_db.source}/table public.keyless"].startswith("✗")
+    assert "REPLICA IDENTITY" in text
     assert rows[f"{pg_db.source}/table public.people"].startswith("✗") and "mask of id" in text
     assert rows["locked/password_env"].startswith("✗ followers.locked.password_env names the "
                                            "environment variable CDC_TEST_UNSET_PASSWORD")
@@ -130,7 +131,8 @@ def test_an_unreachable_source_is_one_failure_and_the_rest_not_checked(
     checked = cdc("check-config", "--config", str(config), "--connect", env=WIDE)
     assert checked.returncode == 1
     rows = _rows(checked.stdout)
-    assert rows[f"{pg_db.source}/server"].startswith("✗") and "cannot reach PostgreSQL" in checked.stdout
+    assert rows[f"{pg_db.source}/server"].startswith("✗")
+    assert "cannot reach PostgreSQL" in checked.stdout
     assert rows[f"{pg_db.source}/settings"] == "– not checked: server failed"
     assert rows["log/directory"].startswith("✓") and "will be created" in rows["log/directory"]
 
@@ -160,7 +162,8 @@ def test_preflight_of_a_mariadb_source(mysql_db: Any, tmp_path: Path) -> None:
     rows = _rows(refused.stdout)
     assert rows[f"{source}/server"].startswith("✗ password_env names the environment "
                                               "variable CDC_TEST_UNSET_PW")
-    keyless = cdc("check-config", "--config", str(my_config(tmp_path, mysql_db, ["items", "loose"])),
-                  "--connect", env={**WIDE, **mysql_db.env()})
+    both = my_config(tmp_path, mysql_db, ["items", "loose"])
+    keyless = cdc("check-config", "--config", str(both), "--connect",
+                  env={**WIDE, **mysql_db.env()})
     assert keyless.returncode == 1
     assert _rows(keyless.stdout)[f"{source}/table {mysql_db.table('loose')}"].startswith("✗")
