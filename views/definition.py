@@ -49,6 +49,7 @@ table name that exactly one captured table has.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -324,8 +325,7 @@ def _parse(name: str, sql: str, dialect: str) -> exp.Query:
         trees = [tree for tree in sqlglot.parse(sql, read=DIALECTS.get(dialect, dialect))
                  if tree is not None]
     except sqlglot.errors.ParseError as exc:
-        first = str(exc).splitlines()[0]
-        raise ViewDefinitionError(f"view {name}: its SQL does not parse ({first})",
+        raise ViewDefinitionError(f"view {name}: its SQL does not parse: {_parse_problem(exc)}",
                                   f"correct views.{name}.sql (it is {dialect} SQL: the same "
                                   "text runs on the leader)") from None
     if len(trees) != 1:
@@ -336,6 +336,24 @@ def _parse(name: str, sql: str, dialect: str) -> exp.Query:
         raise ViewDefinitionError(f"view {name}: its SQL is not a query ({tree.key.upper()})",
                                   f"write a SELECT in views.{name}.sql")
     return tree
+
+
+def _parse_problem(exc: sqlglot.errors.ParseError) -> str:
+    """The parser's first complaint in a user's words: what is wrong, at which line and column,
+    near which text (never the parser's class names)."""
+    error = exc.errors[0] if exc.errors else {}
+    description = str(error.get("description") or str(exc).splitlines()[0])
+    near = str(error.get("highlight") or "").strip()
+    missing = re.match(r"Required keyword: '\w+' missing for <class '[\w.]*?(\w+)'>",
+                       description)
+    if missing:
+        what = f"{missing[1].upper()} is incomplete"
+    elif description.startswith("Invalid expression / Unexpected token"):
+        what = f"unexpected {near!r}" if near else "unexpected text"
+    else:
+        what = description.rstrip(".")
+    where = f" (line {error['line']}, column {error['col']}" if error.get("line") else " ("
+    return f"{what}{where}{', near ' + repr(near) if near else ''})".replace(" ()", "")
 
 
 def _resolve_tables(name: str, tree: exp.Expr, captured: Sequence[TableId],
