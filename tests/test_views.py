@@ -169,7 +169,8 @@ def test_views_are_classified_with_the_reason() -> None:
      ["customer_id"], None),  # allowed: a key may be part of the grouping (checked when run)
     ("SELECT o.sku, count(*) AS n FROM orders o GROUP BY o.sku, o.customer_id", ["n"],
      "aggregate"),
-    ("SELEC o.id FROM orders o", ["id"], "does not parse: unexpected '.' (line 1, column 8, near '.')"),
+    ("SELEC o.id FROM orders o", ["id"],
+     "does not parse: unexpected '.' (line 1, column 8, near '.')"),
     ("SELECT o.id, count(*) AS n FROM orders o GROUP BY o.id HAVING", ["id"],
      "HAVING is incomplete (line 1, column 61, near 'HAVING')"),
     ("SELECT o.id FROM orders o WHERE o.id > extract(epoch from now())", ["id"],
