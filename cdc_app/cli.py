@@ -48,6 +48,10 @@ def friendly_errors(func: F) -> F:
                               markup=True)
             if exc.fix:
                 err_console.print(f"  [bold]fix:[/] {escape(exc.fix)}", highlight=False)
+                given = kwargs.get("config_path") or _given_config()
+                if given and "`cdc " in exc.fix and "--config" not in exc.fix:
+                    err_console.print(f"  (give that command --config {escape(given)}, as "
+                                      "this one was given)", highlight=False)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             err_console.print("interrupted")
@@ -67,13 +71,15 @@ def _remember_config(ctx: click.Context, _param: click.Parameter, value: str | N
         ctx.meta[_GLOBAL_CONFIG] = value
 
 
+def _given_config() -> str | None:
+    """The config path given before the command (``cdc --config F <command>``), if any."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(_GLOBAL_CONFIG) if ctx is not None else None
+
+
 def _load(config_path: str | None) -> Config:
     """The config the command was given (``--config`` after the command, else before it)."""
-    if config_path is None:
-        ctx = click.get_current_context(silent=True)
-        if ctx is not None:
-            config_path = ctx.meta.get(_GLOBAL_CONFIG)
-    return load_config(config_path)
+    return load_config(config_path or _given_config())
 
 
 #: commands that handle SIGTERM themselves (drain and exit 0)

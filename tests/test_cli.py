@@ -187,3 +187,12 @@ def test_the_config_may_come_before_the_command(project: Path) -> None:
     listed = cdc("--config", "bad.yaml", "check-config", cwd=project)
     assert listed.returncode == 2
     assert "e.g. [a, b]" in listed.stderr
+    # a fix that names another command reminds of the config this one was given
+    (project / "empty.yaml").write_text("log: {path: ./nothing/log}\n")
+    for args in (("log", "stats", "-c", "empty.yaml"), ("-c", "empty.yaml", "log", "stats")):
+        missing = cdc(*args, cwd=project)
+        assert missing.returncode == 1 and "`cdc bootstrap`" in missing.stderr, missing.stderr
+        assert "give that command --config empty.yaml" in missing.stderr
+    (elsewhere / "cdc.yaml").write_text("log: {path: ./nothing/log}\n")  # the default config
+    plain = cdc("log", "stats", cwd=elsewhere)
+    assert "`cdc bootstrap`" in plain.stderr and "give that command" not in plain.stderr
