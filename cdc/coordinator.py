@@ -130,6 +130,7 @@ def bootstrap(config: Config, source_config: SourceConfig, writer: ChangeLogWrit
     connector = connector or connector_for(source_config)
     writer = writer.for_source(source_config.name)  # fences a capture still writing for it
     report = BootstrapReport(source_config.name)
+    observer.state(source_config.name, "snapshotting")
     started = time.monotonic()
     columns = source_config.column_policies()  # a missing hash key is refused first
     with connector.snapshot(codec) as snap:
@@ -442,6 +443,8 @@ class StreamRunner:
         self._status("streaming")
 
     def _status(self, state: str, force: bool = False) -> None:
+        self.observer.state(self.name, state,
+                            self.last_error or "" if state == "reconnecting" else "")
         last = self.last_offset
         self.status.update(state, self.dispatcher.stats.events, force=force,
                            last_position=last.describe() if last else None,

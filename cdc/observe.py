@@ -36,6 +36,11 @@ class CaptureObserver:
     def error(self, source: str, kind: str) -> None:
         """A failure of kind ``kind`` (its exception class) interrupted ``source``."""
 
+    def state(self, source: str, state: str, detail: str = "") -> None:
+        """``source`` is now ``state``: ``snapshotting`` (its bootstrap copies the tables),
+        ``streaming``, ``reconnecting`` (``detail``: the error that interrupted it) or
+        ``stopped``. Called at every flush too: it must be cheap."""
+
     def snapshot_progress(self, source: str, table: str, rows: int,
                           estimated: int | None) -> None:
         """The snapshot of ``table`` has copied ``rows`` of about ``estimated``."""

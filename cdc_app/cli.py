@@ -26,7 +26,9 @@ from rich.table import Table
 from cdc import __version__
 from cdc.config import Config, load_config
 from cdc.errors import CdcError
+from cdc_app import logs
 from cdc_app.console import make_console
+from cdc_app.logs import FORMATS, LEVELS
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: where ``cdc --config F <command>`` keeps F (``ctx.meta`` is shared by the whole invocation)
@@ -98,14 +100,22 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 @click.option("--config", "-c", type=click.Path(dir_okay=False), default=None,
               expose_value=False, callback=_remember_config,
               help="YAML config file for the command (it may also follow the command).")
+@click.option("--log-level", type=click.Choice(LEVELS), envvar="CDC_LOG_LEVEL", default=None,
+              help="Log records at this level and above (default: info for capture and "
+                   "apply, warning otherwise; $CDC_LOG_LEVEL).")
+@click.option("--log-format", type=click.Choice(FORMATS), envvar="CDC_LOG_FORMAT",
+              default="text", show_default=True,
+              help="text, or json: one object per line (time, level, logger, message); "
+                   "$CDC_LOG_FORMAT.")
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True,
               callback=_print_version,
               help="Show the version and which compiled fast paths are in use, and exit.")
 @click.pass_context
-def main(ctx: click.Context) -> None:
+def main(ctx: click.Context, log_level: str | None, log_format: str) -> None:
     """Change data capture: database logs into a compacted change log, folded into followers."""
     from cdc_app.fastpaths import missing_warning
 
+    logs.setup(log_level, log_format, daemon=ctx.invoked_subcommand in DAEMONS)
     if ctx.invoked_subcommand not in DAEMONS:
         shutdown.release()
     warning = missing_warning()
@@ -407,10 +417,7 @@ source_option = click.option("--source", "sources", multiple=True,
 
 
 def _setup_logging() -> None:
-    import logging
-
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(message)s")
+    logs.daemon_level()
 
 
 def _capture_metrics(config: Config, sources: list[Any], port: int | None) -> Any:

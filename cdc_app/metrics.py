@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +27,8 @@ from prometheus_client import (
     Gauge,
     Histogram,
     disable_created_metrics,
-    start_http_server,
 )
+from prometheus_client.exposition import choose_encoder
 
 from cdc.config import Config, SourceConfig
 from cdc.errors import CdcError
@@ -66,13 +67,78 @@ def position_number(data: Mapping[str, Any] | SourceOffset | None) -> float | No
     return float(order[0] * 2**32 + order[1])
 
 
-def serve(port: int, address: str, registry: CollectorRegistry, option: str) -> Any:
-    """Serve ``registry`` on ``address:port`` in a daemon thread; the server (``shutdown()``
-    stops it). A port that cannot be had is a :class:`MetricsError` naming it and the fix
-    (``option``: how the user chose the port)."""
+class Health:
+    """What ``/healthz`` and ``/readyz`` say. ``/healthz``: the daemon is alive (it answers).
+    ``/readyz``: every part (a source of capture, a follower of apply) is in a state of
+    :data:`READY` — streaming, applying — and not starting, snapshotting, reconnecting, waiting
+    for an unreachable log or follower, or failed. Parts report their states from any thread."""
+
+    #: the states in which a part is ready
+    READY = frozenset({"streaming", "applying"})
+
+    def __init__(self, parts: Iterable[str]) -> None:
+        self._lock = threading.Lock()
+        self._states: dict[str, tuple[str, str]] = dict.fromkeys(parts, ("starting", ""))
+
+    def set(self, part: str, state: str, detail: str = "") -> None:
+        with self._lock:
+            self._states[part] = (state, detail)
+
+    def state(self, part: str) -> str:
+        with self._lock:
+            return self._states.get(part, ("unknown", ""))[0]
+
+    def report(self) -> tuple[bool, str]:
+        """(ready, one line per part: ``<part>: <state>[ (<detail>)]``)."""
+        with self._lock:
+            states = dict(self._states)
+        lines = [f"{part}: {state}" + (f" ({detail})" if detail else "")
+                 for part, (state, detail) in states.items()]
+        return bool(states) and all(s in self.READY for s, _ in states.values()), \
+            "\n".join(lines)
+
+
+def _handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+                self._answer(200, encoder(registry), content_type)
+            elif path == "/healthz":
+                self._answer(200, b"alive\n")
+            elif path == "/readyz":
+                ready, text = health.report()
+                heading = "ready" if ready else "not ready"
+                self._answer(200 if ready else 503, f"{heading}\n{text}\n".encode())
+            else:
+                self._answer(404, b"not found: /metrics, /healthz and /readyz are served\n")
+
+        def _answer(self, code: int, body: bytes,
+                    content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - its signature
+            return None  # a scrape is not news
+    return Handler
+
+
+def serve(port: int, address: str, registry: CollectorRegistry, option: str,
+          health: Health | None = None) -> Any:
+    """Serve ``registry`` (``/metrics``) and ``health`` (``/healthz``, ``/readyz``) on
+    ``address:port`` in a daemon thread; the server (``shutdown()`` stops it). A port that
+    cannot be had is a :class:`MetricsError` naming it and the fix (``option``: how the user
+    chose the port)."""
     disable_created_metrics()  # type: ignore[no-untyped-call]  # no ``_created`` series
     try:
-        server, _ = start_http_server(port, addr=address, registry=registry)
+        server = ThreadingHTTPServer((address, port), _handler(registry, health or Health([])))
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="cdc-metrics-http",
+                         daemon=True).start()
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise MetricsError(
@@ -213,6 +279,7 @@ class CaptureMetrics(CaptureObserver):
                                         "of a table is expected to copy (the exact count "
                                         "once done)", ["source", "table"], registry=registry)
         self.log = LogMetrics(config, registry)
+        self.health = Health(f"source {source.name}" for source in self.sources)
         self._durable: dict[str, SourceOffset] = {}
         self._durable_mono: dict[str, float] = {}
         started = time.monotonic()
@@ -280,9 +347,12 @@ class CaptureMetrics(CaptureObserver):
                 if value is not None:
                     gauge.labels(source.name).set(float(value))
 
+    def state(self, source: str, state: str, detail: str = "") -> None:
+        self.health.set(f"source {source}", state, detail)
+
     def start(self, port: int, option: str) -> Any:
         """Serve on ``port`` and start polling; the server."""
-        server = serve(port, self.config.metrics.address, self.registry, option)
+        server = serve(port, self.config.metrics.address, self.registry, option, self.health)
         self._poller = Poller(self.config.metrics.poll_interval,
                               [self.poll_sources, self.log.poll],
                               lambda kind: self.error("", f"poll:{kind}")).start()
@@ -334,6 +404,7 @@ class ApplyMetrics:
         self.restarts = Counter("cdc_apply_restarts", "Queries restarted after a transient "
                                 "failure of Spark's plumbing", labels, registry=registry)
         self.log = LogMetrics(config, registry)
+        self.health = Health(f"follower {name}" for name in self.names)
         self._marks: dict[tuple[str, str], float] = {}
         for name in self.names:
             self.batches.labels(name)
@@ -371,6 +442,12 @@ class ApplyMetrics:
 
     def restarted(self, follower: str) -> None:
         self.restarts.labels(follower).inc()
+        self.state(follower, "restarting")
+
+    def state(self, follower: str, state: str, detail: str = "") -> None:
+        """Follower ``follower`` is now ``state`` (``starting``, ``applying``, ``restarting``,
+        ``waiting`` for an unreachable log or follower, ``failed``)."""
+        self.health.set(f"follower {follower}", state, detail)
 
     # -- what is polled --------------------------------------------------------------------
     def poll_lag(self) -> None:
@@ -387,7 +464,7 @@ class ApplyMetrics:
             self.lag_records.labels(name).set(behind)
 
     def start(self, port: int, option: str) -> Any:
-        server = serve(port, self.config.metrics.address, self.registry, option)
+        server = serve(port, self.config.metrics.address, self.registry, option, self.health)
         self._poller = Poller(self.config.metrics.poll_interval, [self.poll_lag],
                               lambda kind: self.error("", f"poll:{kind}")).start()
         return server

@@ -534,6 +534,7 @@ class ApplyJob:
                 self._raise_failures(restart=True)
                 if not any(q.isActive for q in self.queries.values()):
                     break
+                self._report_states()
                 self._await_any(refresh)
                 self.write_status()
                 if live is not None:
@@ -548,6 +549,17 @@ class ApplyJob:
                 live.stop()
                 if not console.is_terminal:
                     console.line()  # rich leaves the last line of a non-terminal Live open
+
+    def _report_states(self) -> None:
+        """Tell each follower's observer whether its query is still starting (Spark
+        initialising its sources) or applying (waiting for data, or processing it)."""
+        for name, query in list(self.queries.items()):
+            observer = self.progress[name].observer
+            if observer is None or not query.isActive:
+                continue
+            message = str(query.status.get("message", ""))
+            observer.state(name, "starting" if message.startswith("Initializing")
+                           else "applying")
 
     def _await_any(self, timeout: float) -> None:
         """Up to ``timeout`` seconds, or until a query ends (waited for in the JVM, so ``--once``
@@ -623,6 +635,8 @@ class ApplyJob:
         with the error once the others are done."""
         self.queries.pop(name)
         self.failed_views[name] = error
+        if self.progress[name].observer is not None:
+            self.progress[name].observer.state(name, "failed", error.problem)
         log.error("view %s stopped: %s (fix: %s); the other followers and views go on",
                   name, error.problem, error.fix)
 

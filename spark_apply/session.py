@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from cdc.errors import CdcError
-from cdc.jvm import SETUP_FIX, class_archive_key, jars_dir, jars_ready, jvm_options
+from cdc.jvm import (
+    SETUP_FIX,
+    class_archive_key,
+    jars_dir,
+    jars_ready,
+    jvm_options,
+    stderr_through_logging,
+)
 from cdc.status import pid_alive
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -314,7 +321,8 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with stderr_through_logging():  # the JVM's log4j lines and warnings: our logging's
+        spark = builder.getOrCreate()
     try:
         check_spark_version(spark.version, jars)
     except CdcError:

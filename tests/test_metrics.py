@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -64,6 +65,17 @@ def daemon(args: list[str], log_file: Path) -> subprocess.Popen[bytes]:
     return process
 
 
+def health(port: int, path: str) -> tuple[int, str]:
+    """(status, body) of ``/healthz`` or ``/readyz``."""
+    import urllib.error
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode()
+
+
 def try_scrape(port: int) -> Samples | None:
     try:
         return scrape(port)
@@ -80,12 +92,12 @@ SOURCES = {"sources": [{"name": "shop", "kind": "postgres", "dsn": "postgresql:/
 def test_metrics_config_defaults_and_errors() -> None:
     config = parse_config(SOURCES, Path("/srv"))
     assert config.metrics.capture_port is None and config.metrics.apply_port is None
-    config = parse_config({**SOURCES, "metrics": {"capture_port": 9187, "apply_port": 9188,
+    config = parse_config({**SOURCES, "metrics": {"capture_port": 8791, "apply_port": 8792,
                                                   "poll_interval": "2s"}}, Path("/srv"))
-    assert (config.metrics.capture_port, config.metrics.poll_interval) == (9187, 2.0)
+    assert (config.metrics.capture_port, config.metrics.poll_interval) == (8791, 2.0)
     for metrics, message in [
         ({"capture_port": 70000}, "metrics.capture_port: Input should be less than or equal"),
-        ({"capture_port": 9187, "apply_port": 9187}, "capture and apply each serve their own"),
+        ({"capture_port": 8791, "apply_port": 8791}, "capture and apply each serve their own"),
         ({"address": "localhost:80"}, "is not an IP address"),
         ({"capture_prot": 1}, "did you mean 'capture_port'?"),
         ({"poll_interval": "never"}, "metrics.poll_interval"),
@@ -196,6 +208,27 @@ def test_capture_metrics_move_under_load_and_status_shows_everything(
     wait_caught_up(pg_db, tmp_path / "log")
     wait_for(lambda: value(scrape(port), "cdc_capture_source_lag_seconds",
                            source=pg_db.source) == 0, 30, "the lag to drop to 0 when idle")
+
+    # /healthz and /readyz through the states: streaming, reconnecting (the database closed
+    # to connections and the stream cut), streaming again
+    assert health(port, "/healthz") == (200, "alive\n")
+    assert health(port, "/readyz") == (200, f"ready\nsource {pg_db.source}: streaming\n")
+    admin = pg_db.dsn().rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {pg_db.name} ALLOW_CONNECTIONS false")
+        try:
+            conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                         "WHERE slot_name = %s", (f"cdc_{pg_db.source}",))
+            wait_for(lambda: "not currently accepting connections" in health(
+                port, "/readyz")[1], 30, "/readyz to name the reconnecting's cause")
+            code, body = health(port, "/readyz")
+            assert code == 503, body
+            assert body.startswith(f"not ready\nsource {pg_db.source}: reconnecting ("), body
+            assert health(port, "/healthz")[0] == 200
+        finally:
+            conn.execute(f"ALTER DATABASE {pg_db.name} ALLOW_CONNECTIONS true")
+    wait_for(lambda: health(port, "/readyz")[0] == 200, 60, "/readyz to say 200 again")
+    assert health(port, "/nothing")[0] == 404
     capture.send_signal(signal.SIGTERM)
     assert capture.wait(30) == 0, (tmp_path / "capture.log").read_text()
 
@@ -220,7 +253,18 @@ def test_apply_metrics_follow_the_watermark(tmp_path: Path, redis_url: str) -> N
     follower = {"follower": "cache"}
     mark = {"follower": "cache", "source": "shop"}
     try:
+        def answers() -> bool:
+            try:
+                return health(port, "/healthz")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(answers, 120, "the endpoints to answer")
+        code, body = health(port, "/readyz")  # Spark is still starting (seconds)
+        assert (code, body) == (503, "not ready\nfollower cache: starting\n")
         wait_for(lambda: sink.watermark("shop") == {"lsn": 3000}, 300, "the first catch-up")
+        wait_for(lambda: health(port, "/readyz")[0] == 200, 30, "/readyz to say 200")
+        assert health(port, "/readyz")[1] == "ready\nfollower cache: applying\n"
         wait_for(lambda: value(scrape(port), "cdc_apply_lag_records", **follower) == 0, 30,
                  "the follower's lag in records to reach 0")
         first = scrape(port)

@@ -33,9 +33,15 @@ one GC thread) saves about a fifth of their CPU time; the test suite sets exactl
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
+import re
 import shlex
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 #: the environment variable read by :func:`jvm_options`
@@ -110,3 +116,61 @@ def jars_dir(name: str) -> Path:
 def jars_ready(folder: Path) -> bool:
     """Whether ``cdc setup`` finished filling ``folder``."""
     return (folder / COMPLETE).is_file()
+
+
+# ------------------------------------------------------------------- the JVM's own stderr
+
+#: set by the command line once its logging is set up (cdc_app/logs.py): a JVM started inside
+#: :func:`stderr_through_logging` then writes its stderr — log4j's console lines, the JVM's own
+#: warnings — into the ``jvm`` logger instead of the terminal
+LOG_JVM_STDERR = False
+#: ``<level> <logger>: <message>`` (the layout of spark_apply/log4j2.properties)
+_LOG4J_LINE = re.compile(r"^(TRACE|DEBUG|INFO|WARN|ERROR|FATAL) (\S+): (.*)$")
+_LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
+           "WARN": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+
+
+def _pump(read_fd: int, logger: logging.Logger) -> None:
+    """Each line read from ``read_fd`` as a record of ``logger``: a log4j line at its own
+    level (and logger name), a continuation (a stack trace's ``at``/``Caused by``) at the level
+    of the line before it, anything else (the JVM's own notes) a warning."""
+    level = logging.WARNING
+    with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            match = _LOG4J_LINE.match(text)
+            if match:
+                level = _LEVELS[match[1]]
+                logger.log(level, "%s: %s", match[2], match[3])
+            elif text[:1].isspace() or text.startswith("Caused by"):
+                logger.log(level, "%s", text)
+            else:
+                level = logging.WARNING
+                logger.log(level, "%s", text)
+
+
+@contextlib.contextmanager
+def stderr_through_logging(name: str = "jvm") -> Iterator[None]:
+    """While inside, a process started here (the Spark driver's JVM) gets a pipe as its stderr,
+    whose lines a daemon thread logs through logger ``name`` (see :func:`_pump`), for the
+    process's whole life; this process's own stderr is back as it was on leaving. A no-op
+    unless :data:`LOG_JVM_STDERR` (the command line's logging writes to its own copy of
+    stderr, so nothing it logs can come back through the pipe)."""
+    if not LOG_JVM_STDERR:
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    threading.Thread(target=_pump, args=(read_fd, logging.getLogger(name)),
+                     name="jvm-stderr", daemon=True).start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -66,6 +66,15 @@ def connect(source: SourceConfig, replication: bool = False,
         raise translate(source, exc, replication) from None
 
 
+#: what a connection attempt says when the server is away for a while (down, restarting, a
+#: failover, a database closed to connections, all slots of connections taken): capture waits
+#: and retries
+_TRANSIENT = ("connection refused", "could not translate host", "timeout expired",
+              "the database system is starting up", "the database system is shutting down",
+              "the database system is in recovery mode", "not currently accepting connections",
+              "too many clients already", "server closed the connection unexpectedly")
+
+
 def translate(source: SourceConfig, exc: Exception, replication: bool = False) -> SourceError:
     """A :class:`SourceError` for a failed connection, with the likely fix."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
@@ -74,8 +83,7 @@ def translate(source: SourceConfig, exc: Exception, replication: bool = False) -
     if "password authentication failed" in lower or "no password supplied" in lower:
         return SourceError(f"source {source.name!r}: authentication failed for {where}",
                            "check the password (password_env or ~/.pgpass) and the user name")
-    if "connection refused" in lower or "could not translate host" in lower or (
-            "timeout expired" in lower):
+    if any(sign in lower for sign in _TRANSIENT):
         return SourceUnavailable(
             f"source {source.name!r}: cannot reach PostgreSQL at {where} ({text})",
             "check that the server runs and the host/port in dsn are right")
