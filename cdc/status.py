@@ -138,6 +138,21 @@ def source_status(config: Config, source: SourceConfig,
 CheckpointReader = Callable[[Path], Mapping[str, Any] | None]
 
 
+def records_behind(config: Config, name: str, ends: Mapping[str, Mapping[int, int]],
+                   done: Mapping[str, Any] | None) -> tuple[int, int]:
+    """(records read, records past them) of follower ``name``'s topics: ``done`` is what its
+    checkpoint says its last finished batch read (``{"topics": {topic: {partition: next
+    offset}}}``, None: nothing), ``ends`` the log's end offsets per topic and partition."""
+    applied = (done or {}).get("topics", {})
+    read = behind = 0
+    for topic in config.follower_topics(name):
+        mine = applied.get(topic, {})
+        read += sum(int(v) for v in mine.values())
+        for partition, end in ends.get(topic, {}).items():
+            behind += max(0, end - int(mine.get(str(partition), 0)))
+    return read, behind
+
+
 def follower_status(config: Config, name: str, ends: Mapping[str, Mapping[int, int]],
                     checkpoint_offsets: CheckpointReader | None) -> dict[str, Any]:
     """One follower's (or view's) row of ``cdc status``: what its checkpoint says it has read,
@@ -147,13 +162,7 @@ def follower_status(config: Config, name: str, ends: Mapping[str, Mapping[int, i
     row: dict[str, Any] = {"follower": name, "kind": follower.kind,
                            "view": name in config.views, "checkpoint": str(checkpoint)}
     done = (checkpoint_offsets(checkpoint) if checkpoint_offsets else None) or {}
-    applied = done.get("topics", {})
-    read = behind = 0
-    for topic in config.follower_topics(name):
-        mine = applied.get(topic, {})
-        read += sum(int(v) for v in mine.values())
-        for partition, end in ends.get(topic, {}).items():
-            behind += max(0, end - int(mine.get(str(partition), 0)))
+    read, behind = records_behind(config, name, ends, done)
     row["records_read"] = read if checkpoint_offsets else None
     row["lag_records"] = behind if checkpoint_offsets else None
     live = read_status(config.log_path, name, follower_status_path(config.log_path, name))

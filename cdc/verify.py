@@ -52,6 +52,7 @@ from cdc.events import TableId
 from cdc.offsets import offset_order, offset_text
 from cdc.sink import Sink, row_text
 from cdc.source import Chunk, Leader, Target, connector_for
+from cdc.status import CheckpointReader, records_behind
 
 #: follower keys looked up on the leader per query
 EXTRA_BATCH = 1000
@@ -294,11 +295,27 @@ def _at(offset: Mapping[str, Any] | None, target: Target) -> bool:
     return bool(order) and order >= target.order
 
 
+def _unread(config: Config, follower: str, reader: Any, applied: CheckpointReader | None
+            ) -> int | None:
+    """Records of ``follower``'s topics in the log past what its last finished batch read
+    (None: unknown — no way to read its checkpoint)."""
+    if applied is None or reader is None:
+        return None
+    ends = {topic: reader.end_offsets(topic) for topic in config.follower_topics(follower)}
+    return records_behind(config, follower, ends,
+                          applied(config.follower_checkpoint(follower)))[1]
+
+
 def wait_for_follower(config: Config, sink: Sink, targets: Mapping[str, Target], timeout: float,
-                      console: Console, poll: float = 0.2) -> dict[str, str]:
-    """Block until ``sink``'s watermark of every source reaches its target; return the
-    watermarks reached (shown). :class:`VerifyTimeout` after ``timeout`` seconds, naming the
-    stage behind for each source that is late."""
+                      console: Console, poll: float = 0.2,
+                      applied: CheckpointReader | None = None) -> dict[str, str]:
+    """Block until ``sink`` holds every change of each source up to its target; return the
+    watermarks reached (shown). It does once its watermark reaches the target, or — with
+    ``applied``, the reader of its checkpoint, for a follower applied in batches (``cdc apply
+    --once``) — once the log has reached the target and no record of the follower's tables is
+    past its last finished batch: later records are the source's heartbeats only, which move
+    the log but change none of its rows. :class:`VerifyTimeout` after ``timeout`` seconds,
+    naming the stage behind for each source that is late."""
     from cdc.log.open import open_reader
 
     reader = open_reader(config, missing_ok=True)
@@ -309,6 +326,9 @@ def wait_for_follower(config: Config, sink: Sink, targets: Mapping[str, Target],
             logged = {s: offsets.get(s) for s in targets}
             marks = {s: sink.watermark(s) for s in targets}
             late = [s for s, target in targets.items() if not _at(marks[s], target)]
+            if late and all(_at(logged[s], targets[s]) for s in late) and \
+                    _unread(config, sink.name, reader, applied) == 0:
+                late = []  # the log's offsets were read first: nothing of it is unapplied
             if not late:
                 return {s: offset_text(marks[s]) for s in targets}
             left = deadline - time.monotonic()
@@ -317,14 +337,15 @@ def wait_for_follower(config: Config, sink: Sink, targets: Mapping[str, Target],
                 f"follower {offset_text(marks[s])}" for s in targets)
                 + f" ({max(left, 0):.0f} s left)")
             if left <= 0:
-                raise _timeout(sink.name, targets, logged, marks, late, timeout)
+                raise _timeout(sink.name, targets, logged, marks, late, timeout,
+                               _unread(config, sink.name, reader, applied))
             time.sleep(poll)
 
 
 def _timeout(follower: str, targets: Mapping[str, Target],
              logged: Mapping[str, Mapping[str, Any] | None],
              marks: Mapping[str, Mapping[str, Any] | None], late: list[str],
-             timeout: float) -> VerifyTimeout:
+             timeout: float, unread: int | None = None) -> VerifyTimeout:
     capture = [s for s in late if not _at(logged[s], targets[s])]
     apply = [s for s in late if s not in capture]
     lines = [f"source {s}: target {targets[s].text}, log {offset_text(logged[s])}, "
@@ -336,9 +357,12 @@ def _timeout(follower: str, targets: Mapping[str, Target],
                "source may need a longer --timeout")
     else:
         stage = (f"apply is behind: the log reached the target but follower {follower}'s "
-                 f"watermark did not within {timeout:g} s")
-        fix = (f"start `cdc apply --follower {follower}` (or let it catch up), then run verify "
-               "again; a large backlog may need a longer --timeout")
+                 f"watermark did not within {timeout:g} s"
+                 + (f" ({unread:,} record(s) of its tables are past its last finished batch)"
+                    if unread else ""))
+        fix = (f"`cdc apply --follower {follower}` must run: start it, or run `cdc apply "
+               f"--once --follower {follower}` again; then run verify again (a large backlog "
+               "may need a longer --timeout)")
     if capture and apply:
         stage += f"; apply is behind too for {', '.join(apply)}"
     return VerifyTimeout(stage + "\n  " + "\n  ".join(lines), fix)
@@ -398,8 +422,10 @@ def _extras(leader: Leader, result: TableResult, keys: list[str], limit: int) ->
 
 
 def verify(config: Config, follower: str, sink: Sink, console: Console, *, timeout: float,
-           chunk_size: int = 1000, limit: int = 20) -> VerifyReport:
-    """All three stages for ``follower`` (whose storage is ``sink``)."""
+           chunk_size: int = 1000, limit: int = 20,
+           applied: CheckpointReader | None = None) -> VerifyReport:
+    """All three stages for ``follower`` (whose storage is ``sink``; ``applied`` reads its
+    checkpoint: see :func:`wait_for_follower`)."""
     if chunk_size < 1:
         raise CdcError(f"--chunk-size must be at least 1 (got {chunk_size})",
                        "e.g. --chunk-size 1000")
@@ -409,7 +435,7 @@ def verify(config: Config, follower: str, sink: Sink, console: Console, *, timeo
     try:
         targets = {name: leader.target() for name, leader in leaders.items()}
         began = time.monotonic()
-        reached = wait_for_follower(config, sink, targets, timeout, console)
+        reached = wait_for_follower(config, sink, targets, timeout, console, applied=applied)
         report.waited_seconds = time.monotonic() - began
         report.targets = {s: (targets[s], reached[s]) for s in targets}
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

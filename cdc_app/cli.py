@@ -801,11 +801,13 @@ def verify_cmd(config_path: str | None, follower: str | None, view: str | None, 
         sys.exit(_verify_view(config, view, follower, seconds, chunk_size, max(limit, 0)))
     if follower is None:
         raise CdcError("no follower given", "pass --follower NAME (or --view NAME)")
+    from spark_apply.checkpoint import resume_offsets
+
     sink = open_sink(config, follower)
     console = make_console()
     try:
         report = verify(config, follower, sink, console, timeout=seconds,
-                        chunk_size=chunk_size, limit=max(limit, 0))
+                        chunk_size=chunk_size, limit=max(limit, 0), applied=resume_offsets)
     finally:
         sink.close()
     print_report(report, console, max(limit, 0))

@@ -34,6 +34,7 @@ from cdc.config import Config, SourceConfig
 from cdc.errors import CdcError
 from cdc.observe import CaptureObserver
 from cdc.offsets import SourceOffset, offset_order
+from cdc.status import records_behind
 from cdc.transactions import is_transaction_topic, transaction_topic
 
 if TYPE_CHECKING:
@@ -454,14 +455,8 @@ class ApplyMetrics:
         self.log.poll()
         ends = self.log.end_offsets
         for name in self.names:
-            done = self.checkpoint_offsets(self.config.follower_checkpoint(name)) or {}
-            applied = done.get("topics", {})
-            behind = 0
-            for topic in self.config.follower_topics(name):
-                mine = applied.get(topic, {})
-                for partition, end in ends.get(topic, {}).items():
-                    behind += max(0, end - int(mine.get(str(partition), 0)))
-            self.lag_records.labels(name).set(behind)
+            done = self.checkpoint_offsets(self.config.follower_checkpoint(name))
+            self.lag_records.labels(name).set(records_behind(self.config, name, ends, done)[1])
 
     def start(self, port: int, option: str) -> Any:
         server = serve(port, self.config.metrics.address, self.registry, option, self.health)

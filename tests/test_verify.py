@@ -191,8 +191,11 @@ def test_verify_equal_then_names_what_was_changed_in_redis(pg_db: Database, tmp_
     print(f"\nverify end to end: {time.monotonic() - started:.1f} s")
 
 
-def test_verify_names_the_stage_that_is_behind(pg_db: Database, tmp_path: Path,
-                                               redis_url: str) -> None:
+def test_verify_names_the_stage_that_is_behind_and_passes_after_apply_once(
+        pg_db: Database, tmp_path: Path, redis_url: str, spark: Any) -> None:
+    from tests.pgkit import wait_caught_up
+    from tests.sparkkit import apply_once
+
     config = _setup(pg_db, tmp_path, redis_url)
     # no capture: the log cannot reach verify's heartbeat
     result = _verify(config, "--timeout", "2s")
@@ -204,6 +207,20 @@ def test_verify_names_the_stage_that_is_behind(pg_db: Database, tmp_path: Path,
         assert result.returncode == 3, output(result)
         assert "apply is behind" in result.stderr
         assert "cdc apply --follower cache" in result.stderr
+        # the batch way: `cdc apply --once`, capture still running. Verify's own heartbeat
+        # moves the log past the follower's watermark, yet nothing of its tables came after
+        # its last batch: it is current
+        apply_once(config, "cache")
+        after_once = _verify(config, "--timeout", "30s")
+        assert after_once.returncode == 0, output(after_once)
+        assert "follower equals the leader" in after_once.stdout
+        pg_db.execute("UPDATE items SET v = v + 1 WHERE id <= 3")  # now it is behind
+        wait_caught_up(pg_db, tmp_path / "log")
+        behind = _verify(config, "--timeout", "3s")
+        assert behind.returncode == 3, output(behind)
+        said = " ".join(behind.stderr.split())  # unwrapped
+        assert "3 record(s) of its tables are past its last finished batch" in said
+        assert "cdc apply --once --follower cache" in said
     finally:
         capture_code = capture.terminate()
     assert capture_code == 0, (tmp_path / "capture.log").read_text()
