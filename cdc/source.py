@@ -444,6 +444,14 @@ class Connector(ABC):
     def leader(self) -> Leader:
         """The leader as ``cdc verify`` reads it (connected; close it when done)."""
 
+    def drop(self, stored: SourceOffset | None) -> list[str]:
+        """Remove what capture keeps on the source's server for this log (``cdc source drop``)
+        and name what went. Only what this log made goes — ``stored`` is the log's offset of
+        the source (None: it never bootstrapped it); another tool's slot is refused, naming
+        it — and nothing while a capture streams from the server (refused with the fix).
+        Nothing by default: a kind that keeps nothing on the server."""
+        return []
+
     def preflight(self, stored: SourceOffset | None, log_read: bool = True) -> Part:
         """What ``cdc check-config --connect`` asks of this source, creating nothing (the
         contract of :mod:`cdc.preflight`): the server reached and its version, its settings for

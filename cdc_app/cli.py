@@ -710,6 +710,72 @@ def demo(directory: str, seconds: float, source: str, log_only: bool, rows: int)
     run_db_demo(directory, seconds, source)
 
 
+@main.group("source")
+def source_group() -> None:
+    """A source's state outside the config: its slot, publication, position and topics."""
+
+
+@source_group.command("drop")
+@config_option
+@click.argument("name")
+@click.option("--topics", "with_topics", is_flag=True,
+              help="Also delete the source's topics from the log (its tables' records and "
+                   "its transaction topic): followers that read them must be rebuilt or "
+                   "dropped.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@friendly_errors
+def source_drop_cmd(config_path: str | None, name: str, with_topics: bool, yes: bool) -> None:
+    """Remove source NAME's replication slot and publication (PostgreSQL) and forget its
+    position in the log, so nothing of it holds WAL or binlogs any more; with --topics, its
+    topics too. Refused while its capture runs, and for a slot this log did not create."""
+    from cdc.coordinator import open_log
+    from cdc.log.open import open_reader
+    from cdc.source import connector_for
+    from cdc.status import read_status
+
+    config = _load(config_path)
+    source = config.source(name)
+    live = read_status(config.log_path, name)
+    if live and live["running"]:
+        raise CdcError(f"source {name}: its capture is running (pid {live['pid']})",
+                       f"stop `cdc capture` of {name} first (SIGTERM drains it)")
+    probe = open_reader(config, missing_ok=True)
+    if probe is not None:
+        probe.close()
+    else:
+        raise CdcError(f"source {name}: the log at {config.log_path} holds nothing, so "
+                       "nothing of the source is this log's to drop",
+                       "check log.* in the config; a slot another log made is dropped by hand "
+                       "(SELECT pg_drop_replication_slot('<slot>'))")
+    root, _ = open_log(config)  # a local log refuses a second writer: capture holds it
+    try:
+        data = root.source_offsets().get(name)
+        connector = connector_for(source)
+        stored = connector.load_offset(data) if data else None
+        topics = [t.name for t in root.topics() if t.name.startswith(f"{name}.")]
+        doing = ["its slot and publication" if source.kind == "postgres" else None,
+                 "its position in the log" if data else None,
+                 f"{len(topics)} topic(s)" if with_topics and topics else None]
+        what = ", ".join(d for d in doing if d) or "nothing of it is kept"
+        if not yes and (not sys.stdin.isatty()
+                        or not click.confirm(f"drop source {name}: {what}?", err=True)):
+            raise CdcError(f"not confirmed: nothing was dropped (it would drop {what})",
+                           "answer y, or pass --yes (needed when stdin is not a terminal)")
+        console = make_console()
+        for dropped in connector.drop(stored):
+            console.print(f"dropped {dropped}", highlight=False)
+        writer = root.for_source(name)  # fences a capture of it elsewhere (Kafka)
+        if data:
+            writer.append([], source_offsets={name: None})
+            console.print(f"forgot its position ({stored.describe() if stored else '?'}): "
+                          f"`cdc bootstrap --source {name}` starts it over", highlight=False)
+        for topic in topics if with_topics else []:
+            writer.drop_topic(topic)
+            console.print(f"deleted topic {topic}", highlight=False)
+    finally:
+        root.close()
+
+
 @main.group("warehouse")
 def warehouse_group() -> None:
     """Maintain a Delta warehouse follower's tables (kind: delta)."""

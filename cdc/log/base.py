@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from cdc.errors import LogError
+
 #: the key, in a source offset stored in the log, of that source's *cut*: ``{topic: {"<p>":
 #: next offset}}`` for every partition of every topic of the source, as of the end of the last
 #: whole source transaction (or snapshot chunk) in the log. Everything before a cut is complete.
@@ -250,6 +252,13 @@ class ChangeLogWriter(ChangeLogReader):
         returned) and the source offsets to commit instead of ``source_offsets`` (``None``:
         keep them). Transaction END events use it to say where their transaction ends.
         """
+
+    def drop_topic(self, topic: str) -> None:
+        """Remove ``topic`` and every record of it (``cdc source drop --topics``); nothing
+        when there is no such topic. Irreversible: a follower that read it must be rebuilt or
+        dropped, a reader in the middle of it fails."""
+        raise LogError(f"this log ({type(self).__name__}) cannot drop topics",
+                       "delete them with the log's own tools")
 
     def for_source(self, source: str) -> ChangeLogWriter:
         """The writer to use for ``source``'s appends. Where the backend has writers per source

@@ -399,7 +399,9 @@ class KafkaChangeLogReader(ChangeLogReader):
             for record in self._consume(topic, 0, snap.next_offset, end):
                 key = record.key().decode()
                 value = record.value()
-                if value is None:
+                if value is None:  # a dropped topic's description (cdc source drop --topics)
+                    if key.startswith("topic:"):
+                        snap.topics.pop(key[6:], None)
                     continue
                 data = json.loads(value)
                 if key == FORMAT_KEY.decode():
@@ -799,7 +801,25 @@ class KafkaChangeLog(KafkaChangeLogReader, ChangeLogWriter):
             self._unresolved = False
         return self._producer
 
-    def _transaction(self, messages: Sequence[tuple[str, bytes, bytes]]) -> None:
+    def drop_topic(self, topic: str) -> None:
+        data = self._refresh().topics.get(topic)
+        if data is None:
+            return
+        name = str(data["kafka"])
+        # the description first: readers stop seeing the topic before it goes
+        self._transaction([(self.config.offsets_topic, f"topic:{topic}".encode(), None)])
+        try:
+            self._admin.delete_topics([name], operation_timeout=TIMEOUT)[name].result(
+                timeout=TIMEOUT)
+        except (KafkaException, FutureTimeout) as exc:
+            error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+            if not (isinstance(error, KafkaError)
+                    and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                raise kafka_error(f"deleting topic {name}", error or "no answer within "
+                                  f"{TIMEOUT:.0f} s", self.where) from None
+        self._refresh()
+
+    def _transaction(self, messages: Sequence[tuple[str, bytes, bytes | None]]) -> None:
         """Commit a few messages to internal topics in one transaction."""
         with self._mutex:
             producer = self._open_producer()

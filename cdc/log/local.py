@@ -545,6 +545,19 @@ class LocalChangeLog(LocalChangeLogReader, ChangeLogWriter):
                 raise storage_error(f"create topic {topic}", exc) from None
             return info
 
+    def drop_topic(self, topic: str) -> None:
+        with self._mutex:
+            state = self.state()
+            if topic not in state.topics:
+                return
+            new = copy.deepcopy(state)
+            del new.topics[topic]
+            try:
+                self._commit(new)  # readers stop seeing it here; its files go next
+                shutil.rmtree(topic_dir(self.path, topic), ignore_errors=True)
+            except OSError as exc:
+                raise storage_error(f"drop topic {topic}", exc) from None
+
     # -- appending ---------------------------------------------------------------------------
     def append(self, records: Sequence[Record],
                source_offsets: Mapping[str, Any] | None = None,

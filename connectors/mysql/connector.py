@@ -126,6 +126,23 @@ class MySqlConnector(Connector):
             warnings.extend(purge_warnings(self.my_config, files, stored, expiring))
         return ServerStatus(fields, warnings)
 
+    def drop(self, stored: SourceOffset | None) -> list[str]:
+        """Nothing to remove: a MariaDB server keeps no state for a binlog reader. Refused
+        while a replica with this source's server_id is connected (its capture, running)."""
+        replica = self.my_config.replica_id
+        conn = connect(self.my_config)
+        try:
+            hosts = query(conn, "SHOW SLAVE HOSTS")
+        except pymysql.err.MySQLError:
+            hosts = []  # not allowed to look: the log's writer refuses a running capture
+        finally:
+            conn.close()
+        if any(int(row[0]) == replica for row in hosts):
+            raise SourceError(f"source {self.name!r}: a replica with its server_id {replica} "
+                              "is connected: its capture is running",
+                              f"stop `cdc capture` of {self.name} first")
+        return []
+
     def preflight(self, stored: SourceOffset | None, log_read: bool = True) -> Part:
         from connectors.mysql.preflight import preflight_part
 

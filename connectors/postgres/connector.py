@@ -32,7 +32,7 @@ from cdc.source import (
 )
 from connectors.postgres import catalog
 from connectors.postgres.connection import SourceError, SourceUnavailable
-from connectors.postgres.replication import ReplicationError
+from connectors.postgres.replication import ReplicationError, quote_ident
 from connectors.postgres.settings import PostgresSourceConfig
 from connectors.postgres.snapshot import SnapshotSession
 from connectors.postgres.source import PostgresOffset, PostgresSource, PostgresStream
@@ -119,6 +119,32 @@ class PostgresConnector(Connector):
                              "position": fields.get("confirmed_lsn"),
                              "lag_bytes": fields.get("lag_bytes"),
                              "retained_bytes": fields.get("retained_bytes")}, warnings)
+
+    def drop(self, stored: SourceOffset | None) -> list[str]:
+        config = self.pg_config
+        slot, publication = config.slot_name, config.publication_name
+        ours = isinstance(stored, PostgresOffset) and stored.slot == slot
+        dropped = []
+        with PostgresSource(config).connect() as conn:
+            info = catalog.slot_info(conn, slot)
+            if info is not None and not ours:
+                raise SourceError(
+                    f"source {self.name!r}: replication slot {slot!r} was not created by this "
+                    "log (another tool's, or a log that is gone): cdc leaves it alone",
+                    "if nothing reads from it any more, drop it yourself: SELECT "
+                    f"pg_drop_replication_slot('{slot}')")
+            if info is not None and info.active:
+                raise SourceError(f"source {self.name!r}: slot {slot!r} is in use: a capture "
+                                  "streams from it", f"stop `cdc capture` of {self.name} first")
+            if info is not None:
+                catalog.drop_slot(conn, slot)
+                dropped.append(f"replication slot {slot}")
+            exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
+                                  (publication,)).fetchone()
+            if exists and isinstance(stored, PostgresOffset):
+                conn.execute(f"DROP PUBLICATION {quote_ident(publication)}")
+                dropped.append(f"publication {publication}")
+        return dropped
 
     def preflight(self, stored: SourceOffset | None, log_read: bool = True) -> Part:
         from connectors.postgres.preflight import preflight_part
