@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.kafkakit import kafka_yaml
 from cdc.status import read_status
+from tests.kafkakit import kafka_yaml
 from tests.pgkit import Capture, Database, cdc, output, wait_for, write_config
 
 pytestmark = [pytest.mark.timeout(600)]
