@@ -46,6 +46,12 @@ class LogUnavailable(LogError):
     next reads its source offsets, so a capture that retries resumes from what is durable."""
 
 
+class FollowerUnavailable(CdcError):
+    """A follower's server went away for a while (down, restarting, unreachable). Nothing of
+    the failed batch counts as applied: ``cdc apply`` waits, and resumes from its checkpoint
+    (the version gate makes rewriting what did land a no-op)."""
+
+
 class LogLockedError(LogError):
     """Another process holds the change log's writer lock."""
 

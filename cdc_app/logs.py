@@ -21,6 +21,9 @@ FORMATS = ("text", "json")
 _QUIET_IN_COMMANDS = ("cdc.kafka.client",)
 #: loggers whose INFO lines are another library's chatter
 _CHATTY = ("py4j", "urllib3", "sqlglot")
+#: loggers whose errors cdc reports itself, with the fix: py4j logs every exception a
+#: foreachBatch function raises, with its traceback, before the query fails with it
+_SILENT = ("py4j.clientserver", "py4j.java_gateway")
 
 _chosen_level: str | None = None
 _stream: TextIO | None = None
@@ -66,6 +69,8 @@ def setup(level: str | None, form: str, daemon: bool) -> None:
     root.setLevel((level or ("info" if daemon else "warning")).upper())
     for name in _CHATTY:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in _SILENT:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
     if not daemon and level is None:
         for name in _QUIET_IN_COMMANDS:
             logging.getLogger(name).setLevel(logging.CRITICAL)

@@ -404,6 +404,10 @@ class ApplyMetrics:
                               "(exception class)", ["follower", "kind"], registry=registry)
         self.restarts = Counter("cdc_apply_restarts", "Queries restarted after a transient "
                                 "failure of Spark's plumbing", labels, registry=registry)
+        self.waiting = Gauge("cdc_apply_waiting_seconds", "Seconds the follower has been "
+                             "waiting for an unreachable log or follower server (0: not "
+                             "waiting)", labels, registry=registry)
+        self._waiting_since: dict[str, float] = {}
         self.log = LogMetrics(config, registry)
         self.health = Health(f"follower {name}" for name in self.names)
         self._marks: dict[tuple[str, str], float] = {}
@@ -412,7 +416,15 @@ class ApplyMetrics:
             self.duration.labels(name)
             for outcome in ("written", "deleted", "skipped"):
                 self.rows.labels(name, outcome)
+            self.waiting.labels(name).set_function(self._waited(name))
         self._poller: Poller | None = None
+
+    def _waited(self, follower: str) -> Callable[[], float]:
+        """Read at each scrape: seconds since ``follower`` began waiting (0 when it is not)."""
+        def seconds() -> float:
+            since = self._waiting_since.get(follower)
+            return 0.0 if since is None else time.monotonic() - since
+        return seconds
 
     # -- the hooks (spark_apply/jobs.py) ---------------------------------------------------
     def batch(self, progress: Any, total: Any, seconds: float) -> None:
@@ -449,6 +461,10 @@ class ApplyMetrics:
         """Follower ``follower`` is now ``state`` (``starting``, ``applying``, ``restarting``,
         ``waiting`` for an unreachable log or follower, ``failed``)."""
         self.health.set(f"follower {follower}", state, detail)
+        if state == "waiting":
+            self._waiting_since.setdefault(follower, time.monotonic())
+        else:
+            self._waiting_since.pop(follower, None)
 
     # -- what is polled --------------------------------------------------------------------
     def poll_lag(self) -> None:

@@ -43,7 +43,7 @@ from typing import Any
 import redis
 
 from cdc.config import Config, FollowerConfig, Secret
-from cdc.errors import CdcError, check_format
+from cdc.errors import CdcError, FollowerUnavailable, check_format
 from cdc.events import TableId, split_topic
 from cdc.preflight import Step
 from cdc.sink import ApplyStats, Change, Sink, Topics, canonical_text, row_text
@@ -148,6 +148,10 @@ class RedisSinkError(CdcError):
     """The Redis follower cannot be reached or cannot hold a row."""
 
 
+class RedisUnavailable(RedisSinkError, FollowerUnavailable):
+    """Redis does not answer (down, restarting, unreachable): ``cdc apply`` waits for it."""
+
+
 def key_text(key_json: str) -> str:
     """``{key}`` of the template: the key columns' canonical texts in key order, joined by
     ``:`` (``{"a":1,"b":"x"}`` -> ``1:x``)."""
@@ -242,7 +246,7 @@ class RedisSink(Sink):
                                  "password", "correct the password in the follower's url"
                                  ) from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise RedisSinkError(f"follower {self.name}: cannot reach Redis at {self._url} "
+            raise RedisUnavailable(f"follower {self.name}: cannot reach Redis at {self._url} "
                                  f"({exc.__class__.__name__})",
                                  "start Redis there, or correct the follower's url") from None
         except redis.ResponseError as exc:

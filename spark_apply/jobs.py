@@ -23,6 +23,7 @@ running batch finish before stopping.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ from cdc.sink import Placement, Sink
 from cdc.transactions import is_transaction_topic
 from spark_apply.checkpoint import remove_torn_writes, resume_offsets
 from spark_apply.latency import LatencyHistogram, format_seconds
+from spark_apply.outages import OUTAGES, Waiting, outage_of, probe, ride_out
 from spark_apply.tasks import FollowerHandle, add_phases, open_target
 
 log = logging.getLogger(__name__)
@@ -419,6 +421,8 @@ class ApplyJob:
     restarts: dict[str, int] = field(default_factory=dict)
     #: views that stopped on their own error while the others went on
     failed_views: dict[str, CdcError] = field(default_factory=dict)
+    #: followers waiting out an unreachable log or follower (spark_apply/outages.py)
+    waiting: dict[str, Waiting] = field(default_factory=dict)
     #: per follower, its status file for ``cdc status`` (cdc/status.py)
     _status_files: dict[str, Any] = field(default_factory=dict)
     _spark: Any = None
@@ -429,8 +433,12 @@ class ApplyJob:
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @classmethod
-    def prepare(cls, config: Config, names: Sequence[str]) -> ApplyJob:
-        """Validate the followers, the log and every sink's connection; no Spark yet."""
+    def prepare(cls, config: Config, names: Sequence[str], stop: threading.Event | None = None,
+                observer: Any = None) -> ApplyJob:
+        """Validate the followers, the log and every sink's connection; no Spark yet. An
+        unreachable log or follower is waited for (:mod:`spark_apply.outages`) until ``stop``
+        is set."""
+        stop = stop or threading.Event()
         if not names:
             raise CdcError("no follower given",
                            "pass --follower NAME (one of the names under `followers:`)")
@@ -440,13 +448,13 @@ class ApplyJob:
             if not config.follower_sources(name):
                 raise CdcError(f"follower {name} follows no source: the config has no "
                                "`sources:`", "add the databases to capture under `sources:`")
-        check_log(config)
+        ride_out(lambda: check_log(config), stop, chosen, observer)
         sinks: dict[str, Sink] = {}
         try:
             for name in chosen:
                 sink = open_target(config, name)
                 sinks[name] = sink
-                sink.check()
+                ride_out(sink.check, stop, [name], observer)
             if any(reads_with_spark_kafka(config, name, sinks[name]) for name in chosen):
                 from spark_apply.session import require_spark_jars
 
@@ -455,7 +463,8 @@ class ApplyJob:
             for sink in sinks.values():
                 sink.close()
             raise
-        return cls(config, chosen, sinks, {name: FollowerProgress(name) for name in chosen})
+        return cls(config, chosen, sinks, {name: FollowerProgress(name) for name in chosen},
+                   stop=stop)
 
     def checkpoint(self, name: str) -> Path:
         return self.config.follower_checkpoint(name)
@@ -474,9 +483,59 @@ class ApplyJob:
         """Start one streaming query per follower."""
         self._spark, self._once = spark, once
         for name in self.names:
-            self.queries[name] = query = self._start_query(spark, name, once)
-            if len(self.names) > 1:
+            query = self._start_or_wait(name)
+            if query is not None and len(self.names) > 1:
                 _wait_initialized(query)
+
+    def _start_or_wait(self, name: str) -> Any:
+        """Start follower ``name``'s query; on an outage, put it among the waiting instead
+        (None). Spark's own wrapped failures become the CdcError inside, or an ApplyError
+        with its summary — never a traceback."""
+        try:
+            self.queries[name] = query = self._start_query(self._spark, name, self._once)
+            return query
+        except Exception as exc:  # noqa: BLE001 - sorted below: ours, an outage, Spark's
+            rebuilt = _task_error(exc) if not isinstance(exc, CdcError) else None
+            outage = outage_of(exc, rebuilt)
+            if outage is None:
+                if isinstance(exc, CdcError):
+                    raise
+                raise rebuilt or ApplyError(
+                    f"follower {name}: its streaming query did not start: "
+                    f"{failure_summary(str(exc))[:500]}",
+                    "fix the cause and run `cdc apply` again") from None
+            self._wait(name, outage)
+            return None
+
+    def _wait(self, name: str, outage: CdcError) -> None:
+        """Follower ``name`` waits out ``outage`` (a first one, or its query failed again)."""
+        self.queries.pop(name, None)
+        known = self.waiting.get(name)
+        if known is not None:
+            known.failed_again(outage)
+        else:
+            self.waiting[name] = Waiting(name, outage, time.monotonic())
+        self.progress[name].error = None  # not the follower's own failure: it resumes
+        observer = self.progress[name].observer
+        if observer is not None:
+            observer.error(name, type(outage).__name__)
+            observer.state(name, "waiting", outage.problem)
+
+    def _retry_waiting(self) -> None:
+        """Each waiting follower whose time has come: reach what was away, then start its
+        query again from its checkpoint."""
+        for name, waiting in list(self.waiting.items()):
+            if not waiting.due or self.stop.is_set():
+                continue
+            try:
+                probe(self.config, self.sinks[name], waiting.problem)
+            except OUTAGES as exc:
+                waiting.failed_again(exc)
+                continue
+            if self._start_or_wait(name) is not None:
+                self.waiting.pop(name).ended()
+                if self.progress[name].observer is not None:
+                    self.progress[name].observer.state(name, "starting")
 
     def _start_query(self, spark: Any, name: str, once: bool) -> Any:
         follower = self.config.follower(name)
@@ -532,10 +591,14 @@ class ApplyJob:
                 live.start()
             while not self.stop.is_set():
                 self._raise_failures(restart=True)
-                if not any(q.isActive for q in self.queries.values()):
+                self._retry_waiting()
+                if not any(q.isActive for q in self.queries.values()) and not self.waiting:
                     break
                 self._report_states()
-                self._await_any(refresh)
+                if self.queries:
+                    self._await_any(refresh)
+                else:
+                    self.stop.wait(refresh)
                 self.write_status()
                 if live is not None:
                     live.update(self.table())
@@ -617,6 +680,10 @@ class ApplyJob:
             if failure is None:
                 continue
             known = self.progress[name].error
+            outage = outage_of(known, _task_error(Exception(str(failure))))
+            if outage is not None and restart:
+                self._wait(name, outage)  # the log or the follower is away: wait, resume
+                continue
             if known is not None and name in self.config.views and restart:
                 self._stop_view(name, known)  # a broken view stops alone
                 continue
@@ -745,16 +812,15 @@ def run_apply(config: Config, names: Sequence[str], once: bool, console: Console
     SIGTERM handler) ends a continuous run; a stop requested before the queries start means
     none is started. ``master`` overrides the config's ``spark.master``. Returns the finished
     job (its ``progress``)."""
-    job = ApplyJob.prepare(config, names)
-    if stop is not None:
-        job.stop = stop
+    job = ApplyJob.prepare(config, names, stop, observer)
     for progress in job.progress.values():
         progress.observer = observer  # metrics: cdc_app.metrics.ApplyMetrics
     try:
         if job.stop.is_set():
             return job
         for name in job.names:  # before Spark starts: a stale follower is refused at once
-            refuse_if_stale(config, name, job.checkpoint(name))
+            ride_out(functools.partial(refuse_if_stale, config, name, job.checkpoint(name)),
+                     job.stop, [name], observer)
         jars = config.resolve(config.spark.jars_dir) if config.spark.jars_dir else None
         chosen = master or config.spark.master
         ship = config.spark.ship == "always" or (

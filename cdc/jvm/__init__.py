@@ -38,6 +38,7 @@ import hashlib
 import logging
 import os
 import re
+import select
 import shlex
 import sys
 import threading
@@ -131,24 +132,41 @@ _LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
 
 
 def _pump(read_fd: int, logger: logging.Logger) -> None:
-    """Each line read from ``read_fd`` as a record of ``logger``: a log4j line at its own
-    level (and logger name), a continuation (a stack trace's ``at``/``Caused by``) at the level
-    of the line before it, anything else (the JVM's own notes) a warning."""
+    """What the JVM writes to ``read_fd``, as records of ``logger``: a log4j line and the lines
+    that follow it at once (its stack trace) as one record at the line's level, under its
+    logger's name; any other line (the JVM's own notes) as a warning of its own."""
+    buffer = b""
+    record: list[str] = []
     level = logging.WARNING
-    with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as lines:
-        for line in lines:
-            text = line.rstrip("\n")
-            if not text.strip():
-                continue
+
+    def flush() -> None:
+        if record:
+            logger.log(level, "%s", "\n".join(record))
+            record.clear()
+
+    while True:
+        ready, _, _ = select.select([read_fd], [], [], 0.2)
+        if not ready:
+            flush()  # a record's lines arrive together: a pause ends it
+            continue
+        chunk = os.read(read_fd, 65536)
+        if not chunk:
+            flush()
+            os.close(read_fd)
+            return
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            text = raw.decode("utf-8", errors="replace").rstrip()
             match = _LOG4J_LINE.match(text)
             if match:
+                flush()
                 level = _LEVELS[match[1]]
-                logger.log(level, "%s: %s", match[2], match[3])
-            elif text[:1].isspace() or text.startswith("Caused by"):
-                logger.log(level, "%s", text)
-            else:
-                level = logging.WARNING
-                logger.log(level, "%s", text)
+                record.append(f"{match[2]}: {match[3]}")
+            elif record:
+                record.append(text)
+            elif text.strip():
+                logger.warning("%s", text.removeprefix("WARNING: "))
 
 
 @contextlib.contextmanager

@@ -125,6 +125,9 @@ class _QuietClient(logging.Filter):
 
 
 _CLIENT_LOG.addFilter(_QuietClient())
+#: a process that set up no logging (Spark's Python workers, the local applier) drops them:
+#: the failures they explain reach the user as errors with their fix
+_CLIENT_LOG.addHandler(logging.NullHandler())
 _LEGAL = re.compile(r"[^A-Za-z0-9._-]")
 #: how long a metadata request may take before the brokers count as unreachable
 TIMEOUT = 15.0

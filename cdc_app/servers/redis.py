@@ -78,6 +78,18 @@ class ThrowawayRedis:
                        "check that redis-server runs (`redis-server --version`) and the port "
                        "is free")
 
+    def restart(self, down_for: float = 0.0, timeout: float = 20.0) -> ThrowawayRedis:
+        """Stop the server (SIGTERM: with ``appendonly yes`` in ``settings`` it keeps its data),
+        wait ``down_for`` seconds, start it again on the same port and directory."""
+        assert self.directory is not None
+        stop_process(self.process, 10)
+        time.sleep(down_for)
+        self.process = subprocess.Popen([find_redis_server(), str(self.directory / "redis.conf")],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        cwd=self.directory)
+        self._wait_ready(timeout)
+        return self
+
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s) and delete its directory."""
         stop_process(self.process, 10)
