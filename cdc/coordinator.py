@@ -334,7 +334,7 @@ class StreamRunner:
             name, [TableId.parse(t) for t in source.tables],
             SnapshotQueue(self.config.log_path, name), None, source.snapshot_chunk_size,
             self.dispatcher.logged_key, lambda topic: live_keys(self.writer, topic),
-            hashed, progressed)
+            hashed, progressed, lambda event, table: observer.snapshot_event(name, event, table))
 
     def _session(self) -> None:
         offset = self.stored_offset()

@@ -174,7 +174,8 @@ class IncrementalSnapshots:
                  key_bytes: Callable[[ChangeEvent], bytes],
                  live_keys: Callable[[str], set[bytes]],
                  hashed_key: Callable[[TableSchema], bool] = lambda schema: False,
-                 on_progress: Callable[[str, TableProgress], None] | None = None) -> None:
+                 on_progress: Callable[[str, TableProgress], None] | None = None,
+                 on_event: Callable[[str, str], None] | None = None) -> None:
         self.source = source
         self.tables = set(tables)
         self.queue = queue
@@ -183,6 +184,9 @@ class IncrementalSnapshots:
         self.live_keys = live_keys
         self.hashed_key = hashed_key
         self.on_progress = on_progress
+        #: told ``(event, table)`` as Debezium notifies: ``started``, ``table_done``,
+        #: ``failed`` (a table), ``completed`` (no table left running; table ``""``)
+        self.on_event = on_event or (lambda event, table: None)
         self._windows = 0
         self.resume(stored)
 
@@ -226,6 +230,7 @@ class IncrementalSnapshots:
             started.append(name)
             log.info("source %s: incremental snapshot of %s started (request %s)",
                      self.source, name, request)
+            self.on_event("started", name)
         return started
 
     def poll(self, force: bool = False) -> None:
@@ -302,6 +307,8 @@ class IncrementalSnapshots:
         self._cursor.pop(name, None)
         log.error("source %s: incremental snapshot of %s failed: %s", self.source, name,
                   progress.error)
+        self.on_event("failed", name)
+        self._completed()
 
     def _sweep_window(self, stream: IncrementalSnapshotSource, identifier: str, table: TableId,
                       progress: TableProgress) -> _Window:
@@ -432,6 +439,15 @@ class IncrementalSnapshots:
         log.info("source %s: incremental snapshot of %s done: %d rows in %d chunks, %d keys "
                  "tombstoned, %.1f s (%.0f rows/s)", self.source, name, progress.rows,
                  progress.chunks, progress.tombstones, seconds, progress.rows / seconds)
+        self.on_event("table_done", name)
+        self._completed()
+
+    def _completed(self) -> None:
+        if not self.active:
+            failed = sorted(n for n, p in self.running.items() if p.phase == "failed")
+            log.info("source %s: incremental snapshots completed%s", self.source,
+                     f" ({', '.join(failed)} failed)" if failed else "")
+            self.on_event("completed", "")
 
 
 def describe_progress(progress: TableProgress) -> dict[str, Any]:

@@ -41,6 +41,11 @@ class CaptureObserver:
         ``streaming``, ``reconnecting`` (``detail``: the error that interrupted it) or
         ``stopped``. Called at every flush too: it must be cheap."""
 
+    def snapshot_event(self, source: str, event: str, table: str) -> None:
+        """An incremental snapshot of ``source`` notifies, as Debezium's notifications do:
+        ``started`` / ``table_done`` / ``failed`` for ``table``, ``completed`` (no table left
+        running; ``table`` empty)."""
+
     def snapshot_progress(self, source: str, table: str, rows: int,
                           estimated: int | None) -> None:
         """The snapshot of ``table`` has copied ``rows`` of about ``estimated``."""

@@ -279,6 +279,17 @@ class CaptureMetrics(CaptureObserver):
         self.snapshot_estimated = Gauge("cdc_snapshot_rows_estimated", "Rows the snapshot "
                                         "of a table is expected to copy (the exact count "
                                         "once done)", ["source", "table"], registry=registry)
+        self.snapshot_events = Counter("cdc_snapshot_events", "Incremental snapshot "
+                                       "notifications: started, table_done, failed, completed",
+                                       ["source", "event"], registry=registry)
+        self.snapshot_failed = Gauge("cdc_snapshot_failed", "1 while a table's last "
+                                     "incremental snapshot failed (cdc snapshot --table again)",
+                                     ["source", "table"], registry=registry)
+        self.retained_limit = Gauge("cdc_capture_source_retained_limit_bytes", "How much log "
+                                    "the server may keep for capture before it is at risk: "
+                                    "PostgreSQL's max_slot_wal_keep_size (as retained + "
+                                    "safe_wal_size), else the source's warn_retained_wal",
+                                    labels, registry=registry)
         self.log = LogMetrics(config, registry)
         self.health = Health(f"source {source.name}" for source in self.sources)
         self._durable: dict[str, SourceOffset] = {}
@@ -326,6 +337,11 @@ class CaptureMetrics(CaptureObserver):
     def error(self, source: str, kind: str) -> None:
         self.errors.labels(source, kind).inc()
 
+    def snapshot_event(self, source: str, event: str, table: str) -> None:
+        self.snapshot_events.labels(source, event).inc()
+        if event in ("started", "failed"):
+            self.snapshot_failed.labels(source, table).set(1 if event == "failed" else 0)
+
     def snapshot_progress(self, source: str, table: str, rows: int,
                           estimated: int | None) -> None:
         self.snapshot_rows.labels(source, table).set(rows)
@@ -343,7 +359,8 @@ class CaptureMetrics(CaptureObserver):
             except Exception as exc:  # noqa: BLE001 - the server is away: counted, retried
                 self.error(source.name, f"status:{exc.__class__.__name__}")
                 continue
-            for gauge, key in ((self.lag_bytes, "lag_bytes"), (self.retained, "retained_bytes")):
+            for gauge, key in ((self.lag_bytes, "lag_bytes"), (self.retained, "retained_bytes"),
+                               (self.retained_limit, "retained_limit_bytes")):
                 value = status.fields.get(key)
                 if value is not None:
                     gauge.labels(source.name).set(float(value))

@@ -24,6 +24,11 @@ fi
 if ! command -v redis-server >/dev/null; then
   need_apt+=(redis-server)
 fi
+# promtool (Debian's prometheus package; its daemon is not started here): checks and unit-tests
+# the alert rules in deploy/monitoring (tests/test_monitoring.py)
+if ! command -v promtool >/dev/null; then
+  need_apt+=(prometheus)
+fi
 # Java 17+: Spark (pyspark, local mode) runs the apply jobs
 if ! command -v java >/dev/null; then
   need_apt+=(openjdk-17-jre-headless)
