@@ -409,7 +409,11 @@ def test_a_snapshot_of_a_table_no_longer_captured_fails_alone(pg_db: Database,
                                                     f"{pg_db.source}.public.t"))
     finally:
         capture_code = capture.terminate()
-    assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
+    text = (tmp_path / "capture.log").read_text()
+    assert capture_code == 0, text[-3000:]
+    # Debezium-style notifications in the log (and the metrics: tests/test_monitoring.py)
+    assert "incremental snapshot of public.u failed" in text
+    assert "incremental snapshots completed (public.u failed)" in text
 
 
 def test_a_chunk_of_records_and_events_is_logged_in_position_order(tmp_path: Path) -> None:

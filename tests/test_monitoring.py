@@ -73,3 +73,18 @@ def test_rules_and_dashboard_name_only_metrics_cdc_exports() -> None:
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_incremental_snapshot_notifications_become_metrics() -> None:
+    config = parse_config({"sources": [{"name": "shop", "kind": "postgres",
+                                        "dsn": "postgresql://u@h/d", "tables": ["public.t"]}]},
+                          Path("/"))
+    metrics = CaptureMetrics(config, config.sources)
+    sample = metrics.registry.get_sample_value
+    for event in ("started", "failed", "completed"):
+        metrics.snapshot_event("shop", event, "" if event == "completed" else "public.t")
+    assert sample("cdc_snapshot_failed", {"source": "shop", "table": "public.t"}) == 1
+    assert sample("cdc_snapshot_events_total", {"source": "shop", "event": "failed"}) == 1
+    metrics.snapshot_event("shop", "started", "public.t")  # asked again
+    assert sample("cdc_snapshot_failed", {"source": "shop", "table": "public.t"}) == 0
+    assert sample("cdc_snapshot_events_total", {"source": "shop", "event": "started"}) == 2
