@@ -29,6 +29,11 @@ fi
 if ! command -v promtool >/dev/null; then
   need_apt+=(prometheus)
 fi
+# systemd-analyze (Debian's systemd package; nothing is started): verifies the units in
+# deploy/systemd (tests/test_monitoring.py)
+if ! command -v systemd-analyze >/dev/null; then
+  need_apt+=(systemd)
+fi
 # Java 17+: Spark (pyspark, local mode) runs the apply jobs
 if ! command -v java >/dev/null; then
   need_apt+=(openjdk-17-jre-headless)

@@ -88,3 +88,47 @@ def test_incremental_snapshot_notifications_become_metrics() -> None:
     metrics.snapshot_event("shop", "started", "public.t")  # asked again
     assert sample("cdc_snapshot_failed", {"source": "shop", "table": "public.t"}) == 0
     assert sample("cdc_snapshot_events_total", {"source": "shop", "event": "started"}) == 2
+
+
+# ------------------------------------------------------------------------- systemd units
+
+SYSTEMD = MONITORING.parent / "systemd"
+
+
+def _unit(name: str) -> dict[str, dict[str, list[str]]]:
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] = {}
+    for line in (SYSTEMD / name).read_text().splitlines():
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+        elif "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            current.setdefault(key, []).append(value)
+    return sections
+
+
+def test_the_systemd_units_verify_and_stop_gracefully(tmp_path: Path) -> None:
+    """``systemd-analyze verify`` accepts them (with this installation's cdc as ExecStart);
+    SIGTERM drains within the stop timeout; apply's JVM is not killed under its last batch."""
+    from spark_apply.jobs import ApplyJob
+
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is missing: `make setup` installs Debian's systemd package"
+    cdc = Path(shutil.which("cdc") or Path(__file__).parents[1] / ".venv" / "bin" / "cdc")
+    grace = ApplyJob.stop_queries.__defaults__[0]  # type: ignore[index]
+    for name, command in (("cdc-capture.service", "capture"), ("cdc-apply.service", "apply")):
+        unit = _unit(name)
+        service = unit["Service"]
+        assert service["ExecStart"][0].split()[1] == command
+        assert service["KillSignal"] == ["SIGTERM"] and service["Restart"] == ["on-failure"]
+        assert "CDC_CONFIG=/etc/cdc/cdc.yaml" in service["Environment"]
+        assert unit["Unit"]["StartLimitBurst"] == ["5"]
+        copy = tmp_path / name
+        copy.write_text((SYSTEMD / name).read_text().replace("/opt/cdc/.venv/bin/cdc",
+                                                             str(cdc)))
+        result = subprocess.run([analyze, "verify", "--man=no", str(copy)],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+    apply = _unit("cdc-apply.service")["Service"]
+    assert apply["KillMode"] == ["mixed"]
+    assert int(apply["TimeoutStopSec"][0]) > grace

@@ -107,6 +107,15 @@ def test_role_without_replication(table_db: Database, tmp_path: Path) -> None:
     config = write_config(tmp_path, table_db, ["public.t"], dsn=table_db.dsn("norepl"))
     refused(config, "lacks the REPLICATION attribute", "ALTER ROLE")
     untouched(table_db, tmp_path / "log")
+    # Amazon RDS / Aurora: no REPLICATION attribute, the rds_replication role instead
+    table_db.execute("CREATE ROLE rds_replication; GRANT rds_replication TO norepl")
+    try:
+        checked = cdc("check-config", "--config", str(config), "--connect",
+                      env={"COLUMNS": "300"})
+        assert "│ role " in checked.stdout and "norepl: rds_replication" in checked.stdout, \
+            output(checked)
+    finally:
+        table_db.execute("DROP ROLE rds_replication")
 
 
 def test_missing_table(table_db: Database, tmp_path: Path) -> None:

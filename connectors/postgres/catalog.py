@@ -42,8 +42,12 @@ def check_server(conn: psycopg.Connection[Any], source: str) -> None:
 
 
 def check_role(conn: psycopg.Connection[Any], source: str) -> None:
-    row = conn.execute("SELECT rolreplication OR rolsuper, current_user FROM pg_roles "
-                       "WHERE rolname = current_user").fetchone()
+    """The role may replicate: the REPLICATION attribute, a superuser, or — on Amazon RDS and
+    Aurora, where neither is granted — membership in ``rds_replication``."""
+    row = conn.execute(
+        "SELECT rolreplication OR rolsuper OR COALESCE((SELECT pg_has_role(current_user, oid, "
+        "'MEMBER') FROM pg_roles WHERE rolname = 'rds_replication'), false), current_user "
+        "FROM pg_roles WHERE rolname = current_user").fetchone()
     if row is None or not row[0]:
         user = row[1] if row else "?"
         raise SourceError(f"source {source!r}: role {user!r} lacks the REPLICATION attribute",

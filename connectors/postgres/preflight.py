@@ -85,9 +85,11 @@ def _settings(session: _Session) -> str:
 def _role(session: _Session) -> str:
     catalog.check_role(session.db(), session.config.name)
     row = session.db().execute(
-        "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+        "SELECT current_user, rolsuper, rolreplication FROM pg_roles "
+        "WHERE rolname = current_user").fetchone()
     assert row is not None
-    return f"{row[0]}: {'superuser' if row[1] else 'REPLICATION'}"
+    how = "superuser" if row[1] else "REPLICATION" if row[2] else "rds_replication"
+    return f"{row[0]}: {how}"
 
 
 def _slot(session: _Session, stored: SourceOffset | None, log_read: bool) -> str:
