@@ -52,7 +52,9 @@ from cdc.errors import CdcError
 from cdc.log.base import ChangeLogWriter
 from cdc.offsets import offset_order, offset_text, reached
 from cdc.verify import VerifyReport
+from cdc_app import logs
 from cdc_app.console import make_console
+from cdc_app.screens import print_report
 from cdc_app.servers.mysql import ThrowawayMariaDB
 from cdc_app.servers.postgres import ThrowawayPostgres
 from cdc_app.servers.redis import ThrowawayRedis
@@ -320,6 +322,9 @@ LEADERS: dict[str, type[DemoLeader]] = {"postgres": PostgresDemoLeader,
 
 def run_db_demo(directory: str, seconds: float, source: str = "postgres") -> None:
     console = make_console()
+    # warnings and errors above the live tables (rich places them), never through them; the
+    # JVM's lines come the same way (cdc/jvm)
+    logs.to_console(console, logging.WARNING)
     root = Path(directory).resolve()
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -399,8 +404,6 @@ class LiveApply:
         self._thread: threading.Thread | None = None
 
     def start_spark(self) -> None:
-        logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines would interleave
-
         def start() -> None:
             from spark_apply.jobs import start_spark
 
@@ -597,11 +600,14 @@ def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
     assert follower.job is not None
     job = follower.job
 
+    since: dict[str, Any] | None = None  # the latency's start: once the followers caught up
+
     def view(phase: str) -> Group:
         offset = writer.source_offsets().get("shop", {})
         return Group(f"{phase}\nworkload: {workload.transactions:,} transactions, "
                      f"{workload.changes:,} changes written | log: committed up to "
-                     f"{leader.position_name} {offset_text(offset)}", job.table())
+                     f"{leader.position_name} {offset_text(offset)}",
+                     job.table(since, latency=since is not None))
 
     result = LiveResult()
     prober: subprocess.Popen[bytes] | None = None
@@ -623,11 +629,16 @@ def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
                 if target is not None and all(reached(p.watermarks.get("shop"), target)
                                               for p in progress):
                     break
-                live.update(view("the followers are catching up with the snapshot and "
-                                 "backlog"))
+                waiting = not all(p.batches for p in progress)
+                live.update(view(
+                    "Spark is starting the followers' queries; changes wait in the log "
+                    "meanwhile (latency is measured once the followers have caught up)"
+                    if waiting else "the followers are catching up with the snapshot and the "
+                    "backlog of the start (latency is measured once they have)"))
                 time.sleep(0.25)
             result.baseline = {name: {t: h.copy() for t, h in p.latency_by_topic.items()}
                                for name, p in job.progress.items()}
+            since = {name: p.latency.copy() for name, p in job.progress.items()}
             began, written = time.monotonic(), workload.changes
             window = (time.time(), 0.0)
             while time.monotonic() - began < seconds and thread.is_alive():
@@ -657,6 +668,7 @@ def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
                 result.verify[name] = verify(config, name, sink, console, timeout=120)
             finally:
                 sink.close()
+            print_report(result.verify[name], console, limit=10)  # under its own heading
             follower.check()
         result.views = _verify_view(config, console)
         names = {f["name"]: f["kind"] for f in probe_spec["followers"]}
@@ -720,7 +732,6 @@ def _probe_table(live: LiveResult) -> Table:
 
 def _summary(config: Config, leader: DemoLeader, follower: LiveApply, live: LiveResult,
              workload: ShopWorkload, console: Console) -> None:
-    from cdc_app.screens import print_report
     from spark_apply.latency import LatencyHistogram, format_seconds
 
     assert follower.job is not None
@@ -737,7 +748,6 @@ def _summary(config: Config, leader: DemoLeader, follower: LiveApply, live: Live
     unequal = []
     for name, kind in FOLLOWERS.items():
         report, progress = live.verify[name], follower.job.progress[name]
-        print_report(report, console, limit=10)
         overall = LatencyHistogram()
         baseline = live.baseline.get(name, {})
         for result in report.tables:

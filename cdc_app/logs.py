@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from cdc import jvm
 
@@ -75,6 +75,19 @@ def setup(level: str | None, form: str, daemon: bool) -> None:
         for name in _QUIET_IN_COMMANDS:
             logging.getLogger(name).setLevel(logging.CRITICAL)
     jvm.LOG_JVM_STDERR = True
+
+
+def to_console(console: Any, level: int) -> None:
+    """Log through ``console`` (a rich Console) at ``level`` and above: a live display on it
+    (the demo's tables) keeps the lines above itself instead of being torn by them."""
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=console, show_path=False, markup=False, rich_tracebacks=False)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    global _chosen_level
+    _chosen_level = logging.getLevelName(level).lower()
 
 
 def daemon_level() -> None:

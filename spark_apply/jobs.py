@@ -44,6 +44,7 @@ from cdc.config import Config
 from cdc.errors import CdcError, LogError
 from cdc.log.base import stale_partitions
 from cdc.log.open import log_settings, must_read
+from cdc.offsets import offset_text
 from cdc.sink import Placement, Sink
 from cdc.transactions import is_transaction_topic
 from spark_apply.checkpoint import remove_torn_writes, resume_offsets
@@ -724,9 +725,12 @@ class ApplyJob:
         self.queries[name] = self._start_query(self._spark, name, self._once)
         return True
 
-    def table(self) -> Table:
+    def table(self, since: dict[str, LatencyHistogram] | None = None,
+              latency: bool = True) -> Table:
         """Per follower: batches, records read, changes, written/deleted/skipped, lag, and
-        the per-change latency p50/p99 (commit at the source -> applied)."""
+        the per-change latency p50/p99 (commit at the source -> applied) — of the changes
+        applied after ``since`` (per follower, a copy of its histogram then), or none shown
+        (``latency`` False: while a backlog drains it measures the wait, not the pipeline)."""
         table = Table(title="cdc apply", title_justify="left")
         for column in ("follower", "batches", "records", "changes", "written", "deleted",
                        "skipped (gate)", "lag", "latency p50", "p99", "watermark"):
@@ -734,13 +738,14 @@ class ApplyJob:
                              else "right")
         for name in self.names:
             p = self.progress[name]
-            marks = ", ".join(f"{s}@{o.get('lsn_text', o.get('lsn', '?'))}"
+            marks = ", ".join(f"{s}@{offset_text(o)}"
                               for s, o in sorted(p.watermarks.items())) or "-"
+            hist = p.latency.since(since[name]) if since and name in since else p.latency
             table.add_row(name, f"{p.batches:,}", f"{p.records:,}", f"{p.changes:,}",
                           f"{p.written:,}", f"{p.deleted:,}", f"{p.skipped:,}",
                           "-" if p.lag_s is None else f"{p.lag_s:.2f} s",
-                          format_seconds(p.latency.quantile(0.5)),
-                          format_seconds(p.latency.quantile(0.99)), marks)
+                          format_seconds(hist.quantile(0.5)) if latency else "…",
+                          format_seconds(hist.quantile(0.99)) if latency else "…", marks)
         return table
 
     def close(self) -> None:
