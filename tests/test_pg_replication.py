@@ -87,8 +87,19 @@ def test_the_compiled_drain_reads_exactly_what_the_python_one_does(
     finally:
         python_conn.close()
 
-    assert len(compiled) == len(python)
-    assert compiled == python
+    # a Relation (or Type) message is sent again whenever the walsender's relation cache was
+    # invalidated, which a busy cluster's shared invalidation queue can do at any moment in
+    # either session (seen once: 4,426 messages against 4,425): compare them as a set, and
+    # everything else message for message
+    def data(seen: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        return [(lsn, payload) for lsn, payload in seen if payload[:1] not in (b"R", b"Y")]
+
+    def metadata(seen: list[tuple[int, bytes]]) -> set[bytes]:
+        return {payload for _, payload in seen if payload[:1] in (b"R", b"Y")}
+
+    assert len(data(compiled)) == len(data(python))
+    assert data(compiled) == data(python)
+    assert metadata(compiled) == metadata(python) and metadata(compiled)
     # 2,000 inserts and 2,000 updates of ~22 kB rows (TOASTed: the updates send them unchanged)
     assert sum(1 for _, payload in compiled if payload[:1] == b"I") == small * 5 + 2000
     assert sum(1 for _, payload in compiled if payload[:1] == b"U") == 2000
