@@ -142,6 +142,11 @@ def check_config(config_path: str | None, connect: bool) -> None:
     for source in config.sources:
         console.print(f"  source {source.name} ({source.kind}) {source.dsn}: "
                       f"{', '.join(source.tables)}", highlight=False)
+    for setting, variable in _named_variables(config):
+        if variable not in os.environ:
+            console.print(f"[yellow]warning:[/] {setting} names {variable}, which is not set "
+                          "here: the commands that use it need it in their environment",
+                          highlight=False)
     failed = 0
     if connect:
         from cdc_app.preflight import preflight
@@ -153,6 +158,17 @@ def check_config(config_path: str | None, connect: bool) -> None:
         raise CdcError(f"preflight: {failed} check(s) failed",
                        "fix each ✗ above as its row says, then run `cdc check-config --connect` "
                        "again")
+
+
+def _named_variables(config: Config) -> list[tuple[str, str]]:
+    """(setting, environment variable) of every ``*_env`` setting the config names."""
+    named = [("log.password_env", config.log.password_env)]
+    for index, source in enumerate(config.sources):
+        named += [(f"sources.{index}.password_env", source.password_env),
+                  (f"sources.{index}.hash_key_env", source.hash_key_env)]
+    for name, follower in config.followers.items():
+        named.append((f"followers.{name}.password_env", getattr(follower, "password_env", None)))
+    return [(setting, variable) for setting, variable in named if variable]
 
 
 def _check_views(config: Config, connect: bool, console: Any) -> None:

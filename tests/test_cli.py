@@ -196,3 +196,25 @@ def test_the_config_may_come_before_the_command(project: Path) -> None:
     (elsewhere / "cdc.yaml").write_text("log: {path: ./nothing/log}\n")  # the default config
     plain = cdc("log", "stats", cwd=elsewhere)
     assert "`cdc bootstrap`" in plain.stderr and "give that command" not in plain.stderr
+
+
+def test_an_unreachable_kafka_is_one_clean_error_and_unset_variables_are_named(
+        project: Path) -> None:
+    """No raw librdkafka line before the error (it goes through logging, which a one-shot
+    command keeps for the error itself); `check-config` names an ``*_env`` that is unset."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (project / "kafka.yaml").write_text(
+        f"log: {{backend: kafka, bootstrap_servers: '127.0.0.1:{port}',"
+        " password_env: CDC_TEST_UNSET_KAFKA_PW}\n")
+    stats = cdc("log", "stats", "--config", "kafka.yaml", cwd=project,
+                env={"CDC_TEST_UNSET_KAFKA_PW": "x"})
+    assert stats.returncode == 1
+    assert stats.stderr.startswith("error: Kafka log at"), stats.stderr
+    assert "rdkafka" not in stats.stderr and "Traceback" not in stats.stderr
+    checked = cdc("check-config", "--config", "kafka.yaml", cwd=project)
+    assert checked.returncode == 0
+    assert "log.password_env names CDC_TEST_UNSET_KAFKA_PW, which is not set" in checked.stdout
