@@ -31,7 +31,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,8 @@ from cdc.sink import Placement, Sink
 from cdc.transactions import is_transaction_topic
 from spark_apply.checkpoint import remove_torn_writes, resume_offsets
 from spark_apply.latency import LatencyHistogram, format_seconds
-from spark_apply.outages import OUTAGES, Waiting, outage_of, probe, ride_out
+from spark_apply.outages import OUTAGES, Waiting, outage_of, probe
+from spark_apply.outages import ride_out as wait_out_outages
 from spark_apply.tasks import FollowerHandle, add_phases, open_target
 
 log = logging.getLogger(__name__)
@@ -435,11 +436,17 @@ class ApplyJob:
 
     @classmethod
     def prepare(cls, config: Config, names: Sequence[str], stop: threading.Event | None = None,
-                observer: Any = None) -> ApplyJob:
-        """Validate the followers, the log and every sink's connection; no Spark yet. An
-        unreachable log or follower is waited for (:mod:`spark_apply.outages`) until ``stop``
-        is set."""
+                observer: Any = None, wait_out: bool = False) -> ApplyJob:
+        """Validate the followers, the log and every sink's connection; no Spark yet. With
+        ``wait_out`` (a continuous run), an unreachable log or follower is waited for
+        (:mod:`spark_apply.outages`) until ``stop`` is set; otherwise it is the error."""
         stop = stop or threading.Event()
+
+        def check(attempt: Callable[[], Any], followers: list[str]) -> None:
+            if wait_out:
+                wait_out_outages(attempt, stop, followers, observer)
+            else:
+                attempt()
         if not names:
             raise CdcError("no follower given",
                            "pass --follower NAME (one of the names under `followers:`)")
@@ -449,13 +456,13 @@ class ApplyJob:
             if not config.follower_sources(name):
                 raise CdcError(f"follower {name} follows no source: the config has no "
                                "`sources:`", "add the databases to capture under `sources:`")
-        ride_out(lambda: check_log(config), stop, chosen, observer)
+        check(lambda: check_log(config), chosen)
         sinks: dict[str, Sink] = {}
         try:
             for name in chosen:
                 sink = open_target(config, name)
                 sinks[name] = sink
-                ride_out(sink.check, stop, [name], observer)
+                check(sink.check, [name])
             if any(reads_with_spark_kafka(config, name, sinks[name]) for name in chosen):
                 from spark_apply.session import require_spark_jars
 
@@ -498,7 +505,9 @@ class ApplyJob:
         except Exception as exc:  # noqa: BLE001 - sorted below: ours, an outage, Spark's
             rebuilt = _task_error(exc) if not isinstance(exc, CdcError) else None
             outage = outage_of(exc, rebuilt)
-            if outage is None:
+            if outage is None or self._once:  # a batch run reports an outage: its scheduler
+                if outage is not None:      # retries
+                    raise outage from None
                 if isinstance(exc, CdcError):
                     raise
                 raise rebuilt or ApplyError(
@@ -682,7 +691,7 @@ class ApplyJob:
                 continue
             known = self.progress[name].error
             outage = outage_of(known, _task_error(Exception(str(failure))))
-            if outage is not None and restart:
+            if outage is not None and restart and not self._once:
                 self._wait(name, outage)  # the log or the follower is away: wait, resume
                 continue
             if known is not None and name in self.config.views and restart:
@@ -817,15 +826,18 @@ def run_apply(config: Config, names: Sequence[str], once: bool, console: Console
     SIGTERM handler) ends a continuous run; a stop requested before the queries start means
     none is started. ``master`` overrides the config's ``spark.master``. Returns the finished
     job (its ``progress``)."""
-    job = ApplyJob.prepare(config, names, stop, observer)
+    job = ApplyJob.prepare(config, names, stop, observer, wait_out=not once)
     for progress in job.progress.values():
         progress.observer = observer  # metrics: cdc_app.metrics.ApplyMetrics
     try:
         if job.stop.is_set():
             return job
         for name in job.names:  # before Spark starts: a stale follower is refused at once
-            ride_out(functools.partial(refuse_if_stale, config, name, job.checkpoint(name)),
-                     job.stop, [name], observer)
+            stale = functools.partial(refuse_if_stale, config, name, job.checkpoint(name))
+            if once:
+                stale()
+            else:
+                wait_out_outages(stale, job.stop, [name], observer)
         jars = config.resolve(config.spark.jars_dir) if config.spark.jars_dir else None
         chosen = master or config.spark.master
         ship = config.spark.ship == "always" or (

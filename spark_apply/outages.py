@@ -14,6 +14,9 @@ own exception, with the Python traceback in its text), or by a batch. Then:
   by kind, ``cdc_apply_waiting_seconds``), and one log line when the outage begins, one per
   :data:`LOG_EVERY` seconds while it lasts, one when it ends — never a traceback.
 * Other followers go on; ``SIGTERM`` ends the wait at once.
+
+``cdc apply --once`` (a batch run) does not wait: an outage is its error, with the fix, and
+the scheduler that runs it tries again later.
 """
 
 from __future__ import annotations

@@ -120,7 +120,8 @@ def test_apply_waits_out_a_broker_outage_while_running_and_while_starting(
         for process in applies.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        assert capture.terminate(60) == 0, (tmp_path / "capture.log").read_text()[-3000:]
+        capture_code = capture.terminate(60)
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
     for name, process in applies.items():
         text = _clean_exit(process, logs[name])
         assert "the log is unreachable" in text and "the log is back after" in text, text[-3000:]
@@ -156,9 +157,10 @@ def test_apply_waits_out_its_redis_restarting_under_load(pg_db: Database,
         _verify(config, "cache")
     finally:
         load.finish()
-        assert capture.terminate(60) == 0, (tmp_path / "capture.log").read_text()[-3000:]
-        try:
-            text = _clean_exit(apply, tmp_path / "apply.log")
-        finally:
-            redis.stop()
+        capture_code = capture.terminate(60)
+        apply.send_signal(signal.SIGTERM)
+        apply.wait(90)
+        redis.stop()
+    assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
+    text = _clean_exit(apply, tmp_path / "apply.log")
     assert "the follower's server is unreachable" in text and "is back after" in text, text

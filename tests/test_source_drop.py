@@ -41,9 +41,10 @@ def test_drop_a_postgres_source_from_a_kafka_log(pg_db: Database, kafka_broker: 
         wait_for(lambda: (read_status(tmp_path / "log", pg_db.source) or {}).get("running"),
                  60, "capture to stream")
         running = cdc("source", "drop", pg_db.source, "--config", str(config), "--yes")
-        assert running.returncode == 1 and "its capture is running" in running.stderr
     finally:
-        assert capture.terminate() == 0
+        stopped = capture.terminate()
+    assert stopped == 0
+    assert running.returncode == 1 and "its capture is running" in running.stderr
     unconfirmed = cdc("source", "drop", pg_db.source, "--config", str(config))
     assert unconfirmed.returncode == 1 and "nothing was dropped" in unconfirmed.stderr
     assert _server(pg_db)[0] == [slot]
