@@ -63,7 +63,9 @@ def _verify(config: Path, follower: str) -> None:
 
 
 def _clean_exit(process: Any, log_file: Path) -> str:
-    process.send_signal(signal.SIGTERM)
+    """SIGTERM (unless it has exited): the drain, exit 0, no traceback; its log."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
     code = process.wait(90)
     text = log_file.read_text()
     assert code == 0, text[-3000:]
@@ -115,11 +117,8 @@ def test_apply_waits_out_a_broker_outage_while_running_and_while_starting(
         wait_caught_up(pg_db, {**options, "path": str(tmp_path / "log")}, 180)
         for name in ports:
             _verify(config, name)
-    finally:
+    finally:  # the applies are stopped below, once (a second SIGTERM ends the drain)
         load.finish()
-        for process in applies.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
         capture_code = capture.terminate(60)
     assert capture_code == 0, (tmp_path / "capture.log").read_text()[-3000:]
     for name, process in applies.items():

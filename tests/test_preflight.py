@@ -43,13 +43,17 @@ def _server_state(db: Database, broker: Any, root: Path) -> dict[str, Any]:
 def _rows(text: str) -> dict[str, str]:
     """``part/check`` -> the row's mark and the first line of its finding ("source" is the
     source's part, "cache" a follower's)."""
-    rows, part = {}, ""
+    rows, part, last = {}, "", ""
     for line in text.splitlines():
         cells = [c.strip() for c in line.split("│")]
         if len(cells) >= 5 and cells[1] in ("✓", "!", "✗", "–"):
             part = cells[2].split(" ")[cells[2].startswith(("follower", "source"))] \
                 if cells[2] else part
-            rows[f"{part}/{cells[3]}"] = f"{cells[1]} {cells[4]}"
+            last = f"{part}/{cells[3]}"
+            rows[last] = f"{cells[1]} {cells[4]}"
+        elif len(cells) >= 5 and last and not cells[1] and cells[4] \
+                and not cells[4].startswith("fix:") and "fix:" not in rows[last]:
+            rows[last] += " " + cells[4]  # the finding wrapped onto the next line
     return rows
 
 
