@@ -85,10 +85,6 @@ class Health:
         with self._lock:
             self._states[part] = (state, detail)
 
-    def state(self, part: str) -> str:
-        with self._lock:
-            return self._states.get(part, ("unknown", ""))[0]
-
     def report(self) -> tuple[bool, str]:
         """(ready, one line per part: ``<part>: <state>[ (<detail>)]``)."""
         with self._lock:

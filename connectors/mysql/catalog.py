@@ -58,6 +58,16 @@ def check_privileges(conn: Any, source: str, user: str) -> None:
                           f"GRANT {', '.join(missing)} ON *.* TO '{user}'@'%'")
 
 
+def replica_connected(conn: Any, server_id: int) -> bool | None:
+    """Whether a replica with ``server_id`` is connected to the server now (a running capture
+    of the source, or another replica); None when the user may not look (SHOW SLAVE HOSTS)."""
+    try:
+        hosts = query(conn, "SHOW SLAVE HOSTS")
+    except pymysql.err.MySQLError:
+        return None
+    return any(int(row[0]) == server_id for row in hosts)
+
+
 def binlog_files(conn: Any, source: str) -> list[tuple[str, int]]:
     """``SHOW BINARY LOGS``: (file, size) oldest first."""
     try:

@@ -131,13 +131,11 @@ class MySqlConnector(Connector):
         while a replica with this source's server_id is connected (its capture, running)."""
         replica = self.my_config.replica_id
         conn = connect(self.my_config)
-        try:
-            hosts = query(conn, "SHOW SLAVE HOSTS")
-        except pymysql.err.MySQLError:
-            hosts = []  # not allowed to look: the log's writer refuses a running capture
+        try:  # not allowed to look (None): the log's writer refuses a running capture
+            connected = catalog.replica_connected(conn, replica)
         finally:
             conn.close()
-        if any(int(row[0]) == replica for row in hosts):
+        if connected:
             raise SourceError(f"source {self.name!r}: a replica with its server_id {replica} "
                               "is connected: its capture is running",
                               f"stop `cdc capture` of {self.name} first")

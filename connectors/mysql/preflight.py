@@ -6,8 +6,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import pymysql
-
 from cdc.events import TableId
 from cdc.offsets import SourceOffset
 from cdc.preflight import Part, Step, Warn, environment_set
@@ -76,11 +74,10 @@ def _replica_id(session: _Session) -> str:
         raise SourceError(f"server_id {wanted} is the server's own: the server would refuse "
                           "the binlog dump", "set the source's server_id: to a number no "
                           "server or replica of this database uses")
-    try:
-        hosts = query(session.conn, "SHOW SLAVE HOSTS")
-    except pymysql.err.MySQLError:
+    connected = catalog.replica_connected(session.conn, wanted)
+    if connected is None:
         return Warn("cannot tell whether a replica uses it (SHOW SLAVE HOSTS was refused)")
-    if any(int(row[0]) == wanted for row in hosts):
+    if connected:
         return Warn("a replica with this id is connected now: this source's capture, or "
                     "another replica (then set a unique server_id:)")
     return "not used by the server or a connected replica"

@@ -35,7 +35,12 @@ from connectors.postgres.connection import SourceError, SourceUnavailable
 from connectors.postgres.replication import ReplicationError, quote_ident
 from connectors.postgres.settings import PostgresSourceConfig
 from connectors.postgres.snapshot import SnapshotSession
-from connectors.postgres.source import PostgresOffset, PostgresSource, PostgresStream
+from connectors.postgres.source import (
+    PostgresOffset,
+    PostgresSource,
+    PostgresStream,
+    owned_slot,
+)
 
 if TYPE_CHECKING:
     from cdc.columns import ColumnPolicies
@@ -123,7 +128,7 @@ class PostgresConnector(Connector):
     def drop(self, stored: SourceOffset | None) -> list[str]:
         config = self.pg_config
         slot, publication = config.slot_name, config.publication_name
-        ours = isinstance(stored, PostgresOffset) and stored.slot == slot
+        ours = owned_slot(stored) == slot
         dropped = []
         with PostgresSource(config).connect() as conn:
             info = catalog.slot_info(conn, slot)
@@ -176,7 +181,7 @@ class PostgresSnapshot(SnapshotSource):
 
     def check(self) -> dict[TableId, TableSchema]:
         stored = self.stored
-        self.session.owned_slot = stored.slot if isinstance(stored, PostgresOffset) else None
+        self.session.owned_slot = owned_slot(stored)
         self.tables = {t: c.schema for t, c in self.session.check().items()}
         return self.tables
 

@@ -15,7 +15,7 @@ from connectors.postgres import catalog
 from connectors.postgres.connection import SourceError, connect, describe
 from connectors.postgres.requirements import REQUIRED
 from connectors.postgres.settings import PostgresSourceConfig
-from connectors.postgres.source import PostgresOffset
+from connectors.postgres.source import owned_slot
 
 #: pgoutput and logical replication slots
 OLDEST_VERSION = 100000
@@ -96,7 +96,7 @@ def _slot(session: _Session, stored: SourceOffset | None, log_read: bool) -> str
     config = session.config
     slot = config.slot_name
     info = catalog.slot_info(session.db(), slot)
-    ours = isinstance(stored, PostgresOffset) and stored.slot == slot
+    ours = owned_slot(stored) == slot
     if info is None:
         if ours:
             raise SourceError(f"the log streams {config.name!r} from slot {slot!r}, which no "

@@ -63,6 +63,12 @@ VARYING_SOURCE_FIELDS = ("ts_ms", "sequence", "ts_us", "ts_ns", "txId", "lsn", "
 log = logging.getLogger("cdc.capture")
 
 
+def owned_slot(stored: SourceOffset | None) -> str | None:
+    """The replication slot this log made for the source: the one its stored offset names
+    (None: the log holds no offset of it). Only that slot is ever dropped or reused."""
+    return stored.slot if isinstance(stored, PostgresOffset) and stored.slot else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class PostgresOffset(SourceOffset):
     """Where a PostgreSQL source stands: resume after ``lsn`` (see the module doc)."""
