@@ -120,11 +120,34 @@ def test_version_names_the_fast_paths_and_a_missing_one_is_a_warning(project: Pa
     result = subprocess.run([sys.executable, "-c", hidden], cwd=project, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "connectors.mysql._fast missing" in result.stderr
+    assert "connectors.mysql._fast (missing)" in result.stderr
     assert "pip install" in result.stderr and "CDC_PURE_PYTHON=1" in result.stderr
     quiet = cdc("check-config", cwd=project, env={"CDC_PURE_PYTHON": "1"})
     assert "warning" not in quiet.stderr and "pure Python" in cdc(
         "--version", cwd=project, env={"CDC_PURE_PYTHON": "1"}).stdout
+
+
+@pytest.mark.parametrize("kernel", ["cdc._fast", "cdc.log._fast", "connectors.postgres._fast",
+                                    "connectors.mysql._fast"])
+def test_a_kernel_imported_first_is_still_taken_by_its_modules(kernel: str) -> None:
+    """Whatever imports a kernel first (``cdc --version``, the start-up check, a plugin), the
+    modules it speeds up still take it. The MariaDB kernel once imported its pure-Python module
+    at its top: imported first, it left that module half-built, the module's import of the
+    kernel failed as "not built", and every MariaDB capture and snapshot ran pure Python, 4x
+    slower, while ``cdc --version`` said "compiled" (issue 42)."""
+    from cdc_app.fastpaths import OWNERS
+
+    probe = (f"import importlib, {kernel}\n"
+             "from cdc_app.fastpaths import _takes\n"
+             f"owners = {list(OWNERS[kernel])!r}\n"
+             "idle = [o for o in owners if not _takes(importlib.import_module(o), "
+             f"{kernel!r})]\n"
+             "print('idle:', idle)\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=120, env={k: v for k, v in os.environ.items()
+                                              if k != "CDC_PURE_PYTHON"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "idle: []", result.stdout
 
 
 def test_errors_are_messages_not_tracebacks(project: Path) -> None:

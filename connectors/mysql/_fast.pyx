@@ -2,7 +2,7 @@
 """Compiled twin of connectors/mysql/rowcodec.py's decode_rows.
 
 Same plans, same contract, same bytes (tests/test_mysql_rowcodec.py compares both on real rows
-events); anything unexpected raises rowcodec.Fallback and the caller takes the typed path.
+events); anything unexpected raises fallback.Fallback and the caller takes the typed path.
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
@@ -14,7 +14,7 @@ from cdc._bytes cimport load_be, load_le, put, put_blob, put_byte, put_long, sto
 
 import json
 
-from connectors.mysql.rowcodec import Fallback
+from connectors.mysql.fallback import Fallback
 
 DEF INT = 1
 DEF UINT64 = 2

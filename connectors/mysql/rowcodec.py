@@ -35,6 +35,7 @@ from typing import Any
 
 from cdc.speedups import pure_python
 from cdc.types import days_from_civil
+from connectors.mysql.fallback import Fallback
 
 # fast kinds
 INT, UINT64, FLOAT, DOUBLE, DECIMAL, STRING, BYTES, ENUM, DATE, DATETIME2, TIMESTAMP2, YEAR = (
@@ -54,10 +55,6 @@ _KIND_TYPES = {INT: {"int16", "int32", "int64"}, UINT64: {"uint64"}, FLOAT: {"fl
                BYTES: {"bytes"}, ENUM: {"enum"}, DATE: {"date"}, DATETIME2: {"timestamp"},
                TIMESTAMP2: {"timestamptz"}, YEAR: {"year", "int32"}}
 _KEY_KINDS = frozenset({INT, UINT64, STRING})
-
-
-class Fallback(Exception):  # noqa: N818 - a signal, not an error
-    """The fast path does not take this event: use the typed path."""
 
 
 Column = tuple[int, int, int, int, tuple[bytes, ...]]
