@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test test-quick lint bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views bench-sql clean
+.PHONY: setup demo test test-quick lint bench-guard bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views bench-sql clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -28,6 +28,12 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/vulture cdc cdc_app connectors sinks spark_apply views --min-confidence 80
+
+# The speed guard (CI runs it after `make test`): six paths -- PostgreSQL and MariaDB capture and
+# snapshot, local log append, apply's fold -- each as a ratio to a same-run reference, checked
+# against bench/baseline.json; fails naming the path that lost speed. About 1.5 minutes.
+bench-guard: setup
+	$(PY) bench/guard.py $(GUARD_ARGS)
 
 bench: setup
 	$(PY) bench/log_append.py

@@ -680,13 +680,16 @@ def run_cdc(work: Path, args: Sequence[str], log_name: str, timeout: float = 600
 
 
 def log_records(log: Path) -> int:
-    """Records committed in a local change log (all topics); 0 before it exists."""
+    """Records committed in a local change log's table topics (a transaction's BEGIN and END
+    records, in the source's transaction topic, are not row changes); 0 before it exists."""
     from cdc.log.local import LocalChangeLogReader
+    from cdc.transactions import is_transaction_topic
 
     if not (log / "state.json").exists():
         return 0
     reader = LocalChangeLogReader(log)
-    return sum(sum(reader.end_offsets(t.name).values()) for t in reader.topics())
+    return sum(sum(reader.end_offsets(t.name).values()) for t in reader.topics()
+               if not is_transaction_topic(t.meta))
 
 
 def stored_offset(log: Path, source: str) -> dict[str, Any]:

@@ -141,15 +141,16 @@ def fdatasync_latency(directory: Path, samples: int = 200) -> tuple[float, float
 
 
 def build_records(count: int, scratch: Path, advance: Callable[[int], None],
-                  store: Any = None) -> list[Record]:
-    """``count`` records of the synthetic workload, encoded exactly as the capture path does
-    (schemas registered in ``store``, else a fresh store under ``scratch``)."""
+                  store: Any = None, keys: int = WORKLOAD_KEYS) -> list[Record]:
+    """``count`` records of the synthetic workload over ``keys`` distinct keys, encoded exactly
+    as the capture path does (schemas registered in ``store``, else a fresh store under
+    ``scratch``)."""
     if store is None:
         store_dir = scratch / "schemas"
         store_dir.mkdir()
         store = SchemaStore(store_dir, writable=True)
     codec = EventCodec(store)
-    workload = Workload(keys=WORKLOAD_KEYS)
+    workload = Workload(keys=keys)
     records: list[Record] = []
     while len(records) < count:
         before = len(records)

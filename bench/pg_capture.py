@@ -307,12 +307,14 @@ def load(bench: Bench) -> None:
 # ------------------------------------------------------------------------------ streaming
 
 
-def measure_recvlogical(bench: Bench) -> Result:
+def measure_recvlogical(bench: Bench, slot: str = RECV_SLOT) -> Result:
+    """``pg_recvlogical`` drains the backlog from ``slot`` (made by ``create_slot`` before the
+    backlog) into a file."""
     output = bench.work / "recvlogical.out"
-    command = [str(find_bin_dir() / "pg_recvlogical"), "-d", bench.dsn(), "--slot", RECV_SLOT,
+    command = [str(find_bin_dir() / "pg_recvlogical"), "-d", bench.dsn(), "--slot", slot,
                "--start", "--endpos", format_lsn(bench.endpos), "--no-loop",
                f"--fsync-interval={common.COMMIT_INTERVAL_MS}", "-o", "proto_version=1",
-               "-o", f"publication_names={RECV_SLOT}", "-f", str(output)]
+               "-o", f"publication_names={slot}", "-f", str(output)]
     errors = bench.work / "recvlogical.err"
     with bench.progress() as bar, open(errors, "wb") as err:
         task = bar.add_task(f"{RECV} draining", total=None, info="")
