@@ -517,6 +517,12 @@ class ShopLoad:
             conn.execute("DELETE FROM customers WHERE id = %s", (rng.randint(1, 70),))
 
 
+#: keyed by PostgreSQL's ``extract`` (``numeric`` on the leader, BIGINT in the view's state)
+BY_DAY = ("SELECT extract(day from make_date(2024, 1, 1 + c.id % 28)) AS day, "
+          "count(*) AS customers FROM customers c "
+          "GROUP BY extract(day from make_date(2024, 1, 1 + c.id % 28))")
+
+
 @pytest.mark.slow
 def test_views_in_every_follower_kind_verify_against_the_leader(
         tmp_path: Path, pg_db: Any, redis_url: str) -> None:
@@ -550,13 +556,18 @@ views:
     sql: {json.dumps(EXTREMES)}
     key: [customer_id]
     followers: [reporting, warehouse, cache, search]
+  customers_by_day:
+    source: {pg_db.source}
+    sql: {json.dumps(BY_DAY)}
+    key: [day]
+    followers: [reporting, warehouse, cache, search]
 """
     config = write_config(tmp_path, pg_db, ["public.customers", "public.orders"], extra=extra)
     assert cdc("bootstrap", "--config", str(config)).returncode == 0
     checked = cdc("check-config", "--config", str(config), "--connect")
     assert checked.returncode == 0, output(checked)
-    assert checked.stdout.count(": incremental; key") == 2
-    assert checked.stdout.count("runs: leader EXPLAIN, DuckDB, Spark SQL") == 2, output(checked)
+    assert checked.stdout.count(": incremental; key") == 3
+    assert checked.stdout.count("runs: leader EXPLAIN, DuckDB, Spark SQL") == 3, output(checked)
     capture = Capture(config, tmp_path / "capture.log").start()
 
     stalled = tmp_path / "stalled"
@@ -566,7 +577,8 @@ views:
         env = fault_env(CDC_TEST_VIEW_STALL=str(stalled)) if stall else None
         return subprocess.Popen(
             [sys.executable, "-m", "cdc_app.cli", "apply", "--config", str(config), "--view",
-             "revenue_by_customer", "--view", "order_extremes"], cwd=PROJECT, env=env,
+             "revenue_by_customer", "--view", "order_extremes", "--view", "customers_by_day"],
+            cwd=PROJECT, env=env,
             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "apply.log", "ab"),  # noqa: SIM115
             start_new_session=True)
 
@@ -610,7 +622,10 @@ views:
         load.finish()
         assert load.transactions > 50
         wait_caught_up(pg_db, tmp_path / "log")
-        for view, held_by in (("revenue_by_customer", 4), ("order_extremes", 4)):
+        # customers_by_day's key is numeric on the leader (extract), BIGINT in the state:
+        # verify matches keys by value
+        for view, held_by in (("revenue_by_customer", 4), ("order_extremes", 4),
+                              ("customers_by_day", 4)):
             verified = cdc("verify", "--config", str(config), "--view", view, "--timeout",
                            "180s", timeout=400)
             assert verified.returncode == 0, output(verified)
@@ -831,3 +846,24 @@ def test_verify_compares_floating_columns_within_the_leaders_rounding() -> None:
     assert not same_cell("12.345678", "12.3457", True)
     assert not same_cell("12.345678", "12.34567812345", False)
     assert same_cell("1.50", "1.5", False)
+
+
+def test_verify_matches_keys_by_value_across_number_types() -> None:
+    """The leader's ``extract(year ...)`` is ``numeric`` (Decimal 1997), the view's state
+    computes a BIGINT (1997): one key, compared by value; text keys stay text ("1997" and
+    1997 are different keys only where the leader's column is not a number)."""
+    from decimal import Decimal
+
+    from views.verify import _follower_canonical, canonical_key
+
+    numeric = frozenset({"year"})
+    leader = canonical_key({"year": Decimal("1997"), "nation": "FRANCE"}, numeric)
+    assert leader == _follower_canonical('{"year":1997,"nation":"FRANCE"}', numeric)
+    assert leader == _follower_canonical('{"year":"1997.0","nation":"FRANCE"}', numeric)
+    assert canonical_key({"amount": Decimal("1.50")}, frozenset({"amount"})) == \
+        _follower_canonical('{"amount":"1.5"}', frozenset({"amount"}))
+    assert canonical_key({"amount": Decimal("100")}, frozenset({"amount"})) == '{"amount":"100"}'
+    assert leader != _follower_canonical('{"year":1998,"nation":"FRANCE"}', numeric)
+    assert leader != _follower_canonical('{"year":1997,"nation":"FRANCE "}', numeric)
+    text = frozenset()
+    assert canonical_key({"code": "1997"}, text) != _follower_canonical('{"code":1997}', text)

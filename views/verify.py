@@ -10,7 +10,10 @@ Stated exactly:
 2. **Compare.** The view's SQL runs on the leader, as written, in one read-only transaction;
    its rows (keyed by the view's key, values in the JSON form) are compared with the
    follower's rows, in chunks of ``chunk_size`` keys (:meth:`Sink.read`), then every key the
-   follower holds is checked against the leader's set (*extra*).
+   follower holds is checked against the leader's set (*extra*). Keys match **by value**: a
+   key column that holds numbers on the leader is compared as a number, whatever its type on
+   either side (PostgreSQL's ``extract`` gives ``numeric`` 1997, the view's state ``BIGINT``
+   1997; ``1.50`` equals ``1.5``).
 3. **Recheck.** The leader cannot answer for the past, so while it keeps changing a key may
    differ only because the follower has not applied the newest transactions yet. Differing
    keys are rechecked — new mark, wait, run the SQL again — until they are gone or the same
@@ -29,6 +32,7 @@ import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -90,33 +94,86 @@ class _ViewWatermark(Sink):
         return self.inner.keys(topic)
 
 
-def leader_view(leader: Leader, sql: str, key: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """The view's SQL run on the leader: ``{key JSON text: row in JSON form}``."""
+@dataclass
+class LeaderView:
+    """The view's SQL run on the leader: each row by its key *by value*
+    (:func:`canonical_key`), with the key's JSON text as the leader gives it."""
+
+    #: canonical key -> row in JSON form
+    rows: dict[str, dict[str, Any]]
+    #: canonical key -> the key's JSON text from the leader's values
+    texts: dict[str, str]
+    #: the key columns that hold numbers on the leader
+    numeric: frozenset[str]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float | Decimal) and not isinstance(value, bool)
+
+
+def _number_text(value: Any) -> str:
+    """A number's value as text, whatever its type: ``1997``, ``Decimal('1997')``,
+    ``"1997.0"`` and ``1997.0`` all give ``1997``; ``"1.50"`` gives ``1.5``."""
+    try:
+        number = Decimal(str(value))
+    except ArithmeticError:
+        return str(value)
+    if not number.is_finite():
+        return str(number)
+    text = format(number.normalize(), "f")
+    return "0" if text in ("-0", "0") else text
+
+
+def canonical_key(values: Mapping[str, Any], numeric: frozenset[str]) -> str:
+    """A key compared by value: each of the ``numeric`` columns as :func:`_number_text` (the
+    leader's ``numeric`` 1997 and the follower's ``BIGINT`` 1997 are one key), the others as
+    they are."""
+    return _COMPACT.encode({column: _number_text(value)
+                            if column in numeric and value is not None else value
+                            for column, value in values.items()})
+
+
+def _follower_canonical(key_text: str, numeric: frozenset[str]) -> str:
+    try:
+        values = json.loads(key_text)
+    except ValueError:
+        return key_text
+    return canonical_key(values, numeric) if isinstance(values, dict) else key_text
+
+
+def leader_view(leader: Leader, sql: str, key: Sequence[str]) -> LeaderView:
+    """The view's SQL run on the leader, keyed by value."""
     names, rows = leader.query(sql)
     missing = [column for column in key if column not in names]
     if missing:
         raise CdcError(f"the view's SQL on the leader has no columns {missing} (it has "
                        f"{', '.join(names)})", "correct the view's key or SQL")
     positions = [names.index(column) for column in key]
-    out: dict[str, dict[str, Any]] = {}
+    numeric = frozenset(column for column, i in zip(key, positions, strict=True)
+                        if any(_is_number(row[i]) for row in rows))
+    out = LeaderView({}, {}, numeric)
     for row in rows:
-        out[_COMPACT.encode({column: json_form(row[i]) for column, i in
-                             zip(key, positions, strict=True)})] = \
-            {name: json_form(value) for name, value in zip(names, row, strict=True)}
+        values = {column: row[i] for column, i in zip(key, positions, strict=True)}
+        canonical = canonical_key(values, numeric)
+        out.texts[canonical] = _COMPACT.encode({c: json_form(v) for c, v in values.items()})
+        out.rows[canonical] = {name: json_form(value)
+                               for name, value in zip(names, row, strict=True)}
     return out
 
 
-def _differences(leader: Mapping[str, Mapping[str, Any]], held: Mapping[str, Mapping[str, str]],
+def _differences(leader: LeaderView, held: Mapping[str, Mapping[str, str]],
                  keys: Sequence[str], tolerant: Sequence[str]) -> list[Difference]:
+    """``keys`` (canonical) compared: ``held`` is the follower's rows by canonical key."""
     out: list[Difference] = []
     for key in keys:
-        want, have = leader.get(key), held.get(key)
+        want, have = leader.rows.get(key), held.get(key)
         if want is None and have is None:
             continue
+        shown = leader.texts.get(key, key)
         if want is None:
-            out.append(Difference(key, "extra"))
+            out.append(Difference(shown, "extra"))
         elif have is None:
-            out.append(Difference(key, "missing"))
+            out.append(Difference(shown, "missing"))
         else:
             text = row_text(want)
             columns = tuple(sorted(
@@ -124,8 +181,26 @@ def _differences(leader: Mapping[str, Mapping[str, Any]], held: Mapping[str, Map
                 if text.get(name) is None or have.get(name) is None
                 or not same_cell(text[name], have[name], name in tolerant)))
             if columns:
-                out.append(Difference(key, "different", columns))
+                out.append(Difference(shown, "different", columns))
     return out
+
+
+class _FollowerKeys:
+    """The follower's keys of the view, by canonical key (its own JSON text kept to read)."""
+
+    def __init__(self, sink: Sink, topic: str) -> None:
+        self.sink, self.topic = sink, topic
+        self.texts: list[str] = list(sink.keys(topic))
+        self.by_value: dict[str, str] = {}
+
+    def index(self, numeric: frozenset[str]) -> None:
+        self.by_value = {_follower_canonical(text, numeric): text for text in self.texts}
+
+    def read(self, keys: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The follower's rows of canonical ``keys`` (those it holds)."""
+        texts = {self.by_value[key]: key for key in keys if key in self.by_value}
+        found = self.sink.read(self.topic, list(texts)) if texts else {}
+        return {texts[text]: row for text, row in found.items() if text in texts}
 
 
 def verify_view(config: Config, name: str, follower: str, sink: Sink, console: Console, *,
@@ -140,23 +215,24 @@ def verify_view(config: Config, name: str, follower: str, sink: Sink, console: C
     leader = connector_for(config.source(view.source)).leader()
     try:
         rows = _round(config, leader, marked, view.sql, plan.key, timeout, console, result)
-        keys = list(rows)
+        held = _FollowerKeys(sink, topic)
+        held.index(rows.numeric)
+        result.follower_keys = len(held.texts)
+        keys = list(rows.rows)
         differing: list[Difference] = []
         for start in range(0, len(keys), chunk_size):
             chunk = keys[start:start + chunk_size]
-            differing += _differences(rows, sink.read(topic, chunk), chunk, result.approximate)
-        for key in sink.keys(topic):
-            result.follower_keys += 1
-            if key not in rows:
-                differing.append(Difference(key, "extra"))
-        result.rows = len(rows)
+            differing += _differences(rows, held.read(chunk), chunk, result.approximate)
+        differing += [Difference(held.by_value[key], "extra") for key in held.by_value
+                      if key not in rows.rows]
+        result.rows = len(rows.rows)
         previous: list[Difference] | None = None
         while differing and differing != previous and result.rounds < rounds:
             previous = differing
             rows = _round(config, leader, marked, view.sql, plan.key, timeout, console, result)
-            recheck = [difference.key for difference in differing]
-            differing = _differences(rows, sink.read(topic, recheck), recheck,
-                                     result.approximate)
+            recheck = [_follower_canonical(d.key, rows.numeric) for d in differing]
+            held.index(rows.numeric)
+            differing = _differences(rows, held.read(recheck), recheck, result.approximate)
         result.differences = differing
         return result
     finally:
@@ -164,8 +240,7 @@ def verify_view(config: Config, name: str, follower: str, sink: Sink, console: C
 
 
 def _round(config: Config, leader: Leader, sink: Sink, sql: str, key: Sequence[str],
-           timeout: float, console: Console, result: ViewVerifyResult
-           ) -> dict[str, dict[str, Any]]:
+           timeout: float, console: Console, result: ViewVerifyResult) -> LeaderView:
     """Mark, wait for the follower, run the SQL on the leader."""
     target = leader.target()
     began = time.monotonic()
