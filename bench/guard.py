@@ -49,7 +49,6 @@ import io
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -196,13 +195,7 @@ def steady_cpu(command: Sequence[str], log: Path, rows: int, out: Path, timeout:
             assert first is not None
             return cpu - first[0], done - first[1]
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            common.stop(proc)
 
 
 # ------------------------------------------------------------------------------ capture paths
@@ -261,6 +254,17 @@ def settle(server_cpu: Callable[[], float], limit: float = 15.0) -> float:
     return round(time.monotonic() - started, 2)
 
 
+def drains(bench: common.CaptureBench, sources: Sequence[str], work: Path, timeout: float
+           ) -> list[Callable[[], Sample]]:
+    """One ``cdc capture`` drain of the backlog per source (each bootstrapped on the empty
+    table before the backlog, with its own log): :func:`steady_cpu` of each."""
+    def drain(source: str) -> Sample:
+        return steady_cpu(common.capture_command(bench.work / f"{source}.yaml", __file__),
+                          bench.work / f"log-{source}", bench.expected,
+                          work / f"capture-{source}.out", timeout)
+    return [lambda source=source: drain(source) for source in sources]  # type: ignore[misc]
+
+
 def pg_paths(paths: Sequence[str], work: Path, rows: int, timeout: float,
              console: Console) -> list[Measurement]:
     """``pg_stream`` and ``pg_snapshot`` against one throwaway PostgreSQL."""
@@ -291,12 +295,10 @@ def pg_paths(paths: Sequence[str], work: Path, rows: int, timeout: float,
                 "pg_stream", "pg_recvlogical (pgoutput) + walsender",
                 lambda: reference_cpu(lambda: pg.measure_recvlogical(bench, next(slots)),
                                       server_cpu, bench.expected),
-                [lambda source=source: steady_cpu(  # type: ignore[misc]
-                    common.capture_command(bench.work / f"{source}.yaml", __file__),
-                    bench.work / f"log-{source}", bench.expected,
-                    work / f"capture-{source}.out", timeout)
-                 for source in (pg.SOURCE, pg.PROFILE_SOURCE)], {"settled_s": waited}))
+                drains(bench, (pg.SOURCE, pg.PROFILE_SOURCE), work, timeout),
+                {"settled_s": waited}))
         if "pg_snapshot" in paths:
+            settle(server_cpu)  # the drains' walsenders and checkpoints done
             results.append(alternate(
                 "pg_snapshot", "psql COPY TO STDOUT + its backend",
                 lambda: reference_cpu(lambda: pg.measure_copy(bench), server_cpu, rows),
@@ -336,12 +338,10 @@ def mysql_paths(paths: Sequence[str], work: Path, rows: int, timeout: float,
                 "mysql_stream", "mariadb-binlog -v + mariadbd",
                 lambda: reference_cpu(lambda: my.measure_binlog(bench), server_cpu,
                                       bench.expected),
-                [lambda source=source: steady_cpu(  # type: ignore[misc]
-                    common.capture_command(bench.work / f"{source}.yaml", __file__),
-                    bench.work / f"log-{source}", bench.expected,
-                    work / f"capture-{source}.out", timeout)
-                 for source in (my.SOURCE, my.PROFILE_SOURCE)], {"settled_s": waited}))
+                drains(bench, (my.SOURCE, my.PROFILE_SOURCE), work, timeout),
+                {"settled_s": waited}))
         if "mysql_snapshot" in paths:
+            settle(server_cpu)  # the drains' binlog dump threads done
             log = bench.work / f"log-{my.SNAPSHOT_SOURCE}"
             config = bench.source_config(my.SNAPSHOT_SOURCE)
 
