@@ -444,11 +444,43 @@ def _normalize(tree: exp.Query, operators: list[Operator],
     """``tree`` rewritten into the normal form of the module docstring (same rows); each
     aggregating subquery in FROM is replaced by a table of :data:`SUB_SCHEMA` (added to
     ``subqueries``)."""
+    _apply_column_lists(tree)
     tree = _inline_ctes(tree, operators)
     for select in _selects(tree):
         _merge_subqueries(select, operators, subqueries)
         _distinct_as_group(select, operators)
     return tree
+
+
+def _apply_column_lists(tree: exp.Query) -> None:
+    """A column list -- ``WITH t (a, b) AS (...)``, ``(SELECT ...) AS t (a, b)`` -- written
+    into the query it names: its output columns take those names (``AS a``, ``AS b``) and the
+    list goes (the same rows and names; what follows sees named columns)."""
+    for node in [*tree.find_all(exp.CTE), *tree.find_all(exp.Subquery)]:
+        alias = node.args.get("alias")
+        names = alias.args.get("columns") if isinstance(alias, exp.TableAlias) else None
+        if not names or not isinstance(node.this, exp.Query):
+            continue
+        for select in _branches(node.this):
+            if len(select.expressions) != len(names):
+                raise ViewDefinitionError(
+                    f"the column list ({', '.join(n.name for n in names)}) of "
+                    f"{alias.name or 'a subquery'} names {len(names)} columns, its query "
+                    f"gives {len(select.expressions)}",
+                    "name as many columns as the query selects")
+            select.set("expressions", [
+                exp.alias_(projection.unalias().copy(), name.copy())
+                for projection, name in zip(select.expressions, names, strict=True)])
+        alias.set("columns", None)
+
+
+def _branches(query: exp.Query) -> list[exp.Select]:
+    """The SELECTs whose rows a query gives (each branch of a UNION / INTERSECT / EXCEPT)."""
+    if isinstance(query, exp.SetOperation):
+        return [*_branches(query.this), *_branches(query.expression)]
+    if isinstance(query, exp.Subquery) and isinstance(query.this, exp.Query):
+        return _branches(query.this)
+    return [query] if isinstance(query, exp.Select) else []
 
 
 def _inline_ctes(tree: exp.Query, operators: list[Operator]) -> exp.Query:
