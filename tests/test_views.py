@@ -103,6 +103,9 @@ VIEWS: dict[str, tuple[str, list[str]]] = {
               "spent FROM (SELECT c.id, count(o.id) FROM customers c LEFT JOIN orders o "
               "ON o.customer_id = c.id GROUP BY c.id) AS per (cid, n) LEFT JOIN spend s "
               "ON s.cid = per.cid GROUP BY per.n", ["n"]),
+    # columns named without their table, resolved through the catalog (the tables' columns)
+    "unqualified": ("SELECT name, count(sku) AS n, sum(amount) AS total FROM customers c "
+                    "LEFT JOIN orders o ON c.id = customer_id GROUP BY name", ["name"]),
     # outside the incremental class: recomputed whole
     "ranked_all": ("SELECT o.id, row_number() OVER (ORDER BY o.amount, o.id) AS r "
                    "FROM orders o", ["id"]),
@@ -128,13 +131,19 @@ CONSTRUCTS = {
     "an aggregating subquery on a LEFT JOIN's null side": "counted",
     "a window partitioned by a joined column": "regional",
     "column lists: AS t (a, b), WITH t (a, b) AS": "named",
+    "columns without their table (resolved through the catalog)": "unqualified",
 }
+
+
+def catalog() -> dict[TableId, list[str]]:
+    """The captured tables' columns (what ``views.sink.view_plan`` reads from the log)."""
+    return {table: [column for column, _ in columns] for table, columns in COLUMNS.items()}
 
 
 # ----------------------------------------------------------------------------- the SQL
 
 def test_views_are_classified_with_the_reason() -> None:
-    plans = {name: analyze(name, sql, key, "postgres", CAPTURED)
+    plans = {name: analyze(name, sql, key, "postgres", CAPTURED, catalog)
              for name, (sql, key) in VIEWS.items()}
     assert {name for name, plan in plans.items() if plan.mode == "incremental"} == \
         set(VIEWS) - {"ranked_all"}
@@ -164,6 +173,23 @@ def test_views_are_classified_with_the_reason() -> None:
             (sql, plan.reason)
     assert approximate_columns(analyze("e", EXTREMES, ["customer_id"], "postgres", CAPTURED),
                                {}) == ["mean"]
+
+
+def test_unqualified_columns_get_the_plan_of_the_qualified_form() -> None:
+    """TPC-H writes ``c_custkey = o_custkey``: resolved through the catalog, the LEFT JOIN is
+    planned as if each column named its table; without the catalog it is not (and a name
+    several tables have is left for the leader to refuse)."""
+    sql, key = VIEWS["unqualified"]
+    qualified = ("SELECT c.name, count(o.sku) AS n, sum(o.amount) AS total FROM customers c "
+                 "LEFT JOIN orders o ON c.id = o.customer_id GROUP BY c.name")
+    resolved = analyze("u", sql, key, "postgres", CAPTURED, catalog)
+    assert resolved.mode == "incremental", resolved.reason
+    assert resolved.full_sql == analyze("q", qualified, key, "postgres", CAPTURED).full_sql
+    assert analyze("u", sql, key, "postgres", CAPTURED).full_sql != resolved.full_sql
+    ambiguous = analyze("a", "SELECT id, count(*) AS n FROM customers c JOIN orders o "
+                        "ON c.id = o.customer_id GROUP BY id", ["id"], "postgres", CAPTURED,
+                        catalog)
+    assert "GROUP BY id" in ambiguous.full_sql  # both tables have an id: left as written
 
 
 @pytest.mark.parametrize(("sql", "key", "message"), [
@@ -261,7 +287,7 @@ def test_incremental_strict_refuses_a_recomputed_construct_naming_the_rewrite() 
 # ------------------------------------------------------------------ the engine, randomly
 
 def _state(directory: Path, name: str, sql: str, key: list[str]) -> ViewState:
-    plan = analyze(name, sql, key, "postgres", CAPTURED)
+    plan = analyze(name, sql, key, "postgres", CAPTURED, catalog)
     return ViewState(directory / f"{name}.duckdb", plan, lambda table: COLUMNS[table])
 
 

@@ -172,9 +172,13 @@ class ViewPlan:
 
 
 def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
-            captured: Sequence[TableId]) -> ViewPlan:
+            captured: Sequence[TableId],
+            catalog: Callable[[], Mapping[TableId, Sequence[str]]] | None = None) -> ViewPlan:
     """Parse and classify view ``name`` (see the module docstring); ``captured``: the tables
-    its source captures. A :class:`ViewDefinitionError` for SQL that cannot be a view."""
+    its source captures; ``catalog()``: their columns where known, asked only when a SELECT
+    of several tables names a column without its table (it is then resolved to the one table
+    of its SELECT that has it: :func:`_qualify_columns`). A :class:`ViewDefinitionError` for
+    SQL that cannot be a view."""
     written = _parse(name, sql, dialect)
     _resolve_tables(name, written, captured, {})  # names checked as written
     volatile = _volatile(written)
@@ -185,7 +189,7 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
             f"remove it from views.{name}.sql (compute it when reading the view instead)")
     operators: list[Operator] = []
     subqueries: dict[TableId, exp.Select] = {}
-    tree = _normalize(written.copy(), operators, subqueries)
+    tree = _normalize(written.copy(), operators, subqueries, captured, catalog)
     indexes: dict[TableId, int] = {}
     known = [*captured, *subqueries]
     references = _resolve_tables(name, tree, known, indexes)
@@ -440,11 +444,14 @@ def _volatile(tree: exp.Expr) -> str:
 # ----------------------------------------------------------------------- normal form
 
 def _normalize(tree: exp.Query, operators: list[Operator],
-               subqueries: dict[TableId, exp.Select]) -> exp.Query:
+               subqueries: dict[TableId, exp.Select], captured: Sequence[TableId],
+               catalog: Callable[[], Mapping[TableId, Sequence[str]]] | None) -> exp.Query:
     """``tree`` rewritten into the normal form of the module docstring (same rows); each
     aggregating subquery in FROM is replaced by a table of :data:`SUB_SCHEMA` (added to
     ``subqueries``)."""
     _apply_column_lists(tree)
+    if catalog is not None and _unqualified_in_joins(tree):
+        _qualify_columns(tree, captured, catalog())
     tree = _inline_ctes(tree, operators)
     for select in _selects(tree):
         _merge_subqueries(select, operators, subqueries)
@@ -458,8 +465,10 @@ def _apply_column_lists(tree: exp.Query) -> None:
     list goes (the same rows and names; what follows sees named columns)."""
     for node in [*tree.find_all(exp.CTE), *tree.find_all(exp.Subquery)]:
         alias = node.args.get("alias")
-        names = alias.args.get("columns") if isinstance(alias, exp.TableAlias) else None
-        if not names or not isinstance(node.this, exp.Query):
+        if not isinstance(alias, exp.TableAlias) or not isinstance(node.this, exp.Query):
+            continue
+        names = alias.args.get("columns")
+        if not names:
             continue
         for select in _branches(node.this):
             if len(select.expressions) != len(names):
@@ -472,6 +481,53 @@ def _apply_column_lists(tree: exp.Query) -> None:
                 exp.alias_(projection.unalias().copy(), name.copy())
                 for projection, name in zip(select.expressions, names, strict=True)])
         alias.set("columns", None)
+
+
+def _unqualified_in_joins(tree: exp.Query) -> bool:
+    """Whether a SELECT of several tables names a column without its table."""
+    return any(select.args.get("joins") and any(
+        not column.table and column.find_ancestor(exp.Select) is select
+        for column in select.find_all(exp.Column)) for select in tree.find_all(exp.Select))
+
+
+def _qualify_columns(tree: exp.Query, captured: Sequence[TableId],
+                     catalog: Mapping[TableId, Sequence[str]]) -> None:
+    """Each unqualified column of a SELECT (``c_custkey = o_custkey``) qualified with the one
+    table, WITH or subquery of that SELECT's FROM and joins that has such a column -- as the
+    leader resolves it -- so that the plan is the qualified form's. A name none or several of
+    them have is left as written (the leader refuses an ambiguous one; an output alias or an
+    outer query's column is not a table's); so is every column of ORDER BY (where an output
+    name comes first)."""
+    ctes = {cte.alias_or_name: cte.this for cte in tree.find_all(exp.CTE)}
+    by_name: dict[str, list[TableId]] = {}
+    for table in captured:
+        by_name.setdefault(table.table, []).append(table)
+
+    def columns_of(node: exp.Expr) -> set[str]:
+        if isinstance(node, exp.Subquery) and isinstance(node.this, exp.Query):
+            return {p.alias_or_name for p in node.this.selects}
+        if not isinstance(node, exp.Table):
+            return set()
+        if not node.db and node.name in ctes:
+            return {p.alias_or_name for p in ctes[node.name].selects}
+        found = [TableId(node.db, node.name)] if node.db else by_name.get(node.name, [])
+        return set(catalog.get(found[0], ())) if len(found) == 1 else set()
+
+    for select in list(tree.find_all(exp.Select)):
+        if not select.args.get("from_"):
+            continue
+        scope = [select.args["from_"].this, *(j.this for j in select.args.get("joins") or [])]
+        owners: dict[str, list[str]] = {}
+        for node in scope:
+            for name in columns_of(node):
+                owners.setdefault(name, []).append(node.alias_or_name)
+        for column in list(select.find_all(exp.Column)):
+            if column.table or column.find_ancestor(exp.Select) is not select \
+                    or column.find_ancestor(exp.Order) is not None:
+                continue
+            found = owners.get(column.name, [])
+            if len(found) == 1:
+                column.set("table", exp.to_identifier(found[0]))
 
 
 def _branches(query: exp.Query) -> list[exp.Select]:

@@ -65,7 +65,8 @@ def view_plan(config: Config, name: str) -> ViewPlan:
     view = config.views[name]
     source = config.source(view.source)
     captured = [TableId.parse(text) for text in source.tables]
-    plan = analyze(name, view.sql, view.key, str(getattr(source, "kind", "postgres")), captured)
+    plan = analyze(name, view.sql, view.key, str(getattr(source, "kind", "postgres")), captured,
+                   lambda: _catalog(config, view.source, captured))
     _refuse_ruled_columns(name, plan, source.columns)
     if view.incremental == "strict" and plan.blocking:
         raise ViewDefinitionError(
@@ -75,6 +76,19 @@ def view_plan(config: Config, name: str) -> ViewPlan:
             "; ".join(f"{op.construct}: {op.rewrite}" for op in plan.blocking)
             + f" (or remove views.{name}.incremental to let it be recomputed)")
     return plan
+
+
+def _catalog(config: Config, source: str, tables: Sequence[TableId]
+             ) -> dict[TableId, list[str]]:
+    """The captured tables' columns, from their newest value schemas in the log (those not
+    captured yet: none)."""
+    store = schema_store(config)
+    out: dict[TableId, list[str]] = {}
+    for table in tables:
+        columns = declared_columns(store, source, table)
+        if columns is not None:
+            out[table] = [column for column, _ in columns]
+    return out
 
 
 def _refuse_ruled_columns(name: str, plan: ViewPlan, columns: Mapping[str, Any]) -> None:
