@@ -80,15 +80,20 @@ def logical_columns(schema: Any) -> dict[str, Logical]:
     """Column name -> logical kind, in order, of the row record of an envelope value schema
     (:func:`cdc.avro.value_schema`; the original column name: ``cdc.column`` where the Avro name
     was adjusted); empty for anything else."""
+    return {field.get("cdc.column", field["name"]): _field_logical(field)
+            for field in _row_fields(schema)}
+
+
+def _row_fields(schema: Any) -> list[dict[str, Any]]:
+    """The fields of the row record of an envelope value schema ([] for anything else)."""
     for envelope_field in schema.get("fields", []) if isinstance(schema, dict) else []:
         if envelope_field.get("name") not in ("before", "after"):
             continue
         branches = envelope_field["type"]
         for branch in branches if isinstance(branches, list) else [branches]:
             if isinstance(branch, dict) and branch.get("type") == "record":
-                return {field.get("cdc.column", field["name"]): _field_logical(field)
-                        for field in branch["fields"]}
-    return {}
+                return list(branch["fields"])
+    return []
 
 
 def _field_logical(field: dict[str, Any]) -> Logical:
@@ -114,3 +119,36 @@ def guess_kind(values: Sequence[Any]) -> LogicalKind:
             value in SPECIAL_FLOATS for value in values if type(value) is str):
         return LogicalKind.FLOAT64
     return LogicalKind.TEXT
+
+
+#: ``source_type`` of a blank-padded column: PostgreSQL's ``character(n)``
+_PADDED = "character({})"
+
+
+def blank_padded(length: int) -> str:
+    """The ``source_type`` of a column blank-padded to ``length`` characters (PostgreSQL's
+    ``character(n)``: every value holds exactly n characters, trailing blanks added)."""
+    return _PADDED.format(length)
+
+
+def blank_padded_length(ctype: ColumnType) -> int | None:
+    """n for a column of PostgreSQL's ``character(n)`` (:func:`blank_padded`), else None. Its
+    trailing blanks are insignificant: PostgreSQL compares, groups and converts such values to
+    text without them, and gives them back padded to n."""
+    source = ctype.source_type or ""
+    prefix, _, rest = source.partition("(")
+    if prefix != _PADDED.split("(")[0] or not rest.endswith(")") or not rest[:-1].isdigit():
+        return None
+    return int(rest[:-1])
+
+
+def padded_columns(schema: Any) -> dict[str, int]:
+    """Column name -> n of the ``character(n)`` columns of an envelope value schema."""
+    out: dict[str, int] = {}
+    for field in _row_fields(schema):
+        described = field.get("cdc.type")
+        if isinstance(described, dict):
+            length = blank_padded_length(ColumnType.from_description(described))
+            if length is not None:
+                out[field.get("cdc.column", field["name"])] = length
+    return out

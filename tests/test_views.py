@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from cdc.events import TableId
+from cdc.logical import blank_padded_length
 from tests.faults import fault_env
 from views.definition import ViewDefinitionError, analyze, approximate_columns
 from views.state import BaseChange, ViewError, ViewState
@@ -135,9 +136,10 @@ CONSTRUCTS = {
 }
 
 
-def catalog() -> dict[TableId, list[str]]:
+def catalog() -> dict[TableId, dict[str, int | None]]:
     """The captured tables' columns (what ``views.sink.view_plan`` reads from the log)."""
-    return {table: [column for column, _ in columns] for table, columns in COLUMNS.items()}
+    return {table: dict.fromkeys(column for column, _ in columns)
+            for table, columns in COLUMNS.items()}
 
 
 # ----------------------------------------------------------------------------- the SQL
@@ -902,3 +904,69 @@ def test_verify_matches_keys_by_value_across_number_types() -> None:
     assert leader != _follower_canonical('{"year":1997,"nation":"FRANCE "}', numeric)
     text = frozenset()
     assert canonical_key({"code": "1997"}, text) != _follower_canonical('{"code":1997}', text)
+
+
+#: PostgreSQL's character(n) against the leader's own answers (TPC-H's CHAR columns: Q3, Q5,
+#: Q12 and Q16 came out wrong while the state compared the padded text)
+PADDED = """
+    CREATE TABLE seg (id int PRIMARY KEY, seg char(10) NOT NULL, code char(3), note text);
+    INSERT INTO seg VALUES (1, 'BUILDING', 'ab', 'x'), (2, 'MACHINERY', 'ab ', 'y'),
+        (3, 'BUILDING ', 'cd', 'z'), (4, 'AUTO', 'a', 'BUILDING'), (5, 'AUTO', NULL, NULL),
+        (6, 'HOUSEHOLD', 'b', 'q');
+"""
+PADDED_VIEWS: dict[str, tuple[str, list[str]]] = {
+    "eq": ("SELECT s.id, s.seg, s.code FROM seg s WHERE s.seg = 'BUILDING'", ["id"]),
+    "ne_in": ("SELECT s.id FROM seg s WHERE s.seg <> 'BUILDING' AND s.code IN ('ab', 'a')",
+              ["id"]),
+    "group": ("SELECT s.seg, count(*) AS n, min(s.code) AS lo, max(s.code) AS hi FROM seg s "
+              "GROUP BY s.seg", ["seg"]),
+    "distinct": ("SELECT DISTINCT s.code FROM seg s WHERE s.code IS NOT NULL", ["code"]),
+    "text": ("SELECT s.id, length(s.seg) AS len, s.seg || '|' AS piped, "
+             "concat(s.code, '|') AS joined, upper(s.code) AS up FROM seg s", ["id"]),
+    "like": ("SELECT s.id FROM seg s WHERE s.code LIKE '%b' OR s.seg LIKE 'AUTO%'", ["id"]),
+    "self_join": ("SELECT s.id, t.id AS other FROM seg s JOIN seg t ON t.code = s.code "
+                  "WHERE s.id < t.id", ["id", "other"]),
+    "sub": ("SELECT g.seg, g.n FROM (SELECT s.seg, count(*) AS n FROM seg s GROUP BY s.seg) g "
+            "WHERE g.seg IN ('AUTO', 'BUILDING')", ["seg"]),
+}
+
+
+def test_character_n_columns_compute_as_the_leader(tmp_path: Path, pg_db: Any) -> None:
+    """Each view over character(n) columns holds exactly the leader's answer to its SQL: the
+    state fed the rows as capture gives them (padded), typed through the connector's own
+    rule (``pg_type`` of the column's type modifier)."""
+    from connectors.postgres.types import pg_type
+    from views.types import json_form
+
+    pg_db.execute(PADDED)
+    table = TableId("public", "seg")
+    described = {str(name): blank_padded_length(pg_type(int(oid), int(modifier), {})
+                                                .column_type)
+                 for name, oid, modifier in pg_db.execute(
+                     "SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid = "
+                     "'seg'::regclass AND attnum > 0 ORDER BY attnum")}
+    assert described == {"id": None, "seg": 10, "code": 3, "note": None}
+    with pg_db.connect() as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT * FROM seg")
+        names = [d.name for d in cursor.description]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    assert rows[0]["seg"] == "BUILDING  "  # padded, as capture reads it
+    changes = [BaseChange(table, json.dumps({"id": row["id"]}, separators=(",", ":")),
+                          bytes([row["id"]]), row) for row in rows]
+    types = [("id", "BIGINT"), ("seg", "VARCHAR"), ("code", "VARCHAR"), ("note", "VARCHAR")]
+    for name, (sql, key) in PADDED_VIEWS.items():
+        plan = analyze(name, sql, key, "postgres", [table], lambda: {table: described})
+        state = ViewState(tmp_path / f"{name}.duckdb", plan, lambda _t: types)
+        try:
+            state.apply(changes)
+            with pg_db.connect() as conn, conn.cursor() as cursor:
+                cursor.execute(sql)
+                columns = [d.name for d in cursor.description]
+                leader = {json.dumps({k: json_form(row[columns.index(k)]) for k in key},
+                                     separators=(",", ":")):
+                          {c: json_form(v) for c, v in zip(columns, row, strict=True)}
+                          for row in cursor.fetchall()}
+            assert leader, name
+            assert state.rows() == leader, name
+        finally:
+            state.close()

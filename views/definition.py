@@ -71,6 +71,10 @@ SCOPES = "_cdc_scopes"            # (s0, s1, ...): with windows, the partitions 
 #: the schema of the state's tables that hold an aggregating subquery's rows (``s0``, ``s1``...)
 SUB_SCHEMA = "_cdc_sub"
 
+#: what ``analyze`` knows of the captured tables: per table, each column and -- for a
+#: ``character(n)`` column (``cdc.logical.blank_padded_length``) -- n, else None
+Catalog = Mapping[TableId, Mapping[str, int | None]]
+
 #: the leader kinds' sqlglot dialects
 DIALECTS = {"postgres": "postgres", "mysql": "mysql"}
 
@@ -151,6 +155,9 @@ class ViewPlan:
     #: each aggregating subquery in FROM, kept as a table of the state (``_cdc_sub.s<i>``):
     #: its own plan over captured tables, keyed by its GROUP BY columns
     subviews: dict[TableId, ViewPlan] = field(default_factory=dict)
+    #: per captured table, its ``character(n)`` columns and n: the state holds their values
+    #: without the trailing blanks (``views/state.py``)
+    padded: dict[TableId, dict[str, int]] = field(default_factory=dict)
     #: every construct met, in order, each incremental or not
     operators: list[Operator] = field(default_factory=list)
     #: each output column's expression (as written)
@@ -173,12 +180,12 @@ class ViewPlan:
 
 def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
             captured: Sequence[TableId],
-            catalog: Callable[[], Mapping[TableId, Sequence[str]]] | None = None) -> ViewPlan:
+            catalog: Callable[[], Catalog] | None = None) -> ViewPlan:
     """Parse and classify view ``name`` (see the module docstring); ``captured``: the tables
-    its source captures; ``catalog()``: their columns where known, asked only when a SELECT
-    of several tables names a column without its table (it is then resolved to the one table
-    of its SELECT that has it: :func:`_qualify_columns`). A :class:`ViewDefinitionError` for
-    SQL that cannot be a view."""
+    its source captures; ``catalog()``: their columns where known (:data:`Catalog`): a column
+    named without its table is resolved to the one table of its SELECT that has it
+    (:func:`_qualify_columns`), and ``character(n)`` columns keep the leader's semantics
+    (:func:`_blank_padding`). A :class:`ViewDefinitionError` for SQL that cannot be a view."""
     written = _parse(name, sql, dialect)
     _resolve_tables(name, written, captured, {})  # names checked as written
     volatile = _volatile(written)
@@ -189,7 +196,12 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
             f"remove it from views.{name}.sql (compute it when reading the view instead)")
     operators: list[Operator] = []
     subqueries: dict[TableId, exp.Select] = {}
-    tree = _normalize(written.copy(), operators, subqueries, captured, catalog)
+    described = dict(catalog()) if catalog is not None else {}
+    tree = _normalize(written.copy(), operators, subqueries, captured, described)
+    padded = {table: lengths for table, columns in described.items()
+              if (lengths := {c: n for c, n in columns.items() if n})}
+    if padded:
+        _blank_padding(tree, subqueries, [*captured, *subqueries], padded)
     indexes: dict[TableId, int] = {}
     known = [*captured, *subqueries]
     references = _resolve_tables(name, tree, known, indexes)
@@ -208,6 +220,7 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
                                   "make the subquery a view of its own"))
     plan = ViewPlan(name, "incremental", "", list(indexes), references, columns, list(key),
                     _state_sql(tree, references), subviews=subviews, operators=operators)
+    plan.padded = {table: lengths for table, lengths in padded.items() if table in captured}
     blocking = plan.blocking
     if blocking:
         plan.mode, plan.reason = "recompute", f"{blocking[0].construct}: {blocking[0].reason}"
@@ -445,13 +458,13 @@ def _volatile(tree: exp.Expr) -> str:
 
 def _normalize(tree: exp.Query, operators: list[Operator],
                subqueries: dict[TableId, exp.Select], captured: Sequence[TableId],
-               catalog: Callable[[], Mapping[TableId, Sequence[str]]] | None) -> exp.Query:
+               catalog: Catalog) -> exp.Query:
     """``tree`` rewritten into the normal form of the module docstring (same rows); each
     aggregating subquery in FROM is replaced by a table of :data:`SUB_SCHEMA` (added to
     ``subqueries``)."""
     _apply_column_lists(tree)
-    if catalog is not None and _unqualified_in_joins(tree):
-        _qualify_columns(tree, captured, catalog())
+    if catalog and _unqualified_in_joins(tree):
+        _qualify_columns(tree, captured, catalog)
     tree = _inline_ctes(tree, operators)
     for select in _selects(tree):
         _merge_subqueries(select, operators, subqueries)
@@ -490,8 +503,7 @@ def _unqualified_in_joins(tree: exp.Query) -> bool:
         for column in select.find_all(exp.Column)) for select in tree.find_all(exp.Select))
 
 
-def _qualify_columns(tree: exp.Query, captured: Sequence[TableId],
-                     catalog: Mapping[TableId, Sequence[str]]) -> None:
+def _qualify_columns(tree: exp.Query, captured: Sequence[TableId], catalog: Catalog) -> None:
     """Each unqualified column of a SELECT (``c_custkey = o_custkey``) qualified with the one
     table, WITH or subquery of that SELECT's FROM and joins that has such a column -- as the
     leader resolves it -- so that the plan is the qualified form's. A name none or several of
@@ -528,6 +540,108 @@ def _qualify_columns(tree: exp.Query, captured: Sequence[TableId],
             found = owners.get(column.name, [])
             if len(found) == 1:
                 column.set("table", exp.to_identifier(found[0]))
+
+
+def _blank_padding(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
+                   tables: Sequence[TableId], padded: dict[TableId, dict[str, int]]) -> None:
+    """PostgreSQL's ``character(n)`` in the state: its values are held without their trailing
+    blanks (``views/state.py``), so comparing, grouping, joining, ``IN``, ``length`` and
+    ``||`` see what the leader sees (it ignores them, and drops them on the way to text).
+    Where the leader keeps them, the blanks are put back (``rpad(c, n)``): a view column that
+    is such a column or its MIN/MAX, and the operand of LIKE, a regular expression,
+    ``concat()`` and ``octet_length``. An aggregating subquery's columns of that kind are
+    padded columns of its table in turn (``padded`` is extended)."""
+    for table, inner in subqueries.items():
+        aliases = _aliases_of(inner, tables)
+        _pad_operands(inner, aliases, padded)
+        lengths = {projection.alias_or_name: n for projection in inner.selects
+                   if (n := _padded_output(projection.unalias(), aliases, padded))}
+        if lengths:
+            padded[table] = lengths
+    for select in _branches(tree):
+        aliases = _aliases_of(select, tables)
+        _pad_operands(select, aliases, padded)
+        select.set("expressions", [_pad_output(projection, aliases, padded)
+                                   for projection in select.expressions])
+
+
+def _aliases_of(select: exp.Select, tables: Sequence[TableId]) -> dict[str, TableId]:
+    """Alias -> table of the tables in a SELECT's FROM and joins."""
+    by_name: dict[str, list[TableId]] = {}
+    for table in tables:
+        by_name.setdefault(table.table, []).append(table)
+    out: dict[str, TableId] = {}
+    if not select.args.get("from_"):
+        return out
+    for node in [select.args["from_"].this, *(j.this for j in select.args.get("joins") or [])]:
+        if isinstance(node, exp.Table):
+            found = [TableId(node.db, node.name)] if node.db else by_name.get(node.name, [])
+            if len(found) == 1:
+                out[node.alias_or_name] = found[0]
+    return out
+
+
+def _padding_of(node: exp.Expr, aliases: Mapping[str, TableId],
+                padded: Mapping[TableId, Mapping[str, int]]) -> int | None:
+    """n when ``node`` is a column of a ``character(n)`` column, else None."""
+    if not isinstance(node, exp.Column):
+        return None
+    table = aliases.get(node.table) if node.table else \
+        next(iter(aliases.values())) if len(aliases) == 1 else None
+    return None if table is None else padded.get(table, {}).get(node.name)
+
+
+def _padded_output(node: exp.Expr, aliases: Mapping[str, TableId],
+                   padded: Mapping[TableId, Mapping[str, int]]) -> int | None:
+    """n when a view column ``node`` is, on the leader, a ``character(n)`` value: such a
+    column, or its MIN or MAX."""
+    if isinstance(node, exp.Min | exp.Max):
+        node = node.this
+    return _padding_of(node, aliases, padded)
+
+
+def _rpad(node: exp.Expr, n: int) -> exp.Expr:
+    padding = exp.Anonymous(this="rpad", expressions=[node, exp.Literal.number(n),
+                                                      exp.Literal.string(" ")])
+    padding.meta[_PADDING] = True
+    return padding
+
+
+#: marks the ``rpad`` nodes :func:`_blank_padding` wrote (a padded key column is its column)
+_PADDING = "cdc_blank_padding"
+
+
+def _unpadded(expression: exp.Expr) -> exp.Expr:
+    """A view column's expression without the blanks :func:`_blank_padding` put back."""
+    return expression.expressions[0] if expression.meta.get(_PADDING) else expression
+
+
+def _pad_output(projection: exp.Expr, aliases: Mapping[str, TableId],
+                padded: Mapping[TableId, Mapping[str, int]]) -> exp.Expr:
+    n = _padded_output(projection.unalias(), aliases, padded)
+    if n is None:
+        return projection
+    return exp.alias_(_rpad(projection.unalias().copy(), n),
+                      exp.to_identifier(projection.alias_or_name))
+
+
+#: where the leader keeps a ``character(n)`` value's blanks: these operations' operands
+_KEEPS_BLANKS = (exp.Like, exp.ILike, exp.RegexpLike, exp.RegexpILike, exp.Concat)
+
+
+def _pad_operands(select: exp.Select, aliases: Mapping[str, TableId],
+                  padded: Mapping[TableId, Mapping[str, int]]) -> None:
+    for node in list(select.find_all(*_KEEPS_BLANKS, exp.Anonymous)):
+        if isinstance(node, exp.Anonymous) and str(node.name).lower() != "octet_length":
+            continue
+        if node.find_ancestor(exp.Select) is not select:
+            continue
+        for operand in [node.this, *node.expressions] if isinstance(
+                node, exp.Concat | exp.Anonymous) else [node.this]:
+            n = _padding_of(operand, aliases, padded) if isinstance(operand, exp.Expr) \
+                else None
+            if n is not None:
+                operand.replace(_rpad(operand.copy(), n))
 
 
 def _branches(query: exp.Query) -> list[exp.Select]:
@@ -868,7 +982,7 @@ def _key_expressions(name: str, select: exp.Select, key: Sequence[str],
     if group is not None:
         grouped = {_canonical(expression) for expression in _grouping(select)}
         loose = [column for column, expression in zip(key, out, strict=True)
-                 if _canonical(expression) not in grouped]
+                 if _canonical(_unpadded(expression)) not in grouped]
         if loose:
             raise ViewDefinitionError(f"view {name}: key columns {loose} are not GROUP BY "
                                       "expressions, so one key could span several groups",

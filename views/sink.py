@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cdc.events import TableId, topic_name
-from cdc.logical import logical_columns
+from cdc.logical import logical_columns, padded_columns
 from cdc.sink import ApplyStats, Change, Placement, Sink, row_text
 from views.definition import ViewDefinitionError, ViewPlan, analyze
 from views.state import BaseChange, BatchResult, ViewChange, ViewError, ViewState, state_meta
@@ -79,15 +79,17 @@ def view_plan(config: Config, name: str) -> ViewPlan:
 
 
 def _catalog(config: Config, source: str, tables: Sequence[TableId]
-             ) -> dict[TableId, list[str]]:
-    """The captured tables' columns, from their newest value schemas in the log (those not
-    captured yet: none)."""
+             ) -> dict[TableId, dict[str, int | None]]:
+    """The captured tables' columns (each with n if it is a ``character(n)``), from their
+    newest value schemas in the log (a table not captured yet: absent)."""
     store = schema_store(config)
-    out: dict[TableId, list[str]] = {}
+    out: dict[TableId, dict[str, int | None]] = {}
     for table in tables:
-        columns = declared_columns(store, source, table)
-        if columns is not None:
-            out[table] = [column for column, _ in columns]
+        versions = [] if store is None else store.versions(f"{topic_name(source, table)}-value")
+        if versions:
+            schema = versions[-1].schema
+            lengths = padded_columns(schema)
+            out[table] = {column: lengths.get(column) for column in logical_columns(schema)}
     return out
 
 

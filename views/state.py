@@ -196,6 +196,17 @@ class ViewState:
             self._ensure_table(table)
         if stored != str(FORMAT):  # new, unmarked, or upgraded just now
             self.set_meta("format", str(FORMAT))
+        padding = json.dumps({str(t): sorted(c) for t, c in sorted(
+            self.plan.padded.items(), key=lambda item: str(item[0]))})
+        if (self.meta("padded") or "{}") != padding:
+            # character(n) columns are held without their trailing blanks (views/definition.py:
+            # _blank_padding): rows held before are stripped here, then the view recomputed
+            for table, columns in self.plan.padded.items():
+                for column in columns:
+                    self._q(f"UPDATE {_table_sql(table)} SET {_quote(column)} = "
+                            f"rtrim({_quote(column)}, ' ')")
+            self.set_meta("padded", padding)
+            self.set_meta("stale", "1")
         if self.meta("sql") != self.plan.full_sql:
             # a new definition: the next batch recomputes the whole view and compares
             self.set_meta("sql", self.plan.full_sql)
@@ -523,8 +534,11 @@ class ViewState:
                     pa.string())
             self.db.register("_cdc_staged", pa.table(staged))
             try:
-                casts = "".join(f", CAST(c{number} AS {kind}) AS {_quote(name)}"
-                                for number, (name, kind) in enumerate(columns))
+                padded = self.plan.padded.get(table, {})
+                casts = "".join(
+                    f", rtrim(CAST(c{number} AS VARCHAR), ' ') AS {_quote(name)}"
+                    if name in padded else f", CAST(c{number} AS {kind}) AS {_quote(name)}"
+                    for number, (name, kind) in enumerate(columns))
                 self._q(f"CREATE OR REPLACE TEMP TABLE {NEW.format(index=index)} AS "
                         f"SELECT k AS {KEY_COLUMN}, {key_hash('k')} AS {KEY_HASH}, "
                         f"pos AS {POSITION}, gone AS {DELETED}{casts} FROM _cdc_staged")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from cdc.logical import blank_padded
 from cdc.types import DAY_MICROS, ColumnType, Interval, days_from_civil
 
 #: GUCs for every connection whose text output we parse (replication and snapshot alike)
@@ -148,6 +149,11 @@ class PgType:
     kind: int = GENERIC
 
 
+#: ``character(n)``'s type OID, and the header PostgreSQL counts in its type modifier (n + 4)
+BPCHAR = 1042
+VARHDRSZ = 4
+
+
 def _simple(name: str, parse: Parser, source: str, kind: int = GENERIC) -> PgType:
     return PgType(ColumnType(name, source_type=source), parse, kind)
 
@@ -166,7 +172,7 @@ BUILTIN: dict[int, PgType] = {
     790: PgType(ColumnType("decimal", 19, 2, source_type="money"), _money),
     25: _simple("string", str, "text", STRING),
     1043: _simple("string", str, "character varying", STRING),
-    1042: _simple("string", str, "character", STRING),
+    BPCHAR: _simple("string", str, "character", STRING),
     19: _simple("string", str, "name", STRING),
     18: _simple("string", str, "char", STRING),
     17: _simple("bytes", _bytea, "bytea", BYTEA),
@@ -292,6 +298,9 @@ def pg_type(type_oid: int, type_modifier: int, catalog: dict[int, dict[str, Any]
     """
     found = BUILTIN.get(type_oid)
     if found is not None:
+        if type_oid == BPCHAR and type_modifier > VARHDRSZ:  # character(n): blank-padded to n
+            return PgType(ColumnType("string", source_type=blank_padded(
+                type_modifier - VARHDRSZ)), found.parse, found.kind)
         if type_oid in FRACTIONAL and 0 <= type_modifier < 6:
             return PgType(ColumnType(found.column_type.name, type_modifier,
                                      source_type=f"{found.column_type.source_type}"
