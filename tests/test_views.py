@@ -970,3 +970,29 @@ def test_character_n_columns_compute_as_the_leader(tmp_path: Path, pg_db: Any) -
             assert state.rows() == leader, name
         finally:
             state.close()
+
+
+def test_mariadb_division_by_zero_is_null_as_on_the_leader(tmp_path: Path, mysql_db: Any
+                                                            ) -> None:
+    """MariaDB answers NULL for ``DIV`` and ``MOD`` by zero, where DuckDB raises: the view
+    equals MariaDB's own answer instead of stopping."""
+    from views.types import json_form
+
+    mysql_db.execute("CREATE TABLE t (id int PRIMARY KEY, a int, b int)")
+    mysql_db.execute("INSERT INTO t VALUES (1, 7, 2), (2, 7, 0), (3, -7, 2), (4, 5, NULL)")
+    table = TableId(mysql_db.name, "t")
+    sql = "SELECT t.id, t.a DIV t.b AS q, t.a MOD t.b AS m, t.a % t.b AS r FROM t"
+    plan = analyze("div", sql, ["id"], "mysql", [table])
+    state = ViewState(tmp_path / "div.duckdb", plan,
+                      lambda _t: [("id", "BIGINT"), ("a", "BIGINT"), ("b", "BIGINT")])
+    try:
+        rows = mysql_db.execute("SELECT id, a, b FROM t")
+        state.apply([BaseChange(table, json.dumps({"id": i}, separators=(",", ":")),
+                                bytes([i]), {"id": i, "a": a, "b": b}) for i, a, b in rows])
+        leader = {json.dumps({"id": i}, separators=(",", ":")):
+                  {"id": i, "q": json_form(q), "m": json_form(m), "r": json_form(r)}
+                  for i, q, m, r in mysql_db.execute(sql)}
+        assert leader['{"id":2}']["q"] is None
+        assert state.rows() == leader
+    finally:
+        state.close()

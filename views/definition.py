@@ -196,6 +196,8 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
             f"remove it from views.{name}.sql (compute it when reading the view instead)")
     operators: list[Operator] = []
     subqueries: dict[TableId, exp.Select] = {}
+    if dialect == "mysql":
+        _mariadb_division(written)
     described = dict(catalog()) if catalog is not None else {}
     tree = _normalize(written.copy(), operators, subqueries, captured, described)
     padded = {table: lengths for table, columns in described.items()
@@ -470,6 +472,14 @@ def _normalize(tree: exp.Query, operators: list[Operator],
         _merge_subqueries(select, operators, subqueries)
         _distinct_as_group(select, operators)
     return tree
+
+
+def _mariadb_division(tree: exp.Expr) -> None:
+    """MariaDB's ``a DIV 0`` is NULL (DuckDB's ``//`` raises): the divisor becomes
+    ``NULLIF(b, 0)``. (``/`` and ``MOD`` get the same from sqlglot's translation.)"""
+    for node in list(tree.find_all(exp.IntDiv)):
+        node.set("expression", exp.Nullif(this=node.expression.copy(),
+                                          expression=exp.Literal.number(0)))
 
 
 def _apply_column_lists(tree: exp.Query) -> None:
