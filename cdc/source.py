@@ -368,9 +368,11 @@ class Leader(ABC):
         on failure)."""
         raise NotImplementedError(f"source {self.name}: this connector runs no queries")
 
-    def case_insensitive_columns(self, table: TableId) -> set[str]:
-        """Text columns of ``table`` whose collation compares case-insensitively (MariaDB's
-        ``_ci``): a view grouping or joining on them may group differently than a follower."""
+    def loosely_compared_columns(self, table: TableId) -> set[str]:
+        """Text columns of ``table`` whose collation does not compare bytes exactly: case-
+        insensitive (MariaDB's ``_ci``) or PAD SPACE (trailing blanks ignored: MariaDB's
+        default, ``utf8mb4_bin`` too). A view grouping or joining on them may group
+        differently than a follower, which compares bytes."""
         return set()
 
     @abstractmethod

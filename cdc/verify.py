@@ -263,8 +263,8 @@ class RuledLeader(Leader):
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         return self.inner.query(sql)
 
-    def case_insensitive_columns(self, table: TableId) -> set[str]:
-        return self.inner.case_insensitive_columns(table)
+    def loosely_compared_columns(self, table: TableId) -> set[str]:
+        return self.inner.loosely_compared_columns(table)
 
     def close(self) -> None:
         self.inner.close()

@@ -256,24 +256,32 @@ def test_verify_mariadb_follower_equal_then_different_then_capture_behind(
     print(f"\nverify end to end: {time.monotonic() - started:.1f} s")
 
 
-def test_check_config_refuses_views_grouping_or_joining_on_case_insensitive_text(
+def test_check_config_refuses_views_grouping_or_joining_on_loosely_compared_text(
         tmp_path: Path, mysql_db: MyDatabase) -> None:
     """MariaDB's ``_ci`` collations make 'Ann' and 'ann ' one group on the leader and two in a
-    follower: ``check-config --connect`` refuses a view grouping, keying or joining on such a
-    column, names it and the fix, and passes the same view once the column is ``_bin``."""
+    follower, and a PAD SPACE one (``utf8mb4_bin``, binary but blind to trailing blanks) makes
+    'b' and 'b ' one: ``check-config --connect`` refuses a view grouping, keying or joining on
+    such a column, names it and a fix that is itself right, and passes the same view once the
+    column is ``utf8mb4_nopad_bin``."""
     mysql_db.execute("CREATE TABLE tag (id int PRIMARY KEY, "
                      "label varchar(20) COLLATE utf8mb4_general_ci, code varchar(8) "
-                     "COLLATE utf8mb4_bin) CHARACTER SET utf8mb4")
+                     "COLLATE utf8mb4_nopad_bin, kind varchar(8) COLLATE utf8mb4_bin) "
+                     "CHARACTER SET utf8mb4")
     mysql_db.execute("CREATE TABLE note (id int PRIMARY KEY, tag_code varchar(8) "
-                     "COLLATE utf8mb4_bin, tag_label varchar(20) COLLATE utf8mb4_general_ci)")
-    mysql_db.execute("INSERT INTO tag VALUES (1, 'Ann', 'a'), (2, 'ann ', 'b')")
-    # the leader's own answer: one group where a follower comparing bytes has two
-    assert mysql_db.execute(f"SELECT count(DISTINCT label) FROM {mysql_db.table('tag')}") == \
-        [(1,)]
+                     "COLLATE utf8mb4_nopad_bin, tag_label varchar(20) COLLATE "
+                     "utf8mb4_general_ci)")
+    mysql_db.execute("INSERT INTO tag VALUES (1, 'Ann', 'a', 'b'), (2, 'ann ', 'b', 'b ')")
+    # the leader's own answers: one group where a follower comparing bytes has two
+    table = mysql_db.table("tag")
+    assert mysql_db.execute(f"SELECT count(DISTINCT label) FROM {table}") == [(1,)]
+    assert mysql_db.execute(f"SELECT count(DISTINCT kind) FROM {table}") == [(1,)]
+    assert mysql_db.execute(f"SELECT count(DISTINCT code) FROM {table}") == [(2,)]
     db = mysql_db.name
     views = {
         "by_label": (f"SELECT t.label, count(*) AS n FROM {db}.tag t GROUP BY t.label",
                      "label", f"{db}.tag.label"),
+        "by_kind": (f"SELECT t.kind, count(*) AS n FROM {db}.tag t GROUP BY t.kind",
+                    "kind", f"{db}.tag.kind"),
         "joined": (f"SELECT n.id, t.code FROM {db}.note n JOIN {db}.tag t "
                    "ON n.tag_label = t.label", "id", f"{db}.note.tag_label, {db}.tag.label"),
         "by_code": (f"SELECT t.code, count(*) AS n FROM {db}.tag t GROUP BY t.code", "code",
@@ -290,9 +298,10 @@ def test_check_config_refuses_views_grouping_or_joining_on_case_insensitive_text
             assert "leader EXPLAIN" in checked.stdout, output(checked)
             continue
         assert checked.returncode != 0, output(checked)
-        assert f"case-insensitive text ({loose})" in checked.stderr, output(checked)
-        assert "COLLATE utf8mb4_bin" in checked.stderr and "Traceback" not in checked.stderr
-    mysql_db.execute("ALTER TABLE tag MODIFY label varchar(20) COLLATE utf8mb4_bin")
+        assert f"text the leader compares loosely ({loose})" in checked.stderr, output(checked)
+        assert "COLLATE utf8mb4_nopad_bin" in checked.stderr
+        assert "Traceback" not in checked.stderr
+    mysql_db.execute("ALTER TABLE tag MODIFY label varchar(20) COLLATE utf8mb4_nopad_bin")
     sql, key, _ = views["by_label"]
     extra = (f"followers:\n  reporting:\n    kind: sql\n    url: sqlite:///{tmp_path}/r.db\n"
              f"views:\n  by_label:\n    source: {mysql_db.source}\n    sql: {sql}\n"

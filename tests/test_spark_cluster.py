@@ -606,10 +606,11 @@ def verify_views(config: Path, pairs: list[tuple[str, str]], env: dict[str, str]
 
 #: the MariaDB shop: text compared byte by byte (a view groups and joins on it)
 MARIADB_SHOP = """
-    CREATE TABLE customers (id int PRIMARY KEY, name varchar(40) COLLATE utf8mb4_bin NOT NULL,
-                            region varchar(10) COLLATE utf8mb4_bin);
+    CREATE TABLE customers (id int PRIMARY KEY,
+                            name varchar(40) COLLATE utf8mb4_nopad_bin NOT NULL,
+                            region varchar(10) COLLATE utf8mb4_nopad_bin);
     CREATE TABLE orders (id int PRIMARY KEY, customer_id int NOT NULL,
-                         amount decimal(12,2) NOT NULL, sku varchar(10) COLLATE utf8mb4_bin
+                         amount decimal(12,2) NOT NULL, sku varchar(10) COLLATE utf8mb4_nopad_bin
                          NOT NULL);
     INSERT INTO customers SELECT seq, concat('c', seq), elt(1 + seq % 3, 'n', 's', 'e')
         FROM seq_1_to_60;

@@ -1,8 +1,9 @@
 """``cdc check-config`` for views: how each view is maintained and why, and — with
 ``--connect`` — that its SQL runs on the leader (``EXPLAIN``) and on the view's state (DuckDB,
 the translated lineage and restricted queries over empty tables typed from the log's schemas),
-and that it groups or joins on no case-insensitive text column (MariaDB ``_ci`` collations:
-the leader would merge ``'A'`` and ``'a'`` where a follower keeps them apart)."""
+and that it groups or joins on no loosely compared text column (MariaDB's ``_ci`` and PAD
+SPACE collations: the leader would merge ``'A'``, ``'a'`` and ``'a '`` where a follower keeps
+them apart)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def check_view(config: Config, name: str, leader: Leader | None) -> ViewCheck:
     view = config.views[name]
     leader.query(f"EXPLAIN {view.sql}")
     result.checked.append("leader EXPLAIN")
-    _refuse_case_insensitive(name, plan, leader)
+    _refuse_loose_collations(name, plan, leader)
     store = schema_store(config)
     tables = {table: declared_columns(store, view.source, table)
               for table in plan.captured_tables}
@@ -74,9 +75,9 @@ def _grouped_or_joined(plan: ViewPlan) -> set[tuple[str, str]]:
     return out
 
 
-def _refuse_case_insensitive(name: str, plan: ViewPlan, leader: Leader) -> None:
+def _refuse_loose_collations(name: str, plan: ViewPlan, leader: Leader) -> None:
     loose: list[str] = []
-    insensitive = {table: leader.case_insensitive_columns(table)
+    insensitive = {table: leader.loosely_compared_columns(table)
                    for table in plan.captured_tables}
     for part in (plan, *plan.subviews.values()):  # an aggregating subquery groups too
         tables = {ref.alias: ref.table for ref in part.references}
@@ -87,10 +88,12 @@ def _refuse_case_insensitive(name: str, plan: ViewPlan, leader: Leader) -> None:
                 loose.append(f"{table}.{column}")
     if loose:
         raise ViewCheckError(
-            f"view {name} groups, keys or joins on case-insensitive text ({', '.join(loose)}): "
-            "the leader treats 'A' and 'a' as one value, followers do not",
-            "give those columns a binary collation on the leader (ALTER TABLE ... MODIFY "
-            "column ... COLLATE utf8mb4_bin), so both compare bytes")
+            f"view {name} groups, keys or joins on text the leader compares loosely "
+            f"({', '.join(loose)}): a case-insensitive or PAD SPACE collation makes 'a', 'A' "
+            "and 'a ' one value there, followers compare bytes",
+            "give those columns a binary NO PAD collation on the leader (ALTER TABLE ... "
+            "MODIFY column ... COLLATE utf8mb4_nopad_bin: utf8mb4_bin still ignores trailing "
+            "blanks), so both compare bytes")
 
 
 def _run_on_empty_state(name: str, plan: ViewPlan,

@@ -344,7 +344,7 @@ class MySqlLeader(Leader):
         with contextlib.suppress(pymysql.err.Error):  # already closed
             self.conn.close()
 
-    def case_insensitive_columns(self, table: TableId) -> set[str]:
+    def loosely_compared_columns(self, table: TableId) -> set[str]:
         try:
             rows = query(self.conn, "SELECT column_name, collation_name FROM "
                                     "information_schema.columns WHERE table_schema = %s AND "
@@ -352,7 +352,7 @@ class MySqlLeader(Leader):
         except pymysql.err.MySQLError as exc:
             raise translate(self.source, exc) from None
         return {str(name) for name, collation in rows
-                if collation and str(collation).lower().endswith("_ci")}
+                if collation and _loose_collation(str(collation).lower())}
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         try:
@@ -556,3 +556,10 @@ class MySqlLeader(Leader):
                            f"check that the capture user can SELECT {table} "
                            f"(GRANT SELECT ON {catalog.qualified(table)} TO it) and that the "
                            "server is MariaDB 10.5 or later (or MySQL 8)")
+
+
+def _loose_collation(name: str) -> bool:
+    """Whether a collation compares other than byte by byte: case-insensitive (``_ci``), or
+    PAD SPACE -- every MariaDB collation but the ``_nopad_`` ones (10.11's
+    information_schema has no PAD_ATTRIBUTE), and MySQL 8's but its ``_0900_`` ones."""
+    return name.endswith("_ci") or not ("_nopad_" in name or "_0900_" in name)
