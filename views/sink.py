@@ -85,12 +85,17 @@ def _catalog(config: Config, source: str, tables: Sequence[TableId]
     store = schema_store(config)
     out: dict[TableId, dict[str, int | None]] = {}
     for table in tables:
-        versions = [] if store is None else store.versions(f"{topic_name(source, table)}-value")
-        if versions:
-            schema = versions[-1].schema
+        schema = _newest_schema(store, source, table)
+        if schema is not None:
             lengths = padded_columns(schema)
             out[table] = {column: lengths.get(column) for column in logical_columns(schema)}
     return out
+
+
+def _newest_schema(store: Any, source: str, table: TableId) -> Any:
+    """``table``'s newest value schema in ``store`` (None: none yet)."""
+    versions = [] if store is None else store.versions(f"{topic_name(source, table)}-value")
+    return versions[-1].schema if versions else None
 
 
 def _refuse_ruled_columns(name: str, plan: ViewPlan, columns: Mapping[str, Any]) -> None:
@@ -123,12 +128,11 @@ def schema_store(config: Config) -> Any:
 def declared_columns(store: Any, source: str, table: TableId) -> list[tuple[str, str]] | None:
     """``(column, DuckDB type)`` of ``table`` from its newest value schema in ``store``
     (``None``: no schema yet)."""
-    topic = topic_name(source, table)
-    versions = [] if store is None else store.versions(f"{topic}-value")
-    if not versions:
+    schema = _newest_schema(store, source, table)
+    if schema is None:
         return None
     return [(column, duckdb_type(logical))
-            for column, logical in logical_columns(versions[-1].schema).items()]
+            for column, logical in logical_columns(schema).items()]
 
 
 @dataclass

@@ -231,6 +231,7 @@ def verify_view(config: Config, name: str, follower: str, sink: Sink, console: C
             previous = differing
             rows = _round(config, leader, marked, view.sql, plan.key, timeout, console, result)
             recheck = [_follower_canonical(d.key, rows.numeric) for d in differing]
+            held = _FollowerKeys(sink, topic)  # keys the follower gained or lost meanwhile
             held.index(rows.numeric)
             differing = _differences(rows, held.read(recheck), recheck, result.approximate)
         result.differences = differing
