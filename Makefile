@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test test-quick lint bench-guard bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views bench-sql clean
+.PHONY: setup demo test test-quick lint fuzz-views bench-guard bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views bench-sql clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -83,3 +83,9 @@ bench-kafka: setup
 
 clean:
 	rm -rf $(VENV) cdc-data .pytest_cache .mypy_cache .ruff_cache
+
+# the views' differential fuzzer (tests/fuzz_views/): fresh seeds for SECONDS against a throwaway
+# PostgreSQL and MariaDB through real capture; each failing query shrunk and printed as a pytest case
+SECONDS ?= 300
+fuzz-views: setup
+	PYTHONPATH=. $(PY) -m tests.fuzz_views --seconds $(SECONDS) $(if $(SEED),--seed $(SEED)) $(if $(DIALECT),--dialect $(DIALECT))

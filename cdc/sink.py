@@ -51,6 +51,7 @@ from cdc.types import canonical_text as canonical_text
 
 if TYPE_CHECKING:
     from cdc.config import Config, FollowerConfig
+    from cdc.logical import LogicalKind
 
 #: topic -> (source, table) of what a sink holds
 Topics = dict[str, tuple[str, TableId]]
@@ -215,6 +216,14 @@ class Sink(ABC):
     def refresh(self) -> None:  # noqa: B027 (optional: sinks that cache nothing)
         """Forget what this process cached about the follower's storage that another writer
         may have changed since (called by each task before it writes)."""
+
+    def declare(self, topic: str, columns: Mapping[str, LogicalKind],  # noqa: B027
+                key: Sequence[str]) -> None:
+        """Make ``topic``'s table exist, empty, with ``columns`` (in order, each of the logical
+        kind its values will have) keyed by ``key``, if it does not exist yet; an existing
+        table is left as it is. A view's tables are declared before its first batch, so an
+        empty view reads as an empty table. Followers without tables (Redis keys, search
+        documents) have nothing to do."""
 
     @abstractmethod
     def apply(self, changes: Sequence[Change]) -> ApplyStats:

@@ -325,6 +325,19 @@ class Target:
     text: str
 
 
+@dataclass(frozen=True)
+class TextComparison:
+    """How the leader compares one text column, where it differs from a view's state."""
+
+    #: its collation, as the leader names it
+    collation: str
+    #: False: equal exactly when the bytes are, ordered differently (a locale's order:
+    #: PostgreSQL's libc and ICU collations); True: equality differs too (case-insensitive,
+    #: accent-insensitive or PAD SPACE: MariaDB's ``_ci`` and ``utf8mb4_bin``, PostgreSQL's
+    #: nondeterministic collations)
+    loose: bool
+
+
 class Leader(ABC):
     """The leader database as ``cdc verify`` reads it: now, in key order, summarised in SQL."""
 
@@ -368,12 +381,10 @@ class Leader(ABC):
         on failure)."""
         raise NotImplementedError(f"source {self.name}: this connector runs no queries")
 
-    def loosely_compared_columns(self, table: TableId) -> set[str]:
-        """Text columns of ``table`` whose collation does not compare bytes exactly: case-
-        insensitive (MariaDB's ``_ci``) or PAD SPACE (trailing blanks ignored: MariaDB's
-        default, ``utf8mb4_bin`` too). A view grouping or joining on them may group
-        differently than a follower, which compares bytes."""
-        return set()
+    def text_comparisons(self, table: TableId) -> dict[str, TextComparison]:
+        """The text columns of ``table`` that the leader does not compare as a view's state
+        does (code point by code point, blanks kept), by column; the others are absent."""
+        return {}
 
     @abstractmethod
     def close(self) -> None: ...

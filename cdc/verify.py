@@ -51,7 +51,7 @@ from cdc.errors import CdcError
 from cdc.events import TableId
 from cdc.offsets import offset_order, offset_text
 from cdc.sink import Sink, row_text
-from cdc.source import Chunk, Leader, Target, connector_for
+from cdc.source import Chunk, Leader, Target, TextComparison, connector_for
 from cdc.status import CheckpointReader, records_behind
 
 #: follower keys looked up on the leader per query
@@ -263,8 +263,8 @@ class RuledLeader(Leader):
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         return self.inner.query(sql)
 
-    def loosely_compared_columns(self, table: TableId) -> set[str]:
-        return self.inner.loosely_compared_columns(table)
+    def text_comparisons(self, table: TableId) -> dict[str, TextComparison]:
+        return self.inner.text_comparisons(table)
 
     def close(self) -> None:
         self.inner.close()

@@ -529,6 +529,11 @@ class DeltaSink(Sink):
                                  "check the directory and the disk")
         return state
 
+    def declare(self, topic: str, columns: Mapping[str, LogicalKind],
+                key: Sequence[str]) -> None:
+        if self._open(topic) is None:
+            self._create(topic, {column: delta_kind(kind) for column, kind in columns.items()})
+
     def _schema_store(self) -> SchemaRegistry | None:
         if self._store is None:
             from cdc.log.open import schema_store_from

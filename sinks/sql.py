@@ -9,7 +9,10 @@ Layout, stated exactly:
 
 * **The user's tables hold live rows only.** Table ``<table>`` (the leader's table name without
   its schema, in the connection's default schema) has one column per leader column and a
-  primary key of the log key's columns. Deleted rows are gone, nothing else is added.
+  primary key of the log key's columns. Deleted rows are gone, nothing else is added. A view's
+  table (no schema in the log) has a unique index on its key instead (``_cdc_key_<crc32>``;
+  NULLS NOT DISTINCT on PostgreSQL 15+): a view's key may hold NULL (a NULL group), matched
+  with ``IS NULL`` when written and read.
 * **Positions and delete markers live in a side table**, ``_cdc_rows`` (``tbl``: the log topic,
   ``key``: the key JSON text, ``position``: hex of the position bytes, ``deleted``, ``at_ms``),
   primary key ``(tbl, key)``; watermarks in ``_cdc_watermarks`` (``source``, ``offset`` JSON),
@@ -107,6 +110,7 @@ import math
 import os
 import re
 import time
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +138,8 @@ if TYPE_CHECKING:
 #: the side tables
 ROWS = "_cdc_rows"
 WATERMARKS = "_cdc_watermarks"
+#: the name of a view's table's key index starts so (then the CRC-32 of the table's name)
+KEY_INDEX = "_cdc_key_"
 #: the version of the side tables' layout: a row of ``_cdc_watermarks`` whose ``source`` is
 #: :data:`FORMAT_ROW` (no source name starts with ``#``) holds ``{"format": N}``; tables
 #: without it were written before formats were marked (format 1)
@@ -427,6 +433,26 @@ def _unnest(conn: Any, columns: Sequence[_Column], prefix: str) -> tuple[str, st
     return arrays, casts
 
 
+def _by_nulls(keys: Sequence[_Column], values: Sequence[Mapping[str, Any]]
+              ) -> dict[frozenset[str], list[Mapping[str, Any]]]:
+    """``values`` (parsed keys) grouped by which of the ``keys`` columns they hold NULL in (a
+    view's NULL group: ``column = NULL`` matches nothing, so each such shape gets
+    :func:`_key_match`'s ``IS NULL``)."""
+    out: dict[frozenset[str], list[Mapping[str, Any]]] = {}
+    for value in values:
+        nulls = frozenset(c.name for c in keys if value.get(c.name) is None)
+        out.setdefault(nulls, []).append(value)
+    return out
+
+
+def _key_match(conn: Any, keys: Sequence[_Column], nulls: frozenset[str]) -> str:
+    """``WHERE`` text matching one key: ``column = :k<i>``, or ``column IS NULL`` for the
+    columns in ``nulls``."""
+    return " AND ".join(f"{_quoted(conn, c.name)} IS NULL" if c.name in nulls
+                        else f"{_quoted(conn, c.name)} = {c.bind(f'k{i}')}"
+                        for i, c in enumerate(keys))
+
+
 def _aliases(count: int) -> str:
     return ", ".join(f"c{i}" for i in range(count))
 
@@ -708,7 +734,8 @@ class SqlSink(Sink):
             adds, widen = self._plan(conn, topic, held, key_columns, cells)
             self._check_names(conn.dialect, name, list(adds))
             if held is None:
-                self._create(conn, name, adds, key_columns)
+                self._create(conn, name, adds, key_columns,
+                             primary=bool(self._declared(topic, conn.dialect, key_columns)[0]))
                 return
             for column, sqltype in adds.items():
                 conn.execute(sa.text(f"ALTER TABLE {_quoted(conn, name)} ADD COLUMN "
@@ -719,14 +746,39 @@ class SqlSink(Sink):
             elif widen:
                 self._rebuild(conn, name, held, widen)
 
+    def declare(self, topic: str, columns: Mapping[str, LogicalKind],
+                key: Sequence[str]) -> None:
+        """A view's table created empty (a unique index on its key: it may hold NULL)."""
+        name = self._table_name(topic)
+        with self.engine.begin() as conn:
+            self._ddl_lock(conn, name)
+            if self._held(conn, name) is not None:
+                return
+            postgres = conn.dialect.name == "postgresql"
+            self._check_names(conn.dialect, name, list(columns))
+            self._create(conn, name, {column: _mapped_type(Logical(kind), postgres,
+                                                           column in key)
+                                      for column, kind in columns.items()}, key, primary=False)
+
     @staticmethod
     def _create(conn: Any, name: str, columns: Mapping[str, Any],
-                key_columns: Sequence[str]) -> None:
+                key_columns: Sequence[str], primary: bool = True) -> None:
+        """Table ``name``: its key the primary key, or -- without ``primary``: a view's table,
+        whose key may hold NULL (a NULL group) -- a unique index (on PostgreSQL 15 and later
+        with NULLS NOT DISTINCT)."""
         import sqlalchemy as sa
 
         table = sa.Table(name, sa.MetaData(), *[
-            sa.Column(column, sqltype, primary_key=column in key_columns, autoincrement=False)
+            sa.Column(column, sqltype, primary_key=primary and column in key_columns,
+                      autoincrement=False)
             for column, sqltype in columns.items()])
+        if not primary:
+            postgres = conn.dialect.name == "postgresql"
+            options = ({"postgresql_nulls_not_distinct": True}
+                       if postgres and (conn.dialect.server_version_info or (0,)) >= (15,)
+                       else {})
+            sa.Index(f"{KEY_INDEX}{zlib.crc32(name.encode()):08x}",
+                     *[table.c[column] for column in key_columns], unique=True, **options)
         with _created_by_another_is_fine():
             table.create(conn, checkfirst=True)
 
@@ -734,8 +786,6 @@ class SqlSink(Sink):
     def _ddl_lock(conn: Any, name: str) -> None:
         """Serialize DDL on ``name`` between writers until the transaction ends (PostgreSQL's
         ``CREATE TABLE IF NOT EXISTS`` races otherwise; SQLite's writers are serialized)."""
-        import zlib
-
         import sqlalchemy as sa
 
         if conn.dialect.name == "postgresql":
@@ -771,10 +821,15 @@ class SqlSink(Sink):
         import sqlalchemy as sa
 
         spare = f"{name}__cdc_widen"
-        keys = sa.inspect(conn).get_pk_constraint(name)["constrained_columns"]
+        inspector = sa.inspect(conn)
+        keys = inspector.get_pk_constraint(name)["constrained_columns"]
+        primary = bool(keys)
+        if not primary:  # a view's table: its key's unique index
+            keys = next((index["column_names"] for index in inspector.get_indexes(name)
+                         if str(index["name"]).startswith(KEY_INDEX)), [])
         conn.execute(sa.text(f"DROP TABLE IF EXISTS {_quoted(conn, spare)}"))
         self._create(conn, spare, {column: sa.Text() if column in widen else held[column].type
-                                   for column in held}, keys)
+                                   for column in held}, keys, primary)
         names = ", ".join(_quoted(conn, column) for column in held)
         rows = conn.execute(sa.text(f"SELECT {names} FROM {_quoted(conn, name)}")).all()
         values = [{f"p{i}": held[column].from_db(value) if column in widen and value is not None
@@ -922,11 +977,11 @@ class SqlSink(Sink):
             return
         table = _quoted(conn, name)
         keys = [held[column] for column in key_columns]
-        where = " AND ".join(f"{_quoted(conn, c.name)} = {c.bind(f'k{i}')}"
-                             for i, c in enumerate(keys))
         doomed = [json.loads(change.key) for change in (*deletes, *upserts)]
-        conn.execute(sa.text(f"DELETE FROM {table} WHERE {where}"), [
-            {f"k{i}": c.to_db(key[c.name]) for i, c in enumerate(keys)} for key in doomed])
+        for nulls, group in _by_nulls(keys, doomed).items():
+            conn.execute(sa.text(f"DELETE FROM {table} WHERE {_key_match(conn, keys, nulls)}"),
+                         [{f"k{i}": c.to_db(key[c.name]) for i, c in enumerate(keys)
+                           if c.name not in nulls} for key in group])
         if not upserts:
             return
         columns = list(held.values())
@@ -947,11 +1002,18 @@ class SqlSink(Sink):
         table = _quoted(conn, name)
         keys = [held[column] for column in key_columns]
         doomed = [json.loads(change.key) for change in (*deletes, *upserts)]
-        arrays, casts = _unnest(conn, keys, "k")
-        conn.execute(sa.text(
-            f"DELETE FROM {table} WHERE ({', '.join(_quoted(conn, c.name) for c in keys)}) IN "
-            f"(SELECT {casts} FROM unnest({arrays}) AS u({_aliases(len(keys))}))"),
-            {f"k{i}": [c.to_db(key[c.name]) for key in doomed] for i, c in enumerate(keys)})
+        grouped = _by_nulls(keys, doomed)
+        plain = grouped.pop(frozenset(), [])
+        if plain:  # keys without NULL (all of a table's): one statement
+            arrays, casts = _unnest(conn, keys, "k")
+            conn.execute(sa.text(
+                f"DELETE FROM {table} WHERE ({', '.join(_quoted(conn, c.name) for c in keys)}) "
+                f"IN (SELECT {casts} FROM unnest({arrays}) AS u({_aliases(len(keys))}))"),
+                {f"k{i}": [c.to_db(key[c.name]) for key in plain] for i, c in enumerate(keys)})
+        for nulls, group in grouped.items():  # a view's NULL groups
+            conn.execute(sa.text(f"DELETE FROM {table} WHERE {_key_match(conn, keys, nulls)}"),
+                         [{f"k{i}": c.to_db(key[c.name]) for i, c in enumerate(keys)
+                           if c.name not in nulls} for key in group])
         if not upserts:
             return
         columns = list(held.values())
@@ -1007,11 +1069,12 @@ class SqlSink(Sink):
                 parsed = json.loads(key)
                 if any(column not in held for column in parsed):
                     continue
-                where = " AND ".join(f"{_quoted(conn, column)} = {held[column].bind(f'k{i}')}"
-                                     for i, column in enumerate(parsed))
-                row = conn.execute(sa.text(select + where), {
+                columns_of_key = [held[column] for column in parsed]
+                nulls = frozenset(column for column, value in parsed.items() if value is None)
+                row = conn.execute(sa.text(select + _key_match(conn, columns_of_key, nulls)), {
                     f"k{i}": held[column].to_db(value)
-                    for i, (column, value) in enumerate(parsed.items())}).first()
+                    for i, (column, value) in enumerate(parsed.items())
+                    if value is not None}).first()
                 if row is not None:
                     out[key] = {c.name: c.from_db(value)
                                 for c, value in zip(columns, row, strict=True)

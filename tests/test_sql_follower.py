@@ -269,6 +269,31 @@ def test_floats_without_a_schema_read_back_exactly(typed_sink: SqlSink) -> None:
             "DOUBLE PRECISION" if postgres else "TEXT")
 
 
+def test_a_views_null_group_is_written_read_and_deleted(typed_sink: SqlSink) -> None:
+    """A view's topic (no schema) may have a key holding NULL (a NULL group on the leader): its
+    table has a unique index on the key, not a primary key, and the row is written, replaced,
+    read and deleted by ``IS NULL`` (``= NULL`` matches nothing)."""
+    def grouped(region: str | None, position: int, n: int | None) -> Change:
+        key = json.dumps({"region": region, "day": 1}, separators=(",", ":"))
+        row = None if n is None else {"region": region, "day": 1, "n": n}
+        return Change(TOPIC, "src", "views.v", key, position.to_bytes(4, "big"), row,
+                      "d" if row is None else "u")
+
+    null_key, north = '{"region":null,"day":1}', '{"region":"n","day":1}'
+    typed_sink.apply([grouped(None, 1, 2), grouped("n", 1, 5)])
+    typed_sink.apply([grouped(None, 2, 3)])  # replaced, not duplicated
+    assert typed_sink.read(TOPIC, [null_key, north]) == {
+        null_key: {"day": "1", "n": "3"}, north: {"region": "n", "day": "1", "n": "5"}}
+    with typed_sink.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM t")).scalar() == 2
+        indexes = sa.inspect(conn).get_indexes("t")
+        assert [i["column_names"] for i in indexes if i["unique"]] == [["region", "day"]]
+    typed_sink.apply([grouped(None, 3, None)])
+    assert typed_sink.read(TOPIC, [null_key, north]) == {
+        north: {"region": "n", "day": "1", "n": "5"}}
+    assert sorted(typed_sink.keys(TOPIC)) == [north]
+
+
 def test_a_batch_larger_than_one_gate_statement_is_gated_whole(typed_sink: SqlSink) -> None:
     """More changes in one batch than one statement's parameters would allow (PostgreSQL:
     65,535; SQLite: 32,766) if they were bound one by one: the gate binds the batch whole (as

@@ -63,37 +63,72 @@ def check_view(config: Config, name: str, leader: Leader | None) -> ViewCheck:
     return result
 
 
-def _grouped_or_joined(plan: ViewPlan) -> set[tuple[str, str]]:
-    """(alias, column) of the columns the view groups, keys or joins on."""
-    out: set[tuple[str, str]] = set()
-    for column in plan.key:
-        expression = plan.outputs.get(column)
-        if expression is not None:
-            out |= {(c.table, c.name) for c in expression.find_all(exp.Column)}
-    for expression in plan.join_conditions:
-        out |= {(c.table, c.name) for c in expression.find_all(exp.Column)}
-    return out
+#: where the leader compares text for equality under the column's collation
+_EQUALITY = (exp.EQ, exp.NEQ, exp.NullSafeEQ, exp.NullSafeNEQ, exp.In, exp.Like, exp.ILike,
+             exp.RegexpLike, exp.Group, exp.Distinct, exp.Union, exp.Intersect, exp.Except)
+#: ... and for order
+_ORDERING = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between, exp.Min, exp.Max, exp.Ordered,
+             exp.Greatest, exp.Least)
+#: what ends a text value's collation: a number, a truth value, a count (not DISTINCT)
+_COLLATION_ENDS = (exp.Length, exp.Is, exp.Count, exp.Extract, exp.Cast, exp.Unicode)
+
+
+def _compared(column: exp.Column) -> str | None:
+    """Where the leader compares ``column``'s text under its collation: ``"=" `` (equality:
+    a comparison, IN, LIKE, GROUP BY, DISTINCT, PARTITION BY), ``"<"`` (order: MIN/MAX,
+    ORDER BY, <, BETWEEN) or None (only projected, or turned into a number first)."""
+    node: exp.Expr = column
+    while node.parent is not None and not isinstance(node, exp.Select):
+        parent = node.parent
+        if isinstance(parent, exp.Count) and isinstance(node, exp.Distinct):
+            return "="
+        if isinstance(parent, _COLLATION_ENDS):
+            return None
+        if isinstance(parent, _ORDERING):
+            return "<"
+        if isinstance(parent, _EQUALITY) or (isinstance(parent, exp.Window)
+                                             and node.arg_key == "partition_by"):
+            return "="
+        node = parent
+    return None
 
 
 def _refuse_loose_collations(name: str, plan: ViewPlan, leader: Leader) -> None:
-    loose: list[str] = []
-    insensitive = {table: leader.loosely_compared_columns(table)
-                   for table in plan.captured_tables}
-    for part in (plan, *plan.subviews.values()):  # an aggregating subquery groups too
+    """A view that compares text the leader compares otherwise (its collation) is refused,
+    naming each column and where: equality under a loose collation (case-insensitive,
+    PAD SPACE), order under any collation but code point order."""
+    from cdc.source import TextComparison
+
+    found: dict[TableId, dict[str, TextComparison]] = {
+        table: leader.text_comparisons(table) for table in plan.captured_tables}
+    wrong: dict[str, str] = {}
+    for part in (plan, *plan.subviews.values()):  # an aggregating subquery compares too
+        if part.tree is None:
+            continue
         tables = {ref.alias: ref.table for ref in part.references}
-        for alias, column in sorted(_grouped_or_joined(part)):
-            table = tables.get(alias) if alias else (part.tables[0] if len(part.tables) == 1
-                                                     else None)
-            if table is not None and column in insensitive.get(table, set()):
-                loose.append(f"{table}.{column}")
-    if loose:
+        keys = [c for k in part.key if (e := part.outputs.get(k)) is not None
+                for c in e.find_all(exp.Column)]
+        for column in [*part.tree.find_all(exp.Column), *keys]:
+            table = tables.get(column.table) if column.table else (
+                part.tables[0] if len(part.tables) == 1 else None)
+            compared = found.get(table, {}).get(column.name) if table else None
+            how = "=" if column in keys else _compared(column)
+            if compared is None or how is None or (how == "=" and not compared.loose):
+                continue
+            wrong.setdefault(f"{table}.{column.name} ({compared.collation})",
+                             "equality" if how == "=" else "order")
+    if wrong:
         raise ViewCheckError(
-            f"view {name} groups, keys or joins on text the leader compares loosely "
-            f"({', '.join(loose)}): a case-insensitive or PAD SPACE collation makes 'a', 'A' "
-            "and 'a ' one value there, followers compare bytes",
-            "give those columns a binary NO PAD collation on the leader (ALTER TABLE ... "
-            "MODIFY column ... COLLATE utf8mb4_nopad_bin: utf8mb4_bin still ignores trailing "
-            "blanks), so both compare bytes")
+            f"view {name} compares text the leader compares by its collation, where the view's "
+            f"state compares code points: "
+            + "; ".join(f"{column}: {how}" for column, how in sorted(wrong.items()))
+            + " (a case-insensitive or PAD SPACE collation makes 'a', 'A' and 'a ' one value; "
+            "a language's collation orders 'B' before 'a')",
+            "give those columns a collation that compares code points on the leader "
+            "(MariaDB: ALTER TABLE ... MODIFY column ... COLLATE utf8mb4_nopad_bin -- "
+            "utf8mb4_bin still ignores trailing blanks; PostgreSQL: ALTER TABLE ... ALTER "
+            "COLUMN ... TYPE ... COLLATE \"C\"), or leave them out of comparisons, "
+            "grouping and ordering in the view (projecting them is fine)")
 
 
 def _run_on_empty_state(name: str, plan: ViewPlan,

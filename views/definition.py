@@ -162,8 +162,8 @@ class ViewPlan:
     operators: list[Operator] = field(default_factory=list)
     #: each output column's expression (as written)
     outputs: dict[str, exp.Expr] = field(default_factory=dict)
-    #: the joins' ON conditions (as written)
-    join_conditions: list[exp.Expr] = field(default_factory=list)
+    #: the query in its normal form, in the leader's names (what ``views/check.py`` reads)
+    tree: exp.Query | None = None
     #: per table, the columns the SQL names (qualified, or unqualified with one table)
     referenced: dict[TableId, set[str]] = field(default_factory=dict)
 
@@ -198,6 +198,8 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     subqueries: dict[TableId, exp.Select] = {}
     if dialect == "mysql":
         _mariadb_division(written)
+    else:
+        _postgres_division(written)
     described = dict(catalog()) if catalog is not None else {}
     tree = _normalize(written.copy(), operators, subqueries, captured, described)
     padded = {table: lengths for table, columns in described.items()
@@ -222,12 +224,13 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
                                   "make the subquery a view of its own"))
     plan = ViewPlan(name, "incremental", "", list(indexes), references, columns, list(key),
                     _state_sql(tree, references), subviews=subviews, operators=operators)
-    plan.padded = {table: lengths for table, lengths in padded.items() if table in captured}
+    plan.padded = {table: lengths for table, lengths in padded.items()  # the tables it reads
+                   if table in captured and table in indexes}
     blocking = plan.blocking
     if blocking:
         plan.mode, plan.reason = "recompute", f"{blocking[0].construct}: {blocking[0].reason}"
     plan.outputs = _outputs(tree)
-    plan.join_conditions = _join_conditions(tree)
+    plan.tree = tree
     plan.referenced = _referenced(tree, references)
     for sub in subviews.values():
         for table, read in sub.referenced.items():
@@ -265,7 +268,7 @@ def _subview(name: str, table: TableId, inner: exp.Select, captured: Sequence[Ta
                     references, columns, key, _state_sql(inner, references), operators=own)
     plan.referenced = _referenced(inner, references)
     plan.outputs = _outputs(inner)
-    plan.join_conditions = _join_conditions(inner)
+    plan.tree = inner
     if compiled.scope_lineage is None and not plan.blocking:
         plan.lineage_sql, plan.restricted_sql = compiled.lineage, compiled.restricted
     return plan
@@ -306,14 +309,9 @@ def _selects(tree: exp.Query) -> list[exp.Select]:
     return [tree] if isinstance(tree, exp.Select) else []
 
 
-def _join_conditions(tree: exp.Query) -> list[exp.Expr]:
-    return [join.args["on"] for select in tree.find_all(exp.Select)
-            for join in select.args.get("joins") or [] if join.args.get("on") is not None]
-
-
 #: expressions whose value is computed in floating point
 _FLOATING = (exp.Avg, exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance, exp.VariancePop,
-             exp.Div)
+             exp.Div, exp.IntDiv)
 
 
 def approximate_columns(plan: ViewPlan, doubles: Mapping[str, set[str]]) -> list[str]:
@@ -482,6 +480,15 @@ def _mariadb_division(tree: exp.Expr) -> None:
                                           expression=exp.Literal.number(0)))
 
 
+def _postgres_division(tree: exp.Expr) -> None:
+    """PostgreSQL's ``/`` of two integers truncates (``-7 / 2`` is ``-3``), and DuckDB's ``/``
+    gives a DOUBLE (``-3.5``): it becomes DuckDB's ``//``, which truncates integers and
+    divides decimals and floats as ``/`` does (a DOUBLE, compared with a tolerance by
+    ``cdc verify``: :func:`approximate_columns`)."""
+    for node in list(tree.find_all(exp.Div)):
+        node.replace(exp.IntDiv(this=node.this.copy(), expression=node.expression.copy()))
+
+
 def _apply_column_lists(tree: exp.Query) -> None:
     """A column list -- ``WITH t (a, b) AS (...)``, ``(SELECT ...) AS t (a, b)`` -- written
     into the query it names: its output columns take those names (``AS a``, ``AS b``) and the
@@ -563,6 +570,7 @@ def _blank_padding(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
     padded columns of its table in turn (``padded`` is extended)."""
     for table, inner in subqueries.items():
         aliases = _aliases_of(inner, tables)
+        _trim_literals(inner, aliases, padded)
         _pad_operands(inner, aliases, padded)
         lengths = {projection.alias_or_name: n for projection in inner.selects
                    if (n := _padded_output(projection.unalias(), aliases, padded))}
@@ -570,6 +578,7 @@ def _blank_padding(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
             padded[table] = lengths
     for select in _branches(tree):
         aliases = _aliases_of(select, tables)
+        _trim_literals(select, aliases, padded)
         _pad_operands(select, aliases, padded)
         select.set("expressions", [_pad_output(projection, aliases, padded)
                                    for projection in select.expressions])
@@ -630,9 +639,42 @@ def _pad_output(projection: exp.Expr, aliases: Mapping[str, TableId],
                 padded: Mapping[TableId, Mapping[str, int]]) -> exp.Expr:
     n = _padded_output(projection.unalias(), aliases, padded)
     if n is None:
-        return projection
+        return _pad_branches(projection, aliases, padded)
     return exp.alias_(_rpad(projection.unalias().copy(), n),
                       exp.to_identifier(projection.alias_or_name))
+
+
+def _value_branches(node: exp.Expr) -> list[exp.Expr]:
+    """The expressions whose value a COALESCE, CASE, NULLIF, GREATEST/LEAST or IF gives."""
+    if isinstance(node, exp.Coalesce | exp.Greatest | exp.Least):
+        return [node.this, *node.expressions]
+    if isinstance(node, exp.Case):
+        return [*(branch.args["true"] for branch in node.args.get("ifs") or []),
+                *([node.args["default"]] if node.args.get("default") else [])]
+    if isinstance(node, exp.If):
+        return [node.args["true"], *([node.args["false"]] if node.args.get("false") else [])]
+    if isinstance(node, exp.Nullif):
+        return [node.this]
+    return []
+
+
+def _pad_branches(projection: exp.Expr, aliases: Mapping[str, TableId],
+                  padded: Mapping[TableId, Mapping[str, int]]) -> exp.Expr:
+    """A view column that is a COALESCE, CASE ... of ``character(n)`` columns and string
+    literals is a ``character`` value on the leader, each column's value with its blanks
+    (``coalesce(c, '-')`` gives ``'ab   '``): those columns are padded. With a ``text`` branch
+    the leader's result is text, blanks dropped, as the state holds them."""
+    branches = _value_branches(projection.unalias())
+    lengths = [_padding_of(branch, aliases, padded) for branch in branches]
+    if not any(lengths) or not all(
+            n or isinstance(branch, exp.Null) or (isinstance(branch, exp.Literal)
+                                                  and branch.is_string)
+            for branch, n in zip(branches, lengths, strict=True)):
+        return projection
+    for branch, n in zip(branches, lengths, strict=True):
+        if n:
+            branch.replace(_rpad(branch.copy(), n))
+    return projection
 
 
 #: where the leader keeps a ``character(n)`` value's blanks: these operations' operands
@@ -652,6 +694,30 @@ def _pad_operands(select: exp.Select, aliases: Mapping[str, TableId],
                 else None
             if n is not None:
                 operand.replace(_rpad(operand.copy(), n))
+
+
+#: comparisons: a string literal compared with a ``character(n)`` column is ``character`` too
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ,
+                exp.NullSafeNEQ)
+
+
+def _trim_literals(select: exp.Select, aliases: Mapping[str, TableId],
+                   padded: Mapping[TableId, Mapping[str, int]]) -> None:
+    """``c = 'B '``, ``c IN ('a ', 'b')``, ``c BETWEEN 'a ' AND 'b'`` with ``c`` a
+    ``character(n)`` column: the leader reads the literals as ``character`` values, whose
+    trailing blanks do not count; the state holds ``c`` without them, so the literals lose
+    theirs too."""
+    for node in list(select.find_all(*_COMPARISONS, exp.In, exp.Between)):
+        sides = [node.this, node.expression] if isinstance(node, _COMPARISONS) else [node.this]
+        if node.find_ancestor(exp.Select) is not select or not any(
+                _padding_of(side, aliases, padded) for side in sides):
+            continue
+        others = ([node.expression, node.this] if isinstance(node, _COMPARISONS)
+                  else node.expressions if isinstance(node, exp.In)
+                  else [node.args.get("low"), node.args.get("high")])
+        for other in others:
+            if isinstance(other, exp.Literal) and other.is_string:
+                other.replace(exp.Literal.string(other.this.rstrip(" ")))
 
 
 def _branches(query: exp.Query) -> list[exp.Select]:

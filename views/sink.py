@@ -36,7 +36,7 @@ from cdc.logical import logical_columns, padded_columns
 from cdc.sink import ApplyStats, Change, Placement, Sink, row_text
 from views.definition import ViewDefinitionError, ViewPlan, analyze
 from views.state import BaseChange, BatchResult, ViewChange, ViewError, ViewState, state_meta
-from views.types import duckdb_type
+from views.types import duckdb_type, follower_kind
 
 if TYPE_CHECKING:
     from cdc.config import Config
@@ -229,6 +229,10 @@ class ViewSink(Sink):
                             "tables in its followers) to rebuild the view from offset 0")
         with self.opened() as state:
             self._flush(state)
+            columns = {name: follower_kind(kind) for name, kind in state.output_types()}
+        for shared in self._shared.values():  # an empty view is an empty table
+            with shared.lock:
+                shared.sink.declare(self.topic, columns, self.plan.key)
 
     @contextlib.contextmanager
     def opened(self) -> Iterator[ViewState]:

@@ -596,20 +596,25 @@ class ViewState:
     def _run(self, sql: str) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
         """``sql``'s column names, DuckDB types and rows; decimals come as their text (their
         JSON form, made by DuckDB rather than per value in Python)."""
-        if self._output is None:
-            self._output = [(str(row[0]), str(row[1]))
-                            for row in self._q(f"DESCRIBE {self.plan.full_sql}")]
-        decimals = [name for name, kind in self._output if kind.upper().startswith("DECIMAL")]
+        decimals = [name for name, kind in self.output_types()
+                    if kind.upper().startswith("DECIMAL")]
         if decimals:
             casts = ", ".join(f"CAST({_quote(name)} AS VARCHAR) AS {_quote(name)}"
                               for name in decimals)
             sql = f"SELECT * REPLACE ({casts}) FROM ({sql}) AS _cdc_v"
         cursor = self.db.execute(sql)
         names = [str(d[0]) for d in cursor.description or []]
-        types = [kind for _, kind in self._output]
+        types = [kind for _, kind in self.output_types()]
         rows = cursor.fetchall()
         self._count_scanned()
         return names, types, rows
+
+    def output_types(self) -> list[tuple[str, str]]:
+        """The view's columns and their DuckDB types, as its SQL declares them."""
+        if self._output is None:
+            self._output = [(str(row[0]), str(row[1]))
+                            for row in self._q(f"DESCRIBE {self.plan.full_sql}")]
+        return self._output
 
     def _forms(self, names: Sequence[str], types: Sequence[str]
                ) -> Callable[[Sequence[Any]], dict[str, Any]]:
@@ -629,14 +634,10 @@ class ViewState:
         return forms
 
     def _key_text(self, values: Sequence[Any]) -> str:
-        """The key's JSON text (compact, as ``json.dumps`` gives it)."""
+        """The key's JSON text (compact, as ``json.dumps`` gives it). A key column may hold NULL
+        (``null``): a NULL group is a group, as on the leader."""
         if len(values) == 1 and type(values[0]) is int:  # the common case, directly
             return f"{self._key_prefix}{values[0]}}}"
-        if None in values:
-            raise ViewError(f"view {self.plan.name} produced a row whose key "
-                            f"({', '.join(self.plan.key)}) holds NULL",
-                            "key columns must never be NULL: filter such rows out in the view's "
-                            "SQL (WHERE ... IS NOT NULL), or key the view differently")
         return "".join(_ENCODE({name: json_form(value) for name, value
                                 in zip(self.plan.key, values, strict=True)}, 0))
 

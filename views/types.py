@@ -53,6 +53,24 @@ def duckdb_type(logical: Logical) -> str:
     return _TYPES.get(logical.kind, "VARCHAR")
 
 
+def follower_kind(state_type: str) -> LogicalKind:
+    """The logical kind of a view column's values in its followers, from its DuckDB type: its
+    JSON form's kind, as :func:`cdc.logical.guess_kind` names it for the values (booleans,
+    integers and floats as themselves; decimals, dates and everything else as text)."""
+    name = state_type.upper().split("(")[0].strip()
+    if name == "BOOLEAN":
+        return LogicalKind.BOOLEAN
+    if name in _INTEGERS:
+        return LogicalKind.INT64
+    if name in ("DOUBLE", "FLOAT", "REAL"):
+        return LogicalKind.FLOAT64
+    return LogicalKind.TEXT
+
+
+_INTEGERS = frozenset({"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT",
+                       "UINTEGER"})
+
+
 def json_form(value: Any) -> Any:
     """A query result value (DuckDB's or the leader driver's) in the JSON form followers
     store: decimals as their text, floats as numbers (NaN/Infinity as strings), dates and

@@ -126,10 +126,10 @@ def _number_text(value: Any) -> str:
 
 def canonical_key(values: Mapping[str, Any], numeric: frozenset[str]) -> str:
     """A key compared by value: each of the ``numeric`` columns as :func:`_number_text` (the
-    leader's ``numeric`` 1997 and the follower's ``BIGINT`` 1997 are one key), the others as
-    they are."""
+    leader's ``numeric`` 1997 and the follower's ``BIGINT`` 1997 are one key), the others in
+    their JSON form (a leader's ``date`` is its ISO text, as the follower holds it)."""
     return _COMPACT.encode({column: _number_text(value)
-                            if column in numeric and value is not None else value
+                            if column in numeric and value is not None else json_form(value)
                             for column, value in values.items()})
 
 
@@ -183,6 +183,19 @@ def _differences(leader: LeaderView, held: Mapping[str, Mapping[str, str]],
             if columns:
                 out.append(Difference(shown, "different", columns))
     return out
+
+
+def compare_view(leader: LeaderView, held: Mapping[str, Mapping[str, Any]],
+                 tolerant: Sequence[str]) -> list[Difference]:
+    """Every difference between the leader's rows and ``held`` (all of a follower's rows of
+    the view, by their key's JSON text, in JSON form or text), by value: keys the leader
+    lacks are *extra*."""
+    by_value = {_follower_canonical(text, leader.numeric): row_text(dict(row))
+                for text, row in held.items()}
+    keys = list(leader.rows)
+    return (_differences(leader, by_value, keys, tolerant)
+            + [Difference(text, "extra") for text in held
+               if _follower_canonical(text, leader.numeric) not in leader.rows])
 
 
 class _FollowerKeys:

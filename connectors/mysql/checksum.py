@@ -53,7 +53,7 @@ import pymysql
 
 from cdc.avro import json_form, value_schema
 from cdc.events import TableId, encode_key, topic_name
-from cdc.source import Chunk, Leader, Target
+from cdc.source import Chunk, Leader, Target, TextComparison
 from connectors.mysql import catalog
 from connectors.mysql.connection import SourceError, connect, query, quote_ident, translate
 from connectors.mysql.schema import CapturedTable, build
@@ -344,15 +344,15 @@ class MySqlLeader(Leader):
         with contextlib.suppress(pymysql.err.Error):  # already closed
             self.conn.close()
 
-    def loosely_compared_columns(self, table: TableId) -> set[str]:
+    def text_comparisons(self, table: TableId) -> dict[str, TextComparison]:
         try:
             rows = query(self.conn, "SELECT column_name, collation_name FROM "
                                     "information_schema.columns WHERE table_schema = %s AND "
                                     "table_name = %s", (table.schema, table.table))
         except pymysql.err.MySQLError as exc:
             raise translate(self.source, exc) from None
-        return {str(name) for name, collation in rows
-                if collation and _loose_collation(str(collation).lower())}
+        return {str(name): TextComparison(str(collation), True) for name, collation in rows
+                if collation and not _byte_collation(str(collation).lower())}
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         try:
@@ -558,8 +558,11 @@ class MySqlLeader(Leader):
                            "server is MariaDB 10.5 or later (or MySQL 8)")
 
 
-def _loose_collation(name: str) -> bool:
-    """Whether a collation compares other than byte by byte: case-insensitive (``_ci``), or
-    PAD SPACE -- every MariaDB collation but the ``_nopad_`` ones (10.11's
-    information_schema has no PAD_ATTRIBUTE), and MySQL 8's but its ``_0900_`` ones."""
-    return name.endswith("_ci") or not ("_nopad_" in name or "_0900_" in name)
+def _byte_collation(name: str) -> bool:
+    """Whether a collation compares byte by byte, blanks kept: a binary NO PAD one (MariaDB's
+    ``_nopad_bin``; MySQL 8's ``_0900_bin``). Every other compares loosely: case- or
+    accent-insensitive (``_ci``, ``_ai``), by a language's rules, or PAD SPACE (every MariaDB
+    collation but the ``_nopad_`` ones -- 10.11's information_schema has no PAD_ATTRIBUTE --,
+    ``utf8mb4_bin`` too)."""
+    return name == "binary" or (name.endswith("_bin") and ("_nopad_" in name
+                                                           or "_0900_" in name))

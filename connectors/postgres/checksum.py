@@ -37,7 +37,7 @@ import psycopg
 from cdc.avro import json_form, value_schema
 from cdc.events import TableId, encode_key, topic_name
 from cdc.position import format_lsn, parse_lsn
-from cdc.source import Chunk, Leader, Target
+from cdc.source import Chunk, Leader, Target, TextComparison
 from connectors.postgres import catalog
 from connectors.postgres.connection import SourceError, connect
 from connectors.postgres.replication import quote_ident, quote_literal
@@ -295,6 +295,24 @@ def _texts_sql(key_sql: str, canons: Mapping[str, Canon]) -> str:
     return ", ".join([f"{key_sql} AS cdc_verify_key", *texts])
 
 
+#: each collatable column of a table: its collation's name, provider (``c`` libc, ``i`` ICU,
+#: ``b`` builtin: the database's for ``default``; ``datlocprovider`` exists from PostgreSQL 15,
+#: libc before), whether it is deterministic, and its libc locale
+_COLLATIONS = """
+    SELECT a.attname, c.collname,
+           CASE WHEN c.collprovider = 'd'
+                THEN coalesce(to_jsonb(d) ->> 'datlocprovider', 'c') ELSE c.collprovider::text END,
+           c.collisdeterministic,
+           CASE WHEN c.collprovider = 'd' THEN d.datcollate ELSE c.collcollate END
+    FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
+    JOIN pg_database d ON d.datname = current_database()
+    WHERE a.attrelid = (SELECT oid FROM pg_class WHERE relname = %s
+                        AND relnamespace = to_regnamespace(%s))
+      AND a.attnum > 0 AND NOT a.attisdropped"""
+#: libc locales that order by code point (UTF-8's byte order: the view's state's)
+_CODE_POINT_LOCALES = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
+
+
 class PostgresLeader(Leader):
     """A source database seen by ``cdc verify``. One autocommit connection with the snapshot's
     session settings; every method raises :class:`SourceError` with a fix on failure."""
@@ -319,6 +337,23 @@ class PostgresLeader(Leader):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise SourceError(f"source {self.name!r}: the query failed on the leader: {first}",
                               "correct the SQL (it runs on the leader as written)") from None
+
+    def text_comparisons(self, table: TableId) -> dict[str, TextComparison]:
+        try:
+            rows = self.conn.execute(_COLLATIONS, (table.table, table.schema)).fetchall()
+        except psycopg.Error as exc:
+            raise SourceError(f"source {self.name!r}: reading {table}'s collations failed: "
+                              f"{str(exc).strip().splitlines()[0]}",
+                              f"check that {table} exists and the source's user can see it"
+                              ) from None
+        out: dict[str, TextComparison] = {}
+        for column, name, provider, deterministic, locale in rows:
+            if provider in ("b",) or (provider == "c" and locale in _CODE_POINT_LOCALES):
+                continue
+            out[str(column)] = TextComparison(str(name) if name != "default" else
+                                              f"the database's default ({locale})",
+                                              not deterministic)
+        return out
 
     # -- positions ------------------------------------------------------------------------------
     def heartbeat(self) -> int:

@@ -1,0 +1,82 @@
+"""Every difference the differential fuzzer found, shrunk, kept as a case: the view must equal
+the leader after each batch (or be refused at check time). New cases are printed by ``make
+fuzz-views`` ready to paste here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.fuzz_views.grammar import Query
+from tests.fuzz_views.harness import Case, replay
+
+
+def test_postgres_integer_division_truncates(tmp_path: Path, pg_cluster: Any) -> None:
+    """Seed 103: PostgreSQL's ``-1 / 2`` is 0; DuckDB's ``/`` gave -0.5."""
+    replay(Case('postgres',
+                ['CREATE TABLE f1 (id int PRIMARY KEY, a1 int NOT NULL, b1 numeric(8,2) NOT NULL)'],
+                ['INSERT INTO f1 VALUES (8, -1, 0.00)', 'INSERT INTO f1 VALUES (9, 7, 1.00)'],
+                [['UPDATE f1 SET a1 = -7 WHERE id = 9']],
+                [Query('q1', "SELECT t.id, t.a1 / 2 AS v0, t.b1 / 3 AS v1, CASE WHEN t.a1 > 1 "
+                       "THEN 'big' ELSE 'small' END AS v2 FROM f1 t WHERE t.b1 BETWEEN -1 AND 2",
+                       ('id',), False)]),
+           pg_cluster, tmp_path)
+
+
+def test_postgres_coalesce_of_character_n_keeps_its_blanks(tmp_path: Path, pg_cluster: Any
+                                                           ) -> None:
+    """Seed 105: ``coalesce(c, '-')`` of a ``char(5)`` is a ``character`` value on the leader,
+    blanks kept (``'ab   '``); the view gave ``'ab'``."""
+    replay(Case('postgres',
+                ['CREATE TABLE f0 (id int PRIMARY KEY, a0 int, b0 char(5))',
+                 'CREATE TABLE f2 (id int PRIMARY KEY, a2 int NOT NULL)'],
+                ["INSERT INTO f0 VALUES (9, 1, 'ab'), (12, 1, NULL), (13, 2, 'a ')",
+                 'INSERT INTO f2 VALUES (24, 1), (14, 2), (15, 3)'],
+                [["UPDATE f0 SET b0 = 'xyz' WHERE id = 12"]],
+                [Query('q2', "SELECT l.id AS lid, r.id AS rid, coalesce(r.b0, '-') AS v1, "
+                       "CASE WHEN r.a0 > 1 THEN r.b0 ELSE 'no' END AS v2 FROM f2 l "
+                       "LEFT JOIN f0 r ON l.a2 = r.a0", ('lid', 'rid'), False)]),
+           pg_cluster, tmp_path)
+
+
+def test_a_null_group_is_a_group(tmp_path: Path, pg_cluster: Any) -> None:
+    """Seed 1: ``GROUP BY`` a nullable column has a NULL group on the leader; the view
+    stopped ("produced a row whose key holds NULL")."""
+    replay(Case('postgres',
+                ['CREATE TABLE f0 (id int PRIMARY KEY, a0 int, b0 char(3))'],
+                ["INSERT INTO f0 VALUES (1, NULL, 'ab'), (2, 0, 'a '), (3, NULL, 'B ')"],
+                [['UPDATE f0 SET a0 = 5 WHERE id = 1'], ['UPDATE f0 SET a0 = NULL WHERE id = 2'],
+                 ['DELETE FROM f0 WHERE id = 3']],
+                [Query('q5', 'SELECT t.a0 AS g, min(t.b0) AS a0, count(*) AS n FROM f0 t '
+                       'GROUP BY t.a0', ('g',), False)]),
+           pg_cluster, tmp_path)
+
+
+def test_mariadb_like_on_a_case_insensitive_column_is_refused(tmp_path: Path,
+                                                              mariadb_server: Any) -> None:
+    """Seed 100: ``WHERE b2 LIKE 'a%'`` on a ``utf8mb4_general_ci`` column keeps 'Ab' on the
+    leader; the view kept only 'ab' (now refused at check time, like grouping on it)."""
+    case = Case('mysql',
+                ['CREATE TABLE f2 (id int PRIMARY KEY, a2 int NOT NULL, b2 varchar(6) '
+                 'CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci)'],
+                ["INSERT INTO f2 VALUES (2, 1, 'Ab'), (5, 2, 'ab'), (7, 3, 'b')"],
+                [["UPDATE f2 SET b2 = 'A' WHERE id = 7"]],
+                [Query('q2', "SELECT t.id, t.a2 * 2 AS v0 FROM f2 t WHERE t.b2 LIKE 'a%'",
+                       ('id',), False)])
+    report = replay(case, mariadb_server, tmp_path)
+    assert "f2.b2 (utf8mb4_general_ci): equality" in report.refused["q2"]
+
+
+def test_postgres_literal_compared_with_character_n_ignores_its_blanks(tmp_path: Path,
+                                                                       pg_cluster: Any) -> None:
+    """Seed 205: ``b0 IN ('', 'B ', 'a ')`` with ``b0 char(3)`` keeps 'B' on the leader (the
+    literals are ``character`` there, their blanks do not count); the view kept nothing."""
+    replay(Case('postgres',
+                ['CREATE TABLE f0 (id int PRIMARY KEY, b0 char(3), c0 date, d0 int)'],
+                ["INSERT INTO f0 VALUES (14, 'B ', DATE '2024-12-31', NULL)",
+                 "INSERT INTO f0 VALUES (15, 'a', DATE '2024-12-31', 1)"],
+                [["UPDATE f0 SET b0 = 'x' WHERE id = 15"]],
+                [Query('q11', "SELECT t.id, t.b0 || '|' AS v1, extract(year from t.c0) AS v2 "
+                       "FROM f0 t WHERE t.d0 < -1 OR t.b0 IN ('', 'B ', 'a ') "
+                       "OR t.b0 = 'x  ' OR t.b0 BETWEEN 'w ' AND 'x '", ('id',), False)]),
+           pg_cluster, tmp_path)
