@@ -331,11 +331,14 @@ class TextComparison:
 
     #: its collation, as the leader names it
     collation: str
-    #: False: equal exactly when the bytes are, ordered differently (a locale's order:
-    #: PostgreSQL's libc and ICU collations); True: equality differs too (case-insensitive,
-    #: accent-insensitive or PAD SPACE: MariaDB's ``_ci`` and ``utf8mb4_bin``, PostgreSQL's
-    #: nondeterministic collations)
+    #: False: equal exactly when the bytes are (PostgreSQL's deterministic collations);
+    #: True: equality differs too (case-insensitive, accent-insensitive or PAD SPACE:
+    #: MariaDB's ``_ci`` and ``utf8mb4_bin``, PostgreSQL's nondeterministic collations)
     loose: bool
+    #: ordered otherwise than by code point (a locale's order: libc's, ICU's)
+    ordered: bool = True
+    #: ``upper``/``lower`` change ASCII letters only (PostgreSQL's ``C`` and ``POSIX``)
+    ascii_case: bool = False
 
 
 class Leader(ABC):
@@ -382,8 +385,9 @@ class Leader(ABC):
         raise NotImplementedError(f"source {self.name}: this connector runs no queries")
 
     def text_comparisons(self, table: TableId) -> dict[str, TextComparison]:
-        """The text columns of ``table`` that the leader does not compare as a view's state
-        does (code point by code point, blanks kept), by column; the others are absent."""
+        """The text columns of ``table`` that the leader does not compare or case-map as a
+        view's state does (code point by code point, blanks kept; Unicode's upper and lower
+        case), by column; the others are absent."""
         return {}
 
     @abstractmethod

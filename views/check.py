@@ -69,6 +69,8 @@ _EQUALITY = (exp.EQ, exp.NEQ, exp.NullSafeEQ, exp.NullSafeNEQ, exp.In, exp.Like,
 #: ... and for order
 _ORDERING = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between, exp.Min, exp.Max, exp.Ordered,
              exp.Greatest, exp.Least)
+#: case mapping, which PostgreSQL's C and POSIX collations limit to ASCII letters
+_CASE_MAPPING = (exp.Upper, exp.Lower, exp.Initcap)
 #: what ends a text value's collation: a number, a truth value, a count (not DISTINCT)
 _COLLATION_ENDS = (exp.Length, exp.Is, exp.Count, exp.Extract, exp.Cast, exp.Unicode)
 
@@ -112,23 +114,29 @@ def _refuse_loose_collations(name: str, plan: ViewPlan, leader: Leader) -> None:
             table = tables.get(column.table) if column.table else (
                 part.tables[0] if len(part.tables) == 1 else None)
             compared = found.get(table, {}).get(column.name) if table else None
-            how = "=" if column in keys else _compared(column)
-            if compared is None or how is None or (how == "=" and not compared.loose):
+            if compared is None:
                 continue
-            wrong.setdefault(f"{table}.{column.name} ({compared.collation})",
-                             "equality" if how == "=" else "order")
+            how = "=" if column in keys else _compared(column)
+            if compared.ascii_case and column.find_ancestor(*_CASE_MAPPING) is not None:
+                wrong.setdefault(f"{table}.{column.name} ({compared.collation})",
+                                 "upper/lower (ASCII letters only on the leader)")
+            elif how == "=" and compared.loose:
+                wrong.setdefault(f"{table}.{column.name} ({compared.collation})", "equality")
+            elif how == "<" and (compared.loose or compared.ordered):
+                wrong.setdefault(f"{table}.{column.name} ({compared.collation})", "order")
     if wrong:
         raise ViewCheckError(
             f"view {name} compares text the leader compares by its collation, where the view's "
             f"state compares code points: "
             + "; ".join(f"{column}: {how}" for column, how in sorted(wrong.items()))
             + " (a case-insensitive or PAD SPACE collation makes 'a', 'A' and 'a ' one value; "
-            "a language's collation orders 'B' before 'a')",
+            "a language's collation orders 'B' before 'a'; under PostgreSQL's C collation "
+            "upper('é') is 'é')",
             "give those columns a collation that compares code points on the leader "
             "(MariaDB: ALTER TABLE ... MODIFY column ... COLLATE utf8mb4_nopad_bin -- "
             "utf8mb4_bin still ignores trailing blanks; PostgreSQL: ALTER TABLE ... ALTER "
-            "COLUMN ... TYPE ... COLLATE \"C\"), or leave them out of comparisons, "
-            "grouping and ordering in the view (projecting them is fine)")
+            "COLUMN ... TYPE ... COLLATE \"C.utf8\"), or leave them out of comparisons, "
+            "grouping, ordering and upper/lower in the view (projecting them is fine)")
 
 
 def _run_on_empty_state(name: str, plan: ViewPlan,

@@ -311,6 +311,8 @@ _COLLATIONS = """
       AND a.attnum > 0 AND NOT a.attisdropped"""
 #: libc locales that order by code point (UTF-8's byte order: the view's state's)
 _CODE_POINT_LOCALES = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
+#: ... of which these change the case of ASCII letters only (``upper('é')`` is ``'é'``)
+_ASCII_LOCALES = frozenset({"C", "POSIX"})
 
 
 class PostgresLeader(Leader):
@@ -348,11 +350,11 @@ class PostgresLeader(Leader):
                               ) from None
         out: dict[str, TextComparison] = {}
         for column, name, provider, deterministic, locale in rows:
-            if provider in ("b",) or (provider == "c" and locale in _CODE_POINT_LOCALES):
-                continue
-            out[str(column)] = TextComparison(str(name) if name != "default" else
-                                              f"the database's default ({locale})",
-                                              not deterministic)
+            shown = str(name) if name != "default" else f"the database's default ({locale})"
+            if provider == "c" and locale in _ASCII_LOCALES:
+                out[str(column)] = TextComparison(shown, False, ordered=False, ascii_case=True)
+            elif provider != "b" and not (provider == "c" and locale in _CODE_POINT_LOCALES):
+                out[str(column)] = TextComparison(shown, not deterministic)
         return out
 
     # -- positions ------------------------------------------------------------------------------

@@ -80,3 +80,21 @@ def test_postgres_literal_compared_with_character_n_ignores_its_blanks(tmp_path:
                        "FROM f0 t WHERE t.d0 < -1 OR t.b0 IN ('', 'B ', 'a ') "
                        "OR t.b0 = 'x  ' OR t.b0 BETWEEN 'w ' AND 'x '", ('id',), False)]),
            pg_cluster, tmp_path)
+
+
+def test_postgres_upper_under_the_c_collation_is_refused(tmp_path: Path, pg_cluster: Any
+                                                         ) -> None:
+    """Seed 303: under PostgreSQL's ``C`` collation ``upper('é')`` is ``'é'`` (ASCII letters
+    only); the view's state gave ``'É'``. Refused at check time, naming the column; the same
+    SQL over a ``C.utf8`` column is kept, and equals the leader."""
+    case = Case('postgres',
+                ['CREATE TABLE f0 (id int PRIMARY KEY, b0 char(3) COLLATE "C", '
+                 'b1 varchar(6) COLLATE "C.utf8")'],
+                ["INSERT INTO f0 VALUES (5, 'é', 'é'), (6, 'ab', 'Ab')"],
+                [["UPDATE f0 SET b1 = 'éa' WHERE id = 6"]],
+                [Query('q4', "SELECT l.id, upper(l.b0) AS v0 FROM f0 l", ('id',), False),
+                 Query('q5', "SELECT l.id, upper(l.b1) AS v0, lower(l.b1) AS v1 FROM f0 l",
+                       ('id',), False)])
+    report = replay(case, pg_cluster, tmp_path)
+    assert 'f0.b0 (C): upper/lower' in report.refused["q4"]
+    assert report.accepted == ["q5"] and report.comparisons == 2
