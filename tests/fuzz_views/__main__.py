@@ -23,6 +23,8 @@ def main() -> int:
     parser.add_argument("--dialect", choices=("postgres", "mysql", "both"), default="both")
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--queries", type=int, default=16)
+    parser.add_argument("--refusals", action="store_true",
+                        help="print why each refused query was refused")
     args = parser.parse_args()
     console = Console()
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
@@ -45,6 +47,11 @@ def main() -> int:
                     report.seed = seed
                     comparisons += report.comparisons
                     console.print(report.summary())
+                    if args.refusals:
+                        for name, why in report.refused.items():
+                            query = next(q for q in case.queries if q.name == name)
+                            console.print(f"  refused {query.sql}\n    {why.splitlines()[0]}",
+                                          soft_wrap=True, highlight=False, markup=False)
                     for query in {q.name: q for q, _, _ in report.mismatches}.values():
                         failed += 1
                         first = next(t for q, n, t in report.mismatches if q.name == query.name)

@@ -250,7 +250,7 @@ class Queries:
     # ---------------------------------------------------------------------- shapes
     def query(self, number: int) -> Query:
         shapes = [self.filtered, self.grouped, self.joined, self.distinct, self.windowed,
-                  self.union, self.subquery, self.limited, self.comma_join]
+                  self.union, self.subquery, self.limited, self.comma_join, self.semi_join]
         return self.rng.choice(shapes)(f"q{number}")
 
     def _where(self, alias: str, table: Table, chance: float = 0.7) -> str:
@@ -275,7 +275,8 @@ class Queries:
             group = f"extract(month from t.{column.name})"
         aggregates = ", ".join(f"{self.aggregate('t', table)} AS a{i}"
                                for i in range(self.rng.randint(1, 3)))
-        having = " HAVING count(*) > 1" if self.rng.random() < 0.25 else ""
+        having = self.rng.choice(("", "", " HAVING count(*) > 1",
+                                  f" HAVING max(t.id) > {self.rng.randint(5, 20)}"))
         return Query(name, f"SELECT {group} AS g, {aggregates} FROM {table.name} t"
                      + self._where("t", table, 0.4) + f" GROUP BY {group}{having}", ("g",))
 
@@ -289,7 +290,8 @@ class Queries:
 
     def joined(self, name: str) -> Query:
         left, right, on = self._pair()
-        join = self.rng.choice(("JOIN", "LEFT JOIN"))
+        join = self.rng.choice(("JOIN", "LEFT JOIN", "LEFT JOIN", "RIGHT JOIN")
+                               + (() if self.my else ("FULL JOIN",)))
         select = f"l.id AS lid, r.id AS rid, {self.scalar('l', left)} AS v0, " \
                  f"{self.scalar('r', right)} AS v1"
         if self.rng.random() < 0.4:
@@ -306,6 +308,20 @@ class Queries:
         return Query(name, f"SELECT l.id AS lid, r.id AS rid FROM {left.name} l, {right.name} r "
                      f"WHERE {on}", ("lid", "rid"))
 
+    def semi_join(self, name: str) -> Query:
+        """``IN``, ``NOT IN`` (NULLs make it empty) and ``[NOT] EXISTS`` subqueries."""
+        left, right, on = self._pair()
+        outer, inner = on.split(" = ")
+        inner = inner.replace("r.", "u.")
+        table = right.name
+        test = self.rng.choice((
+            f"{outer} IN (SELECT {inner} FROM {table} u)",
+            f"{outer} NOT IN (SELECT {inner} FROM {table} u)",
+            f"EXISTS (SELECT 1 FROM {table} u WHERE {inner} = {outer})",
+            f"NOT EXISTS (SELECT 1 FROM {table} u WHERE {inner} = {outer})"))
+        return Query(name, f"SELECT l.id, {self.scalar('l', left)} AS v FROM {left.name} l "
+                     f"WHERE {test}", ("id",))
+
     def distinct(self, name: str) -> Query:
         table = self.rng.choice(self.schema.tables)
         column = self._column(table)
@@ -317,7 +333,8 @@ class Queries:
         table = self.rng.choice(self.schema.tables)
         part = self._column(table)
         assert part is not None
-        function = self.rng.choice(("row_number()", "count(*)", "sum(t.id)", "rank()"))
+        function = self.rng.choice(("row_number()", "count(*)", "sum(t.id)", "rank()",
+                                    "lag(t.id)", "dense_rank()"))
         return Query(name, f"SELECT t.id, {function} OVER (PARTITION BY t.{part.name} "
                      f"ORDER BY t.id) AS w FROM {table.name} t", ("id",))
 
