@@ -39,8 +39,6 @@ class Report:
     refused: dict[str, str] = field(default_factory=dict)
     accepted: list[str] = field(default_factory=list)
     mismatches: list[Mismatch] = field(default_factory=list)
-    #: per refused reason's first words, how many
-    skipped_on_leader: int = 0
 
     def summary(self) -> str:
         return (f"fuzz_views seed {self.seed} ({self.dialect}): {self.comparisons} (query, batch) "
