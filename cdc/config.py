@@ -425,18 +425,15 @@ class FollowerConfig(_Strict):
     tombstone_retention: Duration = Field(24 * 3600.0, ge=0)
     #: admission control: log records per micro-batch at most
     max_records_per_batch: int = Field(100_000, ge=1)
-    #: continuous mode: a micro-batch starts at most this often. 250 ms: with the batch's own
-    #: cost (two checkpoint writes, ~0.1 s each on a busy machine) a change waits about one
-    #: batch; shorter buys little and costs a log poll per trigger per follower while idle
-    #: (bench/apply.py: docs/benchmarks.md). Delta's default is 1 s (a MERGE per batch)
+    #: continuous mode: a batch starts at most this often (the apply loop looks at the log
+    #: every 50 ms, so a change that arrives after a quiet spell waits at most that long).
+    #: Delta's default is 1 s (a MERGE per batch)
     trigger_interval: Duration = Field(0.25, ge=0)
-    #: Spark in local mode only: a micro-batch of at most this many log records is read, folded
-    #: and written without a Spark job, by a process of the follower's own beside the driver
-    #: (spark_apply/local_apply.py: on one machine a job's launch costs more than a small
-    #: batch's work). On a cluster master every batch of an executor-placed follower runs on
-    #: the executors. 0: never
+    #: no longer used (every batch of local mode runs in the follower's own process since the
+    #: apply loop reads the log once for all followers); accepted so old configs still load
     driver_batch_records: int = Field(20_000, ge=0)
-    #: Spark's checkpoint directory (default: <log dir's parent>/state/apply/<follower>)
+    #: the follower's progress folder: its progress record, how far into the log it has
+    #: applied (spark_apply/progress.py; default: <log dir's parent>/state/apply/<follower>)
     checkpoint: Path | None = None
     #: how tasks read a micro-batch's records: ``log`` (the log contract, in Python),
     #: ``spark-kafka`` (Spark's Kafka source, Avro decoded in the JVM; Kafka logs only),
@@ -469,7 +466,8 @@ class ViewConfig(_Strict):
     max_records_per_batch: int = Field(100_000, ge=1)
     #: continuous mode: a micro-batch starts at most this often
     trigger_interval: Duration = Field(1.0, ge=0)
-    #: Spark's checkpoint directory (default: <log dir's parent>/state/apply/view-<name>)
+    #: the view's progress folder (spark_apply/progress.py; default: <log dir's
+    #: parent>/state/apply/view-<name>)
     checkpoint: Path | None = None
     #: the view's state: its base tables' current rows (default: <log dir's
     #: parent>/state/views/<name>.duckdb)
@@ -670,7 +668,7 @@ class Config(_Strict):
         return out
 
     def follower_checkpoint(self, name: str) -> Path:
-        """Spark's checkpoint directory for follower or view ``name`` (relative paths: against
+        """The progress folder of follower or view ``name`` (relative paths: against
         the config file's directory)."""
         path = self.follower(name).checkpoint
         if path is None:

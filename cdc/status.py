@@ -133,15 +133,15 @@ def source_status(config: Config, source: SourceConfig,
     return row
 
 
-#: reads a follower's Spark checkpoint: where it resumes (spark_apply/checkpoint.py's
-#: ``resume_offsets``, handed in by the command line: the core imports no Spark code)
+#: reads a follower's progress record: where it resumes (spark_apply/progress.py's
+#: ``applied_offsets``, handed in by the command line: the core imports no Spark code)
 CheckpointReader = Callable[[Path], Mapping[str, Any] | None]
 
 
 def records_behind(config: Config, name: str, ends: Mapping[str, Mapping[int, int]],
                    done: Mapping[str, Any] | None) -> tuple[int, int]:
     """(records read, records past them) of follower ``name``'s topics: ``done`` is what its
-    checkpoint says its last finished batch read (``{"topics": {topic: {partition: next
+    progress record says its last finished batch read (``{"topics": {topic: {partition: next
     offset}}}``, None: nothing), ``ends`` the log's end offsets per topic and partition."""
     applied = (done or {}).get("topics", {})
     read = behind = 0
@@ -155,7 +155,7 @@ def records_behind(config: Config, name: str, ends: Mapping[str, Mapping[int, in
 
 def follower_status(config: Config, name: str, ends: Mapping[str, Mapping[int, int]],
                     checkpoint_offsets: CheckpointReader | None) -> dict[str, Any]:
-    """One follower's (or view's) row of ``cdc status``: what its checkpoint says it has read,
+    """One follower's (or view's) row of ``cdc status``: what its progress record says it has read,
     how many records of its topics are past that, and what its ``cdc apply`` last said."""
     follower = config.follower(name)
     checkpoint = config.follower_checkpoint(name)

@@ -298,7 +298,7 @@ def _at(offset: Mapping[str, Any] | None, target: Target) -> bool:
 def _unread(config: Config, follower: str, reader: Any, applied: CheckpointReader | None
             ) -> int | None:
     """Records of ``follower``'s topics in the log past what its last finished batch read
-    (None: unknown — no way to read its checkpoint)."""
+    (None: unknown — no way to read its progress record)."""
     if applied is None or reader is None:
         return None
     ends = {topic: reader.end_offsets(topic) for topic in config.follower_topics(follower)}
@@ -311,7 +311,7 @@ def wait_for_follower(config: Config, sink: Sink, targets: Mapping[str, Target],
                       applied: CheckpointReader | None = None) -> dict[str, str]:
     """Block until ``sink`` holds every change of each source up to its target; return the
     watermarks reached (shown). It does once its watermark reaches the target, or — with
-    ``applied``, the reader of its checkpoint, for a follower applied in batches (``cdc apply
+    ``applied``, the reader of its progress record, for a follower applied in batches (``cdc apply
     --once``) — once the log has reached the target and no record of the follower's tables is
     past its last finished batch: later records are the source's heartbeats only, which move
     the log but change none of its rows. :class:`VerifyTimeout` after ``timeout`` seconds,
@@ -425,7 +425,7 @@ def verify(config: Config, follower: str, sink: Sink, console: Console, *, timeo
            chunk_size: int = 1000, limit: int = 20,
            applied: CheckpointReader | None = None) -> VerifyReport:
     """All three stages for ``follower`` (whose storage is ``sink``; ``applied`` reads its
-    checkpoint: see :func:`wait_for_follower`)."""
+    progress record: see :func:`wait_for_follower`)."""
     if chunk_size < 1:
         raise CdcError(f"--chunk-size must be at least 1 (got {chunk_size})",
                        "e.g. --chunk-size 1000")

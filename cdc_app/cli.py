@@ -459,9 +459,9 @@ def _apply_metrics(config: Config, names: list[str], port: int | None) -> Any:
     if port is None:
         return None
     from cdc_app.metrics import ApplyMetrics
-    from spark_apply.checkpoint import resume_offsets
+    from spark_apply.progress import applied_offsets
 
-    metrics = ApplyMetrics(config, names, resume_offsets)
+    metrics = ApplyMetrics(config, names, applied_offsets)
     metrics.start(port, "--metrics-port PORT, or metrics.apply_port in the config")
     err_console.print(f"metrics at http://{config.metrics.address}:{port}/metrics",
                       highlight=False)
@@ -688,10 +688,10 @@ def status_cmd(config_path: str | None, as_json: bool) -> None:
     records) and every follower (checkpoint, records behind, watermark, apply running)."""
     from cdc.status import collect
     from cdc_app.screens import print_status
-    from spark_apply.checkpoint import resume_offsets
+    from spark_apply.progress import applied_offsets
 
     config = _load(config_path)
-    status = collect(config, resume_offsets)
+    status = collect(config, applied_offsets)
     if as_json:
         click.echo(json.dumps(status, indent=2))
     else:
@@ -883,13 +883,13 @@ def verify_cmd(config_path: str | None, follower: str | None, view: str | None, 
         sys.exit(_verify_view(config, view, follower, seconds, chunk_size, max(limit, 0)))
     if follower is None:
         raise CdcError("no follower given", "pass --follower NAME (or --view NAME)")
-    from spark_apply.checkpoint import resume_offsets
+    from spark_apply.progress import applied_offsets
 
     sink = open_sink(config, follower)
     console = make_console()
     try:
         report = verify(config, follower, sink, console, timeout=seconds,
-                        chunk_size=chunk_size, limit=max(limit, 0), applied=resume_offsets)
+                        chunk_size=chunk_size, limit=max(limit, 0), applied=applied_offsets)
     finally:
         sink.close()
     print_report(report, console, max(limit, 0))

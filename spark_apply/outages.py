@@ -43,7 +43,7 @@ T = TypeVar("T")
 
 def outage_of(error: BaseException | None, rebuilt: CdcError | None = None) -> CdcError | None:
     """The outage ``error`` is — itself, or ``rebuilt``: the CdcError that Spark's wrapped
-    failure carries (:func:`spark_apply.jobs._task_error`) — else None."""
+    failure carries (:func:`spark_apply.errors.task_error`) — else None."""
     for candidate in (error, rebuilt):
         if isinstance(candidate, OUTAGES):
             return candidate

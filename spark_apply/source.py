@@ -437,14 +437,6 @@ def plan(state: Committed, start: Mapping[str, Any], end: Mapping[str, Any],
     return out
 
 
-def batch_plan(state: Committed, start: Mapping[str, Any], end: Mapping[str, Any]
-               ) -> tuple[list[Range], dict[str, Any]]:
-    """The micro-batch ``(start, end]`` as ``cdc apply`` runs it: its ranges and its
-    watermarks (source -> offset), planned where the offsets are known (the driver, from the
-    query's checkpoint) — the one way a batch is planned."""
-    return plan_ranges(state, start, end), dict(end.get("watermarks") or {})
-
-
 # ----------------------------------------------------------------------------------- reading
 
 def _arrow_batch(rows: list[tuple[Any, ...]]) -> Any:

@@ -179,11 +179,17 @@ def apply_records(handle: FollowerHandle, records: Iterable[RawRecord], decode: 
         sink.refresh()
     report = TaskReport()
     changes = fold_raw(records, decode, not sink.folds, report)
-    folded = time.monotonic()
+    report.read_seconds = time.monotonic() - started
+    return apply_changes(sink, changes, report)
+
+
+def apply_changes(sink: Sink, changes: Sequence[Change], report: TaskReport) -> TaskReport:
+    """Write ``changes`` (folded for ``sink``) behind its version gate; ``report`` completed
+    with what the sink did and the changes' latency (commit at the source -> written)."""
+    began = time.monotonic()
     stats = sink.apply(changes) if changes else ApplyStats()
     applied = time.time()
-    report.sink_seconds = time.monotonic() - folded
-    report.read_seconds = folded - started
+    report.sink_seconds = time.monotonic() - began
     report.changes = len(changes)
     report.written, report.deleted, report.skipped = stats.written, stats.deleted, stats.skipped
     report.scanned = stats.scanned

@@ -1,9 +1,10 @@
-"""Helpers for tests that SIGKILL Spark processes (``cdc apply``'s driver, an executor, a
-worker): where the queries stand, read from their checkpoints, as positions for
-:class:`tests.kills.Watch`."""
+"""Helpers for tests that SIGKILL ``cdc apply``'s processes (the apply process, an executor, a
+worker): where the followers stand, read from their progress records
+(``spark_apply/progress.py``), as positions for :class:`tests.kills.Watch`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -12,24 +13,21 @@ from typing import Any
 from tests.kills import Watch, cpu_ticks, descendants
 
 
-def _last(folder: Path) -> int:
-    try:
-        ids = [int(name) for name in os.listdir(folder) if name.isdigit()]
-    except OSError:
-        return -1
-    return max(ids, default=-1)
-
-
 def batches(roots: Iterable[Path]) -> tuple[int, int]:
-    """(batches planned, batches committed) summed over the streaming queries whose checkpoints
-    are under ``roots`` (Spark writes ``offsets/N`` when it plans batch N and ``commits/N`` once
-    its ``foreachBatch`` returned; a planned batch not committed is replayed at the restart)."""
+    """(batches planned, batches committed) summed over the followers whose progress folders
+    are under ``roots``: ``planned.json`` names the batch handed to a runner, ``progress.json``
+    counts the batches written (a planned batch not counted is written again at the restart)."""
+    import json
+
     planned = committed = 0
     for root in roots:
-        for offsets in Path(root).rglob("offsets"):
-            planned += _last(offsets) + 1
-            committed += _last(offsets.parent / "commits") + 1
-    return planned, committed
+        for record in Path(root).rglob("progress.json"):
+            with contextlib.suppress(OSError, ValueError):
+                committed += int(json.loads(record.read_text()).get("batches", 0))
+        for record in Path(root).rglob("planned.json"):
+            with contextlib.suppress(OSError, ValueError):
+                planned += int(json.loads(record.read_text()).get("batch", 0))
+    return max(planned, committed), committed
 
 
 def driver_watch(roots: list[Path], writes: Any = None) -> Watch:

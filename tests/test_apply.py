@@ -1,7 +1,8 @@
 """``cdc apply``: follower config, bad input, and end to end through real Spark into real Redis.
 
-Spark costs: ``test_apply_once_from_postgres_capture`` starts one ``cdc apply --once`` process
-(its own SparkSession) and then replays in-process on the shared ``spark`` fixture;
+Costs: ``test_apply_once_from_postgres_capture`` starts one ``cdc apply --once`` process (local
+mode: the follower's own process writes, no SparkSession) and then replays in-process, once more
+that way and once with the executor runner on the shared ``spark`` fixture;
 ``test_continuous_apply_stops_cleanly_on_sigterm`` starts one continuous ``cdc apply`` process.
 """
 
@@ -202,9 +203,10 @@ def test_apply_once_from_postgres_capture(tmp_path: Path, pg_db: Any, redis_url:
     mark = sink.watermark(pg_db.source)
     assert mark is not None and int(mark["lsn"]) >= target
 
-    # replay the whole log from offset 0 (a lost checkpoint) on the shared session: nothing
+    # replay the whole log from offset 0 (a lost progress record) on the shared session: nothing
     # may change, every change is stopped by the version gate
-    from spark_apply.jobs import run_apply
+    from spark_apply.jobs import ApplyJob, run_apply
+    from spark_apply.runners import ExecutorRunner
 
     before = redis_state(sink)
     checkpoint = config.follower_checkpoint("cache")
@@ -214,16 +216,23 @@ def test_apply_once_from_postgres_capture(tmp_path: Path, pg_db: Any, redis_url:
         return int(status.jobsList(None).size())
 
     seconds, jobs = [], []
-    # local mode: batches of at most driver_batch_records (default 20,000) are applied by the
-    # driver without a Spark job; 0 sends every batch to the executors (Spark's own job count)
-    for driver_batch_records in (20_000, 0):
-        config = config.model_copy(update={"followers": {
-            "cache": config.followers["cache"].model_copy(
-                update={"driver_batch_records": driver_batch_records})}})
+    # local mode: every batch is written by the follower's own process, no Spark job; the
+    # executor runner (a cluster master's) runs one Spark job per batch on the shared session
+    for runner in ("process", "executors"):
         subprocess.run(["rm", "-rf", str(checkpoint)], check=True)
         jobs_before = spark_jobs()
         started = time.monotonic()
-        job = run_apply(config, ["cache"], once=True, console=None)
+        if runner == "process":
+            job = run_apply(config, ["cache"], once=True, console=None)
+        else:
+            job = ApplyJob.prepare(config, ["cache"])
+            try:
+                job.start(spark, True, runners={"cache": ExecutorRunner(
+                    job.handle("cache"), job.sinks["cache"])})
+                job.wait()
+            finally:
+                job.stop_queries()
+                job.close()
         seconds.append(time.monotonic() - started)
         jobs.append(spark_jobs() - jobs_before)
         progress = job.progress["cache"]
@@ -231,10 +240,10 @@ def test_apply_once_from_postgres_capture(tmp_path: Path, pg_db: Any, redis_url:
         assert (progress.written, progress.deleted) == (0, 0)
         assert progress.skipped == progress.changes > 0
         assert redis_state(sink) == before
-    assert jobs[0] == 0, f"{jobs[0]} Spark jobs ran for batches the driver should apply"
+    assert jobs[0] == 0, f"{jobs[0]} Spark jobs ran for batches the follower's process applies"
     assert jobs[1] >= progress.batches, jobs
-    print(f"apply --once (own Spark) {once_seconds:.1f} s; replay in-process: driver "
-          f"{seconds[0]:.1f} s, executors {seconds[1]:.1f} s ({jobs[1]} jobs), "
+    print(f"apply --once (own process) {once_seconds:.1f} s; replay in-process: follower "
+          f"process {seconds[0]:.1f} s, executors {seconds[1]:.1f} s ({jobs[1]} jobs), "
           f"{progress.batches} batches, {progress.records} records")
 
 
@@ -284,17 +293,19 @@ def test_redis_lost_during_apply_is_reported_and_nothing_is_committed(
     finally:
         job.stop_queries()
         job.close()
-    # the failed batch was not committed: its offsets are not in the checkpoint's commits
-    commits = config.follower_checkpoint("cache") / "commits"
-    assert not commits.exists() or not any(commits.iterdir())
+    # the failed batch counted for nothing: the follower's progress record does not exist
+    from spark_apply.progress import applied_offsets
+
+    assert applied_offsets(config.follower_checkpoint("cache")) is None
 
 
-def test_a_query_failing_in_sparks_plumbing_is_restarted(tmp_path: Path, redis_url: str,
-                                                         spark: Any) -> None:
-    """A query that fails with Spark's "Python worker failed to connect back" is restarted from
-    its checkpoint (here the driver's watermark write raises that text twice, then works); any
-    other failure is raised at once with the fix."""
-    from spark_apply.jobs import TRANSIENT_FAILURES, ApplyError, ApplyJob
+def test_a_batch_failing_in_sparks_plumbing_is_run_again(tmp_path: Path, redis_url: str,
+                                                          spark: Any) -> None:
+    """A batch that fails with Spark's "Python worker failed to connect back" is planned and run
+    again from the progress record (here the watermark write raises that text twice, then
+    works); any other failure is raised at once with the fix."""
+    from spark_apply.errors import TRANSIENT_FAILURES
+    from spark_apply.jobs import ApplyError, ApplyJob
 
     class Flaky(RedisSink):
         failures = 2
@@ -343,20 +354,40 @@ def test_a_query_failing_in_sparks_plumbing_is_restarted(tmp_path: Path, redis_u
     assert job.restarts == {}
 
 
-def test_a_checkpoint_with_a_torn_first_write_is_resumed(tmp_path: Path, redis_url: str,
-                                                          spark: Any) -> None:
-    """A SIGKILL while Spark wrote ``offsets/0`` leaves only its temporary file; Spark 4 then
-    refuses batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). ``cdc apply`` removes such
-    torn writes and runs (in this process, on the shared session)."""
+def test_the_progress_record_resumes_and_refuses_damage(tmp_path: Path, redis_url: str) -> None:
+    """The follower's progress record (``spark_apply/progress.py``): a temporary file a killed
+    run left beside it is ignored; the record says where the follower resumes (a second run
+    reads only what was appended); a damaged or newer record is refused with the fix — never
+    guessed at, never a traceback."""
+    from spark_apply.progress import FILE, ProgressError, applied_offsets
+
     config_path, workload = write_synthetic(tmp_path, redis_url, changes=200)
-    checkpoint = load_config(config_path).follower_checkpoint("cache")
-    (checkpoint / "offsets").mkdir(parents=True)
-    (checkpoint / "commits").mkdir()
-    torn = checkpoint / "offsets" / ".0.18587aed-e909-4578-b39a-bd423336b1d7.tmp"
-    torn.write_text('v1\n{"batchWatermarkMs":0')
-    (checkpoint / "offsets" / "..0.18587aed-e909-4578-b39a-bd423336b1d7.tmp.crc").write_bytes(
-        b"crc")
-    apply_once(config_path, "cache")
-    assert not torn.exists() and (checkpoint / "commits" / "0").exists()
+    folder = load_config(config_path).follower_checkpoint("cache")
+    folder.mkdir(parents=True)
+    torn = folder / f".{FILE}.tmp"
+    torn.write_text('{"format": 1, "offs')
+    first = apply_once(config_path, "cache")
+    assert first.progress["cache"].records >= 200
     sink = open_sink(load_config(config_path), "cache")
     assert sink.watermark("shop") == {"lsn": 200}
+    done = applied_offsets(folder)
+    assert done is not None and sum(done["topics"][ORDERS.topic].values()) >= 200
+
+    append_synthetic(tmp_path / "log", workload, 30)
+    again = apply_once(config_path, "cache")
+    assert 0 < again.progress["cache"].records <= 30 + 5  # only what was appended
+    assert set(sink.keys(ORDERS.topic)) == set(latest_rows(read_topic(tmp_path / "log",
+                                                                      ORDERS.topic)))
+
+    record = folder / FILE
+    good = record.read_text()
+    for damage, says in (("{not json", "not valid JSON"),
+                         (good.replace('"format":1', '"format":9'), "newer cdc")):
+        record.write_text(damage)
+        result = cdc("apply", "--config", str(config_path), "--follower", "cache", "--once")
+        assert result.returncode != 0 and says in result.stdout + result.stderr, output(result)
+        assert "Traceback" not in result.stdout + result.stderr
+        with pytest.raises(ProgressError):
+            from spark_apply.progress import load
+
+            load(folder)

@@ -5,10 +5,10 @@ Real PostgreSQL (the ``pg_db`` fixture), ``cdc bootstrap`` + ``cdc capture`` as 
 and one ``cdc apply`` process running four followers of three kinds side by side (continuous,
 600 records per micro-batch at most): ``cache`` (real Redis, 200 ms trigger), ``warehouse``
 (Delta, SCD1), ``history`` (Delta, SCD2) and ``search`` (Tantivy). The process is SIGKILLed
-:data:`KILLS` times and restarted from the checkpoints each time. The kill moments and their
-classification below follow the Redis follower (its script calls are observable from outside);
-the other followers' queries run in the same process, so every kill lands wherever their
-batches are at that instant. The load runs for the whole test: inserts, updates (half of them
+:data:`KILLS` times and restarted from the followers' progress records each time. The kill
+moments and their classification below follow the Redis follower (its script calls are
+observable from outside); the other followers run in the same apply, so every kill lands
+wherever their batches are at that instant. The load runs for the whole test: inserts, updates (half of them
 leaving the out-of-line TOASTed ``note`` unchanged), primary-key changes and deletes, plus
 updates and key changes of snapshotted rows whose TOASTed note never changes.
 
@@ -19,8 +19,8 @@ Each kill waits for one of these moments, in a random order (the seed is printed
               the last kill left in flight, or plans its first);
 ``in-batch``  a random delay of 0-600 ms after this run plans its first new micro-batch;
 ``written``   right after Redis executed a batch's writes (polling Redis's EVALSHA count), i.e.
-              inside ``foreachBatch`` or before Spark committed the batch;
-``between``   right after Spark committed a batch.
+              inside the batch, before its progress record was written;
+``between``   right after the progress record counted a batch.
 
 Every kill goes through ``tests/kills.py``: from the chosen moment it fires as soon as one of the
 four queries has a batch planned and not committed, and it fails the test unless the driver's
@@ -32,22 +32,22 @@ container crash); every third kills only the ``cdc apply`` process (``kill -9 PI
 notices and exits by itself (the test waits for that before restarting, and fails if it does
 not happen within a minute).
 
-After every kill (once the whole process group is gone) the test reads the checkpoint and Redis
+After every kill (once the whole process group is gone) the test reads the progress record and Redis
 and classifies what the kill hit: *before its first commit* (the run had committed nothing and
-done nothing to the Redis batch in flight, if any); *mid-batch* (a batch in flight — planned in
-``offsets/N``, not in ``commits/N`` — that this run planned, or had Redis run script calls for,
-e.g. a replay going through the version gate), split by how many
+done nothing to the Redis batch in flight, if any); *mid-batch* (a batch in flight — named in
+``planned.json``, not yet counted by ``progress.json`` — that this run planned, or had Redis run
+script calls for, e.g. a replay going through the version gate), split by how many
 of the batch's folded changes Redis already held (read back from the log's offset range and
 compared with each Redis row's ``_cdc_position``): none, some, or all; or *between batches*.
-Every batch left in flight must later be committed with the very same offsets (Spark replayed
-it). Replays of batches Redis already held go through the version gate: the last kill is
+Every batch left in flight must later be written again from the same start (the record still
+says it). Replays of batches Redis already held go through the version gate: the last kill is
 retried (at most :data:`EXTRA_KILLS` more) until it leaves such a batch, and the final run's
 ``skipped by the version gate`` counter must cover it. Then the load stops, ``cdc apply`` runs
 once more, ``cdc verify`` must exit 0, and Redis's keys and column texts must equal the table's
 rows as ``cdc verify`` decodes them.
 
-What this cannot catch: a version gate that lets *equal or older* positions through. Spark
-replays a batch with the same records, in order, so an un-gated replay rewrites the same values
+What this cannot catch: a version gate that lets *equal or older* positions through. A replay
+reads the same records from the same start, in order, so an un-gated replay rewrites the same values
 and the end state is the same; the gate's ordering is exercised here (a gate that wrongly
 skipped a newer change would leave the follower stale), its tolerance of older records by
 ``tests/test_fold.py`` and ``tests/test_apply.py`` (replay from offset 0, out-of-order batches).
@@ -56,6 +56,7 @@ skipped a newer change would leave the follower stale), its tolerance of older r
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -175,36 +176,38 @@ def _group_alive(pgid: int) -> bool:
 
 @dataclass
 class Checkpoint:
-    """Spark's checkpoint of the follower's query: ``offsets/N`` is written when batch N is
-    planned, ``commits/N`` after its ``foreachBatch`` returned."""
+    """The follower's progress folder (``spark_apply/progress.py``): ``planned.json`` names the
+    batch handed to its runner (number, start and end offsets), ``progress.json`` counts the
+    batches written and holds the offsets the follower resumes from."""
 
     path: Path
 
-    def ids(self, kind: str) -> list[int]:
-        folder = self.path / kind
-        if not folder.is_dir():
-            return []
-        return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
-
-    def last(self, kind: str) -> int:
-        ids = self.ids(kind)
-        return ids[-1] if ids else -1
-
-    def offsets_text(self, batch: int) -> str:
-        return (self.path / "offsets" / str(batch)).read_text()
-
-    def offset(self, batch: int) -> dict[str, Any]:
-        """The cdc source's end offset of ``batch`` (before batch 0: the start)."""
-        if batch < 0:
-            return {"topics": {}}
+    def _read(self, name: str) -> dict[str, Any]:
         import json
 
-        return dict(json.loads(self.offsets_text(batch).splitlines()[-1]))
+        try:
+            return dict(json.loads((self.path / name).read_text()))
+        except (OSError, ValueError):
+            return {}
 
-    def in_flight(self) -> int | None:
-        """The batch planned but not committed, if any."""
-        last = self.last("offsets")
-        return last if last >= 0 and last > self.last("commits") else None
+    def committed(self) -> int:
+        """Batches written (the number of the last one)."""
+        return int(self._read("progress.json").get("batches", 0))
+
+    def planned(self) -> int:
+        """The number of the last batch handed to the runner."""
+        return max(int(self._read("planned.json").get("batch", 0)), self.committed())
+
+    def resumes_from(self) -> dict[str, Any]:
+        return dict(self._read("progress.json").get("offsets") or {"topics": {}})
+
+    def in_flight(self) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+        """The batch planned but not written, if any: (number, start, end)."""
+        planned = self._read("planned.json")
+        number = int(planned.get("batch", 0))
+        if number <= self.committed():
+            return None
+        return number, dict(planned["start"]), dict(planned["end"])
 
 
 def batch_changes(log: Path, start: dict[str, Any], end: dict[str, Any]
@@ -304,7 +307,7 @@ def wait_for_moment(mode: str, run: ApplyRun, checkpoint: Checkpoint, client: An
                     rng: random.Random, deadline: float, watch: Watch) -> None:
     """Return at the moment ``mode`` aims for (see the module docstring), or at ``deadline``
     (the kill then lands wherever the run is)."""
-    offsets0, commits0 = checkpoint.last("offsets"), checkpoint.last("commits")
+    offsets0, commits0 = checkpoint.planned(), checkpoint.committed()
     if mode == "recovery":
         watch.wait_moving(180)
         time.sleep(rng.uniform(0, 0.5))
@@ -317,10 +320,10 @@ def wait_for_moment(mode: str, run: ApplyRun, checkpoint: Checkpoint, client: An
             time.sleep(0.002)
         return
     while time.monotonic() < deadline and run.alive():
-        if mode == "in-batch" and checkpoint.last("offsets") > offsets0:
+        if mode == "in-batch" and checkpoint.planned() > offsets0:
             time.sleep(rng.uniform(0, 0.6))
             return
-        if mode == "between" and checkpoint.last("commits") > commits0:
+        if mode == "between" and checkpoint.committed() > commits0:
             return
         time.sleep(0.003)
 
@@ -401,7 +404,7 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
     rng.shuffle(modes)
     modes.append("written")  # the last kill should leave a written, uncommitted batch
     kills: list[Kill] = []
-    replays: dict[int, str] = {}  # in-flight batch -> its offsets file, until committed
+    replays: dict[int, str] = {}  # in-flight batch -> its start offsets, until written
     confirmed_replays: set[int] = set()
     moved: list[int] = []
     run: ApplyRun | None = None
@@ -414,8 +417,8 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
                 break
             mode = modes[number] if number < len(modes) else "written"
             run = ApplyRun(config_path, tmp_path / f"apply-{number:02d}.log")
-            commits_at_start = checkpoint.last("commits")
-            offsets_at_start = checkpoint.last("offsets")
+            commits_at_start = checkpoint.committed()
+            offsets_at_start = checkpoint.planned()
             calls_at_start = evalsha_calls(client)
             wait_for_moment(mode, run, checkpoint, client, rng, time.monotonic() + 180, watch)
             assert run.alive(), run.log_file.read_text(errors="replace")[-3000:]
@@ -426,14 +429,15 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
                        lambda: committed_batches(roots), aim=60,
                        freeze=group_freeze(run.process.pid))
             jvm_lived = lived[0]
-            in_flight = checkpoint.in_flight()
-            kill = Kill(mode, whole_group, at, checkpoint.last("commits") - commits_at_start,
+            flight = checkpoint.in_flight()
+            in_flight = None if flight is None else flight[0]
+            kill = Kill(mode, whole_group, at, checkpoint.committed() - commits_at_start,
                         in_flight, in_flight is not None and in_flight > offsets_at_start,
                         watermark=watermark(), jvm_lived=jvm_lived,
                         redis_calls=evalsha_calls(client) - calls_at_start)
-            if in_flight is not None:
-                changes = batch_changes(log, checkpoint.offset(in_flight - 1),
-                                        checkpoint.offset(in_flight))
+            if flight is not None:
+                number, start, end = flight
+                changes = batch_changes(log, start, end)
                 groups = sorted(changes)
                 held = held_positions(sink, groups)
                 kill.batch_changes = len(groups)
@@ -441,10 +445,11 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
                                                                            strict=True))
                 if kills and kills[-1].in_flight == in_flight:
                     kill.applied_before = kills[-1].applied
-                replays.setdefault(in_flight, checkpoint.offsets_text(in_flight))
-            for batch, text in list(replays.items()):
-                if batch in checkpoint.ids("commits"):  # replayed with the very same offsets
-                    assert checkpoint.offsets_text(batch) == text, f"batch {batch} re-planned"
+                # the record still says where the batch started: the restart resumes there
+                assert checkpoint.resumes_from() == start or not checkpoint.committed(), number
+                replays.setdefault(number, json.dumps(start, sort_keys=True))
+            for batch in list(replays):
+                if checkpoint.committed() >= batch:  # written again, from the same start
                     confirmed_replays.add(batch)
                     del replays[batch]
             kills.append(kill)
@@ -465,9 +470,8 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
         # the last run: replays what the last kill left in flight (with the same offsets),
         # then follows; verify
         run = ApplyRun(config_path, tmp_path / "apply-final.log")
-        for batch, text_before in replays.items():
-            wait_for(lambda b=batch: b in checkpoint.ids("commits"), 300, f"batch {batch}")
-            assert checkpoint.offsets_text(batch) == text_before, f"batch {batch} re-planned"
+        for batch in replays:
+            wait_for(lambda b=batch: checkpoint.committed() >= b, 300, f"batch {batch}")
             confirmed_replays.add(batch)
         # the backlog the load left grows with the time the kills took (a loaded machine's
         # kill phase is longer): wait while the followers keep committing batches, until
@@ -511,7 +515,7 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
     final_skipped = int(summary.group(2).replace(",", ""))
     written_in_flight = [k for k in kills if k.mid_batch and k.applied > 0]
     left_in_flight = {k.in_flight for k in kills if k.in_flight is not None}
-    print(f"kills: {dict(hits)}; replays confirmed (same offsets committed later): "
+    print(f"kills: {dict(hits)}; replays confirmed (written later from the same start): "
           f"{len(confirmed_replays)} of {len(left_in_flight)}; final run skipped {final_skipped:,} "
           "by the gate "
           f"(last kill left {kills[-1].applied} written); {len(leader):,} rows "
@@ -520,7 +524,7 @@ def test_apply_survives_sigkill_under_load(pg_db: Database, tmp_path: Path,
     assert len(kills) >= KILLS
     assert sum(1 for k in kills if k.mid_batch) >= 3, hits
     assert len(written_in_flight) >= 2, hits  # replays that must go through the version gate
-    assert confirmed_replays == left_in_flight  # each replayed with the offsets it was planned with
+    assert confirmed_replays == left_in_flight  # each written again from where it started
     assert kills[-1].applied > 0, "no kill left a written, uncommitted batch at the end"
     assert final_skipped >= kills[-1].applied
     marks = [kill.watermark for kill in kills]

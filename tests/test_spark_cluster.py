@@ -57,6 +57,7 @@ from tests.pgkit import (
 )
 from tests.sparkkit import (
     apply_once,
+    batches,
     committed_batches,
     driver_watch,
     group_freeze,
@@ -175,12 +176,12 @@ def kill_worker(cluster: ThrowawaySparkCluster, roots: list[Path], phase: str) -
 
 
 def commits(checkpoint: Path) -> int:
-    folder = checkpoint / "commits"
-    return sum(1 for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else 0
+    """Batches the follower wrote (its progress record's count)."""
+    return batches([checkpoint])[1]
 
 
 def wait_commits(checkpoint: Path, more: int, run: Apply, timeout: float = 240) -> None:
-    """Until the follower's query committed ``more`` batches beyond now."""
+    """Until the follower wrote ``more`` batches beyond now."""
     target = commits(checkpoint) + more
     wait_for(lambda: commits(checkpoint) >= target or run.process.poll() is not None, timeout,
              f"{more} more batches in {checkpoint}")

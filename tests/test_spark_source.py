@@ -25,7 +25,6 @@ from cdc.log.compaction import compact  # noqa: E402
 from cdc.log.local import LocalChangeLog, LocalChangeLogReader  # noqa: E402
 from cdc.log.schemas import SchemaStore  # noqa: E402
 from cdc_app.synthetic import ORDERS, Workload  # noqa: E402
-from spark_apply.jobs import checkpointed_offsets  # noqa: E402
 from spark_apply.source import (  # noqa: E402
     SCHEMA,
     SourceOptionError,
@@ -214,60 +213,6 @@ def test_continuous_query_picks_up_new_topics_of_its_sources(
     assert {row["source"] for row in seen} == {SOURCE}
     assert sum(row["topic"] == items.topic for row in seen) == len(
         [t for t in log.stored() if t[0] == items.topic])
-
-
-def test_ranges_planned_from_the_checkpoint_equal_the_batch_rows(
-        spark: Any, log: Log, tmp_path: Path) -> None:
-    """``cdc apply`` plans each batch's ranges from the query's offset log (no Spark job): for
-    every batch — the first, later ones, after a restart, a heartbeat-only batch — they equal
-    the rows ``emit=ranges`` yields, watermarks included."""
-    from cdc.reading import Range
-    from cdc.reading import open_log as _open
-    from spark_apply.fold import WATERMARK, keep_watermark
-    from spark_apply.source import batch_plan
-
-    checkpoint = tmp_path / "ck"
-    pairs: list[tuple[Any, Any]] = []
-
-    def rows_of(frame: Any) -> tuple[list[Range], dict[str, Any]]:
-        ranges: list[Range] = []
-        marks: dict[str, Any] = {}
-        for row in frame.collect():
-            if row["op"] == WATERMARK:
-                keep_watermark(marks, row["source"], row["after"])
-            else:
-                ranges.append(Range(row["topic"], row["partition"], row["start"], row["end"],
-                                    row["source"], row["table"]))
-        return ranges, {source: offset for source, (_, offset) in marks.items()}
-
-    def compare(frame: Any, batch_id: int) -> None:
-        collected = rows_of(frame)
-        offsets = checkpointed_offsets(checkpoint, batch_id)
-        assert offsets is not None, batch_id
-        state = _open(json.dumps({"path": str(log.path)}))[0].committed()
-        pairs.append((collected, batch_plan(state, *offsets)))
-
-    def run() -> None:
-        query = (spark.readStream.format("cdc").option("path", str(log.path))
-                 .option("emit", "ranges").option("maxRecordsPerTrigger", "70").load()
-                 .writeStream.foreachBatch(compare).option("checkpointLocation", str(checkpoint))
-                 .trigger(availableNow=True).start())
-        assert query.awaitTermination(120) and query.exception() is None
-
-    log.append(200)
-    run()
-    log.append(60)
-    log.writer.append([], {SOURCE: {"seq": 260, "heartbeat": 1}})
-    run()
-    log.writer.append([], {SOURCE: {"seq": 260, "heartbeat": 2}})
-    run()
-    assert len(pairs) >= 6 and sum(len(ranges) for (ranges, _), _ in pairs) >= 12
-    for (ranges, marks), (planned, planned_marks) in pairs:
-        key = lambda r: (r.topic, r.partition)  # noqa: E731
-        assert sorted(ranges, key=key) == sorted(planned, key=key)
-        assert marks == planned_marks
-    assert pairs[-1][0] == ([], {SOURCE: {"seq": 260, "heartbeat": 2}})
-    assert checkpointed_offsets(tmp_path / "nowhere", 0) is None
 
 
 def wait_for(condition: Any, query: Any, timeout: float = 60) -> None:

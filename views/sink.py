@@ -1,12 +1,12 @@
 """A view as ``cdc apply`` runs it: a sink of its base tables' changes whose output is written
 into its followers.
 
-``cdc apply`` gives each view a streaming query of its own, like a follower, over its source's
-topics. Each micro-batch holds whole source transactions (the source plans batches on the
-log's transaction boundaries), and a view takes it in *one* call (:attr:`ViewSink.placement`):
-one task on an executor, never the driver, so the view never reflects part of a transaction.
-The task opens the view's state (a DuckDB file on storage every executor reaches, beside the
-log by default), and closes it before it ends: the next batch's task may run elsewhere. Per
+``cdc apply`` keeps each view like a follower, over its source's topics. Each batch holds
+whole source transactions (batches are planned on the log's transaction boundaries), and a view
+takes it in *one* call (:attr:`ViewSink.placement`): in the apply process in local mode, one
+task on an executor on a cluster, so the view never reflects part of a transaction. The call
+opens the view's state (a DuckDB file, beside the log by default; on storage every executor
+reaches on a cluster), and closes it before it ends: the next batch may run elsewhere. Per
 batch:
 
 1. the outbox left by a crash, if any, is written into every follower first;
@@ -219,14 +219,6 @@ class ViewSink(Sink):
         for shared in self._shared.values():
             with shared.lock:
                 shared.sink.check()
-        path = self.config.view_state(self.name)
-        commits = self.config.follower_checkpoint(self.name) / "commits"
-        if not path.exists() and commits.is_dir() and any(commits.iterdir()):
-            raise ViewError(f"view {self.name}: its state {path} is gone but its checkpoint "
-                            f"{commits.parent} says batches were applied: it would resume "
-                            "mid-log with empty base tables",
-                            f"delete the checkpoint {commits.parent} too (and empty the view's "
-                            "tables in its followers) to rebuild the view from offset 0")
         with self.opened() as state:
             self._flush(state)
             columns = {name: follower_kind(kind) for name, kind in state.output_types()}
@@ -298,7 +290,7 @@ class ViewSink(Sink):
                     "which the leader's table no longer has (dropped or renamed by a schema "
                     "change): the view stopped at the change that lacks it; other followers "
                     "go on", f"correct views.{self.name}.sql, then delete the view's state "
-                    f"{self.config.view_state(self.name)} and checkpoint "
+                    f"{self.config.view_state(self.name)} and its progress folder "
                     f"{self.config.follower_checkpoint(self.name)} to rebuild it from the log")
 
     def _flush(self, state: ViewState) -> None:

@@ -1,8 +1,8 @@
-"""The local applier (``spark_apply/local_apply.py``): a follower's small batches in local mode
-run in a process of its own. Its contract, checked without Spark: it applies a batch as a task
-would (the follower then equals the log), a task's CdcError comes back as that error, a child
-killed between batches or in the middle of one is replaced and the batch rerun, and closing it
-leaves no process behind."""
+"""The process runner (``spark_apply/runners/process.py``): in local mode each follower's batches
+are written by a process of its own, fed the changes the apply loop read and decoded once. Its
+contract, checked without Spark: it writes a batch as a task would (the follower then equals the
+log), a CdcError raised there comes back as that error, a child killed between batches or in the
+middle of one is replaced and the batch written again, and closing it leaves no process behind."""
 
 from __future__ import annotations
 
@@ -17,34 +17,37 @@ from typing import Any
 import pytest
 
 from cdc.config import load_config
+from cdc.errors import CdcError
 from cdc.log.open import log_settings
 from cdc.reading import open_log
 from cdc.sink import open_sink
 from cdc_app.synthetic import ORDERS
-from spark_apply.jobs import _task_error
-from spark_apply.local_apply import LocalApplier
-from spark_apply.source import SourceOptions, complete_end, plan
-from spark_apply.tasks import ApplyTask, FollowerHandle
+from spark_apply.planning import Member, plan_cycle
+from spark_apply.runners import ProcessRunner
+from spark_apply.shared_read import Batch, cut
+from spark_apply.tasks import FollowerHandle
 from tests.test_apply import write_synthetic
 
 pytestmark = pytest.mark.servers
 
 
-def whole_log_task(settings: str) -> ApplyTask:
-    reader, _ = open_log(settings)
+def whole_log_batch(settings: str) -> Batch:
+    """The whole log as follower ``cache``'s one batch, decoded by the loop's one read."""
+    reader, decoder = open_log(settings)
     state = reader.committed()
-    parts = plan(state, {"topics": {}}, complete_end(state, SourceOptions(settings)), 1)
-    return ApplyTask(tuple(item for part in parts for item in part.ranges))
+    member = Member("cache", {"topics": {}}, frozenset({"shop"}), None, 10**9)
+    (read,) = plan_cycle(reader, state, [member])
+    return cut(reader, decoder, state, read, lambda _: True, lambda _: False)["cache"]
 
 
-def test_the_local_applier_applies_reports_and_survives_its_child_dying(
+def test_the_process_runner_writes_reports_and_survives_its_child_dying(
         tmp_path: Path, redis_url: str) -> None:
     config_path, workload = write_synthetic(tmp_path, redis_url, changes=2000)
     config = load_config(config_path)
     settings = json.dumps(log_settings(config))
     handle = FollowerHandle(config, "cache", settings, "token-1")
-    task = whole_log_task(settings)
-    applier = LocalApplier(handle)
+    task = whole_log_batch(settings)
+    applier = ProcessRunner(handle)
     try:
         report = applier.run(task)
         assert report.records >= 2000 and report.written > 0
@@ -72,13 +75,13 @@ def test_the_local_applier_applies_reports_and_survives_its_child_dying(
         assert answers and answers[0].changes > 0
         assert applier._process.pid not in (first, second)
 
-        broken = LocalApplier(FollowerHandle(config, "cache", json.dumps(
-            {"backend": "local", "path": str(tmp_path / "no-such-log")}), "token-2"))
+        unreachable = config.model_copy(update={"followers": {"cache": config.followers[
+            "cache"].model_copy(update={"url": "redis://127.0.0.1:1/0"})}})
+        broken = ProcessRunner(FollowerHandle(unreachable, "cache", settings, "token-2"))
         try:
-            with pytest.raises(RuntimeError) as failed:
+            with pytest.raises(CdcError) as failed:  # the sink's own error, rebuilt here
                 broken.run(task)
-            error = _task_error(failed.value)  # the CdcError the task raised, rebuilt
-            assert error is not None and "log" in str(error).lower(), failed.value
+            assert "redis" in str(failed.value).lower() and failed.value.fix, failed.value
         finally:
             broken.close()
     finally:

@@ -1,0 +1,122 @@
+"""The runner of local mode: a follower's writes in a process of its own beside the apply
+process, fed the batch's decoded changes.
+
+On one machine a Spark job's launch (scheduling, a Python worker's round trip, the task's
+closure) costs more than a batch of a few thousand changes, and the apply process's one GIL
+cannot write several followers at once; so each follower gets a child process that holds its
+sink (opened once, kept) and writes the changes the loop's one read decoded.
+
+Contracts, stated exactly:
+
+* **One batch at a time.** The loop never gives a follower two batches at once, so the child is
+  the only writer of its follower — as a task is — and its writes pass the sink's version gate.
+* **Failures.** A failure comes back as its traceback text; :meth:`ProcessRunner.run` raises the
+  :class:`~cdc.errors.CdcError` it names (``spark_apply/errors.py``), else a ``RuntimeError``.
+  A child that dies mid-batch (killed, out of memory) is replaced and the batch written again
+  once (the gate makes that harmless); a second death fails the batch.
+* **No orphans.** The child ends when :meth:`close` closes its pipe, and when the apply process
+  dies (the kernel closes its end of the pipe): it outlives a killed parent by at most the
+  batch it was writing, whose writes are gated like a zombie task's.
+* ``spawn``, not ``fork``: the parent may hold a JVM gateway and threads that a fork would copy
+  half-way. A child costs its imports once (about a second), at the first batch.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+from typing import Any
+
+from spark_apply.errors import raise_task_failure
+from spark_apply.runners.base import Runner
+from spark_apply.shared_read import Batch
+from spark_apply.tasks import FollowerHandle, TaskReport, apply_changes
+
+
+class ProcessRunner(Runner):
+    """The child process writing one follower's batches (see the module docstring)."""
+
+    def __init__(self, handle: FollowerHandle) -> None:
+        super().__init__(handle.name)
+        self.handle = handle
+        self._conn: Any = None
+        self._process: Any = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else int(self._process.pid)
+
+    def run(self, batch: Batch) -> TaskReport:
+        base = TaskReport(records=batch.report.records,
+                          records_by_topic=dict(batch.report.records_by_topic),
+                          newest_ts_ms=batch.report.newest_ts_ms,
+                          read_seconds=batch.report.read_seconds)
+        for attempt in (1, 2):
+            self._start()
+            try:
+                self._conn.send((batch.changes or [], base))
+                kind, value = self._conn.recv()
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                self._reap()
+                if attempt == 2:
+                    raise RuntimeError(f"follower {self.name}: its apply process died twice in "
+                                       "one batch") from None
+                continue
+            if kind == "error":
+                raise_task_failure(self.name, value)
+            report: TaskReport = value
+            return report
+        raise AssertionError("unreachable")
+
+    def _start(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            return
+        self._reap()
+        context = multiprocessing.get_context("spawn")
+        from pyspark import cloudpickle  # the config's class is built at run time from the
+        # registered plugins: plain pickle refuses it
+
+        self._conn, child = context.Pipe()
+        pickled = cloudpickle.dumps(self.handle)  # type: ignore[no-untyped-call]
+        process = context.Process(target=_serve, args=(pickled, child),
+                                  daemon=True, name=f"cdc-apply-{self.name}")
+        process.start()
+        self._process = process
+        child.close()  # only the child holds that end: its death is our EOF
+
+    def _reap(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._process is not None:
+            self._process.join(5)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join(5)
+            self._process = None
+
+    def close(self) -> None:
+        """End the child (no batch runs between the loop's calls)."""
+        self._reap()
+
+
+def _serve(pickled: bytes, conn: Any) -> None:
+    """The child's loop: a batch in, its report (or traceback) out, until the pipe closes."""
+    import pickle
+
+    handle: FollowerHandle = pickle.loads(pickled)  # noqa: S301 - our own parent's
+    while True:
+        try:
+            changes, report = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            sink = handle.sink()
+            sink.refresh()
+            answer: tuple[str, Any] = ("ok", apply_changes(sink, changes, report))
+        except BaseException:  # noqa: BLE001 - the parent raises it
+            answer = ("error", traceback.format_exc())
+        try:
+            conn.send(answer)
+        except (BrokenPipeError, OSError):
+            return
