@@ -9,8 +9,8 @@ and one ``cdc apply`` process running four followers of three kinds side by side
 moments and their classification below follow the Redis follower (its script calls are
 observable from outside); the other followers run in the same apply, so every kill lands
 wherever their batches are at that instant. The load runs for the whole test: inserts, updates
-(half of them leaving the out-of-line TOASTed ``note`` unchanged), primary-key changes and deletes, plus
-updates and key changes of snapshotted rows whose TOASTed note never changes.
+(half of them leaving the out-of-line TOASTed ``note`` unchanged), primary-key changes and
+deletes, plus updates and key changes of snapshotted rows whose TOASTed note never changes.
 
 Each kill waits for one of these moments, in a random order (the seed is printed; set
 ``CDC_CRASH_SEED`` to replay its choices — the timing of the processes is not replayable):
