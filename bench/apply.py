@@ -141,7 +141,7 @@ def throughput(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
         raise SystemExit(f"apply wrote {p.written:,} and Redis holds {held:,} of "
                          f"{args.changes:,} changes")
     in_batches = env.batch_seconds(job, "cache")
-    results["throughput_batches"] = batch_durations(job.queries["cache"])
+    results["throughput_batches"] = batch_durations(job.progress["cache"])
     results.update(redis_changes_per_s=round(args.changes / seconds), apply_s=round(seconds, 2),
                    batches_s=None if in_batches is None else round(in_batches, 2),
                    apply_batches=p.batches, apply_load=round(max(before, load()), 2),
@@ -323,33 +323,23 @@ def capture_latency(log: Log, since: float) -> dict[str, Any]:
             "capture_p99_s": _rounded(hist.quantile(0.99))}
 
 
-def batch_durations(query: Any, since: float = 0.0) -> dict[str, Any]:
-    """Median and max of the micro-batches' durations (Spark's ``triggerExecution``), the
-    median of each of its parts (``latestOffset``, ``walCommit``, ``addBatch``: the batch
-    handler, ``commitOffsets``...) over the query's recent progress (Spark keeps 100), of the
-    batches started at ``since`` (epoch s) or later."""
-    from datetime import datetime
-
-    def started(item: dict[str, Any]) -> float:
-        return datetime.fromisoformat(item["timestamp"].replace("Z", "+00:00")).timestamp()
-
-    # emit=ranges: the batch's DataFrame is never read, so numInputRows stays 0; a batch that
-    # ran has an addBatch part
-    progress = [p for p in query.recentProgress if "addBatch" in p.get("durationMs", {})
-                and started(p) >= since]
-    if not progress:
+def batch_durations(progress: Any, since: float = 0.0) -> dict[str, Any]:
+    """Median and max of a follower's batches' durations (the apply loop's own timing, from
+    handing the batch to its runner to its progress record), and the median of its parts
+    (read + decode + fold: the loop's one read; sink: the follower's writes), over its recent
+    batches (``FollowerProgress.recent``) started at ``since`` (epoch s) or later."""
+    batches = [b for b in progress.recent if b["started"] >= since]
+    if not batches:
         return {}
 
     def median(values: list[float]) -> float:
         return sorted(values)[len(values) // 2]
 
-    total = [p["durationMs"].get("triggerExecution", 0) / 1000 for p in progress]
-    parts = sorted({part for p in progress for part in p["durationMs"]} - {"triggerExecution"})
-    return {"batches_seen": len(progress), "batch_p50_s": round(median(total), 3),
+    total = [b["seconds"] for b in batches]
+    return {"batches_seen": len(batches), "batch_p50_s": round(median(total), 3),
             "batch_max_s": round(max(total), 3),
-            "parts_p50_s": {part: round(median([p["durationMs"].get(part, 0) / 1000
-                                                for p in progress]), 3) for part in parts},
-            }
+            "parts_p50_s": {"read_fold": round(median([b["read_s"] for b in batches]), 3),
+                            "sink": round(median([b["sink_s"] for b in batches]), 3)}}
 
 
 def handler_split(progress: Any) -> dict[str, Any]:
@@ -503,7 +493,7 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
                                                              f["p50_s"] or 0.0))
             results.update(capture_latency(log, window_start))
             results["batches_by_follower"] = {
-                name: {**batch_durations(job.queries[name]),
+                name: {**batch_durations(job.progress[name]),
                        **handler_split(progress[name])} for name in LIVE_FOLLOWERS}
             results.update(
                 latency_by_kind=by_kind, latency_p50_s=worst_p50["p50_s"],
@@ -555,7 +545,7 @@ def idle_floor(seconds: float, job: Any, probe_out: Path) -> dict[str, Any]:
     floor: dict[str, Any] = {
         "seconds": seconds,
         "latency_by_kind": by_follower_kind(by_name),
-        "batches_by_follower": {name: batch_durations(job.queries[name], since=started + 5)
+        "batches_by_follower": {name: batch_durations(job.progress[name], since=started + 5)
                                 for name in LIVE_FOLLOWERS}}
     for kind, figures in floor["latency_by_kind"].items():
         console.print(f"  floor {kind}: p50 {figures['p50_s']} s, p99 {figures['p99_s']} s")

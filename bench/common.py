@@ -416,29 +416,23 @@ class BenchEnv:
 
     @staticmethod
     def batch_seconds(job: Any, name: str) -> float | None:
-        """The sum of follower ``name``'s micro-batch durations (Spark's ``triggerExecution``):
-        the run's wall time minus the query's start and stop."""
-        query = job.queries.get(name)
-        if query is None:
+        """The sum of follower ``name``'s batch durations: the run's wall time minus the
+        loop's start and stop."""
+        progress = job.progress.get(name)
+        if progress is None:
             return None
-        # emit=ranges: numInputRows stays 0 (the batch's DataFrame is never read); a batch that
-        # ran has an addBatch part
-        total = sum(p["durationMs"].get("triggerExecution", 0) for p in query.recentProgress
-                    if "addBatch" in p.get("durationMs", {}))
-        return total / 1000 or None
+        return sum(batch["seconds"] for batch in progress.recent) or None
 
     def warm_up(self, followers: dict[str, dict[str, Any]], records: int = 1000) -> None:
         """Python workers and the first query's set-up, not measured: ``cdc apply --once`` of a
         ``records``-record log into ``followers`` (retried: under load a worker's start can
-        miss Spark's connect-back deadline), as Spark tasks (``driver_batch_records: 0``: a
-        batch this small would otherwise be written without a Spark job, in local mode, and
-        the workers the measured batches use would start inside the measurement)."""
+        miss Spark's connect-back deadline): the followers' processes and imports start
+        here, not inside the measurement."""
         from cdc.events import Op
 
         log = self.log("warm")
         append_log(log, range(records), Op.CREATE, 1)
-        config = self.config("warm", log, {name: {**settings, "driver_batch_records": 0}
-                                           for name, settings in followers.items()})
+        config = self.config("warm", log, dict(followers))
         for attempt in range(3):
             try:
                 self.apply_once(config, list(followers))

@@ -1,13 +1,14 @@
-"""``cdc demo``: PostgreSQL (or MariaDB: ``--source mysql``) -> change log -> Spark -> Redis,
-Delta and search, live, then ``cdc verify`` for each follower.
+"""``cdc demo``: PostgreSQL (or MariaDB: ``--source mysql``) -> change log -> ``cdc apply`` ->
+Redis, Delta and search, live, then ``cdc verify`` for each follower.
 
 A throwaway PostgreSQL cluster (initdb on a free port, wal_level=logical) or MariaDB server
 (mariadbd on a free port, row binlog) gets a small shop schema and data; what differs per leader
 kind (server, schema and data, the config's source, the workload's SQL, the server's current log
-position) is a :class:`DemoLeader`. Three followers of three kinds run side by side in one
-Spark application: ``cache`` (a throwaway ``redis-server``), ``warehouse`` (Delta tables, SCD1,
-under the demo directory) and ``search`` (a Tantivy index there). While a workload keeps writing:
-``cdc bootstrap`` snapshots the tables into a fresh log (the SparkSession starts meanwhile), then
+position) is a :class:`DemoLeader`. Three followers of three kinds run side by side in one ``cdc
+apply`` (local mode: one read of the log, a process per follower): ``cache`` (a throwaway
+``redis-server``), ``warehouse`` (Delta tables, SCD1, under the demo directory) and ``search``
+(a Tantivy index there). While a workload keeps writing:
+``cdc bootstrap`` snapshots the tables into a fresh log, then
 ``cdc capture`` streams the rest and ``cdc apply --follower cache --follower warehouse
 --follower search`` runs continuously in this process. Once every follower has caught up, the
 workload writes for ``seconds`` more (the latencies reported are of the changes committed in
@@ -329,7 +330,7 @@ def run_db_demo(directory: str, seconds: float, source: str = "postgres") -> Non
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     leader = LEADERS[source]()
-    console.rule(f"[bold]cdc demo: {leader.title} -> change log -> Spark -> Redis, Delta, "
+    console.rule(f"[bold]cdc demo: {leader.title} -> change log -> cdc apply -> Redis, Delta, "
                  "search")
     with leader, ThrowawayRedis() as cache:
         console.print(f"{leader.describe()}, "
@@ -345,9 +346,9 @@ def run_db_demo(directory: str, seconds: float, source: str = "postgres") -> Non
         follower = LiveApply(config)
         writer, codec = open_log(config)
         try:
-            follower.start_spark()  # 10-20 s on 2 cores: overlaps the bootstrap
+            follower.start_spark()  # a cluster's: 10-20 s on 2 cores, overlaps the bootstrap
             workload.start()
-            console.rule("bootstrap (snapshot while the workload writes; Spark starts meanwhile)")
+            console.rule("bootstrap (snapshot while the workload writes)")
             report = bootstrap(config, config.sources[0], writer, codec, console)
             console.print(f"snapshot of {sum(report.rows.values()):,} rows durable in "
                           f"{report.seconds:.1f} s; streaming from {leader.handoff}")
@@ -391,9 +392,9 @@ def _probe_spec(root: Path, leader: DemoLeader, redis_url: str) -> dict[str, Any
 
 
 class LiveApply:
-    """``cdc apply`` of every demo follower running continuously in this process: the SparkSession
-    starts in a thread (:meth:`start_spark`), the queries once the log exists
-    (:meth:`start_queries`); :meth:`stop` ends them like SIGTERM does."""
+    """``cdc apply`` of every demo follower running continuously in this process: a SparkSession
+    (only on a cluster master) starts in a thread (:meth:`start_spark`), the apply loop once the
+    log exists (:meth:`start_queries`); :meth:`stop` ends it like SIGTERM does."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -404,6 +405,12 @@ class LiveApply:
         self._thread: threading.Thread | None = None
 
     def start_spark(self) -> None:
+        """Start the SparkSession in a thread, if a follower's runner needs one (in local mode
+        none does: each follower writes in a process of its own, views in this one)."""
+        if self.config.spark.master.startswith("local"):
+            self._spark_ready.set()
+            return
+
         def start() -> None:
             from spark_apply.jobs import start_spark
 
@@ -631,7 +638,7 @@ def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
                     break
                 waiting = not all(p.batches for p in progress)
                 live.update(view(
-                    "Spark is starting the followers' queries; changes wait in the log "
+                    "cdc apply is starting the followers' processes; changes wait in the log "
                     "meanwhile (latency is measured once the followers have caught up)"
                     if waiting else "the followers are catching up with the snapshot and the "
                     "backlog of the start (latency is measured once they have)"))
@@ -735,7 +742,7 @@ def _summary(config: Config, leader: DemoLeader, follower: LiveApply, live: Live
     from spark_apply.latency import LatencyHistogram, format_seconds
 
     assert follower.job is not None
-    table = Table(title=f"summary: {leader.title} -> log -> Spark -> followers",
+    table = Table(title=f"summary: {leader.title} -> log -> cdc apply -> followers",
                   caption=f"latency: commit at {leader.title} -> the apply task's write "
                           f"returned (as cdc apply measures it), per change, for the "
                           f"{live.changes_in_window:,} changes the workload "

@@ -33,6 +33,7 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -74,6 +75,8 @@ __all__ = ["ApplyError", "ApplyJob", "FollowerProgress", "FollowerStaleError", "
 
 #: how soon :meth:`ApplyJob.wait` sees a stop request (SIGTERM, Ctrl-C) while it waits
 STOP_POLL_S = 0.1
+#: batches each follower's progress remembers (:attr:`FollowerProgress.recent`)
+RECENT = 200
 #: the longest the loop sleeps between two looks at the log (a follower's own
 #: ``trigger_interval`` may be longer)
 POLL_S = 0.05
@@ -107,6 +110,9 @@ class FollowerProgress:
     sink_seconds: float = 0.0
     #: of the sink's seconds, per phase where it measures them (:attr:`ApplyStats.phases`)
     phases: dict[str, float] = field(default_factory=dict)
+    #: the last :data:`RECENT` batches: when each started (epoch s), its seconds, of them
+    #: read + fold and the sink's, its records (``bench/apply.py`` reports them)
+    recent: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
     #: a CdcError its batch raised (re-raised by the job with its fix)
     error: CdcError | None = None
     #: told of each applied batch, failure and restart (``cdc apply --metrics-port``:
@@ -116,6 +122,9 @@ class FollowerProgress:
     def record(self, total: TaskReport, watermarks: dict[str, Any], seconds: float) -> None:
         """Count one applied batch."""
         self.batches += 1
+        self.recent.append({"started": time.time() - seconds, "seconds": seconds,
+                            "read_s": total.read_seconds, "sink_s": total.sink_seconds,
+                            "records": total.records})
         for name in ("records", "changes", "written", "deleted", "skipped", "scanned"):
             setattr(self, name, getattr(self, name) + getattr(total, name))
         self.watermarks.update(watermarks)
@@ -160,6 +169,11 @@ class _Follower:
     runner: Runner | None = None
     #: its batch being written (None: ready for the next)
     running: Future[Any] | None = None
+    #: the end of the batch being written
+    running_end: dict[str, Any] | None = None
+    #: the next batch, read while the running one is written (a backlog only: see
+    #: :meth:`ApplyJob._cycle`); dropped if the running one fails
+    ahead: Batch | None = None
     #: when its last batch started (monotonic)
     started: float = 0.0
     interval: float = 0.0
@@ -301,27 +315,47 @@ class ApplyJob:
                       int(follower.max_records_per_batch))
 
     # ------------------------------------------------------------------------------ the loop
-    def _ready(self, now: float) -> list[_Follower]:
-        return [f for f in self._followers.values()
-                if f.running is None and not f.done and f.name not in self.waiting
-                and f.name not in self.failed_views
-                and (self._once or now - f.started >= f.interval)]
+    def _eligible(self, f: _Follower, now: float) -> bool:
+        return (not f.done and f.name not in self.waiting and f.name not in self.failed_views
+                and (self._once or now - f.started >= f.interval))
+
+    def _behind(self, f: _Follower) -> bool:
+        """Writing a batch that stopped short of the complete end (a backlog: its end has no
+        watermarks), with no next batch read yet: worth reading the next one meanwhile."""
+        return (f.running is not None and f.ahead is None and f.running_end is not None
+                and "watermarks" not in f.running_end and f.name not in self.waiting
+                and f.name not in self.failed_views)
 
     def _cycle(self) -> None:
-        """Plan, read once and hand out one cycle's batches (the module docstring, 1-2)."""
+        """Plan, read once and hand out one cycle's batches (the module docstring, 1-2). A
+        follower draining a backlog gets its next batch read while it writes the current one
+        (``ahead``), handed to it as soon as it is done; at the live end batches are read when
+        the follower is ready, so a new change never waits behind a batch read too early."""
         from cdc.reading import open_log
 
-        ready = self._ready(time.monotonic())
-        if not ready:
+        now = time.monotonic()
+        for f in self._followers.values():
+            if f.running is None and f.ahead is not None and self._eligible(f, now):
+                batch, f.ahead = f.ahead, None
+                self._dispatch(f.name, batch)
+        ready = [f for f in self._followers.values()
+                 if f.running is None and self._eligible(f, now)]
+        behind = [f for f in self._followers.values() if self._behind(f)]
+        if not ready and not behind:
             return
         reader, decoder = open_log(json.dumps(log_settings(self.config)))
         planned: set[str] = set()
         try:
             state = reader.committed()
             members = [f.member(f.record.offsets) for f in ready]
+            members += [f.member(f.running_end or {}) for f in behind]
             for read in plan_cycle(reader, state, members, self._target):
                 for name, batch in self._cut(reader, decoder, state, read).items():
-                    self._dispatch(name, batch)
+                    follower = self._followers[name]
+                    if follower.running is None:
+                        self._dispatch(name, batch)
+                    else:
+                        follower.ahead = batch
                     planned.add(name)
         except OUTAGES as exc:
             for f in ready:
@@ -348,6 +382,7 @@ class ApplyJob:
     def _dispatch(self, name: str, batch: Batch) -> None:
         follower = self._followers[name]
         follower.started = time.monotonic()
+        follower.running_end = batch.end
         assert self._pool is not None
         follower.running = self._pool.submit(self._apply, follower, batch)
 
@@ -377,6 +412,7 @@ class ApplyJob:
             try:
                 report, batch, seconds = running.result()
             except BaseException as exc:  # noqa: BLE001 - sorted by _failed
+                follower.ahead = None  # planned from an end the follower did not reach
                 self._failed(follower, exc)
                 continue
             follower.restarts = 0
@@ -462,7 +498,7 @@ class ApplyJob:
     def _finished(self) -> bool:
         """``--once``: every follower reached the target (or failed alone); no batch runs."""
         return self._once and all(
-            f.running is None and (f.done or f.name in self.failed_views)
+            f.running is None and f.ahead is None and (f.done or f.name in self.failed_views)
             for f in self._followers.values())
 
     def _pause(self) -> None:

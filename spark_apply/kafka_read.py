@@ -1,11 +1,11 @@
 """A Kafka log's micro-batch read by Spark's own Kafka source, Avro decoded in the JVM.
 
-``cdc apply`` plans every micro-batch with the ``cdc`` source (``emit=ranges``): offset ranges of
-the log's partitions, whole source transactions only, stored in the query's checkpoint. For a
-Kafka log (``log.backend: kafka``, ``followers.<name>.reader: spark-kafka``) the records of those
-ranges are then read by Spark's Kafka source as a *batch* query with exactly those offsets
-(``assign``, ``startingOffsets``, ``endingOffsets``: ``start <= offset < end``), so the
-executors fetch from the brokers in the JVM:
+``cdc apply``'s loop plans every batch (``spark_apply/planning.py``): offset ranges of the log's
+partitions, whole source transactions only. For a Kafka log (``log.backend: kafka``,
+``followers.<name>.reader: spark-kafka``) the records of those ranges are then read by Spark's
+Kafka source as a *batch* query with exactly those offsets (``assign``, ``startingOffsets``,
+``endingOffsets``: ``start <= offset < end``), so the executors fetch from the brokers in the
+JVM:
 
 * ``kafka.isolation.level`` is ``read_committed``: only records of committed capture
   transactions (the planned ends never pass the last stable offset anyway).
@@ -13,7 +13,8 @@ executors fetch from the brokers in the JVM:
   range may be gone by the time it is read (superseded records, or a replay long after). That is
   the log's contract — the newest record of every key stays — not data loss; a follower that
   stopped for longer than the tombstone retention is refused before (``refuse_if_stale``).
-* Offsets live in the ``cdc`` query's checkpoint, never in Kafka consumer groups.
+* Offsets live in the follower's progress record (``spark_apply/progress.py``), never in Kafka
+  consumer groups.
 
 Decoding in the JVM: a value is Confluent's wire format (magic byte 0, a 4-byte schema id, the
 Avro body). For every value schema id the log's schema store holds for the batch's topics,

@@ -2,14 +2,15 @@
 
 An *outage* is a :class:`~cdc.errors.LogUnavailable` (the brokers are down or unreachable) or a
 :class:`~cdc.errors.FollowerUnavailable` (the follower's server is), raised where ``cdc apply``
-starts (the log's and each sink's checks), by a query's source (Spark reports it wrapped in its
-own exception, with the Python traceback in its text), or by a batch. Then:
+starts (the log's and each sink's checks), by the loop's read of the log, or by a batch (a
+task's or a follower process's failure arrives as its traceback text: ``spark_apply/errors.py``
+rebuilds the error). Then:
 
-* The follower **waits**: its query is stopped, and it is tried again after 1, 2, 4 … at most
-  :data:`MAX_DELAY` seconds — first by reaching what was away (:func:`probe`: opening the log,
-  the sink's own check), then by starting its query again from its checkpoint. Nothing of the
-  failed batch counted: its offsets were never committed to the checkpoint, and the version gate
-  makes rewriting what did land a no-op, so it **resumes exactly**.
+* The follower **waits**: it gets no batch, and it is tried again after 1, 2, 4 … at most
+  :data:`MAX_DELAY` seconds — by reaching what was away (:func:`probe`: opening the log, the
+  sink's own check); then the loop plans it again from its progress record. Nothing of the
+  failed batch counted: the record was not written, and the version gate makes rewriting what
+  did land a no-op, so it **resumes exactly** (and catches up without holding the others).
 * It says so: ``waiting`` in ``/readyz`` (with the problem), the metrics (``cdc_apply_errors``
   by kind, ``cdc_apply_waiting_seconds``), and one log line when the outage begins, one per
   :data:`LOG_EVERY` seconds while it lasts, one when it ends — never a traceback.
@@ -88,7 +89,7 @@ class Waiting:
             self.logged = now
 
     def ended(self) -> None:
-        log.warning("follower %s: %s is back after %.0f s: resuming from the checkpoint",
+        log.warning("follower %s: %s is back after %.0f s: resuming from its progress record",
                     self.name, _what(self.problem), time.monotonic() - self.since)
 
 

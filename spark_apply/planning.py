@@ -6,7 +6,9 @@ One *cycle* of the apply loop plans, for the followers that are ready (not busy 
 not waiting out an outage), as few reads of the log as it can:
 
 * **Groups.** Followers whose progress agrees on every topic both read (a partition missing
-  from a record is at 0) form a group: one start offset for all. A follower's topics are the
+  from a record is at 0) form a group: one start offset for all, batches of the smallest
+  ``max_records_per_batch`` among them (a follower busy or slow is not ready with the others,
+  falls behind and reads with its own budget). A follower's topics are the
   topics of its sources (only the tables it follows, a view's base tables) plus its sources'
   transaction topics, so followers of one source agree only at the same transaction boundary.
 * **The lead.** The group furthest into the log plans the cycle's end ``E`` from its start as

@@ -1,8 +1,9 @@
-"""Apply tasks: what one Spark task does with its share of a micro-batch, on an executor.
+"""Apply tasks: what one Spark task does with its share of a batch, on an executor (the
+executor runner's, ``spark_apply/runners/executors.py``), and the fold and write every runner
+shares (:func:`fold_raw`, :func:`apply_changes`).
 
-``cdc apply`` reads the change log with the ``cdc`` source in ``emit=ranges`` mode: a micro-batch
-is a list of offset ranges (``topic``, ``partition``, ``start <= offset < end``) plus watermark
-rows, planned by the source and stored in the query's checkpoint. :func:`plan_tasks` splits the
+A batch is a list of offset ranges (``topic``, ``partition``, ``start <= offset < end``) planned
+by the apply loop (``spark_apply/planning.py``). :func:`plan_tasks` splits the
 ranges into :class:`ApplyTask` s and Spark runs :func:`run_task` for each, on the executors; a
 task reads its records *itself*, through the log contract (``cdc/log/base.py``: a local log on
 the same machine or a shared filesystem, or Kafka), folds them and writes them into the
@@ -24,8 +25,8 @@ Contracts, stated exactly:
 * **The gate.** Each write is the sink's per-key compare-and-set (``cdc/sink.py``): a task
   replayed after a failure, a speculative duplicate, or a task still writing after its worker
   was declared lost cannot overwrite newer data.
-* **Watermarks** are *not* written by tasks: the driver writes them after every task of the
-  batch succeeded (``spark_apply/jobs.py``), with the newest watermark row of the batch.
+* **Watermarks** are *not* written by tasks: the apply loop writes them after every task of the
+  batch succeeded (``spark_apply/jobs.py``), then the follower's progress record.
 * **Latency** (``spark_apply/latency.py``) is measured for the changes a task applies (the
   winners whose op is ``c``/``u``/``d``), from their commit at the source to the end of the
   task's writes.

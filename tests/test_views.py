@@ -827,7 +827,8 @@ views:
     (tmp_path / "state" / "views" / "labels.duckdb").unlink()  # the state lost alone
     again = cdc("apply", "--config", str(config), "--view", "labels", "--once")
     assert again.returncode != 0 and "its state" in again.stderr and "is gone" in again.stderr
-    assert "delete the checkpoint" in again.stderr and "Traceback" not in again.stderr
+    assert "progress record" in again.stderr and "delete the folder" in again.stderr
+    assert "Traceback" not in again.stderr
 
 
 def _wait_for_rows(sqlite: Path, table: str, timeout: float) -> None:
