@@ -195,6 +195,10 @@ class ApplyJob:
     stop: threading.Event = field(default_factory=threading.Event)
     #: views that stopped on their own error while the others went on
     failed_views: dict[str, CdcError] = field(default_factory=dict)
+    #: CPU seconds the loop's own thread spent planning, reading and decoding the log, and
+    #: the records it read (``bench/apply_fanout.py``: they must not grow with the followers)
+    read_cpu_seconds: float = 0.0
+    read_records: int = 0
     #: per follower, its batches run again after Spark's plumbing failed them
     #: (:data:`spark_apply.errors.TRANSIENT_FAILURES`)
     restarts: dict[str, int] = field(default_factory=dict)
@@ -345,11 +349,13 @@ class ApplyJob:
             return
         reader, decoder = open_log(json.dumps(log_settings(self.config)))
         planned: set[str] = set()
+        cpu = time.thread_time()
         try:
             state = reader.committed()
             members = [f.member(f.record.offsets) for f in ready]
             members += [f.member(f.running_end or {}) for f in behind]
             for read in plan_cycle(reader, state, members, self._target):
+                self.read_records += sum(item.end - item.start for item in read.ranges)
                 for name, batch in self._cut(reader, decoder, state, read).items():
                     follower = self._followers[name]
                     if follower.running is None:
@@ -367,6 +373,8 @@ class ApplyJob:
         except CdcError as exc:
             self._failure = exc
             return
+        finally:
+            self.read_cpu_seconds += time.thread_time() - cpu
         if self._once:
             for f in ready:
                 f.done = f.name not in planned
