@@ -650,6 +650,24 @@ class Config(_Strict):
                           "pass one of the names under `followers:` (add one: see "
                           "cdc.example.yaml)")
 
+    def trimmed(self, name: str) -> Config:
+        """A copy holding only what follower or view ``name`` needs to be written: its own
+        settings (a view: its settings and its followers'), the sources it follows, the log —
+        what ``cdc apply`` ships to the process or executor task that writes it, never the
+        other followers' settings."""
+        if name in self.views:
+            view = self.views[name]
+            followers = {f: self.followers[f] for f in view.followers if f in self.followers}
+            views = {name: view}
+            wanted = {view.source}
+        else:
+            followers = {name: self.follower(name)}  # type: ignore[dict-item]
+            views = {}
+            wanted = set(self.follower_sources(name))
+        sources = [source for source in self.sources if source.name in wanted]
+        return self.model_copy(update={"followers": followers, "views": views,
+                                       "sources": sources})
+
     def follower_sources(self, name: str) -> list[str]:
         """The source names follower ``name`` follows (every source by default)."""
         chosen = self.follower(name).sources

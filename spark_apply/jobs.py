@@ -259,14 +259,15 @@ class ApplyJob:
         return self.config.follower_checkpoint(name)
 
     def handle(self, name: str) -> FollowerHandle:
-        """What a process or executor needs to write follower ``name``."""
+        """What a process or executor needs to write follower ``name``: its own settings
+        (:meth:`Config.trimmed`), the log's, its secrets."""
         follower = self.config.follower(name)
         secrets = tuple((variable, os.environ[variable])
                         for variable in (getattr(follower, "password_env", None),
                                          self.config.log.password_env)
                         if variable and variable in os.environ)
-        return FollowerHandle(self.config, name, json.dumps(log_settings(self.config)),
-                              self.token, secrets)
+        return FollowerHandle(self.config.trimmed(name), name,
+                              json.dumps(log_settings(self.config)), self.token, secrets)
 
     def runners(self, master: str) -> dict[str, Runner]:
         """Each follower's runner (``spark_apply/runners``), chosen once."""

@@ -98,6 +98,28 @@ def test_follower_url_password_never_shows() -> None:
         config.follower("other")
 
 
+def test_a_follower_is_shipped_its_own_settings_only(tmp_path: Path) -> None:
+    """What ``cdc apply`` pickles into a follower's process or tasks holds that follower's
+    settings (a view: its own and its followers'), its sources and the log — not the others'."""
+    config = parse_config({
+        "log": {"path": str(tmp_path / "log")},
+        "sources": [{"name": "shop", "kind": "postgres", "dsn": "postgresql://cdc@h/shop",
+                     "tables": ["public.orders"]},
+                    {"name": "crm", "kind": "postgres", "dsn": "postgresql://cdc@h/crm",
+                     "tables": ["public.people"]}],
+        "followers": {"cache": {"kind": "redis", "url": "redis://h:6379/0", "sources": ["shop"]},
+                      "lake": {"kind": "sql", "url": "sqlite:///x.db"}},
+        "views": {"totals": {"source": "shop", "sql": "SELECT 1 AS k", "key": ["k"],
+                             "followers": ["lake"]}}}, tmp_path)
+    cache = config.trimmed("cache")
+    assert list(cache.followers) == ["cache"] and not cache.views
+    assert [source.name for source in cache.sources] == ["shop"]
+    assert cache.log == config.log and cache.follower("cache") == config.follower("cache")
+    totals = config.trimmed("totals")
+    assert list(totals.followers) == ["lake"] and list(totals.views) == ["totals"]
+    assert [source.name for source in totals.sources] == ["shop"]
+
+
 def test_the_example_config_declares_a_follower() -> None:
     config = load_config(PROJECT / "cdc.example.yaml")
     assert config.follower("cache").kind == "redis"

@@ -65,3 +65,42 @@ def test_the_schedule_puts_longest_first_and_keeps_units_together() -> None:
     assert units[:3] == [LONGEST_FIRST[0], LONGEST_FIRST[1], LONGEST_FIRST[1]]
     assert items[-1].nodeid == "tests/test_a.py::t"  # the quick ones last
     assert unit_of("tests/test_kafka_server.py::x") == "tests/test_kafka_faults.py"
+
+
+#: the product's packages (what the wheel installs)
+PRODUCT = ("cdc", "cdc_app", "connectors", "sinks", "spark_apply", "views")
+#: the folders of a Spark streaming checkpoint whose layout Spark may change between releases
+SPARK_CHECKPOINT_PARTS = frozenset({"offsets", "commits"})
+
+
+def spark_checkpoint_paths(source: str) -> list[int]:
+    """Lines of ``source`` that build a path into a Spark checkpoint's ``offsets/`` or
+    ``commits/`` (``folder / "offsets"``, ``"…/commits/…"`` in a string)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            for side in (node.left, node.right):
+                if isinstance(side, ast.Constant) and side.value in SPARK_CHECKPOINT_PARTS:
+                    found.append(node.lineno)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and any(
+                f"/{part}/" in node.value or node.value.endswith(f"/{part}")
+                for part in SPARK_CHECKPOINT_PARTS):
+            found.append(node.lineno)
+    return found
+
+
+def test_the_check_finds_a_path_into_a_spark_checkpoint() -> None:
+    assert spark_checkpoint_paths('x = folder / "offsets" / str(n)') == [1]
+    assert spark_checkpoint_paths('x = "ck/commits/3"') == [1]
+    assert spark_checkpoint_paths('x = {"offsets": 1}') == []
+
+
+def test_no_product_code_reads_sparks_checkpoint_files() -> None:
+    """How a batch's ranges are known is ``spark_apply/planning.py`` with the follower's own
+    progress record: no product module opens a Spark checkpoint's ``offsets/`` or ``commits/``
+    (their layout is Spark's to change)."""
+    root = Path(__file__).parents[1]
+    offenders = [f"{path.relative_to(root)}:{line}"
+                 for package in PRODUCT for path in sorted((root / package).rglob("*.py"))
+                 for line in spark_checkpoint_paths(path.read_text())]
+    assert not offenders, offenders
