@@ -411,7 +411,7 @@ class BenchEnv:
         from spark_apply.jobs import run_apply
 
         started = time.perf_counter()
-        job = run_apply(load_config(config_path), names, once=True, console=None)
+        job = run_apply(load_config(config_path), names, once=True)
         return time.perf_counter() - started, job
 
     @staticmethod

@@ -640,10 +640,14 @@ def apply_cmd(config_path: str | None, followers: tuple[str, ...], views: tuple[
             message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
             raise click.BadParameter(message, param_hint="--master") from None
     metrics = _apply_metrics(config, [*followers, *views], metrics_port)
+    from cdc_app.screens import ApplyScreen
+
+    screen = ApplyScreen(console)
     try:
-        job = run_apply(config, [*followers, *views], once, console, stop, master=master,
+        job = run_apply(config, [*followers, *views], once, screen, stop, master=master,
                         observer=metrics)
     finally:
+        screen.stop()
         if metrics is not None:
             metrics.stop()
     for name in job.names:
@@ -855,9 +859,9 @@ def warehouse_optimize(config_path: str | None, follower: str, retain: str) -> N
 @click.option("--follower", default=None,
               help="A follower under `followers:` (with --view: one of the view's followers; "
                    "default: each of them).")
-@click.option("--view", default=None,
+@click.option("--view", "views", multiple=True,
               help="Verify this view (under `views:`): its SQL run on the leader against the "
-                   "follower's rows.")
+                   "follower's rows. Repeat it to verify several views in one run.")
 @click.option("--timeout", default="120s", show_default=True,
               help="How long to wait for the follower to reach the leader's position.")
 @click.option("--chunk-size", default=1000, show_default=True,
@@ -865,8 +869,8 @@ def warehouse_optimize(config_path: str | None, follower: str, retain: str) -> N
 @click.option("--show", "limit", default=20, show_default=True,
               help="Differing keys listed per table at most.")
 @friendly_errors
-def verify_cmd(config_path: str | None, follower: str | None, view: str | None, timeout: str,
-               chunk_size: int, limit: int) -> None:
+def verify_cmd(config_path: str | None, follower: str | None, views: tuple[str, ...],
+               timeout: str, chunk_size: int, limit: int) -> None:
     """Compare a follower (or a view in its followers) with the leader: exit 0 when equal, 1
     listing differing keys, 3 when the follower did not catch up in time."""
     from cdc.config import parse_duration
@@ -879,8 +883,10 @@ def verify_cmd(config_path: str | None, follower: str | None, view: str | None, 
         seconds = parse_duration(timeout)
     except ValueError as exc:
         raise CdcError(f"--timeout: {exc}", "e.g. --timeout 2m") from None
-    if view is not None:
-        sys.exit(_verify_view(config, view, follower, seconds, chunk_size, max(limit, 0)))
+    if views:
+        codes = [_verify_view(config, view, follower, seconds, chunk_size, max(limit, 0))
+                 for view in dict.fromkeys(views)]
+        sys.exit(max(codes))
     if follower is None:
         raise CdcError("no follower given", "pass --follower NAME (or --view NAME)")
     from spark_apply.progress import applied_offsets

@@ -55,7 +55,7 @@ from cdc.offsets import offset_order, offset_text, reached
 from cdc.verify import VerifyReport
 from cdc_app import logs
 from cdc_app.console import make_console
-from cdc_app.screens import print_report
+from cdc_app.screens import apply_table, print_report
 from cdc_app.servers.mysql import ThrowawayMariaDB
 from cdc_app.servers.postgres import ThrowawayPostgres
 from cdc_app.servers.redis import ThrowawayRedis
@@ -614,7 +614,7 @@ def _capture_live(config: Config, writer: ChangeLogWriter, codec: EventCodec,
         return Group(f"{phase}\nworkload: {workload.transactions:,} transactions, "
                      f"{workload.changes:,} changes written | log: committed up to "
                      f"{leader.position_name} {offset_text(offset)}",
-                     job.table(since, latency=since is not None))
+                     apply_table(job, since, latency=since is not None))
 
     result = LiveResult()
     prober: subprocess.Popen[bytes] | None = None

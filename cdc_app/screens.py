@@ -120,3 +120,55 @@ def print_report(report: VerifyReport, console: Console, limit: int) -> None:
     console.print(f"leader checksums: {rows:,} rows in {seconds:.2f} s{rate}", highlight=False)
     console.print("[green]follower equals the leader[/]" if report.equal
                   else "[red]follower differs from the leader[/]")
+
+
+def apply_table(job: Any, since: dict[str, Any] | None = None, latency: bool = True) -> Table:
+    """``cdc apply``'s live table of ``job`` (a :class:`spark_apply.jobs.ApplyJob`): per
+    follower, batches, records read, changes, written/deleted/skipped, lag, and the per-change
+    latency p50/p99 (commit at the source -> applied) — of the changes applied after ``since``
+    (per follower, a copy of its histogram then), or none shown (``latency`` False: while a
+    backlog drains it measures the wait, not the pipeline)."""
+    from cdc.offsets import offset_text
+    from spark_apply.latency import format_seconds
+
+    table = Table(title="cdc apply", title_justify="left")
+    for column in ("follower", "batches", "records", "changes", "written", "deleted",
+                   "skipped (gate)", "lag", "latency p50", "p99", "watermark"):
+        table.add_column(column, justify="left" if column in ("follower", "watermark")
+                         else "right")
+    for name in job.names:
+        p = job.progress[name]
+        marks = ", ".join(f"{s}@{offset_text(o)}" for s, o in sorted(p.watermarks.items())) or "-"
+        hist = p.latency.since(since[name]) if since and name in since else p.latency
+        table.add_row(name, f"{p.batches:,}", f"{p.records:,}", f"{p.changes:,}",
+                      f"{p.written:,}", f"{p.deleted:,}", f"{p.skipped:,}",
+                      "-" if p.lag_s is None else f"{p.lag_s:.2f} s",
+                      format_seconds(hist.quantile(0.5)) if latency else "…",
+                      format_seconds(hist.quantile(0.99)) if latency else "…", marks)
+    return table
+
+
+class ApplyScreen:
+    """The live table while ``cdc apply`` runs (``ApplyJob.wait``'s ``screen``): started on
+    the first call, updated on each, stopped by :meth:`stop`."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._live: Any = None
+
+    def __call__(self, job: Any) -> None:
+        from rich.live import Live
+
+        if self._live is None:
+            self._live = Live(apply_table(job), console=self.console, refresh_per_second=2,
+                              transient=False)
+            self._live.start()
+        else:
+            self._live.update(apply_table(job))
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+            if not self.console.is_terminal:
+                self.console.line()  # rich leaves the last line of a non-terminal Live open

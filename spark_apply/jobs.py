@@ -41,15 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-
 from cdc.config import Config
 from cdc.errors import CdcError, LogError
 from cdc.log.base import stale_partitions
 from cdc.log.open import log_settings, must_read
-from cdc.offsets import offset_text
 from cdc.sink import Sink
 from cdc.transactions import is_transaction_topic
 from spark_apply import progress as records
@@ -60,7 +55,7 @@ from spark_apply.errors import (
     is_transient,
     task_error,
 )
-from spark_apply.latency import LatencyHistogram, format_seconds
+from spark_apply.latency import LatencyHistogram
 from spark_apply.outages import OUTAGES, Waiting, outage_of, probe
 from spark_apply.outages import ride_out as wait_out_outages
 from spark_apply.planning import Member, Read, plan_cycle
@@ -522,16 +517,14 @@ class ApplyJob:
         """Ask :meth:`wait` to stop (safe from a signal handler)."""
         self.stop.set()
 
-    def wait(self, console: Console | None = None, refresh: float = 0.5) -> None:
+    def wait(self, screen: Callable[[ApplyJob], None] | None = None,
+             refresh: float = 0.5) -> None:
         """Run the loop until every follower reached the target (``once``) or a stop was
-        requested; shows the progress table meanwhile. Raises :class:`ApplyError` (or the
-        sink's own CdcError) if a batch failed."""
-        live = Live(self.table(), console=console, refresh_per_second=2, transient=False) \
-            if console is not None else None
+        requested; ``screen`` (the app's live table) is called with the job every ``refresh``
+        seconds and once at the end. Raises :class:`ApplyError` (or the sink's own CdcError)
+        if a batch failed."""
         shown = 0.0
         try:
-            if live is not None:
-                live.start()
             while not self.stop.is_set() and self._failure is None:
                 self._collect()
                 self._retry_waiting()
@@ -544,19 +537,16 @@ class ApplyJob:
                 if now - shown >= refresh:
                     shown = now
                     self.write_status()
-                    if live is not None:
-                        live.update(self.table())
+                    if screen is not None:
+                        screen(self)
             self.stop_queries()
             if self._failure is not None:
                 raise self._failure
             for error in self.failed_views.values():
                 raise error
         finally:
-            if live is not None and console is not None:
-                live.update(self.table())
-                live.stop()
-                if not console.is_terminal:
-                    console.line()  # rich leaves the last line of a non-terminal Live open
+            if screen is not None:
+                screen(self)
 
     def write_status(self, state: str = "running", force: bool = False) -> None:
         """Each follower's progress for ``cdc status`` (at most once a second each)."""
@@ -580,29 +570,6 @@ class ApplyJob:
         if running:
             wait_futures(running, timeout=grace)
         self._collect()
-
-    def table(self, since: dict[str, LatencyHistogram] | None = None,
-              latency: bool = True) -> Table:
-        """Per follower: batches, records read, changes, written/deleted/skipped, lag, and
-        the per-change latency p50/p99 (commit at the source -> applied) — of the changes
-        applied after ``since`` (per follower, a copy of its histogram then), or none shown
-        (``latency`` False: while a backlog drains it measures the wait, not the pipeline)."""
-        table = Table(title="cdc apply", title_justify="left")
-        for column in ("follower", "batches", "records", "changes", "written", "deleted",
-                       "skipped (gate)", "lag", "latency p50", "p99", "watermark"):
-            table.add_column(column, justify="left" if column in ("follower", "watermark")
-                             else "right")
-        for name in self.names:
-            p = self.progress[name]
-            marks = ", ".join(f"{s}@{offset_text(o)}"
-                              for s, o in sorted(p.watermarks.items())) or "-"
-            hist = p.latency.since(since[name]) if since and name in since else p.latency
-            table.add_row(name, f"{p.batches:,}", f"{p.records:,}", f"{p.changes:,}",
-                          f"{p.written:,}", f"{p.deleted:,}", f"{p.skipped:,}",
-                          "-" if p.lag_s is None else f"{p.lag_s:.2f} s",
-                          format_seconds(hist.quantile(0.5)) if latency else "…",
-                          format_seconds(hist.quantile(0.99)) if latency else "…", marks)
-        return table
 
     def close(self) -> None:
         if self._pool is not None:
@@ -701,7 +668,8 @@ def refuse_if_stale(config: Config, name: str, checkpoint: Path) -> None:
         "log.tombstone_retention if followers may stop this long")
 
 
-def run_apply(config: Config, names: Sequence[str], once: bool, console: Console | None,
+def run_apply(config: Config, names: Sequence[str], once: bool,
+              screen: Callable[[ApplyJob], None] | None = None,
               stop: threading.Event | None = None, master: str | None = None,
               observer: Any = None) -> ApplyJob:
     """Prepare, start the runners (and a SparkSession if one of them runs Spark jobs), run the
@@ -738,7 +706,7 @@ def run_apply(config: Config, names: Sequence[str], once: bool, console: Console
                 runner.close()
             return job
         job.start(spark, once, chosen, runners)
-        job.wait(console)
+        job.wait(screen)
         return job
     finally:
         job.stop_queries()

@@ -100,8 +100,7 @@ class InProcessApply:
         from spark_apply.jobs import run_apply
 
         try:
-            self.job = run_apply(self.config, self.names, once=self.once, console=None,
-                                 stop=self.stop)
+            self.job = run_apply(self.config, self.names, once=self.once, stop=self.stop)
         except BaseException as exc:  # noqa: BLE001 - reported by terminate()/wait()
             self.error = exc
             self.log_file.write_text(traceback.format_exc())

@@ -245,7 +245,7 @@ def test_apply_once_from_postgres_capture(tmp_path: Path, pg_db: Any, redis_url:
         jobs_before = spark_jobs()
         started = time.monotonic()
         if runner == "process":
-            job = run_apply(config, ["cache"], once=True, console=None)
+            job = run_apply(config, ["cache"], once=True)
         else:
             job = ApplyJob.prepare(config, ["cache"])
             try:

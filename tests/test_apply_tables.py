@@ -95,7 +95,7 @@ def held_history(sink: Any) -> list[tuple[Any, ...]]:
 def apply_once(config_path: Path) -> Any:
     from spark_apply.jobs import run_apply
 
-    return run_apply(load_config(config_path), list(FOLLOWERS), once=True, console=None)
+    return run_apply(load_config(config_path), list(FOLLOWERS), once=True)
 
 
 def test_apply_into_delta_and_search_equals_the_log(tmp_path: Path, spark: Any) -> None:
