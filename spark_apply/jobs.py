@@ -239,9 +239,12 @@ class ApplyJob:
         sinks: dict[str, Sink] = {}
         try:
             for name in chosen:
-                sink = open_target(config, name)
-                sinks[name] = sink
-                check(sink.check, [name])
+                sinks[name] = open_target(config, name)
+            # each sink's check connects, a view's opens its state: side by side
+            with ThreadPoolExecutor(max_workers=min(4, len(chosen)),
+                                    thread_name_prefix="cdc-check") as pool:
+                for done in [pool.submit(check, sinks[name].check, [name]) for name in chosen]:
+                    done.result()
         except BaseException:
             for sink in sinks.values():
                 sink.close()
@@ -290,6 +293,9 @@ class ApplyJob:
             self._followers[name] = _Follower(
                 name, functools.partial(self._member, name), records.load(folder), runner,
                 interval=float(self.config.follower(name).trigger_interval))
+            warm = getattr(runner, "warm", None)
+            if warm is not None:
+                warm()  # a follower's process starts now, not at its first batch
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.names)),
                                         thread_name_prefix="cdc-apply")
         if once:

@@ -4,7 +4,8 @@ contract):
 * a sink placed on the driver (``Placement.DRIVER``) — :class:`InlineRunner`;
 * ``reader: spark-kafka``, or ``auto`` with a Kafka log on a cluster master — :class:`KafkaRunner`;
 * a cluster master (``spark.master`` not ``local``) — :class:`ExecutorRunner`;
-* local mode: a view — :class:`InlineRunner` (in the apply process: DuckDB does the work);
+* local mode: a view — :class:`InlineRunner` (in the apply process: DuckDB does the work; at
+  most one view per core writes at a time);
   any other follower — :class:`ProcessRunner` (a process of its own).
 """
 
@@ -14,7 +15,7 @@ from cdc.config import Config
 from cdc.sink import Placement, Sink
 from spark_apply.runners.base import Runner
 from spark_apply.runners.executors import ExecutorRunner, KafkaRunner
-from spark_apply.runners.inline import InlineRunner
+from spark_apply.runners.inline import VIEW_SLOTS, InlineRunner
 from spark_apply.runners.process import ProcessRunner
 from spark_apply.tasks import FollowerHandle
 
@@ -40,7 +41,7 @@ def choose(config: Config, name: str, sink: Sink, handle: FollowerHandle, master
     if not local:
         return ExecutorRunner(handle, sink)
     if sink.placement is Placement.WHOLE_BATCH:
-        return InlineRunner(name, sink)
+        return InlineRunner(name, sink, VIEW_SLOTS)
     return ProcessRunner(handle)
 
 

@@ -18,7 +18,8 @@ Contracts, stated exactly:
   dies (the kernel closes its end of the pipe): it outlives a killed parent by at most the
   batch it was writing, whose writes are gated like a zombie task's.
 * ``spawn``, not ``fork``: the parent may hold a JVM gateway and threads that a fork would copy
-  half-way. A child costs its imports once (about a second), at the first batch.
+  half-way. A child costs its imports once (about a second), started when apply starts
+  (:meth:`ProcessRunner.warm`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ class ProcessRunner(Runner):
             report: TaskReport = value
             return report
         raise AssertionError("unreachable")
+
+    def warm(self) -> None:
+        """Start the child now (its imports overlap the loop's first read) rather than at the
+        first batch."""
+        self._start()
 
     def _start(self) -> None:
         if self._process is not None and self._process.is_alive():
