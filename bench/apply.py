@@ -420,8 +420,6 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
         for follower in followers.values():
             if args.trigger is not None:
                 follower["trigger_interval"] = f"{args.trigger}s"
-            if args.driver_batch_records is not None:
-                follower["driver_batch_records"] = args.driver_batch_records
         config_path = env.config("live", log, followers, dsn=dsn, table="public.items",
                                  heartbeat=None)
         capture_log = (env.root / "capture.log").open("w")  # closed with the process below
@@ -503,7 +501,7 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
                 latency_late_ticks=writer.late_ticks,
                 latency_load=round(sum(loads) / max(1, len(loads)), 2),
                 latency_batches={name: progress[name].batches for name in LIVE_FOLLOWERS},
-                trigger_s=args.trigger, driver_batch_records=args.driver_batch_records,
+                trigger_s=args.trigger,
                 latency_followers=LIVE_FOLLOWERS)
             for kind, figures in by_kind.items():
                 console.print(f"  {kind}: p50 {figures['p50_s']} s, p99 {figures['p99_s']} s "
@@ -661,9 +659,6 @@ def main() -> None:
     parser.add_argument("--trigger", type=float, default=None,
                         help="latency phase: every follower's trigger interval (default: the "
                              "product's; a value here is not the default path)")
-    parser.add_argument("--driver-batch-records", type=int, default=None,
-                        help="latency phase: every follower's driver_batch_records (default: "
-                             "the product's; a value here is not the default path)")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile of the executor task path alone")
     parser.add_argument("--py-spy", type=Path, default=None, metavar="FILE",

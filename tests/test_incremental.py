@@ -151,7 +151,8 @@ def test_incremental_snapshots_while_streaming_survive_sigkill_and_verify(
         publication = f"cdc_{source}"
         pg_db.execute(f"ALTER PUBLICATION {publication} DROP TABLE items")
         pg_db.execute("UPDATE items SET v = v + 100 WHERE id % 50 = 0 AND id <= 3000")
-        pg_db.execute("DELETE FROM items WHERE id % 70 = 1 AND id <= 3000")
+        missed = pg_db.execute("DELETE FROM items WHERE id % 70 = 1 AND id <= 3000 "
+                               "RETURNING id")  # the load may have moved some away before
         pg_db.execute(f"ALTER PUBLICATION {publication} ADD TABLE items")
 
         asked = cdc("snapshot", "--config", str(config), "--table", "public.items")
@@ -176,7 +177,11 @@ def test_incremental_snapshots_while_streaming_survive_sigkill_and_verify(
         wait_for(done, 180, "the re-snapshot to finish after the restart")
         assert min(seen) >= before.rows, (before, seen[:5])  # resumed, not started over
         after = _progress(config, source, "public.items")
-        assert after.tombstones >= 40, after  # the deletes the log missed
+        # the deletes the log missed (less any id the load wrote again since)
+        again_written = pg_db.execute("SELECT count(*) FROM items WHERE id = ANY(%s)",
+                                      ([row[0] for row in missed],))[0][0]
+        assert len(missed) >= 30 and after.tombstones >= len(missed) - again_written, (
+            after, len(missed), again_written)
         status = cdc("status", "--config", str(config), "--json")
         assert '"phase": "done"' in status.stdout, output(status)
         shown = cdc("status", "--config", str(config))
