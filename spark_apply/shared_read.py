@@ -79,7 +79,8 @@ def cut(log: ChangeLogReader, decoder: Decoder, state: Committed, read: Read,
                     report = TaskReport()
                     folded[kind] = (fold_raw(mine, decode, kind, report), report)
                 changes, report = folded[kind]
-                batch.changes = [change for change in changes if change.topic in topics]
+                batch.changes = changes if topics >= share.topics else [
+                    change for change in changes if change.topic in topics]
                 _count(batch, report, topics)
             out[member.name] = batch
     seconds = time.monotonic() - started
