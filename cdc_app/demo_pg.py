@@ -412,7 +412,7 @@ class LiveApply:
             return
 
         def start() -> None:
-            from spark_apply.jobs import start_spark
+            from spark_apply.session import start_spark
 
             try:
                 self._spark = start_spark()

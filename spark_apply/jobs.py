@@ -33,7 +33,6 @@ import os
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -43,10 +42,8 @@ from typing import Any
 
 from cdc.config import Config
 from cdc.errors import CdcError, LogError
-from cdc.log.base import stale_partitions
 from cdc.log.open import log_settings, must_read
 from cdc.sink import Sink
-from cdc.transactions import is_transaction_topic
 from spark_apply import progress as records
 from spark_apply.errors import (
     TRANSIENT_RESTARTS,
@@ -55,89 +52,25 @@ from spark_apply.errors import (
     is_transient,
     task_error,
 )
-from spark_apply.latency import LatencyHistogram
+from spark_apply.followers import FollowerProgress
 from spark_apply.outages import OUTAGES, Waiting, outage_of, probe
 from spark_apply.outages import ride_out as wait_out_outages
 from spark_apply.planning import Member, Read, plan_cycle
 from spark_apply.runners import Runner, choose
+from spark_apply.session import start_spark
 from spark_apply.shared_read import Batch, cut
-from spark_apply.tasks import FollowerHandle, TaskReport, add_phases, open_target
+from spark_apply.stale import refuse_if_stale
+from spark_apply.tasks import FollowerHandle, TaskReport, open_target
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ApplyError", "ApplyJob", "FollowerProgress", "FollowerStaleError", "run_apply",
-           "start_spark"]
+__all__ = ["ApplyError", "ApplyJob", "FollowerProgress", "run_apply"]
 
 #: how soon :meth:`ApplyJob.wait` sees a stop request (SIGTERM, Ctrl-C) while it waits
 STOP_POLL_S = 0.1
-#: batches each follower's progress remembers (:attr:`FollowerProgress.recent`)
-RECENT = 200
 #: the longest the loop sleeps between two looks at the log (a follower's own
 #: ``trigger_interval`` may be longer)
 POLL_S = 0.05
-
-
-@dataclass
-class FollowerProgress:
-    """What one follower has done so far (updated after each of its batches)."""
-
-    name: str
-    batches: int = 0
-    records: int = 0
-    changes: int = 0
-    written: int = 0
-    deleted: int = 0
-    skipped: int = 0
-    #: rows the sink's storage engine read (a view's state: :attr:`ApplyStats.scanned`)
-    scanned: int = 0
-    #: seconds from the newest applied record's commit at the source to its apply
-    lag_s: float | None = None
-    #: per change event (c/u/d) applied: commit at the source -> batch applied
-    #: (``spark_apply/latency.py``), over all topics and per topic
-    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
-    latency_by_topic: dict[str, LatencyHistogram] = field(default_factory=dict)
-    #: per topic, log records read (truncates and tombstones included)
-    records_by_topic: dict[str, int] = field(default_factory=dict)
-    watermarks: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: time of its batches; of it, reading + folding and the sink's writes
-    seconds: float = 0.0
-    fold_seconds: float = 0.0
-    sink_seconds: float = 0.0
-    #: of the sink's seconds, per phase where it measures them (:attr:`ApplyStats.phases`)
-    phases: dict[str, float] = field(default_factory=dict)
-    #: the last :data:`RECENT` batches: when each started (epoch s), its seconds, of them
-    #: read + fold and the sink's, its records (``bench/apply.py`` reports them)
-    recent: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=RECENT))
-    #: a CdcError its batch raised (re-raised by the job with its fix)
-    error: CdcError | None = None
-    #: told of each applied batch, failure and restart (``cdc apply --metrics-port``:
-    #: :class:`cdc_app.metrics.ApplyMetrics`)
-    observer: Any = None
-
-    def record(self, total: TaskReport, watermarks: dict[str, Any], seconds: float) -> None:
-        """Count one applied batch."""
-        self.batches += 1
-        self.recent.append({"started": time.time() - seconds, "seconds": seconds,
-                            "read_s": total.read_seconds, "sink_s": total.sink_seconds,
-                            "records": total.records})
-        for name in ("records", "changes", "written", "deleted", "skipped", "scanned"):
-            setattr(self, name, getattr(self, name) + getattr(total, name))
-        self.watermarks.update(watermarks)
-        for topic, count in total.records_by_topic.items():
-            self.records_by_topic[topic] = self.records_by_topic.get(topic, 0) + count
-        self.seconds += seconds
-        self.fold_seconds += total.read_seconds
-        self.sink_seconds += total.sink_seconds
-        add_phases(self.phases, total.phases)
-        for topic, histogram in total.latency_by_topic.items():
-            self.latency.merge(histogram)
-            self.latency_by_topic.setdefault(topic, LatencyHistogram()).merge(histogram)
-        if total.newest_ts_ms is not None:
-            self.lag_s = max(0.0, time.time() - total.newest_ts_ms / 1000)
-        elif watermarks:
-            self.lag_s = 0.0
-        if self.observer is not None:
-            self.observer.batch(self, total, seconds)
 
 
 def check_log(config: Config) -> None:
@@ -617,61 +550,6 @@ def _refuse_lost_view_state(config: Config, name: str) -> None:
                         "mid-log with empty base tables",
                         f"delete the folder {folder} too (and empty the view's tables in its "
                         "followers) to rebuild the view from offset 0")
-
-
-def start_spark(master: str | None = None, conf: dict[str, str] | None = None,
-                jars: Path | None = None, ship: bool = False, scratch: Path | None = None
-                ) -> Any:
-    """The SparkSession (``spark_apply/session.py``) on ``master`` (default: the embedded
-    ``local[2,3]``) with the extra settings ``conf``, the connector jars in ``jars``
-    (default: the jar cache's) and the driver's scratch space under ``scratch``, or a
-    :class:`CdcError` with the fix."""
-    try:
-        from spark_apply.session import spark_session
-
-        return spark_session(master=master or "local[2,3]", app_name="cdc-apply", conf=conf,
-                             jars_folder=jars, ship=ship, scratch=scratch)
-    except ImportError as exc:
-        raise CdcError(f"PySpark is not installed ({exc})",
-                       "run `make setup`, or pip install -e '.[spark]'") from None
-    except Exception as exc:  # noqa: BLE001 - Java missing, no memory, ...: one clear message
-        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
-        raise CdcError(f"cannot start Spark: {first[:300]}",
-                       "check that Java 17+ is installed (`java -version`; `make setup` "
-                       "installs it) and that the machine has ~1.5 GB of free memory") from None
-
-
-class FollowerStaleError(CdcError):
-    """A follower stopped for longer than the log keeps tombstones: it must be rebuilt."""
-
-
-def refuse_if_stale(config: Config, name: str, checkpoint: Path) -> None:
-    """Raise :class:`FollowerStaleError` if follower ``name`` would resume behind what the log
-    still guarantees (:func:`cdc.log.base.stale_partitions`)."""
-    resume = records.applied_offsets(checkpoint)
-    if resume is None:
-        return
-    reader = must_read(config)
-    try:
-        topics = reader.committed().topics
-        rows = {topic: parts for topic, parts in resume.get("topics", {}).items()
-                if topic in topics and not is_transaction_topic(topics[topic].meta)}
-        stale = stale_partitions(reader, rows, int(time.time() * 1000))
-    finally:
-        reader.close()
-    if not stale:
-        return
-    first = stale[0]
-    age = (time.time() * 1000 - first.appended_ms) / 1000
-    raise FollowerStaleError(
-        f"follower {name} stopped too long ago: it would resume {first.topic} partition "
-        f"{first.partition} at offset {first.resume}, and the next record there was appended "
-        f"{age / 3600:.1f} h ago, longer than the log keeps tombstones "
-        f"({first.retention / 3600:g} h); deletes it never saw may be compacted away "
-        f"({len(stale)} partition(s) so)",
-        f"rebuild this follower: stop `cdc apply`, empty the follower and delete its progress "
-        f"folder {checkpoint}, then run `cdc apply` (it reads the log from offset 0); raise "
-        "log.tombstone_retention if followers may stop this long")
 
 
 def run_apply(config: Config, names: Sequence[str], once: bool,

@@ -331,3 +331,23 @@ def spark_session(master: str = "local[2,3]", app_name: str = "cdc",
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def start_spark(master: str | None = None, conf: dict[str, str] | None = None,
+                jars: Path | None = None, ship: bool = False, scratch: Path | None = None
+                ) -> Any:
+    """The SparkSession (``spark_apply/session.py``) on ``master`` (default: the embedded
+    ``local[2,3]``) with the extra settings ``conf``, the connector jars in ``jars``
+    (default: the jar cache's) and the driver's scratch space under ``scratch``, or a
+    :class:`CdcError` with the fix."""
+    try:
+        return spark_session(master=master or "local[2,3]", app_name="cdc-apply", conf=conf,
+                             jars_folder=jars, ship=ship, scratch=scratch)
+    except ImportError as exc:
+        raise CdcError(f"PySpark is not installed ({exc})",
+                       "run `make setup`, or pip install -e '.[spark]'") from None
+    except Exception as exc:  # noqa: BLE001 - Java missing, no memory, ...: one clear message
+        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+        raise CdcError(f"cannot start Spark: {first[:300]}",
+                       "check that Java 17+ is installed (`java -version`; `make setup` "
+                       "installs it) and that the machine has ~1.5 GB of free memory") from None

@@ -17,7 +17,8 @@ from cdc.config import load_config
 from cdc.log.open import log_settings
 from cdc.sink import open_sink
 from cdc_app.synthetic import ORDERS, Workload
-from spark_apply.jobs import ApplyJob, FollowerStaleError
+from spark_apply.jobs import ApplyJob
+from spark_apply.stale import FollowerStaleError
 from tests.kafkakit import kafka_yaml
 from tests.pgkit import append_synthetic, cdc, latest_rows, output, read_topic
 
