@@ -5,8 +5,12 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
+from cdc.log import local
 from cdc.log.compaction import compact
 from cdc.log.local import LocalChangeLog, LocalChangeLogReader
+from cdc.log.segment import SegmentFile, list_segments
 from cdc.position import Position
 from tests.conftest import TOPIC, expected_value, make_record
 
@@ -135,25 +139,30 @@ def test_readers_see_a_consistent_log_while_compaction_runs(log_dir: Path) -> No
                                  stdout=subprocess.PIPE, text=True)
     reader = LocalChangeLogReader(log_dir)
     passes = 0
-    while compactor.poll() is None:
-        with lock:
-            floor = dict(committed)
-        latest_seq: dict[bytes, int] = {}
-        for partition in (0, 1):
-            previous = -1
-            for record in reader.iter_partition(TOPIC, partition, batch=500):
-                assert record.offset > previous
-                previous = record.offset
-                seq = Position.from_bytes(record.position).parts[0]
-                key = int(record.key[6:-1])
-                if record.value is not None:
-                    assert record.value == expected_value(seq, key)
-                latest_seq[record.key] = seq
-        for key, seq in floor.items():
-            assert latest_seq.get(key, -1) >= seq, (key, seq, latest_seq.get(key))
-        passes += 1
-    stop.set()
-    writer.join()
+    try:
+        while compactor.poll() is None:
+            with lock:
+                floor = dict(committed)
+            latest_seq: dict[bytes, int] = {}
+            for partition in (0, 1):
+                previous = -1
+                for record in reader.iter_partition(TOPIC, partition, batch=500):
+                    assert record.offset > previous
+                    previous = record.offset
+                    seq = Position.from_bytes(record.position).parts[0]
+                    key = int(record.key[6:-1])
+                    if record.value is not None:
+                        assert record.value == expected_value(seq, key)
+                    latest_seq[record.key] = seq
+            for key, seq in floor.items():
+                assert latest_seq.get(key, -1) >= seq, (key, seq, latest_seq.get(key))
+            passes += 1
+    finally:  # also when a pass fails: no writer left appending, no compactor running
+        stop.set()
+        writer.join()
+        if compactor.poll() is None:
+            compactor.kill()
+            compactor.wait()
     runs = int(compactor.stdout.read().strip() or 0)
     log.close()
     assert compactor.returncode == 0
@@ -161,6 +170,41 @@ def test_readers_see_a_consistent_log_while_compaction_runs(log_dir: Path) -> No
     # compaction really happened while we read
     assert compact(log_dir, 3600).records_after < sum(LocalChangeLogReader(log_dir)
                                                       .end_offsets(TOPIC).values())
+
+
+@pytest.mark.parametrize("located", [False, True], ids=["iter_partition", "read_located"])
+def test_a_read_goes_on_when_compaction_from_a_newer_state_empties_its_range(
+        log_dir: Path, monkeypatch: pytest.MonkeyPatch, located: bool) -> None:
+    """A read takes the committed state, then lists the segments. If, in between, newer versions
+    of every key it could reach are committed past that state's end and an online compaction
+    (working from the newer state) drops the old ones, the read finds nothing below its end.
+    It must go on to the newer records: an empty read would end ``iter_partition`` (or an index
+    catching up with read_located) there, and those keys would be missing altogether."""
+    log = LocalChangeLog(log_dir, partitions=1)
+    log.ensure_topic(TOPIC)
+    log.append([make_record(seq, seq) for seq in range(4)])  # offsets 0-3, keys 0-3
+    reader = LocalChangeLogReader(log_dir)
+    listed: list[Path] = []
+
+    def compacted_meanwhile(directory: Path) -> list[SegmentFile]:
+        listed.append(directory)
+        monkeypatch.setattr(local, "list_segments", list_segments)
+        assert reader.state().topics[TOPIC].parts[0].next_offset == 4  # the read's state
+        log.append([make_record(seq, seq - 4) for seq in range(4, 8)])  # offsets 4-7
+        log.roll_all()
+        report = compact(log_dir, tombstone_retention=3600, roll=False)
+        assert (report.segments_rewritten, report.records_after) == (1, 4)
+        return list_segments(directory)
+
+    monkeypatch.setattr(local, "list_segments", compacted_meanwhile)
+    if located:
+        records = [record for record, _ in reader.read_located(TOPIC, 0)]
+    else:
+        records = list(reader.iter_partition(TOPIC, 0))
+    assert [(r.offset, r.value) for r in records] == [
+        (seq, expected_value(seq, seq - 4)) for seq in range(4, 8)]
+    assert len(listed) == 1  # the interleaving did happen
+    log.close()
 
 
 def test_compaction_of_an_empty_log(log_dir: Path) -> None:

@@ -18,7 +18,10 @@ loses nothing.
 **Readers** read ``state.json`` (re-reading it when it changes) and never look past a partition's
 committed next offset, nor past the committed byte length of an active segment that has not been
 rewritten. Compaction rewrites only segments that were already closed, into a new generation
-file, so a reader holding an old state still reads consistent bytes.
+file, so a reader holding an old state still reads consistent bytes. It may work from a newer
+state than a reader's, though, and drop every record the reader's state reaches (their keys'
+newer records lie past its end): so a read that finds nothing looks again under the state
+committed since (``LocalChangeLogReader._read_committed``).
 """
 
 from __future__ import annotations
@@ -238,47 +241,56 @@ class LocalChangeLogReader(ChangeLogReader):
     # -- records -----------------------------------------------------------------------------
     def read(self, topic: str, partition: int, start: int = 0,
              max_records: int | None = None) -> list[StoredRecord]:
-        state = self.state().topics.get(topic)
-        if state is None or not 0 <= partition < len(state.parts):
-            return []
-        part = state.parts[partition]
         out: list[StoredRecord] = []
-        if start >= part.next_offset or (max_records is not None and max_records <= 0):
-            return out
-        directory = topic_dir(self.path, topic) / str(partition)
-        for _attempt in range(5):
-            try:
-                self._read_into(out, topic, partition, directory, part, start, max_records)
-                return out
-            except FileNotFoundError:
-                # compaction replaced or removed a segment between listing and opening: relist
-                start = out[-1].offset + 1 if out else start
-                self._resume.pop((topic, partition), None)
-        raise LogError(f"segments of {topic}[{partition}] kept vanishing while reading",
-                       "retry; if it persists, check that only one compaction runs at a time")
+        self._read_committed(out, topic, partition, start, max_records)
+        return out
 
     def read_located(self, topic: str, partition: int, start: int = 0,
                      max_records: int | None = None) -> list[tuple[StoredRecord, Location]]:
         """:meth:`read`, with where each record's bytes are (for :meth:`read_at`)."""
         located: list[Location] = []
-        state = self.state().topics.get(topic)
-        if state is None or not 0 <= partition < len(state.parts):
-            return []
-        part = state.parts[partition]
         out: list[StoredRecord] = []
-        if start >= part.next_offset or (max_records is not None and max_records <= 0):
-            return []
-        directory = topic_dir(self.path, topic) / str(partition)
-        for _attempt in range(5):
-            try:
-                self._read_into(out, topic, partition, directory, part, start, max_records,
-                                located)
-                return list(zip(out, located, strict=True))
-            except FileNotFoundError:
-                start = out[-1].offset + 1 if out else start
-                self._resume.pop((topic, partition), None)
-        raise LogError(f"segments of {topic}[{partition}] kept vanishing while reading",
-                       "retry; if it persists, check that only one compaction runs at a time")
+        self._read_committed(out, topic, partition, start, max_records, located)
+        return list(zip(out, located, strict=True))
+
+    def _read_committed(self, out: list[StoredRecord], topic: str, partition: int, start: int,
+                        max_records: int | None, located: list[Location] | None = None) -> None:
+        """:meth:`read` into ``out`` (and ``located``).
+
+        Nothing found is an answer only under a state that is still the latest when the scan
+        is over. Online compaction works from its own state, which may be newer than the one
+        this read began with, and drops a record once a newer one of its key is committed: it
+        can empty all of ``[start, next offset)`` of this read's state in favour of records past
+        that end. An empty answer then would tell a caller that reads until one (such as
+        :meth:`iter_partition`) that the partition ends there, and it would miss those keys
+        altogether. So when nothing was found, the read goes on from that end under the state
+        committed since, if the partition's end moved.
+        """
+        while True:
+            state = self.state().topics.get(topic)
+            if state is None or not 0 <= partition < len(state.parts):
+                return
+            part = state.parts[partition]
+            if start >= part.next_offset or (max_records is not None and max_records <= 0):
+                return
+            directory = topic_dir(self.path, topic) / str(partition)
+            for _attempt in range(5):
+                try:
+                    self._read_into(out, topic, partition, directory, part, start, max_records,
+                                    located)
+                    break
+                except FileNotFoundError:
+                    # compaction replaced or removed a segment between listing and opening:
+                    # relist
+                    start = out[-1].offset + 1 if out else start
+                    self._resume.pop((topic, partition), None)
+            else:
+                raise LogError(f"segments of {topic}[{partition}] kept vanishing while reading",
+                               "retry; if it persists, check that only one compaction runs at "
+                               "a time")
+            if out:
+                return
+            start = part.next_offset
 
     def read_at(self, topic: str, partition: int, where: Location) -> StoredRecord | None:
         """The record whose bytes :meth:`read_located` said are at ``where``, read with one
