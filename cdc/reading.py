@@ -27,6 +27,7 @@ Contracts, stated exactly:
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -240,6 +241,7 @@ def row_builder(columns: Sequence[tuple[str, str, Any]]) -> Any:
 dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 
 _OPEN: dict[str, tuple[ChangeLogReader, Decoder]] = {}
+_OPEN_LOCK = threading.Lock()
 #: logs kept open per process; the least recently used one beyond is closed (an executor reads
 #: one or two logs, a process running many applies, e.g. a test session, many)
 KEPT_OPEN = 4
@@ -247,16 +249,19 @@ KEPT_OPEN = 4
 
 def open_log(settings: str) -> tuple[ChangeLogReader, Decoder]:
     """The reader and decoder of the log ``settings`` (JSON, ``cdc.log.open.log_settings``),
-    kept open in this process for the next call (at most :data:`KEPT_OPEN` logs)."""
+    kept open in this process for the next call (at most :data:`KEPT_OPEN` logs). The cache is
+    safe across threads; a reader is not meant to be used by two threads at once — a thread that
+    reads beside another opens its own (``cdc.log.open.reader_from``)."""
     from cdc.log.open import reader_from
 
-    found = _OPEN.pop(settings, None)
-    if found is None:
-        reader = reader_from(json.loads(settings))
-        assert reader is not None
-        found = (reader, Decoder(EventCodec(reader.schemas())))
-    _OPEN[settings] = found  # the most recently used last
-    while len(_OPEN) > KEPT_OPEN:
-        oldest = _OPEN.pop(next(iter(_OPEN)))[0]
-        oldest.close()
-    return found
+    with _OPEN_LOCK:
+        found = _OPEN.pop(settings, None)
+        if found is None:
+            reader = reader_from(json.loads(settings))
+            assert reader is not None
+            found = (reader, Decoder(EventCodec(reader.schemas())))
+        _OPEN[settings] = found  # the most recently used last
+        while len(_OPEN) > KEPT_OPEN:
+            oldest = _OPEN.pop(next(iter(_OPEN)))[0]
+            oldest.close()
+        return found

@@ -71,7 +71,23 @@ class KafkaRunner(_SparkRunner):
 
     def __init__(self, handle: FollowerHandle, sink: Sink) -> None:
         super().__init__(handle, sink)
+        self._reader: Any = None
         self._store: Any = None
+
+    def attach(self, spark: Any) -> None:
+        """Also open the runner's own reader of the log for its schema store: its batches run
+        on the follower's thread, beside the loop's reads, and a reader is not shared between
+        threads."""
+        super().attach(spark)
+        from cdc.log.open import reader_from
+
+        self._reader = reader_from(json.loads(self.handle.log))
+        self._store = self._reader.schemas()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def _reports(self, batch: Batch) -> list[TaskReport]:
         from cdc.log.open import kafka_topic_name
@@ -105,9 +121,8 @@ class KafkaRunner(_SparkRunner):
         return owner
 
     def _schemas(self) -> Any:
-        """The log's schema store (kept: it re-reads itself when asked for a new id)."""
+        """The log's schema store (the runner's own, opened by :meth:`attach`; it re-reads
+        itself when asked for a new id)."""
         if self._store is None:
-            from cdc.reading import open_log
-
-            self._store = open_log(self.handle.log)[0].schemas()
+            raise RuntimeError(f"follower {self.name}: the Kafka runner was not attached")
         return self._store
