@@ -56,7 +56,8 @@ from spark_apply.followers import FollowerProgress
 from spark_apply.outages import OUTAGES, Waiting, outage_of, probe
 from spark_apply.outages import ride_out as wait_out_outages
 from spark_apply.planning import Member, Read, plan_cycle
-from spark_apply.runners import Runner, choose
+from spark_apply.runners.base import Runner
+from spark_apply.runners.choice import choose
 from spark_apply.session import start_spark
 from spark_apply.shared_read import Batch, cut
 from spark_apply.stale import refuse_if_stale

@@ -228,7 +228,7 @@ def test_apply_once_from_postgres_capture(tmp_path: Path, pg_db: Any, redis_url:
     # replay the whole log from offset 0 (a lost progress record) on the shared session: nothing
     # may change, every change is stopped by the version gate
     from spark_apply.jobs import ApplyJob, run_apply
-    from spark_apply.runners import ExecutorRunner
+    from spark_apply.runners.executors import ExecutorRunner
 
     before = redis_state(sink)
     checkpoint = config.follower_checkpoint("cache")

@@ -23,7 +23,7 @@ from cdc.reading import open_log
 from cdc.sink import open_sink
 from cdc_app.synthetic import ORDERS
 from spark_apply.planning import Member, plan_cycle
-from spark_apply.runners import ProcessRunner
+from spark_apply.runners.process import ProcessRunner
 from spark_apply.shared_read import Batch, cut
 from spark_apply.tasks import FollowerHandle
 from tests.test_apply import write_synthetic
