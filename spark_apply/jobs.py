@@ -35,13 +35,14 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cdc.config import Config
-from cdc.errors import CdcError, LogError
+from cdc.errors import CdcError, LogError, LogUnavailable
 from cdc.log.open import log_settings, must_read
 from cdc.sink import Sink
 from spark_apply import progress as records
@@ -69,6 +70,8 @@ __all__ = ["ApplyError", "ApplyJob", "FollowerProgress", "run_apply"]
 
 #: how soon :meth:`ApplyJob.wait` sees a stop request (SIGTERM, Ctrl-C) while it waits
 STOP_POLL_S = 0.1
+#: how long a read of the log may go unanswered before its followers are said to wait
+LOG_PATIENCE_S = 10.0
 #: the longest the loop sleeps between two looks at the log (a follower's own
 #: ``trigger_interval`` may be longer)
 POLL_S = 0.05
@@ -140,6 +143,13 @@ class ApplyJob:
     _once: bool = False
     _target: dict[str, Any] | None = None
     _pool: ThreadPoolExecutor | None = None
+    #: the cycle's read of the log (its own thread, see :meth:`_cycle`)
+    _reader_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="cdc-read"))
+    _reading: Future[Any] | None = None
+    _reading_ready: list[str] = field(default_factory=list)
+    _reading_since: float = 0.0
+    _impatient: bool = False
     _failure: BaseException | None = None
     #: unique to this run (processes and executors keep one sink per run and follower)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -270,9 +280,16 @@ class ApplyJob:
         """Plan, read once and hand out one cycle's batches (the module docstring, 1-2). A
         follower draining a backlog gets its next batch read while it writes the current one
         (``ahead``), handed to it as soon as it is done; at the live end batches are read when
-        the follower is ready, so a new change never waits behind a batch read too early."""
-        from cdc.reading import open_log
+        the follower is ready, so a new change never waits behind a batch read too early.
 
+        The read runs on a thread of its own: a log that stops answering (brokers gone: the
+        Kafka reader retries for a minute and more before it gives up) never blocks the loop,
+        and after :data:`LOG_PATIENCE_S` the followers it was for wait out the outage."""
+        if self._reading is not None:
+            if not self._reading.done():
+                self._check_patience()
+                return
+            self._finish_read()
         now = time.monotonic()
         for f in self._followers.values():
             if f.running is None and f.ahead is not None and self._eligible(f, now):
@@ -283,37 +300,77 @@ class ApplyJob:
         behind = [f for f in self._followers.values() if self._behind(f)]
         if not ready and not behind:
             return
-        reader, decoder = open_log(json.dumps(log_settings(self.config)))
-        planned: set[str] = set()
+        members = [f.member(f.record.offsets) for f in ready]
+        members += [f.member(f.running_end or {}) for f in behind]
+        self._reading_ready = [f.name for f in ready]
+        self._reading_since, self._impatient = time.monotonic(), False
+        self._reading = self._reader_pool.submit(self._read, members)
+        with contextlib.suppress(FutureTimeout):  # usually milliseconds: hand it out now
+            self._reading.result(timeout=POLL_S)
+        if self._reading.done():
+            self._finish_read()
+
+    def _read(self, members: list[Member]) -> tuple[dict[str, Batch], BaseException | None]:
+        """On the reader thread: the cycle's batches (none if the log failed: the error)."""
+        from cdc.reading import open_log
+
+        batches: dict[str, Batch] = {}
         cpu = time.thread_time()
         try:
+            reader, decoder = open_log(json.dumps(log_settings(self.config)))
             state = reader.committed()
-            members = [f.member(f.record.offsets) for f in ready]
-            members += [f.member(f.running_end or {}) for f in behind]
             for read in plan_cycle(reader, state, members, self._target):
                 self.read_records += sum(item.end - item.start for item in read.ranges)
-                for name, batch in self._cut(reader, decoder, state, read).items():
-                    follower = self._followers[name]
-                    if follower.running is None:
-                        self._dispatch(name, batch)
-                    else:
-                        follower.ahead = batch
-                    planned.add(name)
-        except OUTAGES as exc:
-            for f in ready:
-                if f.name not in planned and not self._once:
-                    self._wait(f.name, exc)
-            if self._once:
-                self._failure = exc
-            return
+                batches.update(self._cut(reader, decoder, state, read))
         except CdcError as exc:
-            self._failure = exc
-            return
+            return {}, exc
         finally:
             self.read_cpu_seconds += time.thread_time() - cpu
+        return batches, None
+
+    def _finish_read(self) -> None:
+        """Hand out the batches of the read that ended (a follower that went waiting meanwhile
+        gets none: it is planned again from its record when it resumes)."""
+        assert self._reading is not None
+        batches, error = self._reading.result()
+        self._reading = None
+        ready = self._reading_ready
+        if isinstance(error, OUTAGES):
+            if self._once:
+                self._failure = error
+            for name in ready:
+                if name not in self.waiting and not self._once:
+                    self._wait(name, error)
+            return
+        if error is not None:
+            self._failure = error
+            return
+        for name, batch in batches.items():
+            follower = self._followers[name]
+            if name in self.waiting or name in self.failed_views:
+                continue
+            if follower.running is None:
+                self._dispatch(name, batch)
+            else:
+                follower.ahead = batch
         if self._once:
-            for f in ready:
-                f.done = f.name not in planned
+            for name in ready:
+                self._followers[name].done = name not in batches
+
+    def _check_patience(self) -> None:
+        """A read that has not answered for :data:`LOG_PATIENCE_S`: its followers wait."""
+        if (self._impatient or self._once
+                or time.monotonic() - self._reading_since < LOG_PATIENCE_S):
+            return
+        self._impatient = True
+        where = (f"Kafka log at {self.config.log.bootstrap_servers}"
+                 if self.config.log.backend == "kafka" else f"the log at {self.config.log_path}")
+        silent = LogUnavailable(f"{where} has not answered for {LOG_PATIENCE_S:.0f} s",
+                                "check that the log's storage (the brokers) is up and "
+                                "reachable; cdc apply resumes by itself")
+        for name in self._reading_ready:
+            if name not in self.waiting:
+                self._wait(name, silent)
 
     def _cut(self, reader: Any, decoder: Any, state: Any, read: Read) -> dict[str, Batch]:
         followers = self._followers
@@ -441,13 +498,15 @@ class ApplyJob:
 
     def _finished(self) -> bool:
         """``--once``: every follower reached the target (or failed alone); no batch runs."""
-        return self._once and all(
+        return self._once and self._reading is None and all(
             f.running is None and f.ahead is None and (f.done or f.name in self.failed_views)
             for f in self._followers.values())
 
     def _pause(self) -> None:
         """Until a batch ends, :data:`POLL_S` passed, or a stop is requested."""
         running = [f.running for f in self._followers.values() if f.running is not None]
+        if self._reading is not None:
+            running.append(self._reading)
         if running:
             wait_futures(running, timeout=POLL_S, return_when="FIRST_COMPLETED")
         else:
@@ -512,6 +571,7 @@ class ApplyJob:
         self._collect()
 
     def close(self) -> None:
+        self._reader_pool.shutdown(wait=False, cancel_futures=True)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         for follower in self._followers.values():

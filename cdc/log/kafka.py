@@ -544,7 +544,17 @@ class KafkaChangeLogReader(ChangeLogReader):
         if data is None:
             return {}
         name = str(data["kafka"])
-        return {p: self._high(name, p) or 0 for p in range(int(data["partitions"]))}
+        ends: dict[int, int] = {}
+        for partition in range(int(data["partitions"])):
+            high = self._high(name, partition)
+            if high is None:  # the log's own offsets topic describes it: the brokers must too
+                raise LogUnavailable(
+                    f"Kafka log at {self.where}: the brokers do not know {name} partition "
+                    f"{partition}, which the log describes (brokers down or still starting)",
+                    "check that the brokers are up and that the topic was not deleted outside "
+                    "cdc; cdc retries by itself")
+            ends[partition] = high
+        return ends
 
     def source_offsets(self) -> dict[str, Any]:
         copied: dict[str, Any] = json.loads(json.dumps(self._refresh().sources))
