@@ -60,7 +60,7 @@ from spark_apply.planning import Member, Read, plan_cycle
 from spark_apply.runners.base import Runner
 from spark_apply.runners.choice import choose
 from spark_apply.session import start_spark
-from spark_apply.shared_read import Batch, cut
+from spark_apply.shared_read import Batch, Takes, cut
 from spark_apply.stale import refuse_if_stale
 from spark_apply.tasks import FollowerHandle, TaskReport, open_target
 
@@ -375,9 +375,9 @@ class ApplyJob:
     def _cut(self, reader: Any, decoder: Any, state: Any, read: Read) -> dict[str, Batch]:
         followers = self._followers
 
-        def takes(name: str) -> bool:
+        def takes(name: str) -> Takes:
             runner = followers[name].runner
-            return runner is not None and runner.takes_changes
+            return Takes.RANGES if runner is None else runner.takes
         return cut(reader, decoder, state, read, takes, lambda name: not self.sinks[name].folds)
 
     def _dispatch(self, name: str, batch: Batch) -> None:

@@ -3,20 +3,27 @@ decoded once, and each follower's batch cut from it.
 
 Contracts, stated exactly:
 
-* **Read once.** The read's ranges are read once through the log contract; every record is
-  decoded at most once however many followers take it (decoded changes are shared, never
-  modified).
+* **Read once.** The read's ranges are read once through the log contract.
 * **Per share, the same fold as a task's.** A share's records (``start <= offset < end`` of its
-  topics) are folded by :func:`spark_apply.tasks.fold_raw` — per (topic, key) the newest by
+  topics) are folded by :func:`spark_apply.tasks.fold_winners` — per (topic, key) the newest by
   (position, offset), or every position in order for a follower whose sink keeps history
-  (``Sink.folds`` False) — once per fold kind, then each follower gets the changes of its own
-  topics.
-* **Runners that read for themselves** (tasks on executors, Spark's Kafka source) get only their
-  ranges: the read skips records nobody here needs.
+  (``Sink.folds`` False) — once per fold kind, then each follower gets the fold of its own
+  topics, in the form its runner takes (:class:`~spark_apply.runners.base.Takes`):
+  - ``CHANGES`` (runners in this process: views, driver sinks): decoded here, each record at
+    most once however many take it (decoded changes are shared, never modified);
+  - ``FOLDED`` (a follower's own process): the undecoded winners, pickled once per fold however
+    many processes take it (:class:`Shipment`); each process decodes what it writes. Measured:
+    unpickling a decoded change costs about twice its decoding, so decoding where the writes
+    are is the cheaper way to hand a change to another process;
+  - ``RANGES`` (tasks on executors, Spark's Kafka source): only the ranges — they read for
+    themselves, and the read skips records nobody here needs.
 """
 
 from __future__ import annotations
 
+import enum
+import pickle
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +33,34 @@ from cdc.log.base import ChangeLogReader, Committed
 from cdc.reading import Decoder, Range, RawRecord, raw_records
 from cdc.sink import Change
 from spark_apply.planning import Read, Share
-from spark_apply.tasks import TaskReport, fold_raw
+from spark_apply.tasks import Folded, TaskReport, decode_folded, fold_winners
+
+
+class Takes(enum.Enum):
+    """What a runner takes of a batch (``spark_apply/runners/base.py``: ``Runner.takes``)."""
+
+    #: the decoded changes (``Batch.changes``)
+    CHANGES = "changes"
+    #: the undecoded fold (``Batch.shipment``)
+    FOLDED = "folded"
+    #: only the ranges (``Batch.ranges``): it reads them itself
+    RANGES = "ranges"
+
+
+class Shipment:
+    """A fold handed to follower processes: pickled once, however many take it."""
+
+    def __init__(self, folded: Folded) -> None:
+        self.folded = folded
+        self._pickled: bytes | None = None
+        self._lock = threading.Lock()
+
+    def pickled(self) -> bytes:
+        """The fold's pickle (made on the first call)."""
+        with self._lock:
+            if self._pickled is None:
+                self._pickled = pickle.dumps(self.folded, protocol=pickle.HIGHEST_PROTOCOL)
+            return self._pickled
 
 
 @dataclass
@@ -40,8 +74,10 @@ class Batch:
     end: dict[str, Any]
     #: source -> offset: its watermarks once the batch is applied (empty: none moves)
     watermarks: dict[str, Any]
-    #: the decoded changes, folded for its sink (None: its runner reads the ranges itself)
+    #: the decoded changes, folded for its sink (runners that take ``CHANGES``)
     changes: list[Change] | None = None
+    #: the undecoded fold for its sink (runners that take ``FOLDED``)
+    shipment: Shipment | None = None
     #: what reading and folding cost and counted (records per topic, newest commit)
     report: TaskReport = field(default_factory=TaskReport)
 
@@ -51,14 +87,13 @@ def _ranges_of(share: Share, topics: frozenset[str]) -> list[Range]:
 
 
 def cut(log: ChangeLogReader, decoder: Decoder, state: Committed, read: Read,
-        wants_changes: Callable[[str], bool], history: Callable[[str], bool]
-        ) -> dict[str, Batch]:
-    """Every member's :class:`Batch` of ``read`` (see the module docstring). ``wants_changes``:
-    whether a follower's runner takes decoded changes; ``history``: whether its sink keeps
-    every position (``Sink.folds`` False)."""
+        takes: Callable[[str], Takes], history: Callable[[str], bool]) -> dict[str, Batch]:
+    """Every member's :class:`Batch` of ``read`` (see the module docstring). ``takes``: what a
+    follower's runner takes; ``history``: whether its sink keeps every position (``Sink.folds``
+    False)."""
     started = time.monotonic()
     needed = [share for share in read.shares
-              if any(wants_changes(member.name) for member in share.members)]
+              if any(takes(member.name) is not Takes.RANGES for member in share.members)]
     records: list[RawRecord] = []
     if needed:
         topics = frozenset().union(*(share.topics for share in needed))
@@ -66,23 +101,36 @@ def cut(log: ChangeLogReader, decoder: Decoder, state: Committed, read: Read,
     decode = _cached(decoder)
     out: dict[str, Batch] = {}
     for share in read.shares:
-        folded: dict[bool, tuple[list[Change], TaskReport]] = {}
+        folds: dict[bool, tuple[Folded, TaskReport]] = {}
+        decoded: dict[bool, list[Change]] = {}
+        shipped: dict[bool, Shipment] = {}
         mine = [record for record in records if share.holds(record[0], record[3])] \
             if share in needed else []
         for member in share.members:
             topics = member.topics(state)
-            batch = Batch(member.name, _ranges_of(share, topics), share.end_of(member, state),
-                          share.watermarks_of(member))
-            if wants_changes(member.name):
-                kind = history(member.name)
-                if kind not in folded:
-                    report = TaskReport()
-                    folded[kind] = (fold_raw(mine, decode, kind, report), report)
-                changes, report = folded[kind]
-                batch.changes = changes if topics >= share.topics else [
+            batch = out[member.name] = Batch(
+                member.name, _ranges_of(share, topics), share.end_of(member, state),
+                share.watermarks_of(member))
+            form = takes(member.name)
+            if form is Takes.RANGES:
+                continue
+            kind = history(member.name)
+            if kind not in folds:
+                report = TaskReport()
+                folds[kind] = (fold_winners(mine, kind, report), report)
+            folded, report = folds[kind]
+            whole = topics >= share.topics
+            if form is Takes.CHANGES:
+                if kind not in decoded:
+                    decoded[kind] = decode_folded(folded, decode, TaskReport())
+                changes = decoded[kind]
+                batch.changes = changes if whole else [
                     change for change in changes if change.topic in topics]
-                _count(batch, report, topics)
-            out[member.name] = batch
+            elif whole:
+                batch.shipment = shipped.setdefault(kind, Shipment(folded))
+            else:
+                batch.shipment = Shipment(folded.only(topics))
+            _count(batch, report, topics)
     seconds = time.monotonic() - started
     for batch in out.values():
         batch.report.read_seconds = seconds
@@ -90,7 +138,8 @@ def cut(log: ChangeLogReader, decoder: Decoder, state: Committed, read: Read,
 
 
 def _count(batch: Batch, report: TaskReport, topics: frozenset[str]) -> None:
-    """``batch``'s own counts: records of its topics, the newest commit among its changes."""
+    """``batch``'s own counts: records of its topics, the newest commit among its changes
+    (decoded changes only: a shipped fold's is counted where it is decoded)."""
     mine = batch.report
     for topic, count in report.records_by_topic.items():
         if topic in topics:

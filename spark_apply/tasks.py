@@ -205,47 +205,89 @@ def apply_changes(sink: Sink, changes: Sequence[Change], report: TaskReport) -> 
     return report
 
 
+#: a fold's winner, not yet decoded: ``(range, key, position, payload)`` (payload ``None``: a
+#: tombstone) -- small and plain, it crosses to a follower's process cheaply (``Change`` objects
+#: cost twice their decoding to pickle and unpickle)
+Winner = tuple[Range, bytes, bytes, "bytes | None"]
+
+
+@dataclass
+class Folded:
+    """A fold of raw records before decoding (:func:`fold_winners`); :func:`decode_folded`
+    turns it into changes."""
+
+    #: every position of every key (a sink keeping history), or the newest per key
+    history: bool
+    #: the winners in the order their changes come out
+    winners: list[Winner] = field(default_factory=list)
+    #: records of the table key (``{}``), in (topic, position, offset) order: truncates (dropped
+    #: when decoded: they never compete) or a keyless table's row, folded once decoded
+    table_keyed: list[Winner] = field(default_factory=list)
+
+    def only(self, topics: frozenset[str]) -> Folded:
+        """The part of the fold whose topics are in ``topics``."""
+        return Folded(self.history, [w for w in self.winners if w[0].topic in topics],
+                      [w for w in self.table_keyed if w[0].topic in topics])
+
+
 def fold_raw(records: Iterable[RawRecord], decode: Decode, history: bool,
              report: TaskReport) -> list[Change]:
-    """The changes of ``records``: per (topic, key) the winner, decoded; or (``history``) every
+    """The changes of ``records``: :func:`fold_winners`, then :func:`decode_folded`."""
+    return decode_folded(fold_winners(records, history, report), decode, report)
+
+
+def fold_winners(records: Iterable[RawRecord], history: bool, report: TaskReport) -> Folded:
+    """The fold of ``records``, undecoded: per (topic, key) the winner; or (``history``) every
     position of every key in (key, position) order, the first record of each (a delete's
-    tombstone, at the delete's position, adds nothing). Counts records per topic into ``report``."""
+    tombstone, at the delete's position, adds nothing). Records of the table key wait for
+    decoding (:attr:`Folded.table_keyed`). Counts records per topic into ``report``."""
     best: dict[tuple[str, bytes], tuple[bytes, int, Any, Range]] = {}
     everything: list[tuple[str, bytes, bytes, int, Any, Range]] = []
-    direct: list[Change] = []
+    table_keyed: list[tuple[str, bytes, int, Winner]] = []
     counts: dict[str, int] = {}
     for item, key, position, offset, payload in records:
         topic = item.topic
         counts[topic] = counts.get(topic, 0) + 1
         if key == TABLE_KEY:  # maybe a truncate: table-level, never competes
-            change = decode(item, key, position, payload)
-            if change is None:
-                continue
-            if not history:
-                direct.append(change)
-                continue
-        if history:
+            table_keyed.append((topic, position, offset, (item, key, position, payload)))
+        elif history:
             everything.append((topic, key, position, offset, payload, item))
-            continue
-        group = (topic, key)
-        current = best.get(group)
-        if current is None or (position, offset) > current[:2]:
-            best[group] = (position, offset, payload, item)
+        else:
+            group = (topic, key)
+            current = best.get(group)
+            if current is None or (position, offset) > current[:2]:
+                best[group] = (position, offset, payload, item)
     for topic, count in counts.items():
         report.records += count
         report.records_by_topic[topic] = report.records_by_topic.get(topic, 0) + count
+    table_keyed.sort(key=lambda r: r[:3])
+    keyed = [entry[3] for entry in table_keyed]
     if history:
         everything.sort(key=lambda r: (r[0], r[1], r[2], r[3]))
         # one change per (topic, key, position): a delete's tombstone carries its position
-        firsts = [entry for index, entry in enumerate(everything)
-                  if index == 0 or entry[:3] != everything[index - 1][:3]]
-        decoded = [decode(item, key, position, payload)
-                   for _, key, position, _, payload, item in firsts]
-        changes = [change for change in decoded if change is not None]
-    else:
-        changes = [change for (_, key), (position, _, payload, item) in best.items()
-                   if (change := decode(item, key, position, payload)) is not None]
-        changes.extend(newest_per_key(direct))
+        return Folded(True, [(item, key, position, payload)
+                             for index, (_, key, position, _, payload, item)
+                             in enumerate(everything)
+                             if index == 0 or everything[index][:3] != everything[index - 1][:3]],
+                      keyed)
+    return Folded(False, [(item, key, position, payload)
+                          for (_, key), (position, _, payload, item) in best.items()], keyed)
+
+
+def decode_folded(folded: Folded, decode: Decode, report: TaskReport) -> list[Change]:
+    """The changes of ``folded``, decoded by ``decode`` (``None``: a truncate, dropped); the
+    newest commit among them into ``report``."""
+    changes = [change for item, key, position, payload in folded.winners
+               if (change := decode(item, key, position, payload)) is not None]
+    if folded.table_keyed:
+        rows = [change for item, key, position, payload in folded.table_keyed
+                if (change := decode(item, key, position, payload)) is not None]
+        if folded.history:  # the first of each position, as for every other key
+            changes.extend(change for index, change in enumerate(rows)
+                           if index == 0 or (change.topic, change.position)
+                           != (rows[index - 1].topic, rows[index - 1].position))
+        else:
+            changes.extend(newest_per_key(rows))
     for change in changes:
         if change.ts_ms is not None and (report.newest_ts_ms is None
                                          or change.ts_ms > report.newest_ts_ms):

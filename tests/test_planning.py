@@ -7,6 +7,7 @@ nothing else; each follower's changes equal the fold of exactly its own range.""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ import pytest
 from cdc.reading import Decoder, open_log
 from cdc.sink import Change
 from spark_apply.planning import Member, Read, plan_cycle
-from spark_apply.shared_read import Batch, cut
+from spark_apply.shared_read import Batch, Takes, cut
+from spark_apply.tasks import TaskReport, decode_folded
 from tests.test_spark_source import SOURCE, Log
 
 
@@ -51,9 +53,10 @@ def plan(log: Log, members: list[Member]) -> tuple[list[Read], Any, Any]:
     return plan_cycle(reader, state, members), reader, state
 
 
-def batches(log: Log, read: Read, decoder: Decoder | None = None) -> dict[str, Batch]:
+def batches(log: Log, read: Read, decoder: Decoder | None = None,
+            takes: Takes = Takes.CHANGES) -> dict[str, Batch]:
     reader, plain = open_log(f'{{"backend": "local", "path": "{log.path}"}}')
-    return cut(reader, decoder or plain, reader.committed(), read, lambda _: True,
+    return cut(reader, decoder or plain, reader.committed(), read, lambda _: takes,
                lambda _: False)
 
 
@@ -95,6 +98,25 @@ def test_followers_at_one_offset_share_one_read_and_decode_each_record_once(log:
         assert got[name].watermarks == {SOURCE: {"seq": 300}}
     assert got["a"].changes is got["b"].changes or got["a"].changes == got["b"].changes
     assert counting.calls == len(expected)  # three followers, each winner decoded once
+
+
+def test_followers_in_processes_share_one_undecoded_fold_pickled_once(log: Log) -> None:
+    """``Takes.FOLDED`` (a follower's own process): nothing is decoded in the loop, the three
+    followers get one shipment, and what it unpickles to decodes to the same changes."""
+    log.append(300)
+    reads, _, _ = plan(log, [member("a"), member("b"), member("c")])
+    reader, plain = open_log(f'{{"backend": "local", "path": "{log.path}"}}')
+    counting = Counting(plain)
+    got = batches(log, reads[0], counting, Takes.FOLDED)
+    assert counting.calls == 0 and all(got[name].changes is None for name in "abc")
+    shipment = got["a"].shipment
+    assert shipment is not None and got["b"].shipment is shipment is got["c"].shipment
+    assert shipment.pickled() is shipment.pickled()  # pickled once
+    report = TaskReport()
+    changes = decode_folded(pickle.loads(shipment.pickled()), plain.change, report)
+    assert {c.key: c.position for c in changes} == fold_of(log, {"topics": {}},
+                                                           reads[0].shares[0].end)
+    assert report.newest_ts_ms == max(c.ts_ms for c in changes if c.ts_ms is not None)
 
 
 def test_a_follower_a_little_behind_joins_the_read_one_far_behind_reads_alone(

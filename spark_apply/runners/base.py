@@ -12,8 +12,10 @@ Contract, stated exactly:
   failure raises (a :class:`~cdc.errors.CdcError` naming the fix where it is one of ours) and
   counts nothing as applied.
 * It does **not** write watermarks or progress: the loop does, after ``run`` returned.
-* A runner whose :attr:`Runner.takes_changes` is True gets the batch's decoded changes
-  (``batch.changes``, folded for its sink); otherwise only the ranges, which it reads itself.
+* What a runner gets of the loop's one read is its :attr:`Runner.takes`
+  (``spark_apply/shared_read.py``): the decoded changes (``batch.changes``, folded for its sink),
+  the undecoded fold (``batch.shipment``: it decodes what it writes), or only the ranges, which
+  it reads itself.
 * Writing a batch twice is harmless (the gate): after a crash the loop replays from the
   follower's progress record.
 """
@@ -22,15 +24,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from spark_apply.shared_read import Batch
+from spark_apply.shared_read import Batch, Takes
 from spark_apply.tasks import TaskReport
 
 
 class Runner(ABC):
     """Writes one follower's batches (see the module docstring)."""
 
-    #: True: :meth:`run` needs ``batch.changes`` (the loop's one read decodes them)
-    takes_changes: bool = True
+    #: what :meth:`run` needs of the batch (the module docstring)
+    takes: Takes = Takes.CHANGES
     #: True: it runs Spark jobs (the loop starts a SparkSession for it)
     needs_spark: bool = False
 

@@ -7,7 +7,7 @@ follower that reads with Spark's Kafka source.
 * :class:`KafkaRunner`: the batch read by Spark's Kafka source, decoded in the JVM, folded and
   written by ``mapInArrow`` tasks (``spark_apply/kafka_read.py``).
 
-Both read for themselves (:attr:`Runner.takes_changes` False): on a cluster each follower's
+Both read for themselves (:attr:`Runner.takes` ``RANGES``): on a cluster each follower's
 tasks read its ranges on the executors, where the records are, rather than through the driver.
 """
 
@@ -19,12 +19,12 @@ from typing import Any
 
 from cdc.sink import Placement, Sink
 from spark_apply.runners.base import Runner
-from spark_apply.shared_read import Batch
+from spark_apply.shared_read import Batch, Takes
 from spark_apply.tasks import FollowerHandle, TaskReport, plan_tasks, run_task
 
 
 class _SparkRunner(Runner):
-    takes_changes = False
+    takes = Takes.RANGES
     needs_spark = True
 
     def __init__(self, handle: FollowerHandle, sink: Sink) -> None:

@@ -1,10 +1,13 @@
 """The runner of local mode: a follower's writes in a process of its own beside the apply
-process, fed the batch's decoded changes.
+process, fed the batch's fold undecoded (``Takes.FOLDED``: it decodes what it writes).
 
 On one machine a Spark job's launch (scheduling, a Python worker's round trip, the task's
 closure) costs more than a batch of a few thousand changes, and the apply process's one GIL
 cannot write several followers at once; so each follower gets a child process that holds its
-sink (opened once, kept) and writes the changes the loop's one read decoded.
+sink (opened once, kept), decodes the winners of the loop's one read and writes them. The
+winners cross the pipe as plain tuples of bytes, pickled once however many children take them
+(``spark_apply/shared_read.py``: ``Shipment``); decoded changes would cost more to unpickle than
+to decode.
 
 Contracts, stated exactly:
 
@@ -25,17 +28,23 @@ Contracts, stated exactly:
 from __future__ import annotations
 
 import multiprocessing
+import time
 import traceback
 from typing import Any
 
 from spark_apply.errors import raise_task_failure
 from spark_apply.runners.base import Runner
-from spark_apply.shared_read import Batch
-from spark_apply.tasks import FollowerHandle, TaskReport, apply_changes
+from spark_apply.shared_read import Batch, Shipment, Takes
+from spark_apply.tasks import Folded, FollowerHandle, TaskReport, apply_changes, decode_folded
+
+#: nothing to write: the batch only moves watermarks
+_NOTHING = Shipment(Folded(False))
 
 
 class ProcessRunner(Runner):
     """The child process writing one follower's batches (see the module docstring)."""
+
+    takes = Takes.FOLDED
 
     def __init__(self, handle: FollowerHandle) -> None:
         super().__init__(handle.name)
@@ -50,12 +59,13 @@ class ProcessRunner(Runner):
     def run(self, batch: Batch) -> TaskReport:
         base = TaskReport(records=batch.report.records,
                           records_by_topic=dict(batch.report.records_by_topic),
-                          newest_ts_ms=batch.report.newest_ts_ms,
                           read_seconds=batch.report.read_seconds)
+        folded = (batch.shipment or _NOTHING).pickled()
         for attempt in (1, 2):
             self._start()
             try:
-                self._conn.send((batch.changes or [], base))
+                self._conn.send(base)
+                self._conn.send_bytes(folded)
                 kind, value = self._conn.recv()
             except (EOFError, BrokenPipeError, ConnectionResetError):
                 self._reap()
@@ -110,13 +120,19 @@ def _serve(pickled: bytes, conn: Any) -> None:
     """The child's loop: a batch in, its report (or traceback) out, until the pipe closes."""
     import pickle
 
+    from cdc.reading import open_log
+
     handle: FollowerHandle = pickle.loads(pickled)  # noqa: S301 - our own parent's
     while True:
         try:
-            changes, report = conn.recv()
+            report: TaskReport = conn.recv()
+            folded: Folded = pickle.loads(conn.recv_bytes())  # noqa: S301 - as above
         except (EOFError, OSError):
             return
         try:
+            started = time.monotonic()
+            changes = decode_folded(folded, open_log(handle.log)[1].change, report)
+            report.read_seconds += time.monotonic() - started
             sink = handle.sink()
             sink.refresh()
             answer: tuple[str, Any] = ("ok", apply_changes(sink, changes, report))
