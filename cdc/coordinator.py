@@ -18,7 +18,6 @@ nothing, and whatever is delivered twice carries the same position as its first 
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 import threading
 import time
@@ -43,6 +42,7 @@ from cdc.columns import ColumnPolicies, check_key
 from cdc.config import Config, SourceConfig
 from cdc.errors import CdcError, ConfigError, LogUnavailable
 from cdc.events import ChangeEvent, TableId, TableSchema, topic_name
+from cdc.heap import long_lived_heap
 from cdc.incremental import IncrementalSnapshots, SnapshotQueue, TableProgress
 from cdc.log.base import ChangeLogReader, ChangeLogWriter
 from cdc.log.open import open_writer
@@ -459,19 +459,6 @@ def _first_line(exc: BaseException) -> str:
     return str(text).strip().splitlines()[0]
 
 
-#: allocations between young-generation collections during capture (Python's default: 700)
-GC_YOUNG_THRESHOLD = 50_000
-
-
-def _long_lived_heap() -> None:
-    """Capture allocates a few short-lived container objects per change (records, tuples)
-    and keeps large long-lived ones (image caches, key indexes): collect the young generation
-    less often, and leave what start-up made out of every collection."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)
-
-
 def run_capture(config: Config, sources: Sequence[SourceConfig], writer: ChangeLogWriter,
                 codec: EventCodec, stop: threading.Event,
                 observer: CaptureObserver = NO_OBSERVER) -> None:
@@ -497,7 +484,7 @@ def run_capture(config: Config, sources: Sequence[SourceConfig], writer: ChangeL
             errors.append(exc)
             stop.set()
 
-    _long_lived_heap()
+    long_lived_heap()  # capture's per-change garbage: cdc/heap.py
     threads = [threading.Thread(target=target, args=(r,), name=f"capture-{r.name}", daemon=True)
                for r in runners]
     for thread in threads:

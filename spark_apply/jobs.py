@@ -43,6 +43,7 @@ from typing import Any
 
 from cdc.config import Config
 from cdc.errors import CdcError, LogError, LogUnavailable
+from cdc.heap import collector_paused, long_lived_heap
 from cdc.log.open import log_settings, must_read
 from cdc.sink import Sink
 from spark_apply import progress as records
@@ -321,7 +322,8 @@ class ApplyJob:
             state = reader.committed()
             for read in plan_cycle(reader, state, members, self._target):
                 self.read_records += sum(item.end - item.start for item in read.ranges)
-                batches.update(self._cut(reader, decoder, state, read))
+                with collector_paused():  # a read's short-lived records: cdc/heap.py
+                    batches.update(self._cut(reader, decoder, state, read))
         except CdcError as exc:
             return {}, exc
         finally:
@@ -651,6 +653,7 @@ def run_apply(config: Config, names: Sequence[str], once: bool,
                 runner.close()
             return job
         job.start(spark, once, chosen, runners)
+        long_lived_heap()  # start-up's heap out of collections: cdc/heap.py
         job.wait(screen)
         return job
     finally:

@@ -23,8 +23,9 @@ from cdc.reading import open_log
 from cdc.sink import open_sink
 from cdc_app.synthetic import ORDERS
 from spark_apply.planning import Member, plan_cycle
+from spark_apply.runners import process
 from spark_apply.runners.process import ProcessRunner
-from spark_apply.shared_read import Batch, cut
+from spark_apply.shared_read import Batch, Takes, cut
 from spark_apply.tasks import FollowerHandle
 from tests.test_apply import write_synthetic
 
@@ -32,12 +33,12 @@ pytestmark = pytest.mark.servers
 
 
 def whole_log_batch(settings: str) -> Batch:
-    """The whole log as follower ``cache``'s one batch, decoded by the loop's one read."""
+    """The whole log as follower ``cache``'s one batch, folded by the loop's one read."""
     reader, decoder = open_log(settings)
     state = reader.committed()
     member = Member("cache", {"topics": {}}, frozenset({"shop"}), None, 10**9)
     (read,) = plan_cycle(reader, state, [member])
-    return cut(reader, decoder, state, read, lambda _: True, lambda _: False)["cache"]
+    return cut(reader, decoder, state, read, lambda _: Takes.FOLDED, lambda _: False)["cache"]
 
 
 def test_the_process_runner_writes_reports_and_survives_its_child_dying(
@@ -53,17 +54,17 @@ def test_the_process_runner_writes_reports_and_survives_its_child_dying(
         assert report.records >= 2000 and report.written > 0
         sink = open_sink(config, "cache")
         assert set(sink.keys(ORDERS.topic)) == {f'{{"id":{key}}}' for key in workload.rows}
-        first = applier._process.pid
+        first = applier.pids[0]
 
         os.kill(first, signal.SIGKILL)  # between batches: the next batch gets a new child
         time.sleep(0.5)
         again = applier.run(task)
         assert again.skipped == again.changes > 0  # the gate: nothing new to write
-        assert applier._process.pid != first
+        assert applier.pids[0] != first
 
         # in the middle of a batch: the child is frozen before it can answer, then killed;
         # run() sees the pipe close and reruns the task in a third child
-        second = applier._process.pid
+        second = applier.pids[0]
         os.kill(second, signal.SIGSTOP)
         answers: list[Any] = []
         running = threading.Thread(target=lambda: answers.append(applier.run(task)))
@@ -73,7 +74,7 @@ def test_the_process_runner_writes_reports_and_survives_its_child_dying(
         os.kill(second, signal.SIGKILL)
         running.join(60)
         assert answers and answers[0].changes > 0
-        assert applier._process.pid not in (first, second)
+        assert applier.pids[0] not in (first, second)
 
         unreachable = config.model_copy(update={"followers": {"cache": config.followers[
             "cache"].model_copy(update={"url": "redis://127.0.0.1:1/0"})}})
@@ -85,7 +86,31 @@ def test_the_process_runner_writes_reports_and_survives_its_child_dying(
         finally:
             broken.close()
     finally:
-        process = applier._process
+        children = [child.process for child in applier._children]
         applier.close()
-    assert process is None or not process.is_alive()
+    assert all(child is None or not child.is_alive() for child in children)
     sink.close()
+
+
+def test_a_large_batch_is_split_between_writers_by_key_owner(
+        tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At least ``SPLIT_AT`` winners: two children write at once, each its keys; together the
+    follower equals the log and the reports add up to one batch's."""
+    config_path, workload = write_synthetic(tmp_path, redis_url, changes=2000)
+    config = load_config(config_path)
+    settings = json.dumps(log_settings(config))
+    task = whole_log_batch(settings)
+    monkeypatch.setattr(process, "SPLIT_AT", 100)
+    applier = ProcessRunner(FollowerHandle(config, "cache", settings, "token-3"), writers=2)
+    try:
+        report = applier.run(task)
+        assert len(applier.pids) == 2
+        assert report.records == task.report.records  # counted once, not per writer
+        assert task.shipment is not None
+        winners = len(task.shipment.folded.winners)
+        assert report.changes == winners == report.written + report.deleted
+        sink = open_sink(config, "cache")
+        assert set(sink.keys(ORDERS.topic)) == {f'{{"id":{key}}}' for key in workload.rows}
+        sink.close()
+    finally:
+        applier.close()

@@ -23,7 +23,6 @@ SQL follower's table ``<view>``, a Delta table, Redis hashes, search documents.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import threading
 import time
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cdc.events import TableId, topic_name
+from cdc.heap import collector_paused
 from cdc.logical import logical_columns, padded_columns
 from cdc.sink import ApplyStats, Change, Placement, Sink, row_text
 from views.definition import ViewDefinitionError, ViewPlan, analyze
@@ -178,22 +178,6 @@ def _release(config: Config, follower: str) -> None:
             shared.sink.close()
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused for a view's batch: the batch makes about a
-    hundred thousand short-lived rows (dicts, tuples, strings) without cycles, and in the
-    driver's large heap each collection they trigger walks every object it holds (measured:
-    a tenth of the view step's time). Reference counting still frees them; the collector runs
-    again after the batch."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 class ViewSink(Sink):
     """View ``name`` of ``config``: its state, its followers' sinks."""
 
@@ -250,7 +234,7 @@ class ViewSink(Sink):
 
     # -------------------------------------------------------------------------- apply
     def apply(self, changes: Sequence[Change]) -> ApplyStats:
-        with _collector_paused():
+        with collector_paused():  # a batch's short-lived rows: cdc/heap.py
             return self._apply(changes)
 
     def _apply(self, changes: Sequence[Change]) -> ApplyStats:

@@ -11,12 +11,18 @@ to decode.
 
 Contracts, stated exactly:
 
-* **One batch at a time.** The loop never gives a follower two batches at once, so the child is
-  the only writer of its follower — as a task is — and its writes pass the sink's version gate.
+* **One batch at a time.** The loop never gives a follower two batches at once, so its children
+  are the only writers of the follower — as tasks are — and their writes pass the sink's version
+  gate.
+* **Writers.** A batch of at least :data:`SPLIT_AT` winners is written by ``writers`` children
+  at once (default: one per core), each the keys :meth:`Sink.owner` gives it — the rule that
+  splits a batch between executor tasks (a Delta bucket, a search shard has one writer). Smaller
+  batches go to the first child alone; the others start at the first large batch.
 * **Failures.** A failure comes back as its traceback text; :meth:`ProcessRunner.run` raises the
-  :class:`~cdc.errors.CdcError` it names (``spark_apply/errors.py``), else a ``RuntimeError``.
-  A child that dies mid-batch (killed, out of memory) is replaced and the batch written again
-  once (the gate makes that harmless); a second death fails the batch.
+  :class:`~cdc.errors.CdcError` it names (``spark_apply/errors.py``), else a ``RuntimeError``,
+  once every child of the batch has answered. A child that dies mid-batch (killed, out of
+  memory) is replaced and its part written again once (the gate makes that harmless); a second
+  death fails the batch.
 * **No orphans.** The child ends when :meth:`close` closes its pipe, and when the apply process
   dies (the kernel closes its end of the pipe): it outlives a killed parent by at most the
   batch it was writing, whose writes are gated like a zombie task's.
@@ -28,10 +34,14 @@ Contracts, stated exactly:
 from __future__ import annotations
 
 import multiprocessing
+import os
+import pickle
 import time
 import traceback
 from typing import Any
 
+from cdc.heap import collector_paused, long_lived_heap
+from cdc.reading import open_log
 from spark_apply.errors import raise_task_failure
 from spark_apply.runners.base import Runner
 from spark_apply.shared_read import Batch, Shipment, Takes
@@ -39,106 +49,174 @@ from spark_apply.tasks import Folded, FollowerHandle, TaskReport, apply_changes,
 
 #: nothing to write: the batch only moves watermarks
 _NOTHING = Shipment(Folded(False))
+#: a batch of this many winners or more is split between the writers
+SPLIT_AT = 4000
+#: children writing one follower's large batch at once, by default
+WRITERS = max(1, min(4, os.cpu_count() or 1))
+
+
+class _Child:
+    """One child process and the parent's end of its pipe."""
+
+    def __init__(self, name: str, pickled_handle: bytes) -> None:
+        self.name = name
+        self.pickled_handle = pickled_handle
+        self.conn: Any = None
+        self.process: Any = None
+
+    def start(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            return
+        self.reap()
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(self.pickled_handle, child),
+                                       daemon=True, name=f"cdc-apply-{self.name}")
+        self.process.start()
+        child.close()  # only the child holds that end: its death is our EOF
+
+    def send(self, report: TaskReport, index: int, count: int, folded: bytes) -> bool:
+        """Hand over a part; False if the child is gone."""
+        try:
+            self.conn.send((report, index, count))
+            self.conn.send_bytes(folded)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return False
+        return True
+
+    def answer(self) -> tuple[str, Any] | None:
+        """The child's answer; None if it died first."""
+        try:
+            answer: tuple[str, Any] = self.conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            return None
+        return answer
+
+    def reap(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.process is not None:
+            self.process.join(5)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+            self.process = None
 
 
 class ProcessRunner(Runner):
-    """The child process writing one follower's batches (see the module docstring)."""
+    """The child processes writing one follower's batches (see the module docstring)."""
 
     takes = Takes.FOLDED
 
-    def __init__(self, handle: FollowerHandle) -> None:
+    def __init__(self, handle: FollowerHandle, writers: int = WRITERS) -> None:
         super().__init__(handle.name)
         self.handle = handle
-        self._conn: Any = None
-        self._process: Any = None
+        self.writers = max(1, writers)
+        self._children: list[_Child] = []
 
     @property
-    def pid(self) -> int | None:
-        return None if self._process is None else int(self._process.pid)
+    def pids(self) -> list[int]:
+        """The live children's process ids (the first writes every small batch)."""
+        return [int(child.process.pid) for child in self._children
+                if child.process is not None and child.process.is_alive()]
 
     def run(self, batch: Batch) -> TaskReport:
-        base = TaskReport(records=batch.report.records,
-                          records_by_topic=dict(batch.report.records_by_topic),
-                          read_seconds=batch.report.read_seconds)
-        folded = (batch.shipment or _NOTHING).pickled()
+        shipment = batch.shipment or _NOTHING
+        count = self.writers if len(shipment.folded.winners) >= SPLIT_AT else 1
+        folded = shipment.pickled()
+        reports = [TaskReport(records=batch.report.records,
+                              records_by_topic=dict(batch.report.records_by_topic),
+                              read_seconds=batch.report.read_seconds)]
+        reports += [TaskReport() for _ in range(1, count)]
+        answers: dict[int, tuple[str, Any]] = {}
         for attempt in (1, 2):
-            self._start()
-            try:
-                self._conn.send(base)
-                self._conn.send_bytes(folded)
-                kind, value = self._conn.recv()
-            except (EOFError, BrokenPipeError, ConnectionResetError):
-                self._reap()
-                if attempt == 2:
-                    raise RuntimeError(f"follower {self.name}: its apply process died twice in "
-                                       "one batch") from None
-                continue
+            pending = [index for index in range(count) if index not in answers]
+            sent = [index for index in pending
+                    if self._child(index).send(reports[index], index, count, folded)]
+            for index in sent:
+                answer = self._children[index].answer()
+                if answer is not None:
+                    answers[index] = answer
+            if len(answers) == count:
+                break
+            for index in range(count):
+                if index not in answers:
+                    self._children[index].reap()
+            if attempt == 2:
+                raise RuntimeError(f"follower {self.name}: its apply process died twice in "
+                                   "one batch")
+        total = TaskReport()
+        for index in range(count):
+            kind, value = answers[index]
             if kind == "error":
                 raise_task_failure(self.name, value)
-            report: TaskReport = value
-            return report
-        raise AssertionError("unreachable")
+            total.merge(value)
+        return total
+
+    def _child(self, index: int) -> _Child:
+        while len(self._children) <= index:
+            from pyspark import cloudpickle  # the config's class is built at run time from
+            # the registered plugins: plain pickle refuses it
+
+            pickled = cloudpickle.dumps(self.handle)  # type: ignore[no-untyped-call]
+            self._children.append(_Child(self.name, pickled))
+        child = self._children[index]
+        child.start()
+        return child
 
     def warm(self) -> None:
-        """Start the child now (its imports overlap the loop's first read) rather than at the
-        first batch."""
-        self._start()
-
-    def _start(self) -> None:
-        if self._process is not None and self._process.is_alive():
-            return
-        self._reap()
-        context = multiprocessing.get_context("spawn")
-        from pyspark import cloudpickle  # the config's class is built at run time from the
-        # registered plugins: plain pickle refuses it
-
-        self._conn, child = context.Pipe()
-        pickled = cloudpickle.dumps(self.handle)  # type: ignore[no-untyped-call]
-        process = context.Process(target=_serve, args=(pickled, child),
-                                  daemon=True, name=f"cdc-apply-{self.name}")
-        process.start()
-        self._process = process
-        child.close()  # only the child holds that end: its death is our EOF
-
-    def _reap(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if self._process is not None:
-            self._process.join(5)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join(5)
-            self._process = None
+        """Start the first child now (its imports overlap the loop's first read) rather than
+        at the first batch."""
+        self._child(0)
 
     def close(self) -> None:
-        """End the child (no batch runs between the loop's calls)."""
-        self._reap()
+        """End the children (no batch runs between the loop's calls)."""
+        for child in self._children:
+            child.reap()
 
 
 def _serve(pickled: bytes, conn: Any) -> None:
-    """The child's loop: a batch in, its report (or traceback) out, until the pipe closes."""
-    import pickle
-
-    from cdc.reading import open_log
-
+    """The child's loop: a part of a batch in, its report (or traceback) out, until the pipe
+    closes."""
     handle: FollowerHandle = pickle.loads(pickled)  # noqa: S301 - our own parent's
+    long_lived_heap()
     while True:
         try:
-            report: TaskReport = conn.recv()
-            folded: Folded = pickle.loads(conn.recv_bytes())  # noqa: S301 - as above
+            report, index, count = conn.recv()
+            part = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        try:
-            started = time.monotonic()
-            changes = decode_folded(folded, open_log(handle.log)[1].change, report)
-            report.read_seconds += time.monotonic() - started
-            sink = handle.sink()
-            sink.refresh()
-            answer: tuple[str, Any] = ("ok", apply_changes(sink, changes, report))
-        except BaseException:  # noqa: BLE001 - the parent raises it
-            answer = ("error", traceback.format_exc())
+        with collector_paused():
+            answer = _write(handle, report, index, count, part)
+            del part
         try:
             conn.send(answer)
         except (BrokenPipeError, OSError):
             return
+
+
+def _write(handle: FollowerHandle, report: TaskReport, index: int, count: int, pickled: bytes
+           ) -> tuple[str, Any]:
+    """Decode and write writer ``index`` of ``count``'s part of a batch; the answer to send
+    (``ok`` and the report, or ``error`` and the traceback)."""
+    try:
+        started = time.monotonic()
+        folded: Folded = pickle.loads(pickled)  # noqa: S301 - our own parent's
+        sink = handle.sink()
+        sink.refresh()
+        if count > 1:
+            folded = _part(folded, sink.owner, index, count)
+        changes = decode_folded(folded, open_log(handle.log)[1].change, report)
+        report.read_seconds += time.monotonic() - started
+        return "ok", apply_changes(sink, changes, report)
+    except BaseException:  # noqa: BLE001 - the parent raises it
+        return "error", traceback.format_exc()
+
+
+def _part(folded: Folded, owner: Any, index: int, count: int) -> Folded:
+    """Writer ``index`` of ``count``'s part of ``folded``: the keys ``owner`` gives it (the
+    table key's records go to the first)."""
+    return Folded(folded.history,
+                  [w for w in folded.winners if owner(w[0].topic, w[1], count) == index],
+                  folded.table_keyed if index == 0 else [])
