@@ -117,6 +117,17 @@ from cdc.events import Op  # noqa: E402
 from cdc_app.servers.postgres import ThrowawayPostgres  # noqa: E402
 from cdc_app.servers.redis import ThrowawayRedis  # noqa: E402
 
+
+def parse_triggers(text: str | None) -> dict[str, float]:
+    """``--trigger``: ``0.1`` (every follower: key ``*``) or ``redis=0.05,sql=0.05`` (per kind)."""
+    if not text:
+        return {}
+    if "=" not in text:
+        return {"*": float(text)}
+    return {kind.strip(): float(value) for kind, value in
+            (part.split("=", 1) for part in text.split(","))}
+
+
 # ------------------------------------------------------------------------------ throughput
 
 
@@ -417,9 +428,11 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
                        "text_fields": {"public.items": ["note"]}},
             "db": {"kind": "sql", "url": pg.dsn("follower").replace(
                 "postgresql://", "postgresql+psycopg://", 1)}}
+        triggers = parse_triggers(args.trigger)
         for follower in followers.values():
-            if args.trigger is not None:
-                follower["trigger_interval"] = f"{args.trigger}s"
+            seconds = triggers.get(follower["kind"], triggers.get("*"))
+            if seconds is not None:
+                follower["trigger_interval"] = f"{seconds}s"
         config_path = env.config("live", log, followers, dsn=dsn, table="public.items",
                                  heartbeat=None)
         capture_log = (env.root / "capture.log").open("w")  # closed with the process below
@@ -656,8 +669,9 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=30.0,
                         help="latency phase: seconds of probes alone before the load (the "
                              "floor: near-empty micro-batches); 0 skips it")
-    parser.add_argument("--trigger", type=float, default=None,
-                        help="latency phase: every follower's trigger interval (default: the "
+    parser.add_argument("--trigger", default=None,
+                        help="latency phase: every follower's trigger interval in seconds, or "
+                             "per kind: redis=0.05,sql=0.05 (default: the "
                              "product's; a value here is not the default path)")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile of the executor task path alone")

@@ -427,8 +427,9 @@ class FollowerConfig(_Strict):
     max_records_per_batch: int = Field(100_000, ge=1)
     #: continuous mode: a batch starts at most this often (the apply loop looks at the log
     #: every 50 ms, so a change that arrives after a quiet spell waits at most that long).
-    #: Delta's default is 1 s (a MERGE per batch)
-    trigger_interval: Duration = Field(0.25, ge=0)
+    #: 50 ms for Redis and SQL (a batch costs them a progress record's fsync); search 250 ms
+    #: (a Tantivy commit per shard), Delta 1 s (a MERGE per table)
+    trigger_interval: Duration = Field(0.05, ge=0)
     #: no longer used (every batch of local mode runs in the follower's own process since the
     #: apply loop reads the log once for all followers); accepted so old configs still load
     driver_batch_records: int = Field(20_000, ge=0)

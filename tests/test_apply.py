@@ -57,7 +57,7 @@ def test_follower_config_defaults_and_derived_values() -> None:
     follower = config.follower("cache")
     assert follower.key_template == "{schema}.{table}:{key}"
     assert follower.tombstone_retention == 86400.0
-    assert follower.trigger_interval == 0.25 and follower.driver_batch_records == 20_000
+    assert follower.trigger_interval == 0.05 and follower.driver_batch_records == 20_000
     assert config.follower_sources("cache") == ["shop"]
     assert sorted(config.follower_topics("cache")) == ["shop.public.customers",
                                                        "shop.public.orders"]
