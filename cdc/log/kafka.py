@@ -436,7 +436,7 @@ class KafkaChangeLogReader(ChangeLogReader):
         written = self._written_end(topic, partition)
         deadline = time.monotonic() + ADMIN_DEADLINE
         while True:
-            end = self._high(kafka_name, partition) or 0
+            end = self._known_high(kafka_name, partition)
             if end >= written:
                 return end
             if time.monotonic() > deadline:
@@ -450,6 +450,20 @@ class KafkaChangeLogReader(ChangeLogReader):
     def _written_end(self, topic: str, partition: int) -> int:
         """One past the last offset this process committed to the partition (a reader: 0)."""
         return 0
+
+    def _known_high(self, kafka_name: str, partition: int) -> int:
+        """:meth:`_high` of a partition the log describes: the brokers must know it. Not
+        knowing it is an outage (brokers down or still loading their logs after a restart),
+        never an empty partition -- a read that took it for one would skip the range's records
+        and a follower would move past them."""
+        high = self._high(kafka_name, partition)
+        if high is None:
+            raise LogUnavailable(
+                f"Kafka log at {self.where}: the brokers do not know {kafka_name} partition "
+                f"{partition}, which the log describes (brokers down or still starting)",
+                "check that the brokers are up and that the topic was not deleted outside "
+                "cdc; cdc retries by itself")
+        return high
 
     def _high(self, kafka_name: str, partition: int) -> int | None:
         """The partition's last stable offset (read_committed end); None if no such topic.
@@ -544,17 +558,8 @@ class KafkaChangeLogReader(ChangeLogReader):
         if data is None:
             return {}
         name = str(data["kafka"])
-        ends: dict[int, int] = {}
-        for partition in range(int(data["partitions"])):
-            high = self._high(name, partition)
-            if high is None:  # the log's own offsets topic describes it: the brokers must too
-                raise LogUnavailable(
-                    f"Kafka log at {self.where}: the brokers do not know {name} partition "
-                    f"{partition}, which the log describes (brokers down or still starting)",
-                    "check that the brokers are up and that the topic was not deleted outside "
-                    "cdc; cdc retries by itself")
-            ends[partition] = high
-        return ends
+        return {partition: self._known_high(name, partition)
+                for partition in range(int(data["partitions"]))}
 
     def source_offsets(self) -> dict[str, Any]:
         copied: dict[str, Any] = json.loads(json.dumps(self._refresh().sources))
