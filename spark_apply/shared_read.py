@@ -14,7 +14,9 @@ Contracts, stated exactly:
   - ``FOLDED`` (a follower's own process): the undecoded winners, pickled once per fold however
     many processes take it (:class:`Shipment`); each process decodes what it writes. Measured:
     unpickling a decoded change costs about twice its decoding, so decoding where the writes
-    are is the cheaper way to hand a change to another process;
+    are is the cheaper way to hand a change to another process. A ``FOLDED`` follower that is
+    the share's only reader gets its ranges instead (no shipment): nobody shares its read, so
+    its own processes read them, beside the loop and in parallel;
   - ``RANGES`` (tasks on executors, Spark's Kafka source): only the ranges — they read for
     themselves, and the read skips records nobody here needs.
 """
@@ -92,8 +94,10 @@ def cut(log: ChangeLogReader, decoder: Decoder, state: Committed, read: Read,
     follower's runner takes; ``history``: whether its sink keeps every position (``Sink.folds``
     False)."""
     started = time.monotonic()
+    forms = {member.name: _form(share, member.name, takes) for share in read.shares
+             for member in share.members}
     needed = [share for share in read.shares
-              if any(takes(member.name) is not Takes.RANGES for member in share.members)]
+              if any(forms[member.name] is not Takes.RANGES for member in share.members)]
     records: list[RawRecord] = []
     if needed:
         topics = frozenset().union(*(share.topics for share in needed))
@@ -111,7 +115,7 @@ def cut(log: ChangeLogReader, decoder: Decoder, state: Committed, read: Read,
             batch = out[member.name] = Batch(
                 member.name, _ranges_of(share, topics), share.end_of(member, state),
                 share.watermarks_of(member))
-            form = takes(member.name)
+            form = forms[member.name]
             if form is Takes.RANGES:
                 continue
             kind = history(member.name)
@@ -135,6 +139,16 @@ def cut(log: ChangeLogReader, decoder: Decoder, state: Committed, read: Read,
     for batch in out.values():
         batch.report.read_seconds = seconds
     return out
+
+
+def _form(share: Share, name: str, takes: Callable[[str], Takes]) -> Takes:
+    """What ``name`` gets of ``share``: what its runner takes, but ``RANGES`` for a ``FOLDED``
+    runner that alone reads the share (see the module docstring)."""
+    form = takes(name)
+    if form is Takes.FOLDED and all(takes(other.name) is Takes.RANGES
+                                    for other in share.members if other.name != name):
+        return Takes.RANGES
+    return form
 
 
 def _count(batch: Batch, report: TaskReport, topics: frozenset[str]) -> None:

@@ -14,8 +14,8 @@ Contract, stated exactly:
 * It does **not** write watermarks or progress: the loop does, after ``run`` returned.
 * What a runner gets of the loop's one read is its :attr:`Runner.takes`
   (``spark_apply/shared_read.py``): the decoded changes (``batch.changes``, folded for its sink),
-  the undecoded fold (``batch.shipment``: it decodes what it writes), or only the ranges, which
-  it reads itself.
+  the undecoded fold (``batch.shipment``: it decodes what it writes; a runner that alone reads
+  its share gets only the ranges instead), or only the ranges, which it reads itself.
 * Writing a batch twice is harmless (the gate): after a crash the loop replays from the
   follower's progress record.
 """

@@ -34,6 +34,6 @@ def choose(config: Config, name: str, sink: Sink, handle: FollowerHandle, master
         return ExecutorRunner(handle, sink)
     if sink.placement is Placement.WHOLE_BATCH:
         return InlineRunner(name, sink, VIEW_SLOTS)
-    return ProcessRunner(handle)
+    return ProcessRunner(handle, split_keys=sink.placement is Placement.BY_OWNER)
 
 

@@ -7,7 +7,8 @@ cannot write several followers at once; so each follower gets a child process th
 sink (opened once, kept), decodes the winners of the loop's one read and writes them. The
 winners cross the pipe as plain tuples of bytes, pickled once however many children take them
 (``spark_apply/shared_read.py``: ``Shipment``); decoded changes would cost more to unpickle than
-to decode.
+to decode. A follower that alone reads its share gets only the ranges, and its children read
+them themselves (``spark_apply/tasks.py``: ``run_task``, as an executor task does).
 
 Contracts, stated exactly:
 
@@ -45,7 +46,16 @@ from cdc.reading import open_log
 from spark_apply.errors import raise_task_failure
 from spark_apply.runners.base import Runner
 from spark_apply.shared_read import Batch, Shipment, Takes
-from spark_apply.tasks import Folded, FollowerHandle, TaskReport, apply_changes, decode_folded
+from spark_apply.tasks import (
+    ApplyTask,
+    Folded,
+    FollowerHandle,
+    TaskReport,
+    apply_changes,
+    decode_folded,
+    plan_tasks,
+    run_task,
+)
 
 #: nothing to write: the batch only moves watermarks
 _NOTHING = Shipment(Folded(False))
@@ -75,11 +85,14 @@ class _Child:
         self.process.start()
         child.close()  # only the child holds that end: its death is our EOF
 
-    def send(self, report: TaskReport, index: int, count: int, folded: bytes) -> bool:
-        """Hand over a part; False if the child is gone."""
+    def send(self, report: TaskReport, index: int, count: int, task: ApplyTask | None,
+             folded: bytes) -> bool:
+        """Hand over a part (``task``: ranges to read; None: its part of ``folded``); False if
+        the child is gone."""
         try:
-            self.conn.send((report, index, count))
-            self.conn.send_bytes(folded)
+            self.conn.send((report, index, count, task))
+            if task is None:
+                self.conn.send_bytes(folded)
         except (BrokenPipeError, ConnectionResetError, OSError):
             return False
         return True
@@ -109,10 +122,14 @@ class ProcessRunner(Runner):
 
     takes = Takes.FOLDED
 
-    def __init__(self, handle: FollowerHandle, writers: int = WRITERS) -> None:
+    def __init__(self, handle: FollowerHandle, writers: int = WRITERS,
+                 split_keys: bool = False) -> None:
         super().__init__(handle.name)
         self.handle = handle
         self.writers = max(1, writers)
+        #: the sink's placement is ``BY_OWNER``: children reading ranges each read all of them
+        #: and keep their keys (as executor tasks do); else each reads whole partitions
+        self.split_keys = split_keys
         self._children: list[_Child] = []
 
     @property
@@ -122,37 +139,51 @@ class ProcessRunner(Runner):
                 if child.process is not None and child.process.is_alive()]
 
     def run(self, batch: Batch) -> TaskReport:
-        shipment = batch.shipment or _NOTHING
-        count = self.writers if len(shipment.folded.winners) >= SPLIT_AT else 1
-        folded = shipment.pickled()
-        reports = [TaskReport(records=batch.report.records,
-                              records_by_topic=dict(batch.report.records_by_topic),
-                              read_seconds=batch.report.read_seconds)]
-        reports += [TaskReport() for _ in range(1, count)]
-        answers: dict[int, tuple[str, Any]] = {}
-        for attempt in (1, 2):
-            pending = [index for index in range(count) if index not in answers]
-            sent = [index for index in pending
-                    if self._child(index).send(reports[index], index, count, folded)]
-            for index in sent:
-                answer = self._children[index].answer()
-                if answer is not None:
-                    answers[index] = answer
-            if len(answers) == count:
-                break
-            for index in range(count):
-                if index not in answers:
-                    self._children[index].reap()
-            if attempt == 2:
-                raise RuntimeError(f"follower {self.name}: its apply process died twice in "
-                                   "one batch")
+        shipment = batch.shipment
+        if shipment is None and batch.ranges:  # it alone reads the share: its children read
+            tasks = plan_tasks(batch.ranges, self.writers if _records(batch) >= SPLIT_AT else 1,
+                               self.split_keys)
+            parts: list[tuple[TaskReport, ApplyTask | None]] = [(TaskReport(), task)
+                                                                for task in tasks]
+            folded = b""
+        else:
+            shipment = shipment or _NOTHING
+            count = self.writers if len(shipment.folded.winners) >= SPLIT_AT else 1
+            parts = [(TaskReport(records=batch.report.records,
+                                 records_by_topic=dict(batch.report.records_by_topic),
+                                 read_seconds=batch.report.read_seconds), None)]
+            parts += [(TaskReport(), None) for _ in range(1, count)]
+            folded = shipment.pickled()
+        answers = self._write(parts, folded)
         total = TaskReport()
-        for index in range(count):
+        for index in range(len(parts)):
             kind, value = answers[index]
             if kind == "error":
                 raise_task_failure(self.name, value)
             total.merge(value)
         return total
+
+    def _write(self, parts: list[tuple[TaskReport, ApplyTask | None]], folded: bytes
+               ) -> dict[int, tuple[str, Any]]:
+        """Each part to a child of its own, at once; their answers (a part whose child died is
+        given to a new child once)."""
+        count = len(parts)
+        answers: dict[int, tuple[str, Any]] = {}
+        for _ in range(2):
+            pending = [index for index in range(count) if index not in answers]
+            sent = [index for index in pending
+                    if self._child(index).send(parts[index][0], index, count, parts[index][1],
+                                               folded)]
+            for index in sent:
+                answer = self._children[index].answer()
+                if answer is not None:
+                    answers[index] = answer
+            if len(answers) == count:
+                return answers
+            for index in range(count):
+                if index not in answers:
+                    self._children[index].reap()
+        raise RuntimeError(f"follower {self.name}: its apply process died twice in one batch")
 
     def _child(self, index: int) -> _Child:
         while len(self._children) <= index:
@@ -183,12 +214,12 @@ def _serve(pickled: bytes, conn: Any) -> None:
     long_lived_heap()
     while True:
         try:
-            report, index, count = conn.recv()
-            part = conn.recv_bytes()
+            report, index, count, task = conn.recv()
+            part = conn.recv_bytes() if task is None else b""
         except (EOFError, OSError):
             return
         with collector_paused():
-            answer = _write(handle, report, index, count, part)
+            answer = _write(handle, report, index, count, task, part)
             del part
         try:
             conn.send(answer)
@@ -196,15 +227,18 @@ def _serve(pickled: bytes, conn: Any) -> None:
             return
 
 
-def _write(handle: FollowerHandle, report: TaskReport, index: int, count: int, pickled: bytes
-           ) -> tuple[str, Any]:
-    """Decode and write writer ``index`` of ``count``'s part of a batch; the answer to send
-    (``ok`` and the report, or ``error`` and the traceback)."""
+def _write(handle: FollowerHandle, report: TaskReport, index: int, count: int,
+           task: ApplyTask | None, pickled: bytes) -> tuple[str, Any]:
+    """Write writer ``index`` of ``count``'s part of a batch: ``task``'s ranges read here, or
+    its keys of the fold in ``pickled``; the answer to send (``ok`` and the report, or
+    ``error`` and the traceback)."""
     try:
-        started = time.monotonic()
-        folded: Folded = pickle.loads(pickled)  # noqa: S301 - our own parent's
         sink = handle.sink()
         sink.refresh()
+        if task is not None:
+            return "ok", run_task(handle, task, sink)
+        started = time.monotonic()
+        folded: Folded = pickle.loads(pickled)  # noqa: S301 - our own parent's
         if count > 1:
             folded = _part(folded, sink.owner, index, count)
         changes = decode_folded(folded, open_log(handle.log)[1].change, report)
@@ -212,6 +246,11 @@ def _write(handle: FollowerHandle, report: TaskReport, index: int, count: int, p
         return "ok", apply_changes(sink, changes, report)
     except BaseException:  # noqa: BLE001 - the parent raises it
         return "error", traceback.format_exc()
+
+
+def _records(batch: Batch) -> int:
+    """Records in ``batch``'s ranges."""
+    return sum(item.end - item.start for item in batch.ranges)
 
 
 def _part(folded: Folded, owner: Any, index: int, count: int) -> Folded:
