@@ -23,9 +23,12 @@ Measurements:
 
 **(a) read + decode CPU per change** — ``cdc apply --once`` of the big log, each in a fresh
 child process of this script (``run_apply`` in-process there), with 1 follower (``cache1``), 4
-(the four followers) and 26 (the four + the 22 views). ``ApplyJob.read_cpu_seconds`` (the
-loop's own thread: planning, reading, decoding, cutting the batches) / ``read_records``
-(records the loop read): must not grow with the count. Beside it: the wall time of
+(the four followers) and 26 (the four + the 22 views). Read + decode CPU: the loop's own
+thread (``ApplyJob.read_cpu_seconds``: planning, reading, folding, decoding for the views,
+cutting the batches) plus what each follower's processes spent reading and decoding
+(``FollowerProgress.read_cpu_seconds``: a follower's process decodes what it writes, and a
+follower alone in its share reads its ranges itself), per record the loop planned
+(``read_records``): must not grow with the count. Beside it: the wall time of
 ``run_apply`` and from the child's start (imports included), its CPU (the child and its
 follower processes), each follower's batches and records, views that failed, and the peak RSS
 of the apply process alone and with its children (sampled every 0.2 s from ``/proc``).
@@ -204,6 +207,8 @@ def child_main(spec_path: Path) -> None:
     if job is not None:
         figures.update(
             read_cpu_s=round(job.read_cpu_seconds, 3), read_records=job.read_records,
+            followers_read_cpu_s=round(sum(p.read_cpu_seconds
+                                           for p in job.progress.values()), 3),
             failed_views={k: str(v)[:300] for k, v in job.failed_views.items()},
             restarts=dict(job.restarts),
             followers={name: {"batches": p.batches, "records": p.records, "changes": p.changes,
@@ -430,8 +435,9 @@ def once_run(work: Path, config: Path, names: list[str], label: str, timeout: fl
                    exit=proc.returncode, load_1m_before=round(load_before, 2),
                    load_1m_after=round(os.getloadavg()[0], 2))
     records = figures.get("read_records")
-    if records:
-        figures["read_cpu_us_per_record"] = round(figures["read_cpu_s"] / records * 1e6, 2)
+    if records:  # the loop's read and each follower process's own read + decode, together
+        total = figures["read_cpu_s"] + figures.get("followers_read_cpu_s", 0.0)
+        figures["read_cpu_us_per_record"] = round(total / records * 1e6, 2)
     return figures
 
 
@@ -689,7 +695,8 @@ def summarize(results: dict[str, Any], console: Any, figures_table: Any, goal: A
     if once:
         table = figures_table(
             "(a) cdc apply --once of the big log, local[2]", "followers + views", "records read",
-            "read CPU s", "µs/record", "× 1 follower", "run_apply s", "from start s",
+            "read + decode CPU s: loop + followers' processes", "µs/record", "× 1 follower",
+            "run_apply s", "from start s",
             "CPU s (apply + children)", "peak RSS MB (apply / + children)", "note")
         base = once[0].get("read_cpu_us_per_record")
         for run in once:
@@ -702,7 +709,8 @@ def summarize(results: dict[str, Any], console: Any, figures_table: Any, goal: A
             note += f" load {run['load_1m_before']}→{run['load_1m_after']}"
             table.add_row(
                 f"{run['count'] - views} + {views}", f"{run.get('read_records', 0):,}",
-                f"{run.get('read_cpu_s', 0):.2f}", f"{per:.2f}" if per else "-",
+                f"{run.get('read_cpu_s', 0):.2f} + {run.get('followers_read_cpu_s', 0):.2f}",
+                f"{per:.2f}" if per else "-",
                 f"{per / base:.2f}" if per and base else "-", f"{run.get('apply_s', 0):.1f}",
                 f"{run.get('from_start_s', 0):.1f}",
                 f"{run.get('parent_cpu_s', 0):.1f} + {run.get('children_cpu_s', 0):.1f}",

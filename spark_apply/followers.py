@@ -11,7 +11,7 @@ from typing import Any
 
 from cdc.errors import CdcError
 from spark_apply.latency import LatencyHistogram
-from spark_apply.tasks import TaskReport, add_phases
+from spark_apply.tasks import TaskReport, add_counts, add_phases
 
 #: batches each follower's progress remembers (:attr:`FollowerProgress.recent`)
 RECENT = 200
@@ -43,6 +43,9 @@ class FollowerProgress:
     seconds: float = 0.0
     fold_seconds: float = 0.0
     sink_seconds: float = 0.0
+    #: CPU seconds of reading and decoding in its own processes or tasks
+    #: (:attr:`TaskReport.read_cpu_seconds`)
+    read_cpu_seconds: float = 0.0
     #: of the sink's seconds, per phase where it measures them (:attr:`ApplyStats.phases`)
     phases: dict[str, float] = field(default_factory=dict)
     #: the last :data:`RECENT` batches: when each started (epoch s), its seconds, of them
@@ -60,14 +63,12 @@ class FollowerProgress:
         self.recent.append({"started": time.time() - seconds, "seconds": seconds,
                             "read_s": total.read_seconds, "sink_s": total.sink_seconds,
                             "records": total.records})
-        for name in ("records", "changes", "written", "deleted", "skipped", "scanned"):
-            setattr(self, name, getattr(self, name) + getattr(total, name))
+        add_counts(self, total)
         self.watermarks.update(watermarks)
-        for topic, count in total.records_by_topic.items():
-            self.records_by_topic[topic] = self.records_by_topic.get(topic, 0) + count
         self.seconds += seconds
         self.fold_seconds += total.read_seconds
         self.sink_seconds += total.sink_seconds
+        self.read_cpu_seconds += total.read_cpu_seconds
         add_phases(self.phases, total.phases)
         for topic, histogram in total.latency_by_topic.items():
             self.latency.merge(histogram)

@@ -78,24 +78,38 @@ class TaskReport:
     records_by_topic: dict[str, int] = field(default_factory=dict)
     latency_by_topic: dict[str, LatencyHistogram] = field(default_factory=dict)
     read_seconds: float = 0.0
+    #: CPU seconds of reading and decoding done where the batch was written (a follower's
+    #: process, an executor task), beside the apply loop's own read (``ApplyJob.read_cpu_seconds``)
+    read_cpu_seconds: float = 0.0
     sink_seconds: float = 0.0
     #: :attr:`cdc.sink.ApplyStats.phases`
     phases: dict[str, float] = field(default_factory=dict)
 
     def merge(self, other: TaskReport) -> None:
-        for name in ("records", "changes", "written", "deleted", "skipped", "scanned"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        add_counts(self, other)
         if other.newest_ts_ms is not None and (self.newest_ts_ms is None
                                                or other.newest_ts_ms > self.newest_ts_ms):
             self.newest_ts_ms = other.newest_ts_ms
-        for topic, count in other.records_by_topic.items():
-            self.records_by_topic[topic] = self.records_by_topic.get(topic, 0) + count
         for topic, histogram in other.latency_by_topic.items():
             mine = self.latency_by_topic.setdefault(topic, LatencyHistogram())
             mine.merge(histogram)
         self.read_seconds += other.read_seconds
+        self.read_cpu_seconds += other.read_cpu_seconds
         self.sink_seconds += other.sink_seconds
         add_phases(self.phases, other.phases)
+
+
+#: the counts a report carries and a follower's progress sums (:func:`add_counts`)
+COUNTS = ("records", "changes", "written", "deleted", "skipped", "scanned")
+
+
+def add_counts(total: Any, more: TaskReport) -> None:
+    """Add ``more``'s :data:`COUNTS` and records per topic into ``total`` (a report, or a
+    follower's progress)."""
+    for name in COUNTS:
+        setattr(total, name, getattr(total, name) + getattr(more, name))
+    for topic, count in more.records_by_topic.items():
+        total.records_by_topic[topic] = total.records_by_topic.get(topic, 0) + count
 
 
 def add_phases(total: dict[str, float], more: dict[str, float]) -> None:
@@ -174,13 +188,14 @@ def apply_records(handle: FollowerHandle, records: Iterable[RawRecord], decode: 
                   sink: Sink | None = None) -> TaskReport:
     """Fold ``records`` (every record of the keys they hold), decode the winners with
     ``decode`` (``None``: a truncate, dropped), write them into the follower; the report."""
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.thread_time()
     if sink is None:
         sink = handle.sink()
         sink.refresh()
     report = TaskReport()
     changes = fold_raw(records, decode, not sink.folds, report)
     report.read_seconds = time.monotonic() - started
+    report.read_cpu_seconds = time.thread_time() - cpu
     return apply_changes(sink, changes, report)
 
 

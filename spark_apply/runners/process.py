@@ -237,12 +237,13 @@ def _write(handle: FollowerHandle, report: TaskReport, index: int, count: int,
         sink.refresh()
         if task is not None:
             return "ok", run_task(handle, task, sink)
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.thread_time()
         folded: Folded = pickle.loads(pickled)  # noqa: S301 - our own parent's
         if count > 1:
             folded = _part(folded, sink.owner, index, count)
         changes = decode_folded(folded, open_log(handle.log)[1].change, report)
         report.read_seconds += time.monotonic() - started
+        report.read_cpu_seconds += time.thread_time() - cpu
         return "ok", apply_changes(sink, changes, report)
     except BaseException:  # noqa: BLE001 - the parent raises it
         return "error", traceback.format_exc()
