@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Any
 
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
@@ -229,34 +230,31 @@ def run_kafka(w, df, topic, bootstrap, admin, result):  # noqa: ANN001, ANN201
             result["query_error"] = str(q.exception())
             return result
         time.sleep(1)
+
+        def take(m: Any) -> int:
+            """Record a probe's latency; 1 if it was seen before (a duplicate)."""
+            if m is None or m.error():
+                return 0
+            now = time.time()
+            v = m.value().decode().split()
+            if not v[0].startswith("m"):
+                return 0
+            i = int(v[0][1:])
+            if i in lat:
+                return 1
+            lat[i] = now - float(v[1])
+            return 0
+
         for k in range(N):
             ts = time.time()
             producer.produce(topic, value=f"m{k} {ts:.6f}", partition=k % 2)
             producer.flush(1)
             nxt = ts + GAP
             while time.time() < nxt:
-                m = consumer.poll(0.001)
-                if m is not None and not m.error():
-                    now = time.time()
-                    v = m.value().decode().split()
-                    if v[0].startswith("m"):
-                        i = int(v[0][1:])
-                        if i in lat:
-                            dup += 1
-                        else:
-                            lat[i] = now - float(v[1])
+                dup += take(consumer.poll(0.001))
         deadline = time.time() + 30
         while len(lat) < N and time.time() < deadline:
-            m = consumer.poll(0.05)
-            if m is not None and not m.error():
-                now = time.time()
-                v = m.value().decode().split()
-                if v[0].startswith("m"):
-                    i = int(v[0][1:])
-                    if i in lat:
-                        dup += 1
-                    else:
-                        lat[i] = now - float(v[1])
+            dup += take(consumer.poll(0.05))
         vals = sorted(v * 1000 for v in lat.values())
         result.update(received=len(lat), duplicates=dup)
         if vals:
