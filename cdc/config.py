@@ -425,9 +425,9 @@ class FollowerConfig(_Strict):
     tombstone_retention: Duration = Field(24 * 3600.0, ge=0)
     #: admission control: log records per micro-batch at most
     max_records_per_batch: int = Field(100_000, ge=1)
-    #: continuous mode: a batch starts at most this often (the apply loop looks at the log
-    #: every 50 ms, so a change that arrives after a quiet spell waits at most that long).
-    #: 50 ms for Redis and SQL (a batch costs them a progress record's fsync); search 250 ms
+    #: continuous mode: a batch starts at most this often after a batch of 100 records or more
+    #: (after a quieter one, as soon as the apply loop sees a change: it looks at the log every
+    #: 50 ms). 50 ms for Redis and SQL (a batch costs them a progress record's fsync); search 250 ms
     #: (a Tantivy commit per shard), Delta 1 s (a MERGE per table)
     trigger_interval: Duration = Field(0.05, ge=0)
     #: no longer used (every batch of local mode runs in the follower's own process since the

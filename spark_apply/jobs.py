@@ -4,11 +4,13 @@ writes through a runner of its own.
 The walk, per cycle of the loop (:meth:`ApplyJob.wait`):
 
 1. the followers that are *ready* (not writing a batch, not waiting out an outage, their
-   ``trigger_interval`` since their last batch passed) are planned together from one read of the
-   log's committed state and their own progress records (``spark_apply/planning.py``): followers
-   at the same offsets share one batch, one a little behind joins it, one far behind gets a read
-   of its own;
-2. each read is read and decoded once (``spark_apply/shared_read.py``) and cut into one batch per
+   ``trigger_interval`` since their last batch passed — unless that batch was a quiet one, of
+   fewer than :data:`QUIET_BATCH` records: the interval batches changes up under load, and
+   at a trickle a change is applied as soon as the loop sees it) are planned together from one
+   read of the log's committed state and their own progress records
+   (``spark_apply/planning.py``): followers at the same offsets share one batch, one a little
+   behind joins it, one far behind gets a read of its own;
+2. each read is read once (``spark_apply/shared_read.py``) and cut into one batch per
    follower, handed to the follower's runner (``spark_apply/runners/``: a process of its own in
    local mode, the apply process for views and driver-placed sinks, Spark jobs on a cluster) on
    the follower's own thread, so a slow follower holds nobody back;
@@ -76,6 +78,10 @@ LOG_PATIENCE_S = 10.0
 #: the longest the loop sleeps between two looks at the log (a follower's own
 #: ``trigger_interval`` may be longer)
 POLL_S = 0.05
+#: a batch of fewer records than this is a quiet one: the follower's next batch does not wait
+#: for its ``trigger_interval`` (measured idle, a probe reached a search follower in 0.34 s p50
+#: at 250 ms and 0.23 s at 50 ms; Delta 0.76 s at 1 s and 0.26 s at 50 ms)
+QUIET_BATCH = 100
 
 
 def check_log(config: Config) -> None:
@@ -110,6 +116,8 @@ class _Follower:
     #: when its last batch started (monotonic)
     started: float = 0.0
     interval: float = 0.0
+    #: records of its last batch (a quiet one does not make the next wait: :data:`QUIET_BATCH`)
+    last_records: int = 0
     #: ``--once``: it reached the run's target
     done: bool = False
     #: batches run again after a transient failure of Spark's plumbing
@@ -267,8 +275,9 @@ class ApplyJob:
 
     # ------------------------------------------------------------------------------ the loop
     def _eligible(self, f: _Follower, now: float) -> bool:
+        interval = f.interval if f.last_records >= QUIET_BATCH else 0.0
         return (not f.done and f.name not in self.waiting and f.name not in self.failed_views
-                and (self._once or now - f.started >= f.interval))
+                and (self._once or now - f.started >= interval))
 
     def _behind(self, f: _Follower) -> bool:
         """Writing a batch that stopped short of the complete end (a backlog: its end has no
@@ -419,6 +428,7 @@ class ApplyJob:
                 self._failed(follower, exc)
                 continue
             follower.restarts = 0
+            follower.last_records = report.records
             self.progress[follower.name].record(report, batch.watermarks, seconds)
 
     def _failed(self, follower: _Follower, exc: BaseException) -> None:

@@ -168,3 +168,20 @@ def test_only_the_source_offset_moved_gives_a_watermark_batch(log: Log) -> None:
     assert batch.ranges == [] and batch.changes == []
     assert batch.watermarks == {SOURCE: {"heartbeat": 1, "seq": 100}}
     assert batch.end["watermarks"] == batch.watermarks
+
+
+def test_a_quiet_batch_does_not_make_the_next_wait_for_the_trigger() -> None:
+    """``trigger_interval`` spaces a follower's batches after a batch of ``QUIET_BATCH`` records
+    or more (under load: changes batched up); after a quiet one the next starts as soon as the
+    loop sees a change (at a trickle: no wait)."""
+    from types import SimpleNamespace
+
+    from spark_apply.jobs import QUIET_BATCH, ApplyJob, _Follower
+
+    loop = SimpleNamespace(waiting=set(), failed_views=set(), _once=False)
+    follower = _Follower("search", lambda _start: None, None, interval=0.25,  # type: ignore
+                         started=100.0)
+    for records, soon in ((QUIET_BATCH, False), (QUIET_BATCH - 1, True), (0, True)):
+        follower.last_records = records
+        assert ApplyJob._eligible(loop, follower, 100.1) is soon  # type: ignore[arg-type]
+        assert ApplyJob._eligible(loop, follower, 100.3)  # type: ignore[arg-type]
