@@ -59,8 +59,12 @@ from spark_apply.tasks import (
 
 #: nothing to write: the batch only moves watermarks
 _NOTHING = Shipment(Folded(False))
-#: a batch of this many winners or more is split between the writers
-SPLIT_AT = 4000
+#: a batch of this many winners (or records, read by the children) or more is split between the
+#: writers: a follower that far behind (4 s of changes at 5,000/s) gains from more cores; at the
+#: live end one writer is faster -- with 4,000, Delta's and search's batches under a steady
+#: 5,000 changes/s were split, and every follower's p50 rose (Redis 0.276 -> 0.333 s, search
+#: 0.589 -> 0.874: each writer unpickles the whole fold, two MERGEs per batch; docs/benchmarks.md)
+SPLIT_AT = 20_000
 #: children writing one follower's large batch at once, by default
 WRITERS = max(1, min(4, os.cpu_count() or 1))
 
