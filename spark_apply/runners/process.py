@@ -135,6 +135,8 @@ class ProcessRunner(Runner):
         #: and keep their keys (as executor tasks do); else each reads whole partitions
         self.split_keys = split_keys
         self._children: list[_Child] = []
+        #: the handle as every child gets it (pickled once)
+        self._pickled_handle: bytes | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -190,12 +192,14 @@ class ProcessRunner(Runner):
         raise RuntimeError(f"follower {self.name}: its apply process died twice in one batch")
 
     def _child(self, index: int) -> _Child:
-        while len(self._children) <= index:
+        if len(self._children) <= index and self._pickled_handle is None:
             from pyspark import cloudpickle  # the config's class is built at run time from
             # the registered plugins: plain pickle refuses it
 
-            pickled = cloudpickle.dumps(self.handle)  # type: ignore[no-untyped-call]
-            self._children.append(_Child(self.name, pickled))
+            self._pickled_handle = cloudpickle.dumps(self.handle)  # type: ignore[no-untyped-call]
+        while len(self._children) <= index:
+            assert self._pickled_handle is not None
+            self._children.append(_Child(self.name, self._pickled_handle))
         child = self._children[index]
         child.start()
         return child
