@@ -142,6 +142,29 @@ def blank_padded_length(ctype: ColumnType) -> int | None:
     return int(rest[:-1])
 
 
+#: :attr:`ColumnType.collation` of text the leader orders by an ICU locale (PostgreSQL's
+#: deterministic ICU collations: ICU's order, ties broken by the bytes)
+ICU = "icu:"
+
+
+def icu_collation(locale: str) -> str:
+    """The :attr:`ColumnType.collation` of text ordered by ICU ``locale`` (e.g. ``und``,
+    ``de-DE``)."""
+    return f"{ICU}{locale}"
+
+
+def icu_locales(schema: Any) -> dict[str, str]:
+    """Column name -> ICU locale of the columns of an envelope value schema whose text the
+    leader orders by that locale (:func:`icu_collation`)."""
+    out: dict[str, str] = {}
+    for field in _row_fields(schema):
+        described = field.get("cdc.type")
+        collation = described.get("collation", "") if isinstance(described, dict) else ""
+        if collation.startswith(ICU):
+            out[field.get("cdc.column", field["name"])] = collation[len(ICU):]
+    return out
+
+
 def padded_columns(schema: Any) -> dict[str, int]:
     """Column name -> n of the ``character(n)`` columns of an envelope value schema."""
     out: dict[str, int] = {}

@@ -339,6 +339,9 @@ class TextComparison:
     ordered: bool = True
     #: ``upper``/``lower`` change ASCII letters only (PostgreSQL's ``C`` and ``POSIX``)
     ascii_case: bool = False
+    #: an ICU collation's locale (``und``, ``de-DE``): a view's state may order by it
+    #: (``views/definition.py``); empty for any other collation
+    icu_locale: str = ""
 
 
 class Leader(ABC):

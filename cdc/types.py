@@ -84,6 +84,9 @@ class ColumnType:
     element: ColumnType | None = None
     #: the source database's own name for the type, kept for documentation and schema history
     source_type: str = ""
+    #: text ordered by the leader otherwise than by code point, where a follower can order it
+    #: the same way: ``icu:<locale>`` (:func:`cdc.logical.icu_collation`); empty otherwise
+    collation: str = ""
 
     def __post_init__(self) -> None:
         if self.name not in _CODECS:
@@ -130,6 +133,8 @@ class ColumnType:
             out["element"] = self.element.describe()
         if self.source_type:
             out["source_type"] = self.source_type
+        if self.collation:
+            out["collation"] = self.collation
         return out
 
     @classmethod
@@ -142,6 +147,7 @@ class ColumnType:
             values=tuple(data.get("values", ())),
             element=cls.from_description(element) if element else None,
             source_type=data.get("source_type", ""),
+            collation=data.get("collation", ""),
         )
 
 

@@ -627,7 +627,7 @@ def test_tpch_views_kept_by_cdc_apply_survive_a_sigkill_and_verify(
         tpch: dict[str, list[list[str]]], pg_cluster: Any, tmp_path: Path) -> None:
     """The same data and batches with ``cdc apply`` keeping all 22 queries in a SQLite follower:
     SIGKILLed once after its first batches, restarted; then ``cdc verify --view`` exits 0 for
-    each (and the in-process views equal PostgreSQL after every batch too)."""
+    each (the in-process views of the same batches are the test above)."""
     import contextlib
     import os
     import signal
@@ -639,7 +639,8 @@ def test_tpch_views_kept_by_cdc_apply_survive_a_sigkill_and_verify(
     full = tpch_case(tpch)
     case = Case(full.dialect, full.ddl, full.initial, full.batches[:4],
                 [query for query in full.queries if query.name in THROUGH_APPLY])
-    world = World(case, pg_cluster, tmp_path / "world")
+    # the views kept in this process would repeat the test above (same batches): not kept
+    world = World(case, pg_cluster, tmp_path / "world", in_process=False)
     roots = [tmp_path / "world" / "state" / "apply"]
 
     def start() -> subprocess.Popen[bytes]:
@@ -660,7 +661,6 @@ def test_tpch_views_kept_by_cdc_apply_survive_a_sigkill_and_verify(
                 apply.wait(30)
                 apply = start()
             world.step(statements, number)
-        assert not world.report.mismatches, world.report.mismatches
         views = [arg for name in THROUGH_APPLY for arg in ("--view", name)]
         verified = cdc("verify", "--config", str(world.config_path), *views, "--timeout", "240s",
                        timeout=600)

@@ -1056,3 +1056,38 @@ def test_mariadb_division_by_zero_is_null_as_on_the_leader(tmp_path: Path, mysql
         assert state.rows() == leader
     finally:
         state.close()
+
+
+def test_icu_locales_map_to_duckdb_collations_or_to_none() -> None:
+    """The root locale is DuckDB's ``en``; a region falls back to its language unless DuckDB
+    has the region's own order; scripts and options (numeric order, strength) map to none, so
+    views ordering such text stay refused."""
+    from views.collation import duckdb_collation, duckdb_knows
+
+    def mapped(locale: str) -> str | None:
+        return duckdb_collation(locale, duckdb_knows)
+
+    assert [mapped(x) for x in ("und", "root", "", "de-DE", "de-AT", "sv", "en_US", "zh-TW")] \
+        == ["en", "en", "en", "de", "de_at", "sv", "en_us", "zh_tw"]
+    assert [mapped(x) for x in ("und-u-kn-true", "zh-Hant-TW", "sr-Latn", "xx", "de@co=phonebk")
+            ] == [None] * 5
+
+
+def test_text_ordered_by_an_icu_locale_is_ordered_by_its_sort_key() -> None:
+    """MIN/MAX, <, BETWEEN and ORDER BY over such a column compare ICU sort keys (ties by the
+    bytes) in the state; equality and grouping stay the bytes'."""
+    import duckdb
+
+    table = TableId("public", "t")
+    plan = analyze("icu", "SELECT t.g, min(t.name) AS lo, max(t.name) AS hi FROM t "
+                   "WHERE t.name > 'a' AND t.name <> 'x' GROUP BY t.g", ["g"], "postgres",
+                   [table], lambda: {table: {"id": None, "g": None, "name": None}},
+                   lambda: {table: {"name": "sv"}})
+    assert plan.icu == {table: {"name": "sv"}} and plan.mode == "incremental"
+    assert [op.construct for op in plan.operators][-2:] == ["MIN", "MAX"]
+    assert "t.name <> 'x'" in plan.full_sql and "ICU_SORT_KEY(t.name, 'sv')" in plan.full_sql
+    with duckdb.connect() as db:
+        db.execute('CREATE SCHEMA public; CREATE TABLE public.t (id INT, g INT, name VARCHAR); '
+                   "INSERT INTO public.t VALUES (1, 1, 'z'), (2, 1, 'ö'), (3, 1, 'B'), "
+                   "(4, 1, 'b'), (5, 1, 'x'), (6, 1, NULL)")
+        assert db.execute(plan.full_sql).fetchall() == [(1, "b", "ö")]  # Swedish: ö after z

@@ -15,6 +15,7 @@ from sqlglot import exp
 from cdc.errors import CdcError
 from cdc.events import TableId
 from cdc.source import Leader
+from views import collation
 from views.definition import AFFECTED, IMAGES, KEY_COLUMN, LINEAGE, SCOPES, ViewPlan
 from views.sink import declared_columns, schema_store, view_plan
 
@@ -63,38 +64,6 @@ def check_view(config: Config, name: str, leader: Leader | None) -> ViewCheck:
     return result
 
 
-#: where the leader compares text for equality under the column's collation
-_EQUALITY = (exp.EQ, exp.NEQ, exp.NullSafeEQ, exp.NullSafeNEQ, exp.In, exp.Like, exp.ILike,
-             exp.RegexpLike, exp.Group, exp.Distinct, exp.Union, exp.Intersect, exp.Except)
-#: ... and for order
-_ORDERING = (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between, exp.Min, exp.Max, exp.Ordered,
-             exp.Greatest, exp.Least)
-#: case mapping, which PostgreSQL's C and POSIX collations limit to ASCII letters
-_CASE_MAPPING = (exp.Upper, exp.Lower, exp.Initcap)
-#: what ends a text value's collation: a number, a truth value, a count (not DISTINCT)
-_COLLATION_ENDS = (exp.Length, exp.Is, exp.Count, exp.Extract, exp.Cast, exp.Unicode)
-
-
-def _compared(column: exp.Column) -> str | None:
-    """Where the leader compares ``column``'s text under its collation: ``"=" `` (equality:
-    a comparison, IN, LIKE, GROUP BY, DISTINCT, PARTITION BY), ``"<"`` (order: MIN/MAX,
-    ORDER BY, <, BETWEEN) or None (only projected, or turned into a number first)."""
-    node: exp.Expr = column
-    while node.parent is not None and not isinstance(node, exp.Select):
-        parent = node.parent
-        if isinstance(parent, exp.Count) and isinstance(node, exp.Distinct):
-            return "="
-        if isinstance(parent, _COLLATION_ENDS):
-            return None
-        if isinstance(parent, _ORDERING):
-            return "<"
-        if isinstance(parent, _EQUALITY) or (isinstance(parent, exp.Window)
-                                             and node.arg_key == "partition_by"):
-            return "="
-        node = parent
-    return None
-
-
 def _refuse_loose_collations(name: str, plan: ViewPlan, leader: Leader) -> None:
     """A view that compares text the leader compares otherwise (its collation) is refused,
     naming each column and where: equality under a loose collation (case-insensitive,
@@ -116,8 +85,15 @@ def _refuse_loose_collations(name: str, plan: ViewPlan, leader: Leader) -> None:
             compared = found.get(table, {}).get(column.name) if table else None
             if compared is None:
                 continue
-            how = "=" if column in keys else _compared(column)
-            if compared.ascii_case and column.find_ancestor(*_CASE_MAPPING) is not None:
+            how = "=" if column in keys else collation.compared(column)
+            ordered_here = plan.icu.get(table, {}).get(column.name) if table else None
+            if ordered_here is not None and ordered_here != compared.icu_locale \
+                    and collation.ordered_by_icu(column):
+                wrong.setdefault(f"{table}.{column.name} ({compared.collation})",
+                                 f"order (the log's schema says ICU locale {ordered_here!r}: "
+                                 "run cdc capture until it records the column's new collation)")
+            elif compared.ascii_case and column.find_ancestor(*collation.CASE_MAPPING) \
+                    is not None:
                 wrong.setdefault(f"{table}.{column.name} ({compared.collation})",
                                  "upper/lower (ASCII letters only on the leader)")
             elif how == "=" and compared.loose:

@@ -58,6 +58,7 @@ from sqlglot import exp
 
 from cdc.errors import ConfigError
 from cdc.events import TableId
+from views.collation import duckdb_collation, duckdb_knows, extreme_name, order_by_icu
 
 #: the state's own columns in every base table (never a leader column: ``_cdc`` is reserved)
 KEY_COLUMN = "_cdc_key"
@@ -74,6 +75,10 @@ SUB_SCHEMA = "_cdc_sub"
 #: what ``analyze`` knows of the captured tables: per table, each column and -- for a
 #: ``character(n)`` column (``cdc.logical.blank_padded_length``) -- n, else None
 Catalog = Mapping[TableId, Mapping[str, int | None]]
+
+#: ... and per table, the columns whose text the leader orders by an ICU locale, and the locale
+#: (``cdc.logical.icu_locales``)
+Orders = Mapping[TableId, Mapping[str, str]]
 
 #: the leader kinds' sqlglot dialects
 DIALECTS = {"postgres": "postgres", "mysql": "mysql"}
@@ -158,6 +163,9 @@ class ViewPlan:
     #: per captured table, its ``character(n)`` columns and n: the state holds their values
     #: without the trailing blanks (``views/state.py``)
     padded: dict[TableId, dict[str, int]] = field(default_factory=dict)
+    #: per captured table, the columns whose text the state orders by the leader's ICU locale
+    #: (``views/collation.py``), and that locale
+    icu: dict[TableId, dict[str, str]] = field(default_factory=dict)
     #: every construct met, in order, each incremental or not
     operators: list[Operator] = field(default_factory=list)
     #: each output column's expression (as written)
@@ -180,12 +188,15 @@ class ViewPlan:
 
 def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
             captured: Sequence[TableId],
-            catalog: Callable[[], Catalog] | None = None) -> ViewPlan:
+            catalog: Callable[[], Catalog] | None = None,
+            orders: Callable[[], Orders] | None = None) -> ViewPlan:
     """Parse and classify view ``name`` (see the module docstring); ``captured``: the tables
     its source captures; ``catalog()``: their columns where known (:data:`Catalog`): a column
     named without its table is resolved to the one table of its SELECT that has it
     (:func:`_qualify_columns`), and ``character(n)`` columns keep the leader's semantics
-    (:func:`_blank_padding`). A :class:`ViewDefinitionError` for SQL that cannot be a view."""
+    (:func:`_blank_padding`); ``orders()``: their text columns ordered by an ICU locale
+    (:data:`Orders`), which the state orders the same way (:func:`_icu_order`). A
+    :class:`ViewDefinitionError` for SQL that cannot be a view."""
     written = _parse(name, sql, dialect)
     _resolve_tables(name, written, captured, {})  # names checked as written
     volatile = _volatile(written)
@@ -206,6 +217,10 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
               if (lengths := {c: n for c, n in columns.items() if n})}
     if padded:
         _blank_padding(tree, subqueries, [*captured, *subqueries], padded)
+    ordered = dict(orders()) if orders is not None else {}
+    icu = _icu_collations(ordered)
+    if icu:
+        _icu_order(tree, subqueries, [*captured, *subqueries], icu)
     indexes: dict[TableId, int] = {}
     known = [*captured, *subqueries]
     references = _resolve_tables(name, tree, known, indexes)
@@ -226,6 +241,10 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
                     _state_sql(tree, references), subviews=subviews, operators=operators)
     plan.padded = {table: lengths for table, lengths in padded.items()  # the tables it reads
                    if table in captured and table in indexes}
+    plan.icu = {table: {column: locale for column, locale in locales.items()
+                        if column in icu.get(table, {})}
+                for table, locales in ordered.items()
+                if table in captured and table in indexes}
     blocking = plan.blocking
     if blocking:
         plan.mode, plan.reason = "recompute", f"{blocking[0].construct}: {blocking[0].reason}"
@@ -582,6 +601,51 @@ def _blank_padding(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
         _pad_operands(select, aliases, padded)
         select.set("expressions", [_pad_output(projection, aliases, padded)
                                    for projection in select.expressions])
+
+
+def _icu_collations(orders: Orders) -> dict[TableId, dict[str, str]]:
+    """Per table, the DuckDB ICU collation of each column ordered by an ICU locale that one
+    maps (``views.collation.duckdb_collation``; the others are left to the check's refusal)."""
+    out: dict[TableId, dict[str, str]] = {}
+    for table, locales in orders.items():
+        mapped = {column: collation for column, locale in locales.items()
+                  if (collation := duckdb_collation(locale, duckdb_knows)) is not None}
+        if mapped:
+            out[table] = mapped
+    return out
+
+
+def _icu_order(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
+               tables: Sequence[TableId], icu: dict[TableId, dict[str, str]]) -> None:
+    """Text the leader orders by an ICU locale is ordered so in the state
+    (``views/collation.py``). An aggregating subquery's column that is such a column, or its
+    MIN/MAX, is such a column of its table in turn (``icu`` is extended)."""
+    def order(select: exp.Select) -> None:
+        aliases = _aliases_of(select, tables)
+        order_by_icu(select, lambda column: _icu_of(column, aliases, icu))
+
+    for table, inner in subqueries.items():
+        aliases = _aliases_of(inner, tables)
+        outputs = {projection.alias_or_name: collation for projection in inner.selects
+                   if (collation := _icu_of(projection.unalias(), aliases, icu))}
+        for select in list(inner.find_all(exp.Select)):
+            order(select)
+        if outputs:
+            icu[table] = outputs
+    for select in list(tree.find_all(exp.Select)):
+        order(select)
+
+
+def _icu_of(node: exp.Expr, aliases: Mapping[str, TableId],
+            icu: Mapping[TableId, Mapping[str, str]]) -> str | None:
+    """The DuckDB ICU collation of ``node`` when it is an ICU-ordered column or its MIN/MAX."""
+    if isinstance(node, exp.Min | exp.Max):
+        node = node.this
+    if not isinstance(node, exp.Column):
+        return None
+    table = aliases.get(node.table) if node.table else \
+        next(iter(aliases.values())) if len(aliases) == 1 else None
+    return None if table is None else icu.get(table, {}).get(node.name)
 
 
 def _aliases_of(select: exp.Select, tables: Sequence[TableId]) -> dict[str, TableId]:
@@ -994,6 +1058,8 @@ def _in_from(node: exp.Expr, select: exp.Select) -> bool:
 
 
 def _aggregate_name(node: exp.AggFunc) -> str:
+    if (extreme := extreme_name(node)) is not None:
+        return extreme
     if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):
         return "COUNT(DISTINCT)"
     if isinstance(node, exp.Anonymous):

@@ -23,6 +23,7 @@ SQL follower's table ``<view>``, a Delta table, Redis hashes, search documents.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.events import TableId, topic_name
 from cdc.heap import collector_paused
-from cdc.logical import logical_columns, padded_columns
+from cdc.logical import icu_locales, logical_columns, padded_columns
 from cdc.sink import ApplyStats, Change, Placement, Sink, row_text
 from views.definition import ViewDefinitionError, ViewPlan, analyze
 from views.state import BaseChange, BatchResult, ViewChange, ViewError, ViewState, state_meta
@@ -65,8 +66,10 @@ def view_plan(config: Config, name: str) -> ViewPlan:
     view = config.views[name]
     source = config.source(view.source)
     captured = [TableId.parse(text) for text in source.tables]
+    schemas = functools.cache(lambda: _newest_schemas(config, view.source, captured))
     plan = analyze(name, view.sql, view.key, str(getattr(source, "kind", "postgres")), captured,
-                   lambda: _catalog(config, view.source, captured))
+                   lambda: _catalog(schemas()),
+                   lambda: {table: icu_locales(schema) for table, schema in schemas().items()})
     _refuse_ruled_columns(name, plan, source.columns)
     if view.incremental == "strict" and plan.blocking:
         raise ViewDefinitionError(
@@ -78,17 +81,21 @@ def view_plan(config: Config, name: str) -> ViewPlan:
     return plan
 
 
-def _catalog(config: Config, source: str, tables: Sequence[TableId]
-             ) -> dict[TableId, dict[str, int | None]]:
-    """The captured tables' columns (each with n if it is a ``character(n)``), from their
-    newest value schemas in the log (a table not captured yet: absent)."""
+def _newest_schemas(config: Config, source: str, tables: Sequence[TableId]
+                    ) -> dict[TableId, Any]:
+    """The captured tables' newest value schemas in the log (a table not captured yet:
+    absent)."""
     store = schema_store(config)
+    return {table: schema for table in tables
+            if (schema := _newest_schema(store, source, table)) is not None}
+
+
+def _catalog(schemas: Mapping[TableId, Any]) -> dict[TableId, dict[str, int | None]]:
+    """The tables' columns, each with n if it is a ``character(n)``."""
     out: dict[TableId, dict[str, int | None]] = {}
-    for table in tables:
-        schema = _newest_schema(store, source, table)
-        if schema is not None:
-            lengths = padded_columns(schema)
-            out[table] = {column: lengths.get(column) for column in logical_columns(schema)}
+    for table, schema in schemas.items():
+        lengths = padded_columns(schema)
+        out[table] = {column: lengths.get(column) for column in logical_columns(schema)}
     return out
 
 

@@ -4,12 +4,14 @@ slots. Every check that can fail raises a :class:`SourceError` naming the proble
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
 
 from cdc.events import Column, TableId, TableSchema
+from cdc.logical import icu_collation
 from connectors.postgres.connection import SourceError
 from connectors.postgres.replication import quote_ident
 from connectors.postgres.requirements import REQUIRED, ROLE_ATTRIBUTE
@@ -132,11 +134,68 @@ def type_catalog(conn: psycopg.Connection[Any], oids: set[int]) -> dict[int, dic
     return out
 
 
+#: each collatable column of a relation: its collation's name, provider (``c`` libc, ``i`` ICU,
+#: ``b`` builtin: the database's for ``default``; ``datlocprovider`` exists from PostgreSQL 15,
+#: libc before), whether it is deterministic, and its locale (libc's ``collcollate``; ICU's
+#: ``colliculocale`` in PostgreSQL 15 and 16, ``colllocale`` from 17, ``collcollate`` before)
+_COLLATIONS = """
+    SELECT a.attname, c.collname,
+           CASE WHEN c.collprovider = 'd'
+                THEN coalesce(to_jsonb(d) ->> 'datlocprovider', 'c') ELSE c.collprovider::text END,
+           c.collisdeterministic,
+           CASE WHEN c.collprovider = 'd' AND coalesce(to_jsonb(d) ->> 'datlocprovider', 'c') = 'c'
+                THEN d.datcollate
+                WHEN c.collprovider = 'd'
+                THEN coalesce(to_jsonb(d) ->> 'datlocale', to_jsonb(d) ->> 'daticulocale')
+                WHEN c.collprovider = 'c' THEN c.collcollate
+                ELSE coalesce(to_jsonb(c) ->> 'colllocale', to_jsonb(c) ->> 'colliculocale',
+                              c.collcollate) END
+    FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
+    JOIN pg_database d ON d.datname = current_database()
+    WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped"""
+
+
+@dataclass(frozen=True)
+class ColumnCollation:
+    """How the leader compares one collatable column (:data:`_COLLATIONS`)."""
+
+    column: str
+    name: str
+    provider: str
+    deterministic: bool
+    locale: str
+
+
+def column_collations(conn: psycopg.Connection[Any], relation: int) -> list[ColumnCollation]:
+    """The collatable columns of relation ``relation`` (an OID) and their collations."""
+    return [ColumnCollation(str(column), str(name), str(provider), bool(deterministic),
+                            str(locale or ""))
+            for column, name, provider, deterministic, locale
+            in conn.execute(_COLLATIONS, (relation,)).fetchall()]
+
+
+def with_icu_orders(conn: psycopg.Connection[Any], relation: int, names: Sequence[str],
+                    mapped: list[PgType]) -> list[PgType]:
+    """``mapped`` (the columns ``names`` in order) with the ICU locale of each text column
+    whose deterministic ICU collation orders it (``icu:<locale>``, :data:`cdc.logical.ICU`):
+    the log's schema carries it, so a view's state orders such a column as the leader does."""
+    ordered = {row.column: row.locale for row in column_collations(conn, relation)
+               if row.provider == "i" and row.deterministic and row.locale}
+    if not ordered:
+        return mapped
+    return [replace(mapping, column_type=replace(
+                mapping.column_type, collation=icu_collation(ordered[name])))
+            if name in ordered and mapping.column_type.name == "string" else mapping
+            for name, mapping in zip(names, mapped, strict=True)]
+
+
 def table_schema(conn: psycopg.Connection[Any], source: str, database: str, info: TableInfo,
                  key: tuple[str, ...]) -> tuple[TableSchema, list[PgType]]:
     """The :class:`TableSchema` of ``info`` and each column's parser, in column order."""
     types = type_catalog(conn, {oid for _, oid, _, _ in info.columns})
-    mapped = [pg_type(oid, modifier, types) for _, oid, modifier, _ in info.columns]
+    mapped = with_icu_orders(
+        conn, info.oid, [name for name, *_ in info.columns],
+        [pg_type(oid, modifier, types) for _, oid, modifier, _ in info.columns])
     columns = tuple(Column(name, mapping.column_type, nullable=not not_null)
                     for (name, _, _, not_null), mapping in zip(info.columns, mapped, strict=True))
     schema = TableSchema(source, database, info.table, columns, key, connector="postgresql")

@@ -295,20 +295,6 @@ def _texts_sql(key_sql: str, canons: Mapping[str, Canon]) -> str:
     return ", ".join([f"{key_sql} AS cdc_verify_key", *texts])
 
 
-#: each collatable column of a table: its collation's name, provider (``c`` libc, ``i`` ICU,
-#: ``b`` builtin: the database's for ``default``; ``datlocprovider`` exists from PostgreSQL 15,
-#: libc before), whether it is deterministic, and its libc locale
-_COLLATIONS = """
-    SELECT a.attname, c.collname,
-           CASE WHEN c.collprovider = 'd'
-                THEN coalesce(to_jsonb(d) ->> 'datlocprovider', 'c') ELSE c.collprovider::text END,
-           c.collisdeterministic,
-           CASE WHEN c.collprovider = 'd' THEN d.datcollate ELSE c.collcollate END
-    FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation
-    JOIN pg_database d ON d.datname = current_database()
-    WHERE a.attrelid = (SELECT oid FROM pg_class WHERE relname = %s
-                        AND relnamespace = to_regnamespace(%s))
-      AND a.attnum > 0 AND NOT a.attisdropped"""
 #: libc locales that order by code point (UTF-8's byte order: the view's state's)
 _CODE_POINT_LOCALES = frozenset({"C", "POSIX", "C.UTF-8", "C.utf8"})
 #: ... of which these change the case of ASCII letters only (``upper('é')`` is ``'é'``)
@@ -342,19 +328,26 @@ class PostgresLeader(Leader):
 
     def text_comparisons(self, table: TableId) -> dict[str, TextComparison]:
         try:
-            rows = self.conn.execute(_COLLATIONS, (table.table, table.schema)).fetchall()
+            found = self.conn.execute("SELECT to_regclass(%s)::oid",
+                                      (catalog.qualified(table),)).fetchone()
+            rows = catalog.column_collations(self.conn, int(found[0])) if found and found[0] \
+                else []
         except psycopg.Error as exc:
             raise SourceError(f"source {self.name!r}: reading {table}'s collations failed: "
                               f"{str(exc).strip().splitlines()[0]}",
                               f"check that {table} exists and the source's user can see it"
                               ) from None
         out: dict[str, TextComparison] = {}
-        for column, name, provider, deterministic, locale in rows:
-            shown = str(name) if name != "default" else f"the database's default ({locale})"
-            if provider == "c" and locale in _ASCII_LOCALES:
-                out[str(column)] = TextComparison(shown, False, ordered=False, ascii_case=True)
-            elif provider != "b" and not (provider == "c" and locale in _CODE_POINT_LOCALES):
-                out[str(column)] = TextComparison(shown, not deterministic)
+        for row in rows:
+            shown = row.name if row.name != "default" else \
+                f"the database's default ({row.locale})"
+            if row.provider == "c" and row.locale in _ASCII_LOCALES:
+                out[row.column] = TextComparison(shown, False, ordered=False, ascii_case=True)
+            elif row.provider != "b" and not (row.provider == "c"
+                                              and row.locale in _CODE_POINT_LOCALES):
+                out[row.column] = TextComparison(
+                    shown, not row.deterministic,
+                    icu_locale=row.locale if row.provider == "i" else "")
         return out
 
     # -- positions ------------------------------------------------------------------------------

@@ -729,7 +729,9 @@ class PostgresStream(StreamingSource, IncrementalSnapshotSource):
         key = known.schema.key if known else tuple(c.name for c in relation.columns if c.is_key)
         oids = {c.type_oid for c in relation.columns}
         types = catalog.type_catalog(self.catalog_conn, oids)
-        parsers = [pg_type(c.type_oid, c.type_modifier, types) for c in relation.columns]
+        parsers = catalog.with_icu_orders(
+            self.catalog_conn, relation.oid, [c.name for c in relation.columns],
+            [pg_type(c.type_oid, c.type_modifier, types) for c in relation.columns])
         columns = tuple(Column(c.name, p.column_type, nullable=c.name not in key)
                         for c, p in zip(relation.columns, parsers, strict=True))
         schema = TableSchema(self.source.name, self.source.database, table, columns, key,

@@ -4,7 +4,8 @@ queries — in the leader's own dialect (PostgreSQL or MariaDB).
 * **Schema.** Two or three tables, ``f0`` (always: ``id`` and a ``CHAR(n)`` column) and
   ``f1``/``f2`` at random, each keyed by ``id`` with 2–5 more columns of the kinds below, most
   of them nullable. Text columns get a collation at random: on PostgreSQL ``"C"``, the
-  database's default or the ICU ``"und-x-icu"``; on MariaDB ``utf8mb4_nopad_bin``,
+  database's default or the ICU ``"und-x-icu"`` and ``"sv-x-icu"`` (Swedish: ``ö`` after
+  ``z``); on MariaDB ``utf8mb4_nopad_bin``,
   ``utf8mb4_bin`` (PAD SPACE) or ``utf8mb4_general_ci`` (case-insensitive, PAD SPACE).
 * **Values** come from small pools, so that groups, joins and ties collide: blanks at the end,
   case variants, an accented letter, zero and negative numbers, NULLs.
@@ -64,11 +65,11 @@ class Schema:
         return [table.ddl(self.dialect) for table in self.tables]
 
 
-TEXTS = ("a", "A", "a ", "ab", "Ab", "b", "", "é", "xyz", " a", "B ")
+TEXTS = ("a", "A", "a ", "ab", "Ab", "b", "", "é", "xyz", " a", "B ", "ö", "Z")
 NUMBERS = ("0.00", "1.50", "-2.25", "3.00", "10.10", "1.5")
 DAYS = ("2024-01-01", "2024-01-02", "2024-02-29", "2024-12-31", "2023-06-15")
 
-PG_COLLATIONS = ("", "C", "und-x-icu")
+PG_COLLATIONS = ("", "C", "und-x-icu", "sv-x-icu")
 MY_COLLATIONS = ("utf8mb4_nopad_bin", "utf8mb4_nopad_bin", "utf8mb4_bin", "utf8mb4_general_ci")
 
 

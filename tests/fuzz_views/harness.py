@@ -108,10 +108,11 @@ class Leader:
 
 class World:
     """The leader, capture and the views of one case: ``schema``, its initial rows and
-    ``queries``; :meth:`step` writes one batch and compares."""
+    ``queries``; :meth:`step` writes one batch and compares. ``in_process=False``: no view is
+    kept here (the caller checks another follower of the same log, e.g. ``cdc apply``'s)."""
 
     def __init__(self, case: Case, server: Any, directory: Path,
-                 plant: Callable[[], Any] | None = None) -> None:
+                 plant: Callable[[], Any] | None = None, in_process: bool = True) -> None:
         from tests.pgkit import Capture, cdc, output
 
         self.directory = directory
@@ -137,14 +138,14 @@ class World:
             assert booted.returncode == 0, output(booted)
             self.capture = Capture(self.config_path, directory / "capture.log").start()
             self._caught_up()
-            self._open_views(plant)
+            self._open_views(plant, in_process)
             self._apply_new()
         except BaseException:
             self.close()
             raise
 
     # -------------------------------------------------------------------------- set-up
-    def _open_views(self, plant: Callable[[], Any] | None) -> None:
+    def _open_views(self, plant: Callable[[], Any] | None, in_process: bool) -> None:
         from cdc.config import load_config
         from cdc.log.open import log_settings, reader_from
         from cdc.verify import leader_for
@@ -161,7 +162,7 @@ class World:
             return declared_columns(store, source, table) or []
 
         with plant() if plant is not None else contextlib.nullcontext():
-            for name in self.queries:
+            for name in self.queries if in_process else ():
                 try:
                     plan = check_view(self.config, name, self.verifier).plan
                 except CdcError as exc:
@@ -289,19 +290,23 @@ def generate(seed: int, dialect: str, batches: int, queries: int) -> Case:
 
 
 def _table_names(ddl: Sequence[str]) -> list[str]:
-    return [statement.split()[2] for statement in ddl]
+    words = [statement.split() for statement in ddl]
+    return [said[2] for said in words if [w.upper() for w in said[:2]] == ["CREATE", "TABLE"]]
 
 
 def run_case(case: Case, server: Any, directory: Path, *, deadline: float | None = None,
-             plant: Callable[[], Any] | None = None, progress: Callable[[str], None] | None = None
-             ) -> Report:
+             plant: Callable[[], Any] | None = None, progress: Callable[[str], None] | None = None,
+             until_mismatch: bool = False) -> Report:
     """``case`` played: a world, then each batch and a comparison after it (and one after the
-    snapshot). Stops early at ``deadline`` (``time.monotonic()``)."""
+    snapshot). Stops early at ``deadline`` (``time.monotonic()``), and with ``until_mismatch``
+    after the first comparison round that found a difference."""
     world = World(case, server, directory, plant)
     try:
         world.compare(0)
         for number, statements in enumerate(case.batches, 1):
             if deadline is not None and time.monotonic() > deadline:
+                break
+            if until_mismatch and world.report.mismatches:
                 break
             world.step(statements, number)
             if progress is not None:

@@ -98,3 +98,32 @@ def test_postgres_upper_under_the_c_collation_is_refused(tmp_path: Path, pg_clus
     report = replay(case, pg_cluster, tmp_path)
     assert 'f0.b0 (C): upper/lower' in report.refused["q4"]
     assert report.accepted == ["q5"] and report.comparisons == 2
+
+
+def test_postgres_icu_collations_order_as_on_the_leader(tmp_path: Path, pg_cluster: Any
+                                                        ) -> None:
+    """Deterministic ICU collations order text by the locale's rules on the leader ('B' before
+    'a' is false there; Swedish puts 'ö' after 'z'; 'de-DE' is German's order): MIN/MAX,
+    ``>``, BETWEEN, ORDER BY ... LIMIT and a window's ORDER BY in the view order the same way
+    (DuckDB's ICU). A collation with an option the state does not map (``kn``: digits as
+    numbers) is refused at check time, naming the column."""
+    case = Case('postgres',
+                ["CREATE COLLATION num (provider = icu, locale = 'und-u-kn-true')",
+                 'CREATE TABLE f0 (id int PRIMARY KEY, g int, r varchar(6) COLLATE "und-x-icu", '
+                 's varchar(6) COLLATE "sv-x-icu", d varchar(6) COLLATE "de-DE-x-icu", '
+                 'n varchar(6) COLLATE num)'],
+                ["INSERT INTO f0 VALUES (1, 1, 'a', 'a', 'a', '10'), (2, 1, 'B', 'ö', 'ä', '9'), "
+                 "(3, 2, 'ö', 'z', 'b', '2'), (4, 2, 'Z', 'Z', 'B', 'x'), (5, 2, 'é', 'y', 'A', "
+                 "'a')"],
+                [["UPDATE f0 SET r = 'b', s = 'o' WHERE id = 1"], ["DELETE FROM f0 WHERE id = 3"],
+                 ["INSERT INTO f0 VALUES (6, 1, 'A', 'Ö', 'Ä', '1')"]],
+                [Query('q1', "SELECT t.g, min(t.r) AS r0, max(t.r) AS r1, min(t.s) AS s0, "
+                       "max(t.s) AS s1, max(t.d) AS d1 FROM f0 t GROUP BY t.g", ('g',), False),
+                 Query('q2', "SELECT t.id, t.s FROM f0 t WHERE t.s > 'y' ORDER BY t.s DESC "
+                       "LIMIT 2", ('id',), True),
+                 Query('q3', "SELECT t.id, row_number() OVER (PARTITION BY t.g ORDER BY t.r, "
+                       "t.id) AS k FROM f0 t WHERE t.d BETWEEN 'a' AND 'b'", ('id',), False),
+                 Query('q4', "SELECT t.id, t.n FROM f0 t ORDER BY t.n LIMIT 2", ('id',), True)])
+    report = replay(case, pg_cluster, tmp_path)
+    assert "f0.n (num): order" in report.refused["q4"]
+    assert report.accepted == ["q1", "q2", "q3"] and report.comparisons == 12
