@@ -213,6 +213,8 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
         _postgres_division(written)
     described = dict(catalog()) if catalog is not None else {}
     tree = _normalize(written.copy(), operators, subqueries, captured, described)
+    for select in [*tree.find_all(exp.Select), *subqueries.values()]:
+        _order_by_outputs(select)
     padded = {table: lengths for table, columns in described.items()
               if (lengths := {c: n for c, n in columns.items() if n})}
     if padded:
@@ -601,6 +603,23 @@ def _blank_padding(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
         _pad_operands(select, aliases, padded)
         select.set("expressions", [_pad_output(projection, aliases, padded)
                                    for projection in select.expressions])
+
+
+def _order_by_outputs(select: exp.Select) -> None:
+    """ORDER BY an output column's name or position orders by that column's expression, as
+    the leader resolves it (a bare name is an output column first): the rules that follow
+    (``character(n)``, collations) then see the column that is ordered."""
+    order = select.args.get("order")
+    if order is None:
+        return
+    outputs = {projection.alias_or_name: projection.unalias() for projection in select.selects}
+    for ordered in order.expressions:
+        item = ordered.this
+        if isinstance(item, exp.Column) and not item.table and item.name in outputs:
+            ordered.set("this", outputs[item.name].copy())
+        elif isinstance(item, exp.Literal) and item.is_int \
+                and 1 <= int(item.name) <= len(select.selects):
+            ordered.set("this", select.selects[int(item.name) - 1].unalias().copy())
 
 
 def _icu_collations(orders: Orders) -> dict[TableId, dict[str, str]]:
