@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from cdc.events import TableId
 from cdc.logical import blank_padded_length
 from tests.faults import fault_env
-from views.definition import ViewDefinitionError, analyze, approximate_columns
+from views.definition import Described, ViewDefinitionError, analyze, approximate_columns
 from views.state import BaseChange, ViewError, ViewState
 
 ORDERS, CUSTOMERS = TableId("public", "orders"), TableId("public", "customers")
@@ -136,9 +136,9 @@ CONSTRUCTS = {
 }
 
 
-def catalog() -> dict[TableId, dict[str, int | None]]:
+def catalog() -> dict[TableId, dict[str, Described]]:
     """The captured tables' columns (what ``views.sink.view_plan`` reads from the log)."""
-    return {table: dict.fromkeys(column for column, _ in columns)
+    return {table: {column: Described(state_type=kind) for column, kind in columns}
             for table, columns in COLUMNS.items()}
 
 
@@ -953,8 +953,8 @@ def test_verify_matches_keys_by_value_across_number_types() -> None:
 def test_a_view_over_one_table_ignores_character_columns_of_another(tmp_path: Path) -> None:
     """Found by the fuzzer: the state's blank-trimming step ran for every captured table with a
     ``character(n)`` column, also one the view does not read (no such table in its state)."""
-    lengths = {ORDERS: {"id": None, "customer_id": None, "amount": None, "sku": None},
-               CUSTOMERS: {"id": None, "name": 5, "region": None}}
+    lengths = {ORDERS: {c: Described() for c in ("id", "customer_id", "amount", "sku")},
+               CUSTOMERS: {"id": Described(), "name": Described(5), "region": Described()}}
     plan = analyze("plain", "SELECT o.id, o.amount FROM orders o", ["id"], "postgres", CAPTURED,
                    lambda: lengths)
     state = ViewState(tmp_path / "plain.duckdb", plan, lambda table: COLUMNS[table])
@@ -1015,7 +1015,8 @@ def test_character_n_columns_compute_as_the_leader(tmp_path: Path, pg_db: Any) -
                           bytes([row["id"]]), row) for row in rows]
     types = [("id", "BIGINT"), ("seg", "VARCHAR"), ("code", "VARCHAR"), ("note", "VARCHAR")]
     for name, (sql, key) in PADDED_VIEWS.items():
-        plan = analyze(name, sql, key, "postgres", [table], lambda: {table: described})
+        plan = analyze(name, sql, key, "postgres", [table],
+                       lambda: {table: {c: Described(n) for c, n in described.items()}})
         state = ViewState(tmp_path / f"{name}.duckdb", plan, lambda _t: types)
         try:
             state.apply(changes)
@@ -1058,6 +1059,42 @@ def test_mariadb_division_by_zero_is_null_as_on_the_leader(tmp_path: Path, mysql
         state.close()
 
 
+def test_mariadb_division_and_avg_keep_the_leaders_scale(tmp_path: Path, mysql_db: Any) -> None:
+    """MariaDB's ``/`` and ``AVG`` of exact numbers are DECIMALs with 4 more places than the
+    dividend (``-10 / 3`` is ``-3.3333``, the AVG of a ``DECIMAL(8,2)`` has 6): the view's
+    columns hold exactly MariaDB's values, not doubles (``-3.3333333333333335``)."""
+    from decimal import Decimal
+
+    mysql_db.execute("CREATE TABLE t (id int PRIMARY KEY, g int, a int, x decimal(8,2))")
+    mysql_db.execute("INSERT INTO t VALUES (1, 1, -10, 10.10), (2, 1, 2, 1.00), "
+                     "(3, 2, 7, 0.05), (4, 2, 1, NULL), (5, 1, 1, 2.00)")
+    table = TableId(mysql_db.name, "t")
+    types = [("id", "BIGINT"), ("g", "BIGINT"), ("a", "BIGINT"), ("x", "DECIMAL(8,2)")]
+    described = {table: {c: Described(state_type=k) for c, k in types}}
+    views = {"per_row": ("SELECT t.id, t.a / 3 AS q, t.x / t.a AS r, t.x / 32 AS h FROM t",
+                         ["id"]),
+             "per_group": ("SELECT t.g, avg(t.x) AS ax, avg(t.a) AS aa, sum(t.x) / count(*) "
+                           "AS c FROM t GROUP BY t.g", ["g"])}
+    rows = mysql_db.execute("SELECT id, g, a, x FROM t")
+    changes = [BaseChange(table, json.dumps({"id": i}, separators=(",", ":")), bytes([i]),
+                          {"id": i, "g": g, "a": a, "x": None if x is None else str(x)})
+               for i, g, a, x in rows]
+    for name, (sql, key) in views.items():
+        plan = analyze(name, sql, key, "mysql", [table], lambda: described)
+        state = ViewState(tmp_path / f"{name}.duckdb", plan, lambda _t: types)
+        try:
+            state.apply(changes)
+            held = {json.loads(k)[key[0]]: row for k, row in state.rows().items()}
+            for found in mysql_db.execute(sql):
+                row = held[found[0]]
+                for column, value in zip(list(row)[1:], found[1:], strict=True):
+                    assert (None if row[column] is None else Decimal(str(row[column]))) \
+                        == value and (value is None or str(row[column]) == str(value)), \
+                        (name, found[0], column, row[column], value)
+        finally:
+            state.close()
+
+
 def test_icu_locales_map_to_duckdb_collations_or_to_none() -> None:
     """The root locale is DuckDB's ``en``; a region falls back to its language unless DuckDB
     has the region's own order; scripts and options (numeric order, strength) map to none, so
@@ -1081,8 +1118,8 @@ def test_text_ordered_by_an_icu_locale_is_ordered_by_its_sort_key() -> None:
     table = TableId("public", "t")
     plan = analyze("icu", "SELECT t.g, min(t.name) AS lo, max(t.name) AS hi FROM t "
                    "WHERE t.name > 'a' AND t.name <> 'x' GROUP BY t.g", ["g"], "postgres",
-                   [table], lambda: {table: {"id": None, "g": None, "name": None}},
-                   lambda: {table: {"name": "sv"}})
+                   [table], lambda: {table: {"id": Described(), "g": Described(),
+                                             "name": Described(icu_locale="sv")}})
     assert plan.icu == {table: {"name": "sv"}} and plan.mode == "incremental"
     assert [op.construct for op in plan.operators][-2:] == ["MIN", "MAX"]
     assert "t.name <> 'x'" in plan.full_sql and "ICU_SORT_KEY(t.name, 'sv')" in plan.full_sql

@@ -72,13 +72,20 @@ SCOPES = "_cdc_scopes"            # (s0, s1, ...): with windows, the partitions 
 #: the schema of the state's tables that hold an aggregating subquery's rows (``s0``, ``s1``...)
 SUB_SCHEMA = "_cdc_sub"
 
-#: what ``analyze`` knows of the captured tables: per table, each column and -- for a
-#: ``character(n)`` column (``cdc.logical.blank_padded_length``) -- n, else None
-Catalog = Mapping[TableId, Mapping[str, int | None]]
+@dataclass(frozen=True)
+class Described:
+    """What the log's schema says of a captured column that a view's SQL must heed."""
 
-#: ... and per table, the columns whose text the leader orders by an ICU locale, and the locale
-#: (``cdc.logical.icu_locales``)
-Orders = Mapping[TableId, Mapping[str, str]]
+    #: a ``character(n)`` column (``cdc.logical.blank_padded_length``): n
+    padded: int | None = None
+    #: text the leader orders by this ICU locale (``cdc.logical.icu_locales``)
+    icu_locale: str = ""
+    #: its type in the state (``views.types.duckdb_type``: ``DECIMAL(8,2)``, ``BIGINT`` ...)
+    state_type: str = ""
+
+
+#: what ``analyze`` knows of the captured tables: per table, each column and what it says
+Catalog = Mapping[TableId, Mapping[str, Described]]
 
 #: the leader kinds' sqlglot dialects
 DIALECTS = {"postgres": "postgres", "mysql": "mysql"}
@@ -188,15 +195,14 @@ class ViewPlan:
 
 def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
             captured: Sequence[TableId],
-            catalog: Callable[[], Catalog] | None = None,
-            orders: Callable[[], Orders] | None = None) -> ViewPlan:
+            catalog: Callable[[], Catalog] | None = None) -> ViewPlan:
     """Parse and classify view ``name`` (see the module docstring); ``captured``: the tables
     its source captures; ``catalog()``: their columns where known (:data:`Catalog`): a column
     named without its table is resolved to the one table of its SELECT that has it
-    (:func:`_qualify_columns`), and ``character(n)`` columns keep the leader's semantics
-    (:func:`_blank_padding`); ``orders()``: their text columns ordered by an ICU locale
-    (:data:`Orders`), which the state orders the same way (:func:`_icu_order`). A
-    :class:`ViewDefinitionError` for SQL that cannot be a view."""
+    (:func:`_qualify_columns`), ``character(n)`` columns keep the leader's semantics
+    (:func:`_blank_padding`), text the leader orders by an ICU locale is ordered so
+    (:func:`_icu_order`), and MariaDB's decimal divisions keep its scale
+    (:func:`_mariadb_scales`). A :class:`ViewDefinitionError` for SQL that cannot be a view."""
     written = _parse(name, sql, dialect)
     _resolve_tables(name, written, captured, {})  # names checked as written
     volatile = _volatile(written)
@@ -216,13 +222,17 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     for select in [*tree.find_all(exp.Select), *subqueries.values()]:
         _order_by_outputs(select)
     padded = {table: lengths for table, columns in described.items()
-              if (lengths := {c: n for c, n in columns.items() if n})}
+              if (lengths := {c: f.padded for c, f in columns.items() if f.padded})}
     if padded:
         _blank_padding(tree, subqueries, [*captured, *subqueries], padded)
-    ordered = dict(orders()) if orders is not None else {}
+    ordered = {table: {c: f.icu_locale for c, f in columns.items() if f.icu_locale}
+               for table, columns in described.items()}
     icu = _icu_collations(ordered)
     if icu:
         _icu_order(tree, subqueries, [*captured, *subqueries], icu)
+    if dialect == "mysql":
+        _mariadb_scales(tree, captured, {table: {c: f.state_type for c, f in columns.items()}
+                                         for table, columns in described.items()})
     indexes: dict[TableId, int] = {}
     known = [*captured, *subqueries]
     references = _resolve_tables(name, tree, known, indexes)
@@ -246,7 +256,7 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     plan.icu = {table: {column: locale for column, locale in locales.items()
                         if column in icu.get(table, {})}
                 for table, locales in ordered.items()
-                if table in captured and table in indexes}
+                if table in captured and table in indexes and locales}
     blocking = plan.blocking
     if blocking:
         plan.mode, plan.reason = "recompute", f"{blocking[0].construct}: {blocking[0].reason}"
@@ -501,6 +511,74 @@ def _mariadb_division(tree: exp.Expr) -> None:
                                           expression=exp.Literal.number(0)))
 
 
+#: the digits MariaDB adds to a division's scale (``div_precision_increment``'s default)
+MARIADB_DIV_INCREMENT = 4
+#: a view column rounded to MariaDB's scale keeps at most this many places (DuckDB's DECIMAL)
+_MAX_SCALE = 18
+
+
+def _mariadb_scales(tree: exp.Query, tables: Sequence[TableId],
+                    types: Mapping[TableId, Mapping[str, str]]) -> None:
+    """A view column that is a division or an AVG of exact numbers (integers, decimals) is a
+    DECIMAL on MariaDB with :data:`MARIADB_DIV_INCREMENT` more places than its dividend
+    (``-10 / 3`` is ``-3.3333``, ``AVG`` of a ``DECIMAL(8,2)`` has 6 places); the state's
+    DOUBLE is rounded to that scale (half away from zero, as MariaDB) and held as a DECIMAL.
+    Inside a larger expression MariaDB keeps more digits (whole 9-digit words, truncated):
+    there the state's DOUBLE stands, compared by ``cdc verify`` with a tolerance
+    (:func:`approximate_columns`)."""
+    for select in _branches(tree):
+        aliases = _aliases_of(select, tables)
+        projections = []
+        for projection in select.expressions:
+            expression = projection.unalias()
+            scale = _mariadb_scale(expression, aliases, types) \
+                if isinstance(expression, exp.Div | exp.Avg) else None
+            if scale is not None and scale <= _MAX_SCALE:
+                rounded = exp.Cast(this=exp.Round(this=expression.copy(),
+                                                  decimals=exp.Literal.number(scale)),
+                                   to=exp.DataType.build(f"DECIMAL(38, {scale})"))
+                projection = exp.alias_(rounded, projection.alias_or_name)
+            projections.append(projection)
+        select.set("expressions", projections)
+
+
+def _mariadb_scale(node: exp.Expr, aliases: Mapping[str, TableId],
+                   types: Mapping[TableId, Mapping[str, str]]) -> int | None:
+    """The scale MariaDB gives ``node``'s exact value, or None when it is approximate (a
+    float, a string) or not known here."""
+    def of(child: exp.Expr | None) -> int | None:
+        return None if child is None else _mariadb_scale(child, aliases, types)
+
+    if isinstance(node, exp.Paren | exp.Neg | exp.Abs | exp.Sum | exp.Min | exp.Max):
+        return of(node.this)
+    if isinstance(node, exp.Nullif):
+        return of(node.this)
+    if isinstance(node, exp.Count | exp.IntDiv):
+        return 0
+    if isinstance(node, exp.Div | exp.Avg):
+        scale = of(node.this)
+        exact = isinstance(node, exp.Avg) or of(node.expression) is not None
+        return scale + MARIADB_DIV_INCREMENT if scale is not None and exact else None
+    if isinstance(node, exp.Add | exp.Sub | exp.Mod | exp.Mul):
+        left, right = of(node.this), of(node.expression)
+        if left is None or right is None:
+            return None
+        return left + right if isinstance(node, exp.Mul) else max(left, right)
+    if isinstance(node, exp.Literal) and node.is_number:
+        text = node.name.lower()
+        return None if "e" in text else len(text.partition(".")[2])
+    if isinstance(node, exp.Column):
+        table = aliases.get(node.table) if node.table else \
+            next(iter(aliases.values())) if len(aliases) == 1 else None
+        kind = types.get(table, {}).get(node.name, "") if table is not None else ""
+        found = re.fullmatch(r"DECIMAL\(\d+,\s*(\d+)\)", kind)
+        if found:
+            return int(found[1])
+        return 0 if kind in ("BIGINT", "INTEGER", "SMALLINT", "TINYINT", "HUGEINT",
+                             "UBIGINT", "UINTEGER", "USMALLINT", "UTINYINT") else None
+    return None
+
+
 def _postgres_division(tree: exp.Expr) -> None:
     """PostgreSQL's ``/`` of two integers truncates (``-7 / 2`` is ``-3``), and DuckDB's ``/``
     gives a DOUBLE (``-3.5``): it becomes DuckDB's ``//``, which truncates integers and
@@ -622,7 +700,8 @@ def _order_by_outputs(select: exp.Select) -> None:
             ordered.set("this", select.selects[int(item.name) - 1].unalias().copy())
 
 
-def _icu_collations(orders: Orders) -> dict[TableId, dict[str, str]]:
+def _icu_collations(orders: Mapping[TableId, Mapping[str, str]]
+                    ) -> dict[TableId, dict[str, str]]:
     """Per table, the DuckDB ICU collation of each column ordered by an ICU locale that one
     maps (``views.collation.duckdb_collation``; the others are left to the check's refusal)."""
     out: dict[TableId, dict[str, str]] = {}

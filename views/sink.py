@@ -35,7 +35,7 @@ from cdc.events import TableId, topic_name
 from cdc.heap import collector_paused
 from cdc.logical import icu_locales, logical_columns, padded_columns
 from cdc.sink import ApplyStats, Change, Placement, Sink, row_text
-from views.definition import ViewDefinitionError, ViewPlan, analyze
+from views.definition import Described, ViewDefinitionError, ViewPlan, analyze
 from views.state import BaseChange, BatchResult, ViewChange, ViewError, ViewState, state_meta
 from views.types import duckdb_type, follower_kind
 
@@ -68,8 +68,7 @@ def view_plan(config: Config, name: str) -> ViewPlan:
     captured = [TableId.parse(text) for text in source.tables]
     schemas = functools.cache(lambda: _newest_schemas(config, view.source, captured))
     plan = analyze(name, view.sql, view.key, str(getattr(source, "kind", "postgres")), captured,
-                   lambda: _catalog(schemas()),
-                   lambda: {table: icu_locales(schema) for table, schema in schemas().items()})
+                   lambda: _catalog(schemas()))
     _refuse_ruled_columns(name, plan, source.columns)
     if view.incremental == "strict" and plan.blocking:
         raise ViewDefinitionError(
@@ -90,12 +89,14 @@ def _newest_schemas(config: Config, source: str, tables: Sequence[TableId]
             if (schema := _newest_schema(store, source, table)) is not None}
 
 
-def _catalog(schemas: Mapping[TableId, Any]) -> dict[TableId, dict[str, int | None]]:
-    """The tables' columns, each with n if it is a ``character(n)``."""
-    out: dict[TableId, dict[str, int | None]] = {}
+def _catalog(schemas: Mapping[TableId, Any]) -> dict[TableId, dict[str, Described]]:
+    """The tables' columns and what their schemas say (:class:`Described`)."""
+    out: dict[TableId, dict[str, Described]] = {}
     for table, schema in schemas.items():
-        lengths = padded_columns(schema)
-        out[table] = {column: lengths.get(column) for column in logical_columns(schema)}
+        lengths, locales = padded_columns(schema), icu_locales(schema)
+        out[table] = {column: Described(lengths.get(column), locales.get(column, ""),
+                                        duckdb_type(logical))
+                      for column, logical in logical_columns(schema).items()}
     return out
 
 
