@@ -119,7 +119,9 @@ def _run_on_empty_state(name: str, plan: ViewPlan,
                         tables: dict[TableId, list[tuple[str, str]]]) -> None:
     import duckdb
 
-    db = duckdb.connect()
+    from views.types import set_up_state
+
+    db = set_up_state(duckdb.connect())
     try:
         for table, columns in tables.items():
             data = ", ".join(f'"{column}" {kind}' for column, kind in columns)

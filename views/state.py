@@ -43,7 +43,7 @@ from views.definition import (
     SUB_SCHEMA,
     ViewPlan,
 )
-from views.types import json_form
+from views.types import json_form, set_up_state
 
 if TYPE_CHECKING:
     import duckdb
@@ -240,6 +240,14 @@ class ViewState:
         wanted = dict(declared)
         for name in extra:
             wanted.setdefault(name, "VARCHAR")
+        held = dict(self.columns[table])
+        for name, kind in wanted.items():  # timestamptz was held as its text before
+            if kind == "TIMESTAMPTZ" and held.get(name) == "VARCHAR":
+                self._q(f"ALTER TABLE {_table_sql(table)} ALTER {_quote(name)} SET DATA TYPE "
+                        "TIMESTAMPTZ")
+                self.columns[table] = [(n, kind if n == name else k)
+                                       for n, k in self.columns[table]]
+                self.set_meta("stale", "1")
         for name, kind in wanted.items():
             if name not in have:
                 self._q(f"ALTER TABLE {_table_sql(table)} ADD COLUMN {_quote(name)} "
@@ -738,7 +746,9 @@ def _connect(path: Path, name: str) -> duckdb.DuckDBPyConnection:
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
-            return duckdb.connect(str(path))
+            connection = duckdb.connect(str(path))
+            set_up_state(connection)
+            return connection
         except duckdb.Error as exc:
             if "lock" not in str(exc).lower() or time.monotonic() > deadline:
                 raise ViewError(f"view {name}: cannot open its state {path} ({exc})",

@@ -16,6 +16,7 @@ DECIMAL(p, s), p > 38                                  DOUBLE (approximate)
 NUMERIC (unconstrained)                                DOUBLE (approximate)
 DATE                                                   DATE
 TIMESTAMP                                              TIMESTAMP
+TIMESTAMPTZ                                            TIMESTAMPTZ (the state's time zone: UTC)
 any other (text, JSON, uuid, times, arrays, ...)       VARCHAR (the JSON form's text)
 =====================================================  =================================
 
@@ -41,7 +42,17 @@ RELATIVE_TOLERANCE = 1e-9
 _TYPES = {LogicalKind.BOOLEAN: "BOOLEAN", LogicalKind.INT16: "BIGINT",
           LogicalKind.INT32: "BIGINT", LogicalKind.INT64: "BIGINT",
           LogicalKind.FLOAT64: "DOUBLE", LogicalKind.NUMERIC: "DOUBLE",
-          LogicalKind.DATE: "DATE", LogicalKind.TIMESTAMP: "TIMESTAMP"}
+          LogicalKind.DATE: "DATE", LogicalKind.TIMESTAMP: "TIMESTAMP",
+          LogicalKind.TIMESTAMPTZ: "TIMESTAMPTZ"}
+
+
+
+def set_up_state(db: Any) -> Any:
+    """``db`` (a DuckDB connection to a view's state) set up as every one is: ``timestamptz``
+    values computed in UTC (``extract``, ``date_trunc``, comparisons with a ``timestamp``
+    literal), as ``cdc verify``'s leader session computes them. Returns ``db``."""
+    db.execute("SET TimeZone = 'UTC'")
+    return db
 
 
 def duckdb_type(logical: Logical) -> str:
@@ -74,7 +85,7 @@ _INTEGERS = frozenset({"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "
 def json_form(value: Any) -> Any:
     """A query result value (DuckDB's or the leader driver's) in the JSON form followers
     store: decimals as their text, floats as numbers (NaN/Infinity as strings), dates and
-    timestamps as ISO text with microseconds."""
+    timestamps as ISO text with microseconds (a zoned one in UTC, ``Z``: the log's form)."""
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
@@ -85,6 +96,9 @@ def json_form(value: Any) -> Any:
         return value
     if isinstance(value, Decimal):
         return str(value)
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:  # the log's form: UTC, Z
+        utc = value.astimezone(dt.UTC).replace(tzinfo=None)
+        return utc.isoformat(timespec="microseconds") + "Z"
     if isinstance(value, dt.datetime):
         return value.isoformat(timespec="microseconds")
     if isinstance(value, dt.date):

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime as dt
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from typing import Any
 
 import fastavro
 import pymysql
+from pymysql.constants import FIELD_TYPE
 
 from cdc.avro import json_form, value_schema
 from cdc.events import TableId, encode_key, topic_name
@@ -359,7 +361,12 @@ class MySqlLeader(Leader):
             with self.conn.cursor() as cursor:
                 cursor.execute(sql)
                 names = [str(column[0]) for column in cursor.description or []]
-                return names, [tuple(row) for row in cursor.fetchall()]
+                # a TIMESTAMP is a point in time (this session's time zone is UTC): zoned,
+                # as capture logs it (timestamptz); DATETIME stays a wall-clock time
+                zoned = [column[1] == FIELD_TYPE.TIMESTAMP for column in cursor.description or []]
+                return names, [tuple(_utc(value) if at_utc else value
+                                     for value, at_utc in zip(row, zoned, strict=True))
+                               for row in cursor.fetchall()]
         except pymysql.err.MySQLError as exc:
             raise SourceError(f"source {self.name!r}: the query failed on the leader: "
                               f"{exc.args[-1] if exc.args else exc}",
@@ -566,3 +573,10 @@ def _byte_collation(name: str) -> bool:
     ``utf8mb4_bin`` too)."""
     return name == "binary" or (name.endswith("_bin") and ("_nopad_" in name
                                                            or "_0900_" in name))
+
+
+def _utc(value: Any) -> Any:
+    """A TIMESTAMP value read in a UTC session, as an aware datetime."""
+    if isinstance(value, dt.datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value

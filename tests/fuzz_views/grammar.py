@@ -8,7 +8,9 @@ queries — in the leader's own dialect (PostgreSQL or MariaDB).
   ``z``); on MariaDB ``utf8mb4_nopad_bin``,
   ``utf8mb4_bin`` (PAD SPACE) or ``utf8mb4_general_ci`` (case-insensitive, PAD SPACE).
 * **Values** come from small pools, so that groups, joins and ties collide: blanks at the end,
-  case variants, an accented letter, zero and negative numbers, NULLs.
+  case variants, accented letters, zero and negative numbers, binary fractions in ``double``
+  columns (exact sums), dates and times of day in ``timestamp`` / ``timestamptz`` (MariaDB:
+  ``DATETIME`` / ``TIMESTAMP``), NULLs.
 * **Batches**: inserts, updates (of values and of keys) and deletes, each batch one leader
   transaction.
 * **Queries**: every construct the views accept — filters and projections, INNER/LEFT joins
@@ -22,7 +24,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-KINDS = ("int", "num", "char", "text", "date")
+KINDS = ("int", "num", "char", "text", "date", "ts", "tstz", "float")
+#: the kinds that hold numbers (sums, averages, arithmetic)
+NUMERIC = ("int", "num", "float")
+#: ... and points in time (extract, comparison with a literal)
+TIMES = ("date", "ts", "tstz")
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,14 @@ class Column:
     collation: str = ""  # text and char columns: the collation written in the DDL ("": default)
 
     def ddl(self, dialect: str) -> str:
-        kind = {"int": "int", "num": "numeric(8,2)" if dialect == "postgres" else "decimal(8,2)",
+        pg = dialect == "postgres"
+        kind = {"int": "int", "num": "numeric(8,2)" if pg else "decimal(8,2)",
                 "char": f"char({self.length})", "text": f"varchar({self.length})",
-                "date": "date"}[self.kind]
+                "date": "date", "ts": "timestamp(0)" if pg else "datetime",
+                "tstz": "timestamptz(0)" if pg else "timestamp",
+                "float": "double precision" if pg else "double"}[self.kind]
+        if self.kind == "tstz" and not pg:  # no automatic default or ON UPDATE on MariaDB
+            kind += " NULL DEFAULT NULL" if self.nullable else " DEFAULT '2024-01-01 00:00:00'"
         if self.collation:
             kind += (f' COLLATE "{self.collation}"' if dialect == "postgres"
                      else f" CHARACTER SET utf8mb4 COLLATE {self.collation}")
@@ -68,6 +79,10 @@ class Schema:
 TEXTS = ("a", "A", "a ", "ab", "Ab", "b", "", "é", "xyz", " a", "B ", "ö", "Z")
 NUMBERS = ("0.00", "1.50", "-2.25", "3.00", "10.10", "1.5")
 DAYS = ("2024-01-01", "2024-01-02", "2024-02-29", "2024-12-31", "2023-06-15")
+TIMES_OF_DAY = ("2024-01-01 00:00:00", "2024-01-01 12:30:00", "2024-02-29 23:59:59",
+                "2023-06-15 08:00:00", "2024-12-31 23:00:00")
+#: binary fractions: sums are exact in a double, so only AVG needs a tolerance
+FLOATS = ("0.5", "1.25", "-2.0", "3.75", "0.0", "1024.5")
 
 PG_COLLATIONS = ("", "C", "und-x-icu", "sv-x-icu")
 MY_COLLATIONS = ("utf8mb4_nopad_bin", "utf8mb4_nopad_bin", "utf8mb4_bin", "utf8mb4_general_ci")
@@ -92,10 +107,12 @@ def schema(rng: random.Random, dialect: str) -> Schema:
 def literal(kind: str, value: str | int | None) -> str:
     if value is None:
         return "NULL"
-    if kind in ("int", "num"):
+    if kind in NUMERIC:
         return str(value)
     if kind == "date":
         return f"DATE '{value}'"
+    if kind in ("ts", "tstz"):
+        return f"TIMESTAMP '{value}'"
     return "'" + str(value).replace("'", "''") + "'"
 
 
@@ -108,6 +125,10 @@ def value(rng: random.Random, column: Column) -> str | int | None:
         return rng.choice(NUMBERS)
     if column.kind == "date":
         return rng.choice(DAYS)
+    if column.kind in ("ts", "tstz"):
+        return rng.choice(TIMES_OF_DAY)
+    if column.kind == "float":
+        return rng.choice(FLOATS)
     return rng.choice(TEXTS)[:column.length]
 
 
@@ -205,6 +226,9 @@ class Queries:
             return f"{self.length(ref)} {rng.choice(('=', '>'))} {rng.randint(0, 2)}"
         if column.kind == "date":
             return f"{ref} {rng.choice(('<', '>=', '='))} {literal('date', rng.choice(DAYS))}"
+        if column.kind in ("ts", "tstz"):
+            return f"{ref} {rng.choice(('<', '>=', '='))} " \
+                   f"{literal(column.kind, rng.choice(TIMES_OF_DAY))}"
         number = rng.choice(("0", "1", "2", "-1", "1.5"))
         if roll < 0.6:
             return f"{ref} {rng.choice(('=', '<>', '<', '>', '<=', '>='))} {number}"
@@ -222,21 +246,23 @@ class Queries:
         column = self._column(table)
         assert column is not None
         ref = f"{alias}.{column.name}"
-        if column.kind in ("int", "num"):
+        if column.kind in NUMERIC:
             return rng.choice((ref, f"{ref} + 1", f"{ref} * 2", f"abs({ref})",
                                f"CASE WHEN {ref} > 1 THEN 'big' ELSE 'small' END",
                                f"coalesce({ref}, 0)", f"{ref} / 2",
-                               f"round({ref} / 3, 2)" if column.kind == "num" else f"{ref} % 3"))
-        if column.kind == "date":
+                               f"round({ref} / 3, 2)" if column.kind == "num"
+                               else f"{ref} % 3" if column.kind == "int" else f"floor({ref})"))
+        if column.kind in TIMES:
             return rng.choice((ref, f"extract(year from {ref})", f"extract(month from {ref})",
-                               f"extract(day from {ref})"))
+                               f"extract(day from {ref})")
+                              + ((f"extract(hour from {ref})",) if column.kind != "date" else ()))
         return rng.choice((ref, f"upper({ref})", f"lower({ref})", self.length(ref),
                            self.concat(ref, "'|'"), f"coalesce({ref}, '-')",
                            f"CASE WHEN {ref} = 'a' THEN 1 ELSE 0 END"))
 
     def aggregate(self, alias: str, table: Table) -> str:
         rng = self.rng
-        number = self._column(table, ("int", "num"))
+        number = self._column(table, NUMERIC)
         any_column = self._column(table)
         assert any_column is not None
         choices = ["count(*)", f"count({alias}.{any_column.name})",
@@ -272,7 +298,7 @@ class Queries:
         column = self._column(table)
         assert column is not None
         group = f"t.{column.name}"
-        if column.kind == "date" and self.rng.random() < 0.5:
+        if column.kind in TIMES and self.rng.random() < 0.5:
             group = f"extract(month from t.{column.name})"
         aggregates = ", ".join(f"{self.aggregate('t', table)} AS a{i}"
                                for i in range(self.rng.randint(1, 3)))

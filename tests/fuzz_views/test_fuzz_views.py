@@ -19,7 +19,7 @@ import pytest
 from tests.fuzz_views.harness import Report, generate, run_case
 
 #: the seed ``make test`` plays, and its size (each dialect about 20 s of the suite)
-SEED, BATCHES, QUERIES = 147, 14, 16
+SEED, BATCHES, QUERIES = 384, 14, 16
 #: at most this long per dialect (``make test``'s share: 90 s for the whole fuzzer)
 SECONDS = 35
 

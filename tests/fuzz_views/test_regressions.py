@@ -130,3 +130,41 @@ def test_postgres_icu_collations_order_as_on_the_leader(tmp_path: Path, pg_clust
     report = replay(case, pg_cluster, tmp_path)
     assert "f0.n (num): order" in report.refused["q4"]
     assert report.accepted == ["q1", "q2", "q3", "q5"] and report.comparisons == 16
+
+
+def test_postgres_timestamptz_computes_in_utc(tmp_path: Path, pg_cluster: Any) -> None:
+    """Seed 384: a ``timestamptz`` was held as its text, so a comparison with a ``timestamp``
+    literal did not run on the state ("Cannot compare VARCHAR and TIMESTAMP": refused), and
+    ``cdc verify`` read the leader's ``+00:00`` as another value than the log's ``Z``. The
+    state holds it as a TIMESTAMPTZ computed in UTC, like verify's leader session."""
+    report = replay(Case(
+        'postgres',
+        ['CREATE TABLE f2 (id int PRIMARY KEY, a2 int, b2 timestamptz(0), c2 timestamp(0))'],
+        ["INSERT INTO f2 VALUES (1, 1, TIMESTAMP '2024-01-01 12:30:00', TIMESTAMP "
+         "'2024-01-01 12:30:00'), (2, 1, NULL, NULL), (3, 2, TIMESTAMP '2023-06-15 08:00:00', "
+         "TIMESTAMP '2023-06-15 08:00:00')"],
+        [["UPDATE f2 SET b2 = TIMESTAMP '2024-02-29 23:59:59' WHERE id = 2"]],
+        [Query('q1', "SELECT t.a2 AS g, max(t.b2) AS a, min(t.c2) AS b FROM f2 t GROUP BY t.a2",
+               ('g',)),
+         Query('q2', "SELECT t.id, t.b2 AS a, extract(hour from t.b2) AS h FROM f2 t WHERE "
+               "t.b2 < TIMESTAMP '2024-01-01 12:30:00' OR t.c2 >= TIMESTAMP "
+               "'2024-01-01 12:30:00'", ('id',))]),
+        pg_cluster, tmp_path)
+    assert report.accepted == ["q1", "q2"] and report.comparisons == 4
+
+
+def test_mariadb_timestamp_is_a_point_in_time(tmp_path: Path, mariadb_server: Any) -> None:
+    """Seed 118: capture logs a MariaDB TIMESTAMP as a point in time (``Z``); the leader's
+    answer to the view's SQL read it as a wall-clock time, so every such row was missing and
+    extra at once. The leader's TIMESTAMP results are read as UTC (the session's zone)."""
+    replay(Case('mysql',
+                ['CREATE TABLE f2 (id int PRIMARY KEY, a2 int NOT NULL, b2 timestamp NULL '
+                 'DEFAULT NULL, c2 datetime)'],
+                ["INSERT INTO f2 VALUES (3, -1, TIMESTAMP '2024-12-31 23:00:00', "
+                 "TIMESTAMP '2024-12-31 23:00:00'), (4, 1, NULL, NULL)"],
+                [["UPDATE f2 SET b2 = TIMESTAMP '2023-06-15 08:00:00' WHERE id = 4"]],
+                [Query('q0', 'SELECT t.id, t.b2 AS v, t.c2 AS w FROM f2 t ORDER BY t.b2 DESC, '
+                       't.id LIMIT 3', ('id',), True),
+                 Query('q1', 'SELECT t.b2 AS g, count(*) AS n, max(t.c2) AS m FROM f2 t '
+                       'GROUP BY t.b2', ('g',))]),
+           mariadb_server, tmp_path)
