@@ -1128,3 +1128,25 @@ def test_text_ordered_by_an_icu_locale_is_ordered_by_its_sort_key() -> None:
                    "INSERT INTO public.t VALUES (1, 1, 'z'), (2, 1, 'ö'), (3, 1, 'B'), "
                    "(4, 1, 'b'), (5, 1, 'x'), (6, 1, NULL)")
         assert db.execute(plan.full_sql).fetchall() == [(1, "b", "ö")]  # Swedish: ö after z
+
+
+def test_a_state_holding_timestamptz_as_text_is_converted(tmp_path: Path) -> None:
+    """A state written before timestamptz was a TIMESTAMPTZ in it held the log's text: at the
+    next start the column is converted in place and the view recomputed, so a comparison with
+    a timestamp literal runs on it."""
+    table = TableId("public", "ev")
+    sql = "SELECT e.id, extract(hour from e.at) AS h FROM ev e WHERE e.at >= TIMESTAMP '2024-01-01'"
+    row = {"id": 1, "at": "2024-01-01T12:30:00.000000Z"}
+    change = BaseChange(table, '{"id":1}', b"\x01", row)
+    old = analyze("ev", "SELECT e.id, e.at FROM ev e", ["id"], "postgres", [table])
+    state = ViewState(tmp_path / "ev.duckdb", old, lambda _t: [("id", "BIGINT"), ("at", "VARCHAR")])
+    state.apply([change])
+    state.close()
+    new = analyze("ev", sql, ["id"], "postgres", [table])
+    state = ViewState(tmp_path / "ev.duckdb", new,
+                      lambda _t: [("id", "BIGINT"), ("at", "TIMESTAMPTZ")])
+    try:
+        state.apply([])
+        assert state.rows() == {'{"id":1}': {"id": 1, "h": 12}}
+    finally:
+        state.close()
