@@ -50,11 +50,11 @@ def compared(column: exp.Column) -> str | None:
     return None if found is None else found[0]
 
 
-def ordering_operand(column: exp.Column) -> tuple[exp.Expr, exp.Expr] | None:
-    """(the node that orders ``column``'s text, its operand that holds the column), or None
-    where nothing orders it (:func:`compared` is not ``"<"``)."""
+def ordering_node(column: exp.Column) -> exp.Expr | None:
+    """The node that orders ``column``'s text, or None where nothing orders it
+    (:func:`compared` is not ``"<"``)."""
     found = _context(column)
-    return None if found is None or found[0] != "<" else (found[1], found[2])
+    return None if found is None or found[0] != "<" else found[1]
 
 
 def ordered_by_icu(column: exp.Column) -> bool:
@@ -67,21 +67,22 @@ def ordered_by_icu(column: exp.Column) -> bool:
     return False
 
 
-def _context(column: exp.Column) -> tuple[str, exp.Expr, exp.Expr] | None:
+def _context(column: exp.Column) -> tuple[str, exp.Expr] | None:
+    """(how ``column``'s text is compared, the node that compares it), or None."""
     node: exp.Expr = column
     while node.parent is not None and not isinstance(node, exp.Select):
         parent = node.parent
         if parent.meta.get(_ICU_KEY):
             return None
         if isinstance(parent, exp.Count) and isinstance(node, exp.Distinct):
-            return "=", parent, node
+            return "=", parent
         if isinstance(parent, COLLATION_ENDS):
             return None
         if isinstance(parent, ORDERING):
-            return "<", parent, node
+            return "<", parent
         if isinstance(parent, EQUALITY) or (isinstance(parent, exp.Window)
                                             and node.arg_key == "partition_by"):
-            return "=", parent, node
+            return "=", parent
         node = parent
     return None
 
@@ -148,9 +149,9 @@ def order_by_icu(select: exp.Select, collation_of: Callable[[exp.Column], str | 
             if column.find_ancestor(exp.Select) is not select:
                 continue
             collation = collation_of(column)
-            found = ordering_operand(column) if collation is not None else None
+            found = ordering_node(column) if collation is not None else None
             if found is not None and collation is not None:
-                todo.setdefault(id(found[0]), (found[0], collation))
+                todo.setdefault(id(found), (found, collation))
         if not [node for node, collation in todo.values() if _keyed(node, collation)]:
             return
 
