@@ -419,6 +419,8 @@ def latency(args: argparse.Namespace, env: BenchEnv, server: ThrowawayRedis,
         log = env.log("live")
         log.settings.pop("fsync")  # capture as configured by default (fsynced)
         log.settings.pop("partitions")
+        if args.commit_interval is not None:
+            log.settings["commit_interval"] = f"{args.commit_interval}s"
         log_dir = Path(log.settings["path"])
         # every setting the product's default but what names the place (issue 28, point 5)
         followers: dict[str, dict[str, Any]] = {
@@ -673,6 +675,8 @@ def main() -> None:
                         help="latency phase: every follower's trigger interval in seconds, or "
                              "per kind: redis=0.05,sql=0.05 (default: the "
                              "product's; a value here is not the default path)")
+    parser.add_argument("--commit-interval", type=float, default=None, metavar="SECONDS",
+                        help="latency: capture's log.commit_interval (default: the product's)")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile of the executor task path alone")
     parser.add_argument("--py-spy", type=Path, default=None, metavar="FILE",

@@ -1062,7 +1062,8 @@ def test_mariadb_division_by_zero_is_null_as_on_the_leader(tmp_path: Path, mysql
 def test_mariadb_division_and_avg_keep_the_leaders_scale(tmp_path: Path, mysql_db: Any) -> None:
     """MariaDB's ``/`` and ``AVG`` of exact numbers are DECIMALs with 4 more places than the
     dividend (``-10 / 3`` is ``-3.3333``, the AVG of a ``DECIMAL(8,2)`` has 6): the view's
-    columns hold exactly MariaDB's values, not doubles (``-3.3333333333333335``)."""
+    columns hold exactly MariaDB's values, not doubles (``-3.3333333333333335``), and its
+    comparisons see the rounded value as MariaDB's do."""
     from decimal import Decimal
 
     mysql_db.execute("CREATE TABLE t (id int PRIMARY KEY, g int, a int, x decimal(8,2))")
@@ -1074,7 +1075,10 @@ def test_mariadb_division_and_avg_keep_the_leaders_scale(tmp_path: Path, mysql_d
     views = {"per_row": ("SELECT t.id, t.a / 3 AS q, t.x / t.a AS r, t.x / 32 AS h FROM t",
                          ["id"]),
              "per_group": ("SELECT t.g, avg(t.x) AS ax, avg(t.a) AS aa, sum(t.x) / count(*) "
-                           "AS c FROM t GROUP BY t.g", ["g"])}
+                           "AS c, sum(t.a) / sum(t.x) * 100 AS p FROM t GROUP BY t.g", ["g"]),
+             # MariaDB compares a division at its scale: 1 / 3 = 0.3333 is true there
+             "compared": ("SELECT t.id, CASE WHEN t.a / 3 >= 0.6667 THEN 'y' ELSE 'n' END AS c "
+                          "FROM t WHERE t.a / 3 = 0.3333 OR t.a / 3 > 0.666666667", ["id"])}
     rows = mysql_db.execute("SELECT id, g, a, x FROM t")
     changes = [BaseChange(table, json.dumps({"id": i}, separators=(",", ":")), bytes([i]),
                           {"id": i, "g": g, "a": a, "x": None if x is None else str(x)})
@@ -1085,11 +1089,15 @@ def test_mariadb_division_and_avg_keep_the_leaders_scale(tmp_path: Path, mysql_d
         try:
             state.apply(changes)
             held = {json.loads(k)[key[0]]: row for k, row in state.rows().items()}
-            for found in mysql_db.execute(sql):
+            answers = list(mysql_db.execute(sql))
+            assert sorted(held) == sorted(found[0] for found in answers), name
+            for found in answers:
                 row = held[found[0]]
                 for column, value in zip(list(row)[1:], found[1:], strict=True):
-                    assert (None if row[column] is None else Decimal(str(row[column]))) \
-                        == value and (value is None or str(row[column]) == str(value)), \
+                    held_value = row[column]
+                    if isinstance(value, Decimal) and held_value is not None:
+                        held_value = Decimal(str(held_value))
+                    assert held_value == value and str(held_value) == str(value), \
                         (name, found[0], column, row[column], value)
         finally:
             state.close()

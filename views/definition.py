@@ -519,27 +519,47 @@ _MAX_SCALE = 18
 
 def _mariadb_scales(tree: exp.Query, tables: Sequence[TableId],
                     types: Mapping[TableId, Mapping[str, str]]) -> None:
-    """A view column that is a division or an AVG of exact numbers (integers, decimals) is a
-    DECIMAL on MariaDB with :data:`MARIADB_DIV_INCREMENT` more places than its dividend
-    (``-10 / 3`` is ``-3.3333``, ``AVG`` of a ``DECIMAL(8,2)`` has 6 places); the state's
-    DOUBLE is rounded to that scale (half away from zero, as MariaDB) and held as a DECIMAL.
-    Inside a larger expression MariaDB keeps more digits (whole 9-digit words, truncated):
-    there the state's DOUBLE stands, compared by ``cdc verify`` with a tolerance
+    """MariaDB's ``/`` and ``AVG`` of exact numbers (integers, decimals) are DECIMALs with
+    :data:`MARIADB_DIV_INCREMENT` more places than the dividend (``-10 / 3`` is ``-3.3333``, the
+    AVG of a ``DECIMAL(8,2)`` has 6 places), where the state computes a DOUBLE. Two places
+    follow MariaDB's scale: a view column holding such a division (``sum(a) / sum(b) * 100``)
+    is rounded to the column's MariaDB scale (half away from zero) and held as a DECIMAL; a
+    comparison (``=``, ``<>``, ``<``, ``>``, ``<=``, ``>=``) with such a division or AVG as an
+    operand compares it rounded to its scale, as MariaDB does (``1 / 3 = 0.3333`` is true
+    there). Elsewhere MariaDB keeps more digits than it shows (whole 9-digit words: ``2 / 3 *
+    3000000000`` is ``1999999998.0000``, and ``IN`` compares those digits) and the state its
+    DOUBLE: such columns can differ in their last places, which ``cdc verify`` tolerates
     (:func:`approximate_columns`)."""
     for select in _branches(tree):
         aliases = _aliases_of(select, tables)
+
+        def rounded(node: exp.Expr, scale: int | None) -> exp.Expr | None:
+            if scale is None or scale > _MAX_SCALE:
+                return None
+            return exp.Cast(this=exp.Round(this=node.copy(), decimals=exp.Literal.number(scale)),
+                            to=exp.DataType.build(f"DECIMAL(38, {scale})"))
+
+        for comparison in list(select.find_all(*_ORDER_COMPARISONS)):
+            for part in ("this", "expression"):
+                operand = comparison.args.get(part)
+                if isinstance(operand, exp.Div | exp.Avg):
+                    done = rounded(operand, _mariadb_scale(operand, aliases, types))
+                    if done is not None:
+                        comparison.set(part, done)
         projections = []
         for projection in select.expressions:
             expression = projection.unalias()
-            scale = _mariadb_scale(expression, aliases, types) \
-                if isinstance(expression, exp.Div | exp.Avg) else None
-            if scale is not None and scale <= _MAX_SCALE:
-                rounded = exp.Cast(this=exp.Round(this=expression.copy(),
-                                                  decimals=exp.Literal.number(scale)),
-                                   to=exp.DataType.build(f"DECIMAL(38, {scale})"))
-                projection = exp.alias_(rounded, projection.alias_or_name)
-            projections.append(projection)
+            divides = any(True for _ in expression.find_all(exp.Div, exp.Avg))
+            done = rounded(expression, _mariadb_scale(expression, aliases, types)) \
+                if divides else None
+            projections.append(projection if done is None
+                               else exp.alias_(done, projection.alias_or_name))
         select.set("expressions", projections)
+
+
+
+#: the comparisons at which MariaDB rounds a division to its scale (not IN, not <=>)
+_ORDER_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
 
 
 def _mariadb_scale(node: exp.Expr, aliases: Mapping[str, TableId],
