@@ -1078,7 +1078,13 @@ def test_mariadb_division_and_avg_keep_the_leaders_scale(tmp_path: Path, mysql_d
                            "AS c, sum(t.a) / sum(t.x) * 100 AS p FROM t GROUP BY t.g", ["g"]),
              # MariaDB compares a division at its scale: 1 / 3 = 0.3333 is true there
              "compared": ("SELECT t.id, CASE WHEN t.a / 3 >= 0.6667 THEN 'y' ELSE 'n' END AS c "
-                          "FROM t WHERE t.a / 3 = 0.3333 OR t.a / 3 > 0.666666667", ["id"])}
+                          "FROM t WHERE t.a / 3 = 0.3333 OR t.a / 3 > 0.666666667", ["id"]),
+             # ... and holds 9 digits of it, truncated: 2 / 3 * 3000000000 is 1999999998.0000
+             "held": ("SELECT t.id, t.a / 3 * 3000000000 AS m, t.x / 7 * 1000000000 AS n, "
+                      "CASE WHEN t.a / 3 IN (0.3333, 0.333333333) THEN 'in' ELSE 'out' END AS i, "
+                      "(t.a / 3) / 7 AS d, t.a / 3 + t.a / 3 AS s FROM t", ["id"]),
+             "grouped": ("SELECT t.g, avg(t.a) * 1000000000 AS m, count(*) AS n FROM t "
+                         "GROUP BY t.g HAVING avg(t.x) <> 0.336667", ["g"])}
     rows = mysql_db.execute("SELECT id, g, a, x FROM t")
     changes = [BaseChange(table, json.dumps({"id": i}, separators=(",", ":")), bytes([i]),
                           {"id": i, "g": g, "a": a, "x": None if x is None else str(x)})

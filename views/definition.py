@@ -59,6 +59,7 @@ from sqlglot import exp
 from cdc.errors import ConfigError
 from cdc.events import TableId
 from views.collation import duckdb_collation, duckdb_knows, extreme_name, order_by_icu
+from views.mariadb_decimals import exact_divisions, exact_quotient
 
 #: the state's own columns in every base table (never a leader column: ``_cdc`` is reserved)
 KEY_COLUMN = "_cdc_key"
@@ -201,8 +202,8 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     named without its table is resolved to the one table of its SELECT that has it
     (:func:`_qualify_columns`), ``character(n)`` columns keep the leader's semantics
     (:func:`_blank_padding`), text the leader orders by an ICU locale is ordered so
-    (:func:`_icu_order`), and MariaDB's decimal divisions keep its scale
-    (:func:`_mariadb_scales`). A :class:`ViewDefinitionError` for SQL that cannot be a view."""
+    (:func:`_icu_order`), and MariaDB's quotients are computed as MariaDB computes them
+    (:func:`_mariadb_divisions`). A :class:`ViewDefinitionError` for SQL that cannot be a view."""
     written = _parse(name, sql, dialect)
     _resolve_tables(name, written, captured, {})  # names checked as written
     volatile = _volatile(written)
@@ -231,8 +232,9 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     if icu:
         _icu_order(tree, subqueries, [*captured, *subqueries], icu)
     if dialect == "mysql":
-        _mariadb_scales(tree, captured, {table: {c: f.state_type for c, f in columns.items()}
-                                         for table, columns in described.items()})
+        _mariadb_divisions(tree, subqueries, captured,
+                           {table: {c: f.state_type for c, f in columns.items()}
+                            for table, columns in described.items()})
     indexes: dict[TableId, int] = {}
     known = [*captured, *subqueries]
     references = _resolve_tables(name, tree, known, indexes)
@@ -355,7 +357,7 @@ def approximate_columns(plan: ViewPlan, doubles: Mapping[str, set[str]]) -> list
                              for table, sub in plan.subviews.items()}}
     out: list[str] = []
     for column, expression in plan.outputs.items():
-        floating = any(True for _ in expression.find_all(*_FLOATING)) or any(
+        floating = any(not exact_quotient(node) for node in expression.find_all(*_FLOATING)) or any(
             cast.to.is_type(*exp.DataType.FLOAT_TYPES) for cast in expression.find_all(exp.Cast))
         for reference in expression.find_all(exp.Column):
             held = doubles.get(tables.get(reference.table, ""), set()) if reference.table else \
@@ -511,92 +513,21 @@ def _mariadb_division(tree: exp.Expr) -> None:
                                           expression=exp.Literal.number(0)))
 
 
-#: the digits MariaDB adds to a division's scale (``div_precision_increment``'s default)
-MARIADB_DIV_INCREMENT = 4
-#: a view column rounded to MariaDB's scale keeps at most this many places (DuckDB's DECIMAL)
-_MAX_SCALE = 18
-
-
-def _mariadb_scales(tree: exp.Query, tables: Sequence[TableId],
-                    types: Mapping[TableId, Mapping[str, str]]) -> None:
-    """MariaDB's ``/`` and ``AVG`` of exact numbers (integers, decimals) are DECIMALs with
-    :data:`MARIADB_DIV_INCREMENT` more places than the dividend (``-10 / 3`` is ``-3.3333``, the
-    AVG of a ``DECIMAL(8,2)`` has 6 places), where the state computes a DOUBLE. Two places
-    follow MariaDB's scale: a view column holding such a division (``sum(a) / sum(b) * 100``)
-    is rounded to the column's MariaDB scale (half away from zero) and held as a DECIMAL; a
-    comparison (``=``, ``<>``, ``<``, ``>``, ``<=``, ``>=``) with such a division or AVG as an
-    operand compares it rounded to its scale, as MariaDB does (``1 / 3 = 0.3333`` is true
-    there). Elsewhere MariaDB keeps more digits than it shows (whole 9-digit words: ``2 / 3 *
-    3000000000`` is ``1999999998.0000``, and ``IN`` compares those digits) and the state its
-    DOUBLE: such columns can differ in their last places, which ``cdc verify`` tolerates
-    (:func:`approximate_columns`)."""
-    for select in _branches(tree):
+def _mariadb_divisions(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
+                       tables: Sequence[TableId], types: Mapping[TableId, Mapping[str, str]]
+                       ) -> None:
+    """Every SELECT computes MariaDB's quotients and AVGs as MariaDB does
+    (``views/mariadb_decimals.py``); a column's type from ``types`` (the captured tables')."""
+    for select in [*tree.find_all(exp.Select), *(s for sub in subqueries.values()
+                                                 for s in sub.find_all(exp.Select))]:
         aliases = _aliases_of(select, tables)
 
-        def rounded(node: exp.Expr, scale: int | None) -> exp.Expr | None:
-            if scale is None or scale > _MAX_SCALE:
-                return None
-            return exp.Cast(this=exp.Round(this=node.copy(), decimals=exp.Literal.number(scale)),
-                            to=exp.DataType.build(f"DECIMAL(38, {scale})"))
+        def type_of(column: exp.Column, aliases: Mapping[str, TableId] = aliases) -> str | None:
+            table = aliases.get(column.table) if column.table else \
+                next(iter(aliases.values())) if len(aliases) == 1 else None
+            return None if table is None else types.get(table, {}).get(column.name)
 
-        for comparison in list(select.find_all(*_ORDER_COMPARISONS)):
-            for part in ("this", "expression"):
-                operand = comparison.args.get(part)
-                if isinstance(operand, exp.Div | exp.Avg):
-                    done = rounded(operand, _mariadb_scale(operand, aliases, types))
-                    if done is not None:
-                        comparison.set(part, done)
-        projections = []
-        for projection in select.expressions:
-            expression = projection.unalias()
-            divides = any(True for _ in expression.find_all(exp.Div, exp.Avg))
-            done = rounded(expression, _mariadb_scale(expression, aliases, types)) \
-                if divides else None
-            projections.append(projection if done is None
-                               else exp.alias_(done, projection.alias_or_name))
-        select.set("expressions", projections)
-
-
-
-#: the comparisons at which MariaDB rounds a division to its scale (not IN, not <=>)
-_ORDER_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
-
-
-def _mariadb_scale(node: exp.Expr, aliases: Mapping[str, TableId],
-                   types: Mapping[TableId, Mapping[str, str]]) -> int | None:
-    """The scale MariaDB gives ``node``'s exact value, or None when it is approximate (a
-    float, a string) or not known here."""
-    def of(child: exp.Expr | None) -> int | None:
-        return None if child is None else _mariadb_scale(child, aliases, types)
-
-    if isinstance(node, exp.Paren | exp.Neg | exp.Abs | exp.Sum | exp.Min | exp.Max):
-        return of(node.this)
-    if isinstance(node, exp.Nullif):
-        return of(node.this)
-    if isinstance(node, exp.Count | exp.IntDiv):
-        return 0
-    if isinstance(node, exp.Div | exp.Avg):
-        scale = of(node.this)
-        exact = isinstance(node, exp.Avg) or of(node.expression) is not None
-        return scale + MARIADB_DIV_INCREMENT if scale is not None and exact else None
-    if isinstance(node, exp.Add | exp.Sub | exp.Mod | exp.Mul):
-        left, right = of(node.this), of(node.expression)
-        if left is None or right is None:
-            return None
-        return left + right if isinstance(node, exp.Mul) else max(left, right)
-    if isinstance(node, exp.Literal) and node.is_number:
-        text = node.name.lower()
-        return None if "e" in text else len(text.partition(".")[2])
-    if isinstance(node, exp.Column):
-        table = aliases.get(node.table) if node.table else \
-            next(iter(aliases.values())) if len(aliases) == 1 else None
-        kind = types.get(table, {}).get(node.name, "") if table is not None else ""
-        found = re.fullmatch(r"DECIMAL\(\d+,\s*(\d+)\)", kind)
-        if found:
-            return int(found[1])
-        return 0 if kind in ("BIGINT", "INTEGER", "SMALLINT", "TINYINT", "HUGEINT",
-                             "UBIGINT", "UINTEGER", "USMALLINT", "UTINYINT") else None
-    return None
+        exact_divisions(select, type_of)
 
 
 def _postgres_division(tree: exp.Expr) -> None:
