@@ -90,7 +90,7 @@ PHYSICAL: dict[LogicalKind, tuple[str, str, str, str]] = {
     K.DATE: ("string", "DATE", "TEXT", "DATE"),
     K.TIME: ("string", "TIME WITHOUT TIME ZONE", "TEXT", "VARCHAR"),
     K.TIMESTAMP: ("string", "TIMESTAMP WITHOUT TIME ZONE", "TEXT", "TIMESTAMP"),
-    K.TIMESTAMPTZ: ("string", "TIMESTAMP WITH TIME ZONE", "TEXT", "VARCHAR"),
+    K.TIMESTAMPTZ: ("string", "TIMESTAMP WITH TIME ZONE", "TEXT", "TIMESTAMPTZ"),
     K.UUID: ("string", "UUID", "TEXT", "VARCHAR"),
     K.JSON: ("string", "JSON", "TEXT", "VARCHAR"),
     K.BYTES: ("string", "BYTEA", "BLOB", "VARCHAR"),

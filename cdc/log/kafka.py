@@ -95,7 +95,9 @@ _LOG = logging.getLogger(__name__)
 _TRANSIENT_READS = frozenset({
     KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
-    KafkaError.REQUEST_TIMED_OUT, KafkaError._ALL_BROKERS_DOWN})
+    KafkaError.REQUEST_TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+    # the shared consumer closed by another thread's outage (``_read_failure``): a new one
+    KafkaError._DESTROY})
 
 
 class _QuietClient(logging.Filter):
@@ -476,6 +478,12 @@ class KafkaChangeLogReader(ChangeLogReader):
                 _, high = self._reader().get_watermark_offsets(
                     TopicPartition(kafka_name, partition), timeout=TIMEOUT, cached=False)
                 break
+            except RuntimeError:  # closed by another thread's outage: ask a new consumer
+                if time.monotonic() > deadline:
+                    raise LogUnavailable(f"Kafka log at {self.where}: reading the end of "
+                                         f"{kafka_name} failed", "check that the brokers are "
+                                         "up and reachable (log.bootstrap_servers)") from None
+                time.sleep(0.25)
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 code = error.code() if error is not None else None
@@ -503,8 +511,14 @@ class KafkaChangeLogReader(ChangeLogReader):
                  limit: int | None = None) -> list[Any]:
         """Committed messages of one partition with ``start <= offset < end``."""
         consumer = self._reader()
-        with assigned(consumer, TopicPartition(kafka_name, partition, start)):
-            return self._consume_assigned(consumer, kafka_name, partition, start, end, limit)
+        try:
+            with assigned(consumer, TopicPartition(kafka_name, partition, start)):
+                return self._consume_assigned(consumer, kafka_name, partition, start, end,
+                                              limit)
+        except RuntimeError:  # the consumer closed by another thread's outage
+            raise LogUnavailable(f"Kafka log at {self.where}: reading {kafka_name} was cut "
+                                 "short by an outage", "check that the brokers are up and "
+                                 "reachable (log.bootstrap_servers)") from None
 
     def _consume_assigned(self, consumer: Consumer, kafka_name: str, partition: int,
                           start: int, end: int, limit: int | None) -> list[Any]:
