@@ -33,7 +33,7 @@ from tests.fuzz_views.harness import Case, run_case
 
 SCALE = 0.01
 SEED = 43
-BATCHES = 6
+BATCHES = 4
 ROWS_PER_INSERT = 2000
 
 #: the spec's tables (clause 1.4), columns in the generator's order, and primary keys
