@@ -466,7 +466,7 @@ def whole_log(settings: dict[str, Any]) -> tuple[Any, Any, list[Any]]:
 # bench/pg_capture.py, bench/mysql_capture.py, bench/pg_huge_txn.py, bench/kafka_log.py
 
 #: log.commit_interval's default (cdc/config.py)
-COMMIT_INTERVAL_MS = 50
+COMMIT_INTERVAL_MS = 20
 
 
 def load_averages() -> list[float]:

@@ -212,7 +212,7 @@ class LogConfig(_Strict):
     partitions: int = Field(8, ge=1, le=4096)
     segment_bytes: Size = Field(64 * 1024**2, ge=4096)
     #: group commit: an append waits at most this long for company before it is made durable
-    commit_interval: Duration = Field(0.05, ge=0, le=60)
+    commit_interval: Duration = Field(0.02, ge=0, le=60)
     #: ... and a group never holds more than this many records
     commit_max_records: int = Field(20_000, ge=1)
     #: ... nor more than this many bytes of record values (capture's memory stays bounded)
