@@ -58,7 +58,7 @@ def exact_divisions(select: exp.Select, type_of: Callable[[exp.Column], str | No
     """``select`` (not its subqueries) computes MariaDB's quotients and AVGs as MariaDB does
     (the module docstring); ``type_of(column)``: a column's state type (``DECIMAL(8,2)``,
     ``BIGINT`` ...), None when unknown."""
-    rewrite = _Rewrite(type_of, select)
+    rewrite = _Rewrite(type_of)
     for node in [select.args.get("where"), select.args.get("having"),
                  *(join.args.get("on") for join in select.args.get("joins") or [])]:
         if node is not None:
@@ -92,9 +92,8 @@ def exact_quotient(node: exp.Expr) -> bool:
 
 
 class _Rewrite:
-    def __init__(self, type_of: Callable[[exp.Column], str | None], select: exp.Select) -> None:
+    def __init__(self, type_of: Callable[[exp.Column], str | None]) -> None:
         self.type_of = type_of
-        self.select = select
 
     @staticmethod
     def divided(node: exp.Expr) -> bool:
