@@ -174,6 +174,9 @@ class ThrowawayMariaDB:
         """Every option mariadbd gets after ``--no-defaults`` (``False`` ones removed)."""
         defaults: dict[str, OptionValue] = {
             "datadir": str(self.data_dir),
+            # Its own temporary folder: internal temporary tables (`#sql-temptable-…`) in a /tmp
+            # shared with other servers and tests were once removed under a running query.
+            "tmpdir": str(self._dir / "tmp"),
             "socket": self.socket,
             "pid_file": str(self._dir / "mysqld.pid"),
             "log_error": str(self.error_log),
@@ -227,6 +230,10 @@ class ThrowawayMariaDB:
             shutil.chown(self.directory, self.user, self.user)
         if not (self.data_dir / "mysql").is_dir():
             self._copy_template()
+        temporary = self._dir / "tmp"
+        temporary.mkdir(exist_ok=True)
+        if self.user:
+            shutil.chown(temporary, self.user, self.user)
         self.port = self.port or free_port()
         command = [find_program("mariadbd", "mysqld"), "--no-defaults",
                    *(_argument(name, value) for name, value in self.server_options().items())]
