@@ -1164,3 +1164,105 @@ def test_a_state_holding_timestamptz_as_text_is_converted(tmp_path: Path) -> Non
         assert state.rows() == {'{"id":1}': {"id": 1, "h": 12}}
     finally:
         state.close()
+
+
+def test_postgres_quotient_macro_equals_postgresql(pg_db: Any) -> None:
+    """``cdc_pg_quotient`` (``views/postgres_decimals.py``) gives PostgreSQL's own quotient --
+    its per-value scale (``select_div_scale``) and rounding, half away from zero -- for
+    random operands across magnitudes, signs and scales, and every tie and carry the
+    generator hits; asked of the server itself."""
+    import random
+    from decimal import Decimal
+
+    import duckdb
+
+    from views.postgres_decimals import HELD
+    from views.types import set_up_state
+
+    rng = random.Random(43)
+
+    def number() -> tuple[str, int]:
+        scale = rng.choice((0, 0, 1, 2, 4, 6))
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 14)))
+        whole, places = digits[:-scale] or "0", digits[-scale:].rjust(scale, "0")
+        text = f"{whole}.{places}" if scale else digits
+        return ("-" if rng.random() < 0.3 else "") + text, scale
+
+    pairs = []
+    while len(pairs) < 400:
+        (a, sa), (b, sb) = number(), number()
+        if Decimal(b) != 0:
+            pairs.append((a, sa, b, sb))
+    pairs += [("1.0", 1, "3", 0), ("200.0", 1, "3", 0), ("1", 0, "1", 0), ("5", 0, "2", 0),
+              ("-5", 0, "2", 0), ("9999", 0, "9999", 0), ("10000", 0, "9999", 0),
+              ("0.05", 2, "1", 0), ("0", 0, "7", 0), ("1", 0, "3", 0)]
+    leader = pg_db.execute("SELECT " + ", ".join(
+        f"{a}::numeric(38,{sa}) / {b}::numeric(38,{sb})" for a, sa, b, sb in pairs))[0]
+    db = set_up_state(duckdb.connect())
+    compared = 0
+    for (a, sa, b, sb), expected in zip(pairs, leader, strict=True):
+        unscaled_a, unscaled_b = int(Decimal(a).scaleb(sa)), int(Decimal(b).scaleb(sb))
+        exponent = expected.as_tuple().exponent
+        assert isinstance(exponent, int)
+        if -exponent > HELD or abs(expected) >= Decimal(10) ** (38 - HELD):
+            with pytest.raises(duckdb.Error, match="PostgreSQL quotient"):
+                db.execute(f"SELECT cdc_pg_quotient({unscaled_a}::HUGEINT, "
+                           f"{unscaled_b}::HUGEINT, {sa}, {sb})").fetchone()
+            continue
+        held = db.execute(f"SELECT cdc_pg_quotient({unscaled_a}::HUGEINT, {unscaled_b}::HUGEINT, "
+                          f"{sa}, {sb})").fetchone()[0]
+        assert held == expected, (a, b, held, expected)
+        compared += 1
+    assert compared > 300
+
+
+def test_postgres_division_and_avg_keep_the_leaders_values(tmp_path: Path, pg_db: Any) -> None:
+    """PostgreSQL's ``/`` and ``AVG`` of exact numbers: a ``numeric`` at a per-value scale
+    (``1.0 / 3`` has 20 places), integers truncating, ``sum`` of a ``bigint`` a ``numeric``
+    (so ``sum(b) / count(*)`` does not truncate): the view's columns hold exactly
+    PostgreSQL's values, not doubles, and compare as PostgreSQL's do."""
+    from decimal import Decimal
+
+    from views.definition import approximate_columns
+
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, g int, a int, b bigint, x numeric(8,2))")
+    pg_db.execute("INSERT INTO t VALUES (1, 1, -10, 7, 10.10), (2, 1, 2, 5, 1.00), "
+                  "(3, 2, 7, -3, 0.05), (4, 2, 1, 4, NULL), (5, 1, 1, 9, 2.00)")
+    table = TableId("public", "t")
+    types = [("id", "BIGINT", "int32"), ("g", "BIGINT", "int32"), ("a", "BIGINT", "int32"),
+             ("b", "BIGINT", "int64"), ("x", "DECIMAL(8,2)", "decimal")]
+    described = {table: {c: Described(state_type=k, kind=kind) for c, k, kind in types}}
+    views = {"per_row": ("SELECT t.id, t.a / 3 AS q, t.x / t.a AS r, t.x / 32 AS h, "
+                         "t.b / 2 AS i, t.a / 3.0 AS f FROM t", ["id"]),
+             "per_group": ("SELECT t.g, avg(t.x) AS ax, avg(t.a) AS aa, avg(t.b) AS ab, "
+                           "sum(t.x) / count(*) AS c, sum(t.b) / count(*) AS sb, "
+                           "sum(t.a) / count(*) AS sa, sum(t.a) / sum(t.x) * 100 AS p "
+                           "FROM t GROUP BY t.g", ["g"]),
+             "compared": ("SELECT t.id, CASE WHEN t.a / 3.0 >= 0.6666 THEN 'y' ELSE 'n' END "
+                          "AS c FROM t WHERE t.a / 3.0 > 0.33333333333333333333 OR t.x / 3 "
+                          "< 0.34", ["id"]),
+             "grouped": ("SELECT t.g, round(avg(t.x), 3) AS r, count(*) AS n FROM t "
+                         "GROUP BY t.g HAVING avg(t.b) <> 0.5", ["g"])}
+    rows = pg_db.execute("SELECT id, g, a, b, x FROM t")
+    changes = [BaseChange(table, json.dumps({"id": i}, separators=(",", ":")), bytes([i]),
+                          {"id": i, "g": g, "a": a, "b": b, "x": None if x is None else str(x)})
+               for i, g, a, b, x in rows]
+    state_types = [(c, k) for c, k, _ in types]
+    for name, (sql, key) in views.items():
+        plan = analyze(name, sql, key, "postgres", [table], lambda: described)
+        assert approximate_columns(plan, {}) == [], name
+        state = ViewState(tmp_path / f"{name}.duckdb", plan, lambda _t: state_types)
+        try:
+            state.apply(changes)
+            held = {json.loads(k)[key[0]]: row for k, row in state.rows().items()}
+            answers = pg_db.execute(sql)
+            assert sorted(held) == sorted(found[0] for found in answers), name
+            for found in answers:
+                row = held[found[0]]
+                for column, value in zip(list(row)[1:], found[1:], strict=True):
+                    held_value = row[column]
+                    if isinstance(value, Decimal | int) and held_value is not None:
+                        held_value = Decimal(str(held_value))
+                    assert held_value == value, (name, found[0], column, row[column], value)
+        finally:
+            state.close()

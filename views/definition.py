@@ -52,6 +52,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import sqlglot
 from sqlglot import exp
@@ -59,7 +60,12 @@ from sqlglot import exp
 from cdc.errors import ConfigError
 from cdc.events import TableId
 from views.collation import duckdb_collation, duckdb_knows, extreme_name, order_by_icu
-from views.mariadb_decimals import exact_divisions, exact_quotient
+from views.decimals import exact_quotient
+from views.mariadb_decimals import exact_divisions as mariadb_divisions
+from views.postgres_decimals import SLASH, leader_numeric
+from views.postgres_decimals import exact_divisions as postgres_divisions
+
+T = TypeVar("T")
 
 #: the state's own columns in every base table (never a leader column: ``_cdc`` is reserved)
 KEY_COLUMN = "_cdc_key"
@@ -83,6 +89,8 @@ class Described:
     icu_locale: str = ""
     #: its type in the state (``views.types.duckdb_type``: ``DECIMAL(8,2)``, ``BIGINT`` ...)
     state_type: str = ""
+    #: its logical kind (``cdc.logical.LogicalKind``'s value: ``int32``, ``decimal`` ...)
+    kind: str = ""
 
 
 #: what ``analyze`` knows of the captured tables: per table, each column and what it says
@@ -232,9 +240,14 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     if icu:
         _icu_order(tree, subqueries, [*captured, *subqueries], icu)
     if dialect == "mysql":
-        _mariadb_divisions(tree, subqueries, captured,
-                           {table: {c: f.state_type for c, f in columns.items()}
-                            for table, columns in described.items()})
+        _exact_divisions(tree, subqueries, captured,
+                         {table: {c: f.state_type for c, f in columns.items()}
+                          for table, columns in described.items()}, mariadb_divisions)
+    else:
+        _exact_divisions(tree, subqueries, captured,
+                         {table: {c: leader_numeric(f.kind, f.state_type)
+                                  for c, f in columns.items()}
+                          for table, columns in described.items()}, postgres_divisions)
     indexes: dict[TableId, int] = {}
     known = [*captured, *subqueries]
     references = _resolve_tables(name, tree, known, indexes)
@@ -513,30 +526,35 @@ def _mariadb_division(tree: exp.Expr) -> None:
                                           expression=exp.Literal.number(0)))
 
 
-def _mariadb_divisions(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
-                       tables: Sequence[TableId], types: Mapping[TableId, Mapping[str, str]]
-                       ) -> None:
-    """Every SELECT computes MariaDB's quotients and AVGs as MariaDB does
-    (``views/mariadb_decimals.py``); a column's type from ``types`` (the captured tables')."""
+def _exact_divisions(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
+                     tables: Sequence[TableId], types: Mapping[TableId, Mapping[str, T]],
+                     rewrite: Callable[[exp.Select, Callable[[exp.Column], T | None]], None]
+                     ) -> None:
+    """Every SELECT computes the leader's quotients and AVGs as the leader does (``rewrite``:
+    ``views/mariadb_decimals.py`` or ``views/postgres_decimals.py``'s); a column's type from
+    ``types`` (the captured tables')."""
     for select in [*tree.find_all(exp.Select), *(s for sub in subqueries.values()
                                                  for s in sub.find_all(exp.Select))]:
         aliases = _aliases_of(select, tables)
 
-        def type_of(column: exp.Column, aliases: Mapping[str, TableId] = aliases) -> str | None:
+        def type_of(column: exp.Column, aliases: Mapping[str, TableId] = aliases) -> T | None:
             table = aliases.get(column.table) if column.table else \
                 next(iter(aliases.values())) if len(aliases) == 1 else None
             return None if table is None else types.get(table, {}).get(column.name)
 
-        exact_divisions(select, type_of)
+        rewrite(select, type_of)
 
 
 def _postgres_division(tree: exp.Expr) -> None:
     """PostgreSQL's ``/`` of two integers truncates (``-7 / 2`` is ``-3``), and DuckDB's ``/``
     gives a DOUBLE (``-3.5``): it becomes DuckDB's ``//``, which truncates integers and
-    divides decimals and floats as ``/`` does (a DOUBLE, compared with a tolerance by
-    ``cdc verify``: :func:`approximate_columns`)."""
+    divides floats as ``/`` does, marked as PostgreSQL's ``/``: a quotient of exact numbers
+    is then computed as PostgreSQL does (``views/postgres_decimals.py``); any other stays a
+    DOUBLE, compared with a tolerance by ``cdc verify`` (:func:`approximate_columns`)."""
     for node in list(tree.find_all(exp.Div)):
-        node.replace(exp.IntDiv(this=node.this.copy(), expression=node.expression.copy()))
+        divided = exp.IntDiv(this=node.this.copy(), expression=node.expression.copy())
+        divided.meta[SLASH] = True
+        node.replace(divided)
 
 
 def _apply_column_lists(tree: exp.Query) -> None:

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from views.decimals import HUGEINT, mark_exact, unscaled
+
 #: the places MariaDB adds to a quotient (``div_precision_increment``'s default)
 DIV_INCREMENT = 4
 #: MariaDB's decimal word: held digits come in whole words
@@ -41,7 +43,6 @@ _MAX_HELD = 27
 _SHOWN = "cdc_mariadb_shown_scale"
 _INTEGERS = frozenset({"BIGINT", "INTEGER", "SMALLINT", "TINYINT", "HUGEINT", "UBIGINT",
                        "UINTEGER", "USMALLINT", "UTINYINT"})
-_HUGEINT = exp.DataType.build("HUGEINT", dialect="duckdb")
 #: the comparisons at which MariaDB rounds a quotient to its shown scale (not IN, not <=>)
 _COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
 
@@ -79,16 +80,6 @@ def exact_divisions(select: exp.Select, type_of: Callable[[exp.Column], str | No
             operand = comparison.args.get(part)
             if operand is not None and _SHOWN in operand.meta:
                 comparison.set(part, _rounded(operand, int(operand.meta[_SHOWN])))
-
-
-def exact_quotient(node: exp.Expr) -> bool:
-    """Whether ``node`` is (inside) a quotient this module computes exactly: not a double."""
-    found: exp.Expr | None = node
-    while found is not None:
-        if _SHOWN in found.meta:
-            return True
-        found = found.parent
-    return False
 
 
 class _Rewrite:
@@ -160,30 +151,22 @@ def _held(left: int, right: int) -> int:
     return _WORD * -(-(words[0] + words[1] + increment) // _WORD)
 
 
-def _unscaled(node: exp.Expr, places: int) -> exp.Expr:
-    """``node`` (exact, ``places`` places) times 10^places, as a HUGEINT."""
-    decimal = exp.Cast(this=node.copy(), to=exp.DataType.build(f"DECIMAL(38, {places})"))
-    scaled = exp.Mul(this=decimal, expression=exp.Literal.number(10 ** places)) if places \
-        else decimal
-    return exp.Cast(this=scaled, to=_HUGEINT.copy())
-
-
 def _divided(dividend: exp.Expr, left: int, divisor: exp.Expr, right: int,
              done: _Exact) -> exp.Expr:
     """MariaDB's quotient: truncated to ``done.held`` places, NULL for a zero divisor."""
     shift = done.held - left + right
-    numerator = exp.Mul(this=_unscaled(dividend, left),
+    numerator = exp.Mul(this=unscaled(dividend, left),
                         expression=exp.Cast(this=exp.Literal.string(str(10 ** shift)),
-                                            to=_HUGEINT.copy()))
+                                            to=HUGEINT.copy()))
     quotient = exp.IntDiv(this=exp.Paren(this=numerator), expression=exp.Nullif(
-        this=_unscaled(divisor, right), expression=exp.Literal.number(0)))
+        this=unscaled(divisor, right), expression=exp.Literal.number(0)))
     unit = exp.Cast(this=exp.Literal.string(f"0.{'0' * (done.held - 1)}1" if done.held
                                             else "1"),
                     to=exp.DataType.build(f"DECIMAL({done.held + 1}, {done.held})"))
     value = exp.Paren(this=exp.Mul(
         this=exp.Cast(this=quotient, to=exp.DataType.build("DECIMAL(38, 0)")), expression=unit))
     value.meta[_SHOWN] = done.shown
-    return value
+    return mark_exact(value)
 
 
 def _rounded(node: exp.Expr, shown: int) -> exp.Expr:

@@ -95,7 +95,7 @@ def _catalog(schemas: Mapping[TableId, Any]) -> dict[TableId, dict[str, Describe
     for table, schema in schemas.items():
         lengths, locales = padded_columns(schema), icu_locales(schema)
         out[table] = {column: Described(lengths.get(column), locales.get(column, ""),
-                                        duckdb_type(logical))
+                                        duckdb_type(logical), logical.kind.value)
                       for column, logical in logical_columns(schema).items()}
     return out
 

@@ -33,6 +33,7 @@ from decimal import Decimal
 from typing import Any
 
 from cdc.logical import Logical, LogicalKind
+from views.postgres_decimals import define_macros
 
 #: ``cdc verify --view``: |a - b| <= this * max(|a|, |b|) for approximate columns
 RELATIVE_TOLERANCE = 1e-9
@@ -50,8 +51,10 @@ _TYPES = {LogicalKind.BOOLEAN: "BOOLEAN", LogicalKind.INT16: "BIGINT",
 def set_up_state(db: Any) -> Any:
     """``db`` (a DuckDB connection to a view's state) set up as every one is: ``timestamptz``
     values computed in UTC (``extract``, ``date_trunc``, comparisons with a ``timestamp``
-    literal), as ``cdc verify``'s leader session computes them. Returns ``db``."""
+    literal), as ``cdc verify``'s leader session computes them, and PostgreSQL's exact
+    quotient defined (``views/postgres_decimals.py``). Returns ``db``."""
     db.execute("SET TimeZone = 'UTC'")
+    define_macros(db)
     return db
 
 

@@ -249,7 +249,7 @@ class Queries:
         if column.kind in NUMERIC:
             return rng.choice((ref, f"{ref} + 1", f"{ref} * 2", f"abs({ref})",
                                f"CASE WHEN {ref} > 1 THEN 'big' ELSE 'small' END",
-                               f"coalesce({ref}, 0)", f"{ref} / 2",
+                               f"coalesce({ref}, 0)", f"{ref} / 2", f"{ref} / 7.0",
                                f"round({ref} / 3, 2)" if column.kind == "num"
                                else f"{ref} % 3" if column.kind == "int" else f"floor({ref})"))
         if column.kind in TIMES:
@@ -271,7 +271,8 @@ class Queries:
         if number is not None:
             ref = f"{alias}.{number.name}"
             choices += [f"sum({ref})", f"avg({ref})", f"max({ref}) - min({ref})",
-                        f"sum(CASE WHEN {ref} > 0 THEN 1 ELSE 0 END)"]
+                        f"sum(CASE WHEN {ref} > 0 THEN 1 ELSE 0 END)",
+                        f"sum({ref}) / count(*)", f"avg({ref}) * 3"]
         return rng.choice(choices)
 
     # ---------------------------------------------------------------------- shapes
