@@ -476,6 +476,22 @@ class ViewConfig(_Strict):
     #: ``strict``: refuse the view when any of its constructs would be recomputed whole
     #: rather than maintained for the groups a batch touches (``auto``: recompute those)
     incremental: Literal["auto", "strict"] = "auto"
+    #: the time zone of the view's session: ``timestamptz`` values are computed (``extract``,
+    #: ``date_trunc``, casts to ``date``) and shown in it, as on a leader session with this
+    #: ``TimeZone`` (MariaDB: ``time_zone``); an IANA name
+    time_zone: str = "UTC"
+
+    @field_validator("time_zone")
+    @classmethod
+    def _time_zone_ok(cls, value: str) -> str:
+        import zoneinfo
+
+        try:
+            zoneinfo.ZoneInfo(value)
+        except (ValueError, zoneinfo.ZoneInfoNotFoundError):
+            raise ValueError(f"unknown time zone {value!r}: use an IANA name such as "
+                             "Europe/Berlin or America/New_York, or UTC") from None
+        return value
 
     #: what ``cdc apply`` asks of every follower-like entry
     kind: Literal["view"] = "view"

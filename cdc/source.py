@@ -381,9 +381,10 @@ class Leader(ABC):
     def absent(self, table: TableId, keys: Sequence[str]) -> list[str]:
         """Those of ``keys`` (key JSON texts) that no row of ``table`` has now."""
 
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Run one read-only query (a view's SQL, or ``EXPLAIN`` of it) now: its column names
-        and rows, as the database driver gives them (a :class:`CdcError` naming the problem
+    def query(self, sql: str, time_zone: str = "UTC") -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run one read-only query (a view's SQL, or ``EXPLAIN`` of it) now, in a session whose
+        time zone is ``time_zone`` (an IANA name): its column names and rows, as the database
+        driver gives them, zoned values in that zone (a :class:`CdcError` naming the problem
         on failure)."""
         raise NotImplementedError(f"source {self.name}: this connector runs no queries")
 

@@ -260,8 +260,8 @@ class RuledLeader(Leader):
         seen = self._seen[table]
         return [key for key in keys if key not in seen]
 
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        return self.inner.query(sql)
+    def query(self, sql: str, time_zone: str = "UTC") -> tuple[list[str], list[tuple[Any, ...]]]:
+        return self.inner.query(sql, time_zone)
 
     def text_comparisons(self, table: TableId) -> dict[str, TextComparison]:
         return self.inner.text_comparisons(table)

@@ -261,3 +261,15 @@ def test_log_formats_and_lossy_modes_are_refused_with_the_reason() -> None:
     with pytest.raises(ConfigError) as raised:
         parse_config({"log": {**base, "decimal_handling": "string"}, "sources": []}, Path("/"))
     assert "fix: remove it, or set format: json" in str(raised.value)
+
+
+def test_a_views_time_zone_is_an_iana_name(tmp_path: Path) -> None:
+    view = ("followers:\n  lite: {kind: sql, url: 'sqlite:///x.db'}\nviews:\n  v:\n"
+            "    source: shop\n    sql: SELECT o.id FROM orders o\n    key: [id]\n"
+            "    followers: [lite]\n")
+    assert load_config(write(tmp_path, GOOD + view)).views["v"].time_zone == "UTC"
+    config = load_config(write(tmp_path, GOOD + view + "    time_zone: Europe/Berlin\n"))
+    assert config.views["v"].time_zone == "Europe/Berlin"
+    said = error_of(tmp_path, GOOD + view + "    time_zone: Mars/Olympus\n")
+    assert "views.v.time_zone" in said and "unknown time zone 'Mars/Olympus'" in said \
+        and "Europe/Berlin" in said, said

@@ -176,6 +176,9 @@ class ViewPlan:
     #: each aggregating subquery in FROM, kept as a table of the state (``_cdc_sub.s<i>``):
     #: its own plan over captured tables, keyed by its GROUP BY columns
     subviews: dict[TableId, ViewPlan] = field(default_factory=dict)
+    #: the session time zone its ``timestamptz`` values are computed and shown in (the
+    #: view's ``time_zone``)
+    time_zone: str = "UTC"
     #: per captured table, its ``character(n)`` columns and n: the state holds their values
     #: without the trailing blanks (``views/state.py``)
     padded: dict[TableId, dict[str, int]] = field(default_factory=dict)
@@ -240,9 +243,10 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     if icu:
         _icu_order(tree, subqueries, [*captured, *subqueries], icu)
     if dialect == "mysql":
-        _exact_divisions(tree, subqueries, captured,
-                         {table: {c: f.state_type for c, f in columns.items()}
-                          for table, columns in described.items()}, mariadb_divisions)
+        state_types = {table: {c: f.state_type for c, f in columns.items()}
+                       for table, columns in described.items()}
+        _exact_divisions(tree, subqueries, captured, state_types, _mariadb_wall_clock)
+        _exact_divisions(tree, subqueries, captured, state_types, mariadb_divisions)
     else:
         _exact_divisions(tree, subqueries, captured,
                          {table: {c: leader_numeric(f.kind, f.state_type)
@@ -543,6 +547,39 @@ def _exact_divisions(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
             return None if table is None else types.get(table, {}).get(column.name)
 
         rewrite(select, type_of)
+
+
+#: date arithmetic: an operand and an INTERVAL
+_DATE_ARITHMETIC = (exp.Add, exp.Sub, exp.DateAdd, exp.DateSub)
+
+
+def _mariadb_wall_clock(select: exp.Select, type_of: Callable[[exp.Column], str | None]
+                        ) -> None:
+    """MariaDB's date arithmetic (``select`` only, not its subqueries): an interval added to
+    a ``TIMESTAMP`` (a point in time; ``TIMESTAMPTZ`` in the state) is added to its wall-clock
+    time in the session's time zone, giving a ``DATETIME`` -- the operand becomes ``CAST(...
+    AS TIMESTAMP)``, the state's wall-clock time in the view's time zone; one of days, weeks,
+    months, quarters or years added to a ``DATE`` gives a ``DATE`` (DuckDB's: a TIMESTAMP),
+    so the sum is cast back."""
+    for node in list(select.find_all(*_DATE_ARITHMETIC)):
+        if node.find_ancestor(exp.Select) is not select:
+            continue
+        operand, interval = node.this, node.expression
+        if isinstance(node, exp.DateAdd | exp.DateSub):
+            unit = node.args.get("unit")
+        elif isinstance(interval, exp.Interval):
+            unit = interval.args.get("unit")
+        else:
+            continue
+        kind = (type_of(operand) or "") if isinstance(operand, exp.Column) else ""
+        if kind == "TIMESTAMPTZ":
+            node.set("this", exp.Cast(this=operand.copy(), to=exp.DataType.build("TIMESTAMP")))
+        elif kind == "DATE" and unit is not None and unit.name.upper() in _DATE_UNITS:
+            node.replace(exp.Cast(this=node.copy(), to=exp.DataType.build("DATE")))
+
+
+#: the interval units that keep a MariaDB DATE a DATE
+_DATE_UNITS = frozenset({"DAY", "WEEK", "MONTH", "QUARTER", "YEAR"})
 
 
 def _postgres_division(tree: exp.Expr) -> None:

@@ -70,6 +70,7 @@ def view_plan(config: Config, name: str) -> ViewPlan:
     plan = analyze(name, view.sql, view.key, str(getattr(source, "kind", "postgres")), captured,
                    lambda: _catalog(schemas()))
     _refuse_ruled_columns(name, plan, source.columns)
+    plan.time_zone = view.time_zone
     if view.incremental == "strict" and plan.blocking:
         raise ViewDefinitionError(
             f"view {name} is set incremental: strict, but "

@@ -152,7 +152,7 @@ class ViewState:
         self.path = path
         self.columns_of = columns_of
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = _connect(path, plan.name)
+        self.db = _connect(path, plan.name, plan.time_zone)
         #: rows read by the scans of every query so far (DuckDB's profiler: cheap, always on)
         self.scanned = 0
         self.db.execute("SET enable_profiling = 'no_output'")
@@ -207,9 +207,11 @@ class ViewState:
                             f"rtrim({_quote(column)}, ' ')")
             self.set_meta("padded", padding)
             self.set_meta("stale", "1")
-        if self.meta("sql") != self.plan.full_sql:
+        if self.meta("sql") != self.plan.full_sql or \
+                (self.meta("time_zone") or "UTC") != self.plan.time_zone:
             # a new definition: the next batch recomputes the whole view and compares
             self.set_meta("sql", self.plan.full_sql)
+            self.set_meta("time_zone", self.plan.time_zone)
             self.set_meta("stale", "1")
 
     def _ensure_table(self, table: TableId, extra: Iterable[str] = ()) -> None:
@@ -738,16 +740,17 @@ def _cell(value: Any) -> str | None:
     return None if value is None else canonical_text(value)
 
 
-def _connect(path: Path, name: str) -> duckdb.DuckDBPyConnection:
-    """A read-write connection to the state file, waiting up to :data:`LOCK_WAIT_S` while
-    another process holds it (the task of the batch before, a speculative duplicate)."""
+def _connect(path: Path, name: str, time_zone: str = "UTC") -> duckdb.DuckDBPyConnection:
+    """A read-write connection to the state file (its session in ``time_zone``), waiting up
+    to :data:`LOCK_WAIT_S` while another process holds it (the task of the batch before, a
+    speculative duplicate)."""
     import duckdb
 
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
             connection = duckdb.connect(str(path))
-            set_up_state(connection)
+            set_up_state(connection, time_zone)
             return connection
         except duckdb.Error as exc:
             if "lock" not in str(exc).lower() or time.monotonic() > deadline:

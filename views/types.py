@@ -48,12 +48,12 @@ _TYPES = {LogicalKind.BOOLEAN: "BOOLEAN", LogicalKind.INT16: "BIGINT",
 
 
 
-def set_up_state(db: Any) -> Any:
+def set_up_state(db: Any, time_zone: str = "UTC") -> Any:
     """``db`` (a DuckDB connection to a view's state) set up as every one is: ``timestamptz``
-    values computed in UTC (``extract``, ``date_trunc``, comparisons with a ``timestamp``
-    literal), as ``cdc verify``'s leader session computes them, and PostgreSQL's exact
-    quotient defined (``views/postgres_decimals.py``). Returns ``db``."""
-    db.execute("SET TimeZone = 'UTC'")
+    values computed in the view's ``time_zone`` (``extract``, ``date_trunc``, comparisons with
+    a ``timestamp`` literal), as ``cdc verify``'s leader session computes them, and
+    PostgreSQL's exact quotient defined (``views/postgres_decimals.py``). Returns ``db``."""
+    db.execute("SET TimeZone = ?", [time_zone])
     define_macros(db)
     return db
 
@@ -88,7 +88,8 @@ _INTEGERS = frozenset({"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "
 def json_form(value: Any) -> Any:
     """A query result value (DuckDB's or the leader driver's) in the JSON form followers
     store: decimals as their text, floats as numbers (NaN/Infinity as strings), dates and
-    timestamps as ISO text with microseconds (a zoned one in UTC, ``Z``: the log's form)."""
+    timestamps as ISO text with microseconds; a zoned one with its offset in the session's
+    time zone (``+01:00``), in UTC as the log shows it (``Z``)."""
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
@@ -99,8 +100,10 @@ def json_form(value: Any) -> Any:
         return value
     if isinstance(value, Decimal):
         return str(value)
-    if isinstance(value, dt.datetime) and value.tzinfo is not None:  # the log's form: UTC, Z
-        utc = value.astimezone(dt.UTC).replace(tzinfo=None)
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        if value.utcoffset():
+            return value.isoformat(timespec="microseconds")
+        utc = value.replace(tzinfo=None)  # the log's form: UTC, Z
         return utc.isoformat(timespec="microseconds") + "Z"
     if isinstance(value, dt.datetime):
         return value.isoformat(timespec="microseconds")

@@ -141,9 +141,10 @@ def _follower_canonical(key_text: str, numeric: frozenset[str]) -> str:
     return canonical_key(values, numeric) if isinstance(values, dict) else key_text
 
 
-def leader_view(leader: Leader, sql: str, key: Sequence[str]) -> LeaderView:
-    """The view's SQL run on the leader, keyed by value."""
-    names, rows = leader.query(sql)
+def leader_view(leader: Leader, sql: str, key: Sequence[str],
+                time_zone: str = "UTC") -> LeaderView:
+    """The view's SQL run on the leader (in a session in ``time_zone``), keyed by value."""
+    names, rows = leader.query(sql, time_zone)
     missing = [column for column in key if column not in names]
     if missing:
         raise CdcError(f"the view's SQL on the leader has no columns {missing} (it has "
@@ -261,7 +262,7 @@ def _round(config: Config, leader: Leader, sink: Sink, sql: str, key: Sequence[s
     wait_for_follower(config, sink, {leader.name: target}, timeout, console)
     result.waited_seconds += time.monotonic() - began
     began = time.monotonic()
-    rows = leader_view(leader, sql, key)
+    rows = leader_view(leader, sql, key, config.views[result.view].time_zone)
     result.leader_seconds += time.monotonic() - began
     result.rounds += 1
     return rows

@@ -397,11 +397,20 @@ class ThrowawayMariaDB:
         return str(rows[0][0]), int(rows[0][1])
 
     def load_time_zones(self, zones: Iterable[str] | None = None) -> None:
-        """Load the time zone tables (all of /usr/share/zoneinfo, or just ``zones``) into the
-        running server, without writing them to the binlog. Needed before a named zone can be
-        used (``SET time_zone = 'America/New_York'``, ``default_time_zone`` at the next start)."""
-        sql = "SET SESSION sql_log_bin = 0;\n" + _time_zone_sql(zones)
+        """Load the time zone tables (all of /usr/share/zoneinfo, or just ``zones`` not loaded
+        yet) into the running server, without writing them to the binlog. Needed before a
+        named zone can be used (``SET time_zone = 'America/New_York'``, ``default_time_zone``
+        at the next start)."""
         client = find_program("mariadb", "mysql")
+        if zones is not None:  # loading a zone twice fails: the ones loaded already are kept
+            listed = subprocess.run(
+                [client, "--no-defaults", f"--socket={self.socket}", "-uroot", "-N", "-e",
+                 "SELECT Name FROM mysql.time_zone_name"], capture_output=True, text=True,
+                check=False)
+            zones = [zone for zone in zones if zone not in listed.stdout.split()]
+            if not zones:
+                return
+        sql = "SET SESSION sql_log_bin = 0;\n" + _time_zone_sql(zones)
         result = subprocess.run([client, "--no-defaults", f"--socket={self.socket}", "-uroot",
                                  "mysql"], input=sql, capture_output=True, text=True,
                                 check=False)

@@ -356,21 +356,60 @@ class MySqlLeader(Leader):
         return {str(name): TextComparison(str(collation), True) for name, collation in rows
                 if collation and not _byte_collation(str(collation).lower())}
 
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    def query(self, sql: str, time_zone: str = "UTC") -> tuple[list[str], list[tuple[Any, ...]]]:
+        zone = _zone(time_zone)
         try:
             with self.conn.cursor() as cursor:
-                cursor.execute(sql)
-                names = [str(column[0]) for column in cursor.description or []]
-                # a TIMESTAMP is a point in time (this session's time zone is UTC): zoned,
-                # as capture logs it (timestamptz); DATETIME stays a wall-clock time
-                zoned = [column[1] == FIELD_TYPE.TIMESTAMP for column in cursor.description or []]
-                return names, [tuple(_utc(value) if at_utc else value
-                                     for value, at_utc in zip(row, zoned, strict=True))
-                               for row in cursor.fetchall()]
+                if zone is not dt.UTC:
+                    self._set_time_zone(cursor, time_zone)
+                try:
+                    return self._zoned_rows(cursor, sql, zone)
+                finally:
+                    if zone is not dt.UTC:
+                        cursor.execute("SET time_zone = '+00:00'")
         except pymysql.err.MySQLError as exc:
             raise SourceError(f"source {self.name!r}: the query failed on the leader: "
                               f"{exc.args[-1] if exc.args else exc}",
                               "correct the SQL (it runs on the leader as written)") from None
+
+    @staticmethod
+    def _zoned_rows(cursor: Any, sql: str, zone: dt.tzinfo
+                    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """``sql``'s names and rows, a TIMESTAMP as the point in time it is (capture logs it as
+        a timestamptz; DATETIME stays a wall-clock time). MariaDB shows a TIMESTAMP as
+        wall-clock time in the session's time zone, which names two instants in the hour a
+        change of summer time repeats: outside UTC each is read as ``UNIX_TIMESTAMP`` too."""
+        if zone is dt.UTC:
+            cursor.execute(sql)
+            described, rows = cursor.description or [], cursor.fetchall()
+            zoned = [column[1] == FIELD_TYPE.TIMESTAMP for column in described]
+            return [str(column[0]) for column in described], [
+                tuple(_zoned(value, zone) if at_zone else value
+                      for value, at_zone in zip(row, zoned, strict=True)) for row in rows]
+        cursor.execute(f"SELECT * FROM ({sql}) AS cdc_q LIMIT 0")
+        described = cursor.description or []
+        names = [str(column[0]) for column in described]
+        zoned = [i for i, column in enumerate(described) if column[1] == FIELD_TYPE.TIMESTAMP]
+        seconds = "".join(f", UNIX_TIMESTAMP(cdc_q.`{names[i].replace('`', '``')}`)"
+                          for i in zoned)
+        cursor.execute(f"SELECT cdc_q.*{seconds} FROM ({sql}) AS cdc_q")
+        out = []
+        for row in cursor.fetchall():
+            values = list(row[:len(names)])
+            for i, epoch in zip(zoned, row[len(names):], strict=True):
+                values[i] = None if epoch is None else _instant(epoch, zone)
+            out.append(tuple(values))
+        return names, out
+
+    def _set_time_zone(self, cursor: Any, time_zone: str) -> None:
+        try:
+            cursor.execute("SET time_zone = %s", (time_zone,))
+        except pymysql.err.MySQLError:
+            raise SourceError(
+                f"source {self.name!r}: the server does not know time zone {time_zone!r} (its "
+                "time zone tables are empty)",
+                "load them: mariadb-tzinfo-to-sql /usr/share/zoneinfo | mariadb -u root mysql "
+                "(or set the view's time_zone to UTC)") from None
 
     # -- positions ------------------------------------------------------------------------------
     def target(self) -> Target:
@@ -575,8 +614,25 @@ def _byte_collation(name: str) -> bool:
                                                            or "_0900_" in name))
 
 
-def _utc(value: Any) -> Any:
-    """A TIMESTAMP value read in a UTC session, as an aware datetime."""
+def _zone(name: str) -> dt.tzinfo:
+    """The zone ``name`` (``dt.UTC`` itself for UTC)."""
+    import zoneinfo
+
+    return dt.UTC if name == "UTC" else zoneinfo.ZoneInfo(name)
+
+
+def _instant(epoch: Any, zone: dt.tzinfo) -> dt.datetime:
+    """``UNIX_TIMESTAMP``'s seconds (a DECIMAL with the fraction) as a datetime in ``zone``."""
+    whole = int(epoch)
+    micros = int((Decimal(str(epoch)) - whole) * 1_000_000)
+    return (_EPOCH + dt.timedelta(seconds=whole, microseconds=micros)).astimezone(zone)
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _zoned(value: Any, zone: dt.tzinfo) -> Any:
+    """A TIMESTAMP value read in a session in ``zone``, as an aware datetime."""
     if isinstance(value, dt.datetime) and value.tzinfo is None:
-        return value.replace(tzinfo=dt.UTC)
+        return value.replace(tzinfo=zone)
     return value

@@ -314,10 +314,11 @@ class PostgresLeader(Leader):
     def close(self) -> None:
         self.conn.close()
 
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    def query(self, sql: str, time_zone: str = "UTC") -> tuple[list[str], list[tuple[Any, ...]]]:
         try:
             with self.conn.transaction():
                 self.conn.execute("SET TRANSACTION READ ONLY")
+                self.conn.execute("SELECT set_config('TimeZone', %s, true)", (time_zone,))
                 cursor = self.conn.execute(sql)  # type: ignore[arg-type] - the user's own SQL
                 names = [column.name for column in cursor.description or []]
                 return names, list(cursor.fetchall())

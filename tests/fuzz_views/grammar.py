@@ -79,8 +79,12 @@ class Schema:
 TEXTS = ("a", "A", "a ", "ab", "Ab", "b", "", "é", "xyz", " a", "B ", "ö", "Z")
 NUMBERS = ("0.00", "1.50", "-2.25", "3.00", "10.10", "1.5")
 DAYS = ("2024-01-01", "2024-01-02", "2024-02-29", "2024-12-31", "2023-06-15")
+#: with the hours around summer time's changes (UTC: Berlin's 2024-03-31 01:00, New York's
+#: 2024-11-03 06:00) and a local day's edge
 TIMES_OF_DAY = ("2024-01-01 00:00:00", "2024-01-01 12:30:00", "2024-02-29 23:59:59",
-                "2023-06-15 08:00:00", "2024-12-31 23:00:00")
+                "2023-06-15 08:00:00", "2024-12-31 23:00:00", "2024-03-31 00:30:00",
+                "2024-03-31 01:30:00", "2024-11-03 05:30:00", "2024-11-03 06:30:00",
+                "2024-06-30 22:30:00")
 #: binary fractions: sums are exact in a double, so only AVG needs a tolerance
 FLOATS = ("0.5", "1.25", "-2.0", "3.75", "0.0", "1024.5")
 
@@ -237,6 +241,17 @@ class Queries:
     def length(self, ref: str) -> str:
         return f"char_length({ref})" if self.my else f"length({ref})"
 
+    def interval(self, ref: str, kind: str) -> tuple[str, ...]:
+        """Date arithmetic with intervals, and differences of dates and times."""
+        since = literal(kind, DAYS[0] if kind == "date" else TIMES_OF_DAY[0])
+        day = () if kind == "date" else (f"CAST({ref} AS DATE)",)
+        if self.my:
+            return (f"{ref} + INTERVAL 1 DAY", f"DATE_SUB({ref}, INTERVAL 90 DAY)",
+                    f"DATE_ADD({ref}, INTERVAL 2 HOUR)", f"DATEDIFF({ref}, {since})", *day)
+        return (f"{ref} + interval '1 day'", f"{ref} - interval '90' day",
+                f"{ref} + interval '2 hours'", f"{ref} - {since}", *day,
+                *((f"date_trunc('day', {ref})",) if day else ()))
+
     def concat(self, *parts: str) -> str:
         return f"concat({', '.join(parts)})" if self.my else " || ".join(parts)
 
@@ -254,7 +269,7 @@ class Queries:
                                else f"{ref} % 3" if column.kind == "int" else f"floor({ref})"))
         if column.kind in TIMES:
             return rng.choice((ref, f"extract(year from {ref})", f"extract(month from {ref})",
-                               f"extract(day from {ref})")
+                               f"extract(day from {ref})", *self.interval(ref, column.kind))
                               + ((f"extract(hour from {ref})",) if column.kind != "date" else ()))
         return rng.choice((ref, f"upper({ref})", f"lower({ref})", self.length(ref),
                            self.concat(ref, "'|'"), f"coalesce({ref}, '-')",

@@ -13,6 +13,7 @@ is counted as refused, never compared: refusing is allowed, computing differentl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import random
 import shutil
@@ -36,12 +37,14 @@ class Report:
     dialect: str
     comparisons: int = 0
     batches: int = 0
+    time_zone: str = "UTC"
     refused: dict[str, str] = field(default_factory=dict)
     accepted: list[str] = field(default_factory=list)
     mismatches: list[Mismatch] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"fuzz_views seed {self.seed} ({self.dialect}): {self.comparisons} (query, batch) "
+        return (f"fuzz_views seed {self.seed} ({self.dialect}, {self.time_zone}): "
+                f"{self.comparisons} (query, batch) "
                 f"comparisons over {self.batches} batches, {len(self.accepted)} queries "
                 f"compared, {len(self.refused)} refused at check time, "
                 f"{len(self.mismatches)} mismatches")
@@ -118,9 +121,12 @@ class World:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.leader = Leader(case.dialect, server)
+        self.time_zone = case.time_zone
+        if case.dialect == "mysql" and case.time_zone != "UTC":
+            server.load_time_zones([case.time_zone])
         self.names = _table_names(case.ddl)
         self.queries = {query.name: query for query in case.queries}
-        self.report = Report(0, case.dialect)
+        self.report = Report(0, case.dialect, time_zone=case.time_zone)
         self.capture: Any = None
         self.states: dict[str, Any] = {}
         self._reader: Any = None
@@ -130,6 +136,7 @@ class World:
             views = "".join(
                 f"  {q.name}:\n    source: {self.leader.db.source}\n    sql: {json.dumps(q.sql)}"
                 f"\n    key: {json.dumps(list(q.key))}\n    followers: [lite]\n"
+                f"    time_zone: {case.time_zone}\n"
                 for q in case.queries)
             extra = (f"followers:\n  lite:\n    kind: sql\n    url: sqlite:///{directory}/"
                      f"lite.sqlite\nviews:\n{views}")
@@ -235,7 +242,7 @@ class World:
         for name, state in list(self.states.items()):
             query = self.queries[name]
             try:
-                leader = leader_view(self.verifier, query.sql, list(query.key))
+                leader = leader_view(self.verifier, query.sql, list(query.key), self.time_zone)
             except CdcError as exc:  # the leader refuses it (e.g. two collations at once)
                 self.report.refused[name] = f"the leader: {exc}"
                 self.report.accepted.remove(name)
@@ -276,6 +283,12 @@ class Case:
     initial: list[str]
     batches: list[list[str]]
     queries: list[Query]
+    #: the views' ``time_zone`` (and the leader session's that ``cdc verify`` runs their SQL in)
+    time_zone: str = "UTC"
+
+
+#: the views' time zones a case may get (UTC half the time; zones with summer time and not)
+TIME_ZONES = ("UTC", "UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata")
 
 
 def generate(seed: int, dialect: str, batches: int, queries: int) -> Case:
@@ -285,8 +298,9 @@ def generate(seed: int, dialect: str, batches: int, queries: int) -> Case:
     initial = writer.initial(rng)
     maker = Queries(rng, the_schema)
     made = [maker.query(i) for i in range(queries)]
+    zone = random.Random(f"{dialect}-{seed}-zone").choice(TIME_ZONES)
     return Case(dialect, the_schema.ddl(), initial,
-                            [writer.batch(rng) for _ in range(batches)], made)
+                [writer.batch(rng) for _ in range(batches)], made, zone)
 
 
 def _table_names(ddl: Sequence[str]) -> list[str]:
@@ -324,7 +338,7 @@ def shrink(case: Case, query: Query, server: Any, directory: Path, budget: float
     """The smallest case found within ``budget`` seconds that still fails ``query``: the other
     queries dropped, then batches, then statements one at a time (each try a fresh world)."""
     deadline = time.monotonic() + budget
-    best = Case(case.dialect, case.ddl, case.initial, case.batches, [query])
+    best = dataclasses.replace(case, queries=[query])
     attempt = 0
 
     def fails(candidate: Case) -> bool:
@@ -339,8 +353,8 @@ def shrink(case: Case, query: Query, server: Any, directory: Path, budget: float
     for index in reversed(range(len(best.batches))):
         if time.monotonic() > deadline:
             return best
-        candidate = Case(best.dialect, best.ddl, best.initial,
-                         best.batches[:index] + best.batches[index + 1:], best.queries)
+        candidate = dataclasses.replace(
+            best, batches=best.batches[:index] + best.batches[index + 1:])
         if fails(candidate):
             best = candidate
     for where in _statement_slots(best):
@@ -367,13 +381,13 @@ def _without(case: Case, where: tuple[int, int]) -> Case | None:
     if batch == -1:
         if statement >= len(case.initial):
             return None
-        return Case(case.dialect, case.ddl, case.initial[:statement]
-                    + case.initial[statement + 1:], case.batches, case.queries)
+        return dataclasses.replace(
+            case, initial=case.initial[:statement] + case.initial[statement + 1:])
     if batch >= len(case.batches) or statement >= len(case.batches[batch]):
         return None
     batches = [list(b) for b in case.batches]
     del batches[batch][statement]
-    return Case(case.dialect, case.ddl, case.initial, batches, case.queries)
+    return dataclasses.replace(case, batches=batches)
 
 
 def as_pytest(case: Case, name: str) -> str:
@@ -386,7 +400,9 @@ def as_pytest(case: Case, name: str) -> str:
             f"                {case.initial!r},\n"
             f"                {case.batches!r},\n"
             f"                [Query({query.name!r}, {query.sql!r}, {query.key!r}, "
-            f"{query.limited!r})]),\n"
+            f"{query.limited!r})]"
+            + (f",\n                time_zone={case.time_zone!r}" if case.time_zone != "UTC"
+               else "") + "),\n"
             f"           {fixture}, tmp_path)\n")
 
 

@@ -168,3 +168,60 @@ def test_mariadb_timestamp_is_a_point_in_time(tmp_path: Path, mariadb_server: An
                  Query('q1', 'SELECT t.b2 AS g, count(*) AS n, max(t.c2) AS m FROM f2 t '
                        'GROUP BY t.b2', ('g',))]),
            mariadb_server, tmp_path)
+
+
+def test_mariadb_date_arithmetic_keeps_mariadbs_types(tmp_path: Path, mariadb_server: Any
+                                                      ) -> None:
+    """Seed 21297: MariaDB's ``DATE_SUB(date, INTERVAL 90 DAY)`` is a DATE (DuckDB's a
+    TIMESTAMP: ``2023-03-17T00:00:00``), and an interval added to a TIMESTAMP gives a DATETIME,
+    a wall-clock time (the state's gave a point in time, ``Z``)."""
+    report = replay(Case(
+        'mysql',
+        ['CREATE TABLE f2 (id int PRIMARY KEY, b2 timestamp NULL, d2 date NOT NULL)'],
+        ["INSERT INTO f2 VALUES (2, TIMESTAMP '2024-03-31 00:30:00', DATE '2023-06-15'), "
+         "(3, NULL, DATE '2024-02-29')"],
+        [["UPDATE f2 SET b2 = b2 + INTERVAL 1 HOUR, d2 = d2 + INTERVAL 1 DAY"]],
+        [Query('q0', "SELECT t.id, DATE_SUB(t.d2, INTERVAL 90 DAY) AS v, t.d2 + INTERVAL 1 "
+               "MONTH AS m, t.d2 + INTERVAL 2 HOUR AS h, DATE_ADD(t.b2, INTERVAL 2 HOUR) AS "
+               "p FROM f2 t", ('id',))]),
+        mariadb_server, tmp_path)
+    assert report.accepted == ["q0"] and report.comparisons == 2
+
+
+#: around summer time's changes: Berlin's 2024-03-31 01:00 UTC, New York's 2024-11-03 06:00
+_ZONED_ROWS = ["(1, '2024-03-31 00:30:00'), (2, '2024-03-31 23:30:00'), "
+               "(3, '2024-11-03 05:30:00'), (4, NULL)"]
+_ZONED_SQL = ("SELECT t.id, t.a0 AS v, extract(hour from t.a0) AS h, CAST(t.a0 AS DATE) AS d "
+              "FROM f0 t WHERE t.a0 IS NULL OR t.a0 >= TIMESTAMP '2024-03-31 02:30:00'")
+
+
+def test_postgres_timestamptz_in_the_views_time_zone(tmp_path: Path, pg_cluster: Any) -> None:
+    """A view with ``time_zone: America/New_York`` (and Europe/Berlin) computes ``extract``,
+    casts to ``date``, comparisons with a ``timestamp`` literal and ``date_trunc`` as a
+    PostgreSQL session with that TimeZone does, and shows the values with its offsets; the
+    hour that New York's fall-back repeats included. In UTC these rows differ."""
+    for zone in ("America/New_York", "Europe/Berlin"):
+        report = replay(Case(
+            'postgres', ['CREATE TABLE f0 (id int PRIMARY KEY, a0 timestamptz)'],
+            [f"SET LOCAL TimeZone = 'UTC'; INSERT INTO f0 VALUES {_ZONED_ROWS[0]}"],
+            [["UPDATE f0 SET a0 = a0 + interval '1 hour'"]],
+            [Query('q0', _ZONED_SQL, ('id',)),
+             Query('q1', "SELECT date_trunc('day', t.a0) AS g, count(*) AS n FROM f0 t "
+                   "GROUP BY date_trunc('day', t.a0)", ('g',))], time_zone=zone),
+            pg_cluster, tmp_path / zone.replace("/", "-"))
+        assert report.accepted == ["q0", "q1"] and report.comparisons == 4
+
+
+def test_mariadb_timestamp_in_the_views_time_zone(tmp_path: Path, mariadb_server: Any) -> None:
+    """The same on MariaDB (its time zone tables loaded): a TIMESTAMP shown in the session's
+    zone names two instants in the hour New York's fall-back repeats; the leader's answer is
+    read as the instant it is (``UNIX_TIMESTAMP``), so the row at 05:30 UTC is not confused
+    with the one at 06:30 UTC."""
+    for zone in ("America/New_York", "Europe/Berlin"):
+        report = replay(Case(
+            'mysql', ['CREATE TABLE f0 (id int PRIMARY KEY, a0 timestamp NULL)'],
+            ["SET time_zone = '+00:00'", f"INSERT INTO f0 VALUES {_ZONED_ROWS[0]}"],
+            [["UPDATE f0 SET a0 = a0 + INTERVAL 1 HOUR"]],
+            [Query('q0', _ZONED_SQL, ('id',))], time_zone=zone),
+            mariadb_server, tmp_path / zone.replace("/", "-"))
+        assert report.accepted == ["q0"] and report.comparisons == 2
