@@ -24,15 +24,6 @@ Options
 ``splits``
     at most this many Spark tasks per micro-batch (default 2); the offset ranges are spread over
     them, balanced by length.
-``emit``
-    ``records`` (default): one row per log record, below. ``ranges``: one row per offset range
-    of a partition the micro-batch covers, :data:`RANGES_SCHEMA` (``topic``, ``partition``,
-    ``start``, ``end`` — offsets ``start <= offset < end`` — ``source``, ``table``), plus the
-    watermark rows (``op = 'w'``, ``source``, ``after`` as below; the rest NULL). ``cdc apply``
-    uses it: its tasks read the records themselves through the log contract
-    (``spark_apply/tasks.py``), so no record crosses into the JVM. Offsets, admission control
-    and watermarks are the same in both.
-
 Output: one row per log record, the fixed schema :data:`SCHEMA` whatever the table
 ------------------------------------------------------------------------------------------
 ``topic`` string, ``partition`` int, ``offset`` long, ``timestamp_ms`` long (when the log appended
@@ -110,21 +101,9 @@ SCHEMA = StructType([
     StructField("after", StringType()),
     StructField("source_ts_ms", LongType()),
 ])
-#: the rows of ``emit=ranges``: one per offset range of a partition (or a watermark row)
-RANGES_SCHEMA = StructType([
-    StructField("topic", StringType()),
-    StructField("partition", IntegerType()),
-    StructField("start", LongType()),
-    StructField("end", LongType()),
-    StructField("source", StringType()),
-    StructField("table", StringType()),
-    StructField("op", StringType()),
-    StructField("after", StringType()),
-])
 #: ``op`` of a watermark row
 WATERMARK_OP = "w"
-OPTIONS = ("path", "log", "topics", "sources", "maxrecordspertrigger", "splits", "emit")
-EMITS = ("records", "ranges")
+OPTIONS = ("path", "log", "topics", "sources", "maxrecordspertrigger", "splits")
 
 Offsets = dict[str, dict[str, int]]  # topic -> partition (as text) -> next offset
 
@@ -143,8 +122,6 @@ class SourceOptions:
     sources: tuple[str, ...] | None = None
     max_records: int | None = None
     splits: int = 2
-    #: ``records`` or ``ranges`` (see the module docstring)
-    emit: str = "records"
 
 
 def _names(value: str | None, option: str) -> tuple[str, ...] | None:
@@ -182,12 +159,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     if unknown:
         raise SourceOptionError(f"the cdc source has no option {', '.join(unknown)}",
                                 "its options are path, topics, sources, maxRecordsPerTrigger, "
-                                "splits, emit")
-    emit = (given.get("emit") or "records").strip().lower()
-    if emit not in EMITS:
-        raise SourceOptionError(f"the cdc source option emit must be records or ranges, got "
-                                f"{given.get('emit')!r}", "set emit to records (the default) "
-                                "or ranges")
+                                "splits")
     path = (given.get("path") or "").strip()
     log = (given.get("log") or "").strip()
     if not path and not log:
@@ -211,7 +183,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     parsed = SourceOptions(log, topics, sources,
                            _positive(given.get("maxrecordspertrigger"), "maxRecordsPerTrigger",
                                      None),
-                           _positive(given.get("splits"), "splits", 2) or 2, emit)
+                           _positive(given.get("splits"), "splits", 2) or 2)
     state = reader.committed()
     missing = [topic for topic in topics or () if topic not in state.topics]
     if missing:
@@ -456,30 +428,8 @@ def watermark_after(offset: Mapping[str, Any]) -> str:
     return json.dumps(offset, sort_keys=True, separators=(",", ":"))
 
 
-def read_ranges(partition: CdcPartition) -> Iterator[Any]:
-    """``emit=ranges``: one Arrow batch of :data:`RANGES_SCHEMA` rows for ``partition``."""
-    import pyarrow as pa
-
-    rows: list[tuple[Any, ...]] = [(r.topic, r.partition, r.start, r.end, r.source, r.table,
-                                    None, None)
-                                   for r in partition.ranges]
-    rows += [(None, None, None, None, source, None, WATERMARK_OP, watermark_after(offset))
-             for source, offset in (partition.watermarks or {}).items()]
-    if rows:
-        kinds = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64()}
-        columns = list(zip(*rows, strict=True))
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(column, type=kinds[field.dataType.simpleString()])
-             for column, field in zip(columns, RANGES_SCHEMA.fields, strict=True)],
-            names=RANGES_SCHEMA.fieldNames())
-
-
-def read_partition(settings: str, partition: CdcPartition, emit: str = "records"
-                   ) -> Iterator[Any]:
+def read_partition(settings: str, partition: CdcPartition) -> Iterator[Any]:
     """The rows of one task, as Arrow record batches of at most :data:`CHUNK` rows."""
-    if emit == "ranges":
-        yield from read_ranges(partition)
-        return
     log, decoder = open_log(settings)
     rows: list[tuple[Any, ...]] = []
     for item in partition.ranges:
@@ -554,7 +504,7 @@ class CdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, CdcPartition)
-        return read_partition(self.options.log, partition, self.options.emit)
+        return read_partition(self.options.log, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: the log keeps records for other readers; Spark's checkpoint is the
@@ -574,7 +524,7 @@ class CdcBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, CdcPartition)
-        return read_partition(self.options.log, partition, self.options.emit)
+        return read_partition(self.options.log, partition)
 
 
 class CdcDataSource(DataSource):
@@ -589,7 +539,7 @@ class CdcDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
-        return RANGES_SCHEMA if self.parsed.emit == "ranges" else SCHEMA
+        return SCHEMA
 
     def streamReader(self, schema: StructType) -> CdcStreamReader:
         return CdcStreamReader(self.parsed)
