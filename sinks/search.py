@@ -65,8 +65,10 @@ them), then the new documents are added: a row, or — for a delete or tombstone
 when ``tombstone_retention`` is 0). Markers older than the retention are deleted in the same
 commit. One ``commit`` per shard: a crash leaves each shard as it was before or after its share
 of the batch (the replay is gated). The writer is released after the commit, once the merges it
-started are done (a writer dropped at once would abandon them and the segments would pile up);
-opening one first spends the opstamp Tantivy reuses (see :func:`_fresh_writer`). Readers
+started are done (a writer dropped at once would abandon them and the segments would pile up),
+by a thread of its own: the apply call returns at the commit, and the shard's next writer waits
+for the release; opening one first spends the opstamp Tantivy reuses (see
+:func:`_fresh_writer`). Readers
 (``read``, ``keys``, ``watermark``, ``search``) never take a lock, so ``cdc verify`` and ``cdc
 search`` run beside ``cdc apply``.
 """
@@ -79,6 +81,7 @@ import hashlib
 import json
 import os
 import struct
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -361,8 +364,9 @@ class SearchSink(Sink):
         return [(shard, searcher) for shard, searcher in found if searcher is not None]
 
     def close(self) -> None:
-        """Forget the opened indexes (no writer outlives an apply call)."""
+        """Wait until every writer is released, then forget the opened indexes."""
         for shard in self.shards:
+            shard.released()
             shard.index = None
 
     # ---------------------------------------------------------------------------------- apply
@@ -541,6 +545,8 @@ class Shard:
         self.number = number
         self.path = sink.path / "shards" / str(number)
         self.index: tantivy.Index | None = None
+        #: the thread releasing the last writer once its merges are done (:meth:`release`)
+        self.releasing: threading.Thread | None = None
 
     def open_index(self, create: bool) -> tantivy.Index | None:
         """The index (created when ``create``; ``None`` when absent and not ``create``)."""
@@ -623,6 +629,7 @@ class Shard:
         :data:`LOCK_WAIT_S`) while another process holds it."""
         index = self.open_index(create=True)
         assert index is not None
+        self.released()
         threads = max(1, min(os.cpu_count() or 1, 8, heap // _THREAD_HEAP_MIN))
         deadline = time.monotonic() + LOCK_WAIT_S
         pause = 0.005
@@ -684,13 +691,27 @@ class Shard:
         except BaseException as exc:
             with contextlib.suppress(ValueError):
                 writer.rollback()
+            _release(writer)
             if isinstance(exc, ValueError):
                 raise sink._error("write", self.path, exc) from None
             raise
-        finally:
-            with contextlib.suppress(ValueError):  # a failed merge leaves the commit intact
-                writer.wait_merging_threads()  # releases the lock once its merges are done
+        self.release(writer)
         return stats
+
+    def release(self, writer: tantivy.IndexWriter) -> None:
+        """Release ``writer`` (and the shard's lock) once the merges its commit started are
+        done, in a thread of its own: the batch is committed and its caller goes on (a merge
+        of a large index takes a third of a second and more). The shard's next writer --
+        this process's or another's -- waits for it (:meth:`take_writer`)."""
+        self.releasing = threading.Thread(target=_release, args=(writer,),
+                                          name=f"search-shard-{self.number}-merges")
+        self.releasing.start()
+
+    def released(self) -> None:
+        """Wait until this process's last writer of the shard is released."""
+        if self.releasing is not None:
+            self.releasing.join()
+            self.releasing = None
 
     def _held(self, searcher: tantivy.Searcher, hashes: Mapping[str, int]) -> dict[str, bytes]:
         """Per document id of ``hashes`` (id -> :func:`id_hash`) that has a document (row or
@@ -763,6 +784,13 @@ def _common(identity: str, digest: int, change: Change) -> tantivy.Document:
     doc.add_unsigned(WORDS[3], w3)
     doc.add_unsigned(HASH, digest)
     return doc
+
+
+def _release(writer: tantivy.IndexWriter) -> None:
+    """Wait for ``writer``'s merges, which then releases it: a writer dropped at once would
+    abandon them and the segments would pile up. A failed merge leaves the commit intact."""
+    with contextlib.suppress(ValueError):
+        writer.wait_merging_threads()
 
 
 def _fresh_writer(writer: tantivy.IndexWriter) -> None:
