@@ -1251,6 +1251,8 @@ def test_postgres_division_and_avg_keep_the_leaders_values(tmp_path: Path, pg_db
     for name, (sql, key) in views.items():
         plan = analyze(name, sql, key, "postgres", [table], lambda: described)
         assert approximate_columns(plan, {}) == [], name
+        # check-config names the AVG the state computes as SUM / COUNT
+        assert ("AVG" in [op.construct for op in plan.operators]) == ("avg(" in sql), name
         state = ViewState(tmp_path / f"{name}.duckdb", plan, lambda _t: state_types)
         try:
             state.apply(changes)

@@ -9,6 +9,8 @@ from sqlglot import exp
 HUGEINT = exp.DataType.build("HUGEINT", dialect="duckdb")
 #: marks an expression a leader's module computes exactly
 _EXACT = "cdc_exact_quotient"
+#: marks the SUM and COUNT an AVG was rewritten into
+_OF_AVERAGE = "cdc_of_average"
 
 
 def unscaled(node: exp.Expr, places: int) -> exp.Expr:
@@ -33,3 +35,16 @@ def exact_quotient(node: exp.Expr) -> bool:
             return True
         found = found.parent
     return False
+
+
+def average_parts(node: exp.Expr) -> tuple[exp.Sum, exp.Count]:
+    """The SUM and COUNT of AVG ``node``'s argument, marked as its parts
+    (:func:`part_of_average`: ``check-config`` still names the AVG)."""
+    total, count = exp.Sum(this=node.this.copy()), exp.Count(this=node.this.copy())
+    total.meta[_OF_AVERAGE] = count.meta[_OF_AVERAGE] = True
+    return total, count
+
+
+def part_of_average(node: exp.Expr) -> bool:
+    """Whether ``node`` is the SUM or COUNT of a rewritten AVG (:func:`average_parts`)."""
+    return bool(node.meta.get(_OF_AVERAGE))

@@ -60,7 +60,7 @@ from sqlglot import exp
 from cdc.errors import ConfigError
 from cdc.events import TableId
 from views.collation import duckdb_collation, duckdb_knows, extreme_name, order_by_icu
-from views.decimals import exact_quotient
+from views.decimals import exact_quotient, part_of_average
 from views.mariadb_decimals import exact_divisions as mariadb_divisions
 from views.postgres_decimals import SLASH, leader_numeric
 from views.postgres_decimals import exact_divisions as postgres_divisions
@@ -1162,6 +1162,8 @@ def _in_from(node: exp.Expr, select: exp.Select) -> bool:
 
 
 def _aggregate_name(node: exp.AggFunc) -> str:
+    if part_of_average(node):
+        return "AVG"
     if (extreme := extreme_name(node)) is not None:
         return extreme
     if isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct):

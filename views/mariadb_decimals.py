@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from views.decimals import HUGEINT, mark_exact, unscaled
+from views.decimals import HUGEINT, average_parts, mark_exact, unscaled
 
 #: the places MariaDB adds to a quotient (``div_precision_increment``'s default)
 DIV_INCREMENT = 4
@@ -111,9 +111,10 @@ class _Rewrite:
         if isinstance(node, exp.Avg) and not isinstance(node.parent, exp.Window) \
                 and not isinstance(node.this, exp.Distinct):
             argument = self.exact(node.this)
-            return None if argument is None else self._quotient(
-                node, exp.Sum(this=node.this.copy()), argument,
-                exp.Count(this=node.this.copy()), _Exact(0, 0))
+            if argument is None:
+                return None
+            total, count = average_parts(node)
+            return self._quotient(node, total, argument, count, _Exact(0, 0))
         if isinstance(node, exp.Round) and isinstance(node.args.get("decimals"), exp.Literal):
             digits = int(node.args["decimals"].name)
             inner = self.exact(node.this)

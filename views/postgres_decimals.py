@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from cdc.logical import LogicalKind
-from views.decimals import HUGEINT, mark_exact, unscaled
+from views.decimals import HUGEINT, average_parts, mark_exact, unscaled
 
 #: places the state holds of a quotient
 HELD = 24
@@ -154,9 +154,8 @@ class _Rewrite:
             argument = self.exact(node.this)
             if argument is None:
                 return None
-            total = exp.Sum(this=node.this.copy())
-            count = exp.Nullif(this=exp.Count(this=node.this.copy()),
-                               expression=exp.Literal.number(0))
+            total, counted = average_parts(node)
+            count = exp.Nullif(this=counted, expression=exp.Literal.number(0))
             node.replace(_quotient(total, _summed(argument), count, _BIGINT))
             return None
         return self._leaf(node)
