@@ -1268,3 +1268,47 @@ def test_postgres_division_and_avg_keep_the_leaders_values(tmp_path: Path, pg_db
                     assert held_value == value, (name, found[0], column, row[column], value)
         finally:
             state.close()
+
+
+def test_postgres_extract_keeps_its_fraction(tmp_path: Path, pg_db: Any) -> None:
+    """PostgreSQL's ``extract(second ...)`` and ``extract(epoch ...)`` are ``numeric``s with the
+    microseconds (``30.500000``); DuckDB's ``second`` is an integer and its ``epoch`` a double:
+    the view holds PostgreSQL's values, a timestamp's, a timestamptz's and an interval's."""
+    from decimal import Decimal
+
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, ts timestamp, tz timestamptz)")
+    pg_db.execute("INSERT INTO t VALUES (1, '2024-01-01 12:00:30.5', '2024-01-01 12:00:30.25Z'),"
+                  " (2, '2024-02-29 23:59:59.123457', '1969-12-31 23:59:58.999999Z'), "
+                  "(3, NULL, NULL)")
+    table = TableId("public", "t")
+    types = [("id", "BIGINT", "int32"), ("ts", "TIMESTAMP", "timestamp"),
+             ("tz", "TIMESTAMPTZ", "timestamptz")]
+    described = {table: {c: Described(state_type=k, kind=kind) for c, k, kind in types}}
+    sql = ("SELECT t.id, extract(second from t.ts) AS s, extract(epoch from t.ts) AS e, "
+           "extract(second from t.tz) AS zs, extract(epoch from t.tz) AS ze, "
+           "date_part('second', t.ts) AS dp, extract(seconds from t.ts - t.tz) AS i, "
+           "extract(minute from t.ts) AS m FROM t WHERE extract(second from t.ts) <> 30 "
+           "OR t.ts IS NULL")
+    changes = [BaseChange(table, json.dumps({"id": i}, separators=(",", ":")), bytes([i]),
+                          {"id": i, "ts": ts, "tz": tz})
+               for i, ts, tz in [(1, "2024-01-01T12:00:30.500000",
+                                  "2024-01-01T12:00:30.250000Z"),
+                                 (2, "2024-02-29T23:59:59.123457",
+                                  "1969-12-31T23:59:58.999999Z"), (3, None, None)]]
+    plan = analyze("x", sql, ["id"], "postgres", [table], lambda: described)
+    state = ViewState(tmp_path / "x.duckdb", plan, lambda _t: [(c, k) for c, k, _ in types])
+    try:
+        state.apply(changes)
+        held = {json.loads(k)["id"]: row for k, row in state.rows().items()}
+        with pg_db.connect() as conn:
+            conn.execute("SET TimeZone = 'UTC'")
+            answers = conn.execute(sql).fetchall()
+        assert sorted(held) == sorted(found[0] for found in answers) == [1, 2, 3]
+        for found in answers:
+            row = held[found[0]]
+            for column, value in zip(list(row)[1:], found[1:], strict=True):
+                mine = None if row[column] is None else Decimal(str(row[column]))
+                theirs = None if value is None else Decimal(str(value))
+                assert mine == theirs, (found[0], column, row[column], value)
+    finally:
+        state.close()

@@ -229,6 +229,7 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
         _mariadb_division(written)
     else:
         _postgres_division(written)
+        _postgres_extract(written)
     described = dict(catalog()) if catalog is not None else {}
     tree = _normalize(written.copy(), operators, subqueries, captured, described)
     for select in [*tree.find_all(exp.Select), *subqueries.values()]:
@@ -592,6 +593,33 @@ def _postgres_division(tree: exp.Expr) -> None:
         divided = exp.IntDiv(this=node.this.copy(), expression=node.expression.copy())
         divided.meta[SLASH] = True
         node.replace(divided)
+
+
+#: PostgreSQL's ``extract`` fields whose value has a fraction: DuckDB's is an integer
+#: (``second``) or a double (``epoch``)
+_MICROSECONDS = exp.DataType.build("DECIMAL(38, 0)")
+_ONE_MICROSECOND = exp.Cast(this=exp.Literal.string("0.000001"),
+                            to=exp.DataType.build("DECIMAL(7, 6)"))
+
+
+def _postgres_extract(tree: exp.Expr) -> None:
+    """PostgreSQL's ``extract`` is a ``numeric``: ``second`` with its fraction (``30.500000``;
+    DuckDB's ``second`` is 30) and ``epoch`` to the microsecond (DuckDB's: a double). Both
+    become microseconds (DuckDB's ``microsecond``: of the minute; ``epoch_us``) times
+    ``0.000001``, a DECIMAL with PostgreSQL's 6 places (``date_part`` too: sqlglot reads it as
+    ``extract``; PostgreSQL's ``date_part`` is a double of the same value)."""
+    for node in list(tree.find_all(exp.Extract)):
+        field = node.this.name.lower() if isinstance(node.this, exp.Var | exp.Identifier) \
+            else ""
+        if field in ("second", "seconds"):
+            micros: exp.Expr = exp.Extract(this=exp.var("MICROSECOND"),
+                                           expression=node.expression.copy())
+        elif field == "epoch":
+            micros = exp.Anonymous(this="epoch_us", expressions=[node.expression.copy()])
+        else:
+            continue
+        node.replace(exp.Paren(this=exp.Mul(this=exp.Cast(this=micros, to=_MICROSECONDS.copy()),
+                                            expression=_ONE_MICROSECOND.copy())))
 
 
 def _apply_column_lists(tree: exp.Query) -> None:
