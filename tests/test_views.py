@@ -1312,3 +1312,66 @@ def test_postgres_extract_keeps_its_fraction(tmp_path: Path, pg_db: Any) -> None
                 assert mine == theirs, (found[0], column, row[column], value)
     finally:
         state.close()
+
+
+def test_postgres_round_of_a_double_is_half_to_even(tmp_path: Path, pg_db: Any) -> None:
+    """PostgreSQL's ``round(float8)`` is ``rint()``: 2.5 rounds to 2 (DuckDB's ``round`` of a
+    double: 3); ``round(numeric)`` rounds half away from zero in both. The view holds
+    PostgreSQL's values, and keeps the rows PostgreSQL's WHERE keeps."""
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, f float8, x numeric(6,1))")
+    rows = [(1, 2.5, "2.5"), (2, -2.5, "-2.5"), (3, 0.5, "0.5"), (4, 3.5, "3.5"), (5, None, None)]
+    pg_db.execute("INSERT INTO t VALUES " + ", ".join(
+        f"({i}, {'NULL' if f is None else f}, {'NULL' if x is None else x})" for i, f, x in rows))
+    table = TableId("public", "t")
+    types = [("id", "BIGINT", "int32"), ("f", "DOUBLE", "float64"), ("x", "DECIMAL(6,1)",
+                                                                       "decimal")]
+    described = {table: {c: Described(state_type=k, kind=kind) for c, k, kind in types}}
+    sql = ("SELECT t.id, round(t.f) AS rf, round(t.f * 3) AS r3, round(t.x) AS rx FROM t "
+           "WHERE round(t.f) <> 4 OR t.f IS NULL")
+    changes = [BaseChange(table, json.dumps({"id": i}, separators=(",", ":")), bytes([i]),
+                          {"id": i, "f": f, "x": x}) for i, f, x in rows]
+    plan = analyze("r", sql, ["id"], "postgres", [table], lambda: described)
+    state = ViewState(tmp_path / "r.duckdb", plan, lambda _t: [(c, k) for c, k, _ in types])
+    try:
+        state.apply(changes)
+        held = {json.loads(k)["id"]: row for k, row in state.rows().items()}
+        answers = pg_db.execute(sql)
+        assert sorted(held) == sorted(found[0] for found in answers) == [1, 2, 3, 5]
+        for found in answers:
+            row = held[found[0]]
+            for column, value in zip(list(row)[1:], found[1:], strict=True):
+                assert (None if row[column] is None else float(row[column])) == \
+                    (None if value is None else float(value)), (found[0], column, row, value)
+    finally:
+        state.close()
+
+
+def test_mariadb_round_of_a_double_is_half_to_even(tmp_path: Path, mysql_db: Any) -> None:
+    """MariaDB's ``ROUND`` of a DOUBLE rounds half to even too (``ROUND(2.5e0)`` is 2,
+    ``ROUND(0.125e0, 2)`` 0.12), of a DECIMAL half away from zero (``ROUND(2.5)`` is 3)."""
+    mysql_db.execute("CREATE TABLE t (id int PRIMARY KEY, f double, x decimal(6,3))")
+    rows = [(1, 2.5, "2.500"), (2, -2.5, "-2.500"), (3, 0.125, "0.125"), (4, None, None)]
+    mysql_db.execute("INSERT INTO t VALUES " + ", ".join(
+        f"({i}, {'NULL' if f is None else f}, {'NULL' if x is None else x})" for i, f, x in rows))
+    table = TableId(mysql_db.name, "t")
+    types = [("id", "BIGINT", "int32"), ("f", "DOUBLE", "float64"), ("x", "DECIMAL(6,3)",
+                                                                       "decimal")]
+    described = {table: {c: Described(state_type=k, kind=kind) for c, k, kind in types}}
+    sql = ("SELECT t.id, ROUND(t.f) AS rf, ROUND(t.f, 2) AS r2, ROUND(t.x) AS rx, "
+           "ROUND(t.x, 2) AS x2 FROM t WHERE ROUND(t.f) <> 3 OR t.f IS NULL")
+    changes = [BaseChange(table, json.dumps({"id": i}, separators=(",", ":")), bytes([i]),
+                          {"id": i, "f": f, "x": x}) for i, f, x in rows]
+    plan = analyze("r", sql, ["id"], "mysql", [table], lambda: described)
+    state = ViewState(tmp_path / "r.duckdb", plan, lambda _t: [(c, k) for c, k, _ in types])
+    try:
+        state.apply(changes)
+        held = {json.loads(k)["id"]: row for k, row in state.rows().items()}
+        answers = list(mysql_db.execute(sql))
+        assert sorted(held) == sorted(found[0] for found in answers) == [1, 2, 3, 4]
+        for found in answers:
+            row = held[found[0]]
+            for column, value in zip(list(row)[1:], found[1:], strict=True):
+                assert (None if row[column] is None else float(row[column])) == \
+                    (None if value is None else float(value)), (found[0], column, row, value)
+    finally:
+        state.close()

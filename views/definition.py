@@ -59,6 +59,7 @@ from sqlglot import exp
 
 from cdc.errors import ConfigError
 from cdc.events import TableId
+from cdc.logical import LogicalKind
 from views.collation import duckdb_collation, duckdb_knows, extreme_name, order_by_icu
 from views.decimals import exact_quotient, part_of_average
 from views.mariadb_decimals import exact_divisions as mariadb_divisions
@@ -243,6 +244,8 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     icu = _icu_collations(ordered)
     if icu:
         _icu_order(tree, subqueries, [*captured, *subqueries], icu)
+    kinds = {table: {c: f.kind for c, f in columns.items()} for table, columns in described.items()}
+    _exact_divisions(tree, subqueries, captured, kinds, _round_doubles)
     if dialect == "mysql":
         state_types = {table: {c: f.state_type for c, f in columns.items()}
                        for table, columns in described.items()}
@@ -548,6 +551,33 @@ def _exact_divisions(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
             return None if table is None else types.get(table, {}).get(column.name)
 
         rewrite(select, type_of)
+
+
+def _round_doubles(select: exp.Select, kind_of: Callable[[exp.Column], str | None]) -> None:
+    """``round`` of a double rounds half to even on both leaders (PostgreSQL's
+    ``round(float8)`` is ``rint()``; MariaDB's ``ROUND`` of a double too, with places or not),
+    DuckDB's ``round`` half away from zero: it becomes DuckDB's ``round_even`` (``select``
+    only, not its subqueries). A double: a ``float64`` column, a cast to a float type, or
+    arithmetic with one."""
+    for node in list(select.find_all(exp.Round)):
+        if node.find_ancestor(exp.Select) is not select or not _double(node.this, kind_of):
+            continue
+        places = node.args.get("decimals")
+        node.replace(exp.Anonymous(this="round_even", expressions=[
+            node.this.copy(), places.copy() if places is not None else exp.Literal.number(0)]))
+
+
+def _double(node: exp.Expr, kind_of: Callable[[exp.Column], str | None]) -> bool:
+    """Whether ``node`` is a double by :func:`_round_doubles`' rule."""
+    if isinstance(node, exp.Column):
+        return kind_of(node) == LogicalKind.FLOAT64.value
+    if isinstance(node, exp.Cast):
+        return node.to.is_type(*exp.DataType.FLOAT_TYPES)
+    if isinstance(node, exp.Paren | exp.Neg | exp.Abs):
+        return _double(node.this, kind_of)
+    if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Div | exp.IntDiv | exp.Mod):
+        return _double(node.this, kind_of) or _double(node.expression, kind_of)
+    return False
 
 
 #: date arithmetic: an operand and an INTERVAL

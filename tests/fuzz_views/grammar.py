@@ -266,7 +266,7 @@ class Queries:
                                f"CASE WHEN {ref} > 1 THEN 'big' ELSE 'small' END",
                                f"coalesce({ref}, 0)", f"{ref} / 2", f"{ref} / 7.0",
                                f"round({ref} / 3, 2)" if column.kind == "num"
-                               else f"{ref} % 3" if column.kind == "int" else f"floor({ref})"))
+                               else f"{ref} % 3" if column.kind == "int" else f"round({ref})"))
         if column.kind in TIMES:
             return rng.choice((ref, f"extract(year from {ref})", f"extract(month from {ref})",
                                f"extract(day from {ref})", *self.interval(ref, column.kind))
