@@ -245,14 +245,14 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     if icu:
         _icu_order(tree, subqueries, [*captured, *subqueries], icu)
     kinds = {table: {c: f.kind for c, f in columns.items()} for table, columns in described.items()}
-    _exact_divisions(tree, subqueries, captured, kinds, _round_doubles)
+    _per_select(tree, subqueries, captured, kinds, _round_doubles)
     if dialect == "mysql":
         state_types = {table: {c: f.state_type for c, f in columns.items()}
                        for table, columns in described.items()}
-        _exact_divisions(tree, subqueries, captured, state_types, _mariadb_wall_clock)
-        _exact_divisions(tree, subqueries, captured, state_types, mariadb_divisions)
+        _per_select(tree, subqueries, captured, state_types, _mariadb_wall_clock)
+        _per_select(tree, subqueries, captured, state_types, mariadb_divisions)
     else:
-        _exact_divisions(tree, subqueries, captured,
+        _per_select(tree, subqueries, captured,
                          {table: {c: leader_numeric(f.kind, f.state_type)
                                   for c, f in columns.items()}
                           for table, columns in described.items()}, postgres_divisions)
@@ -534,13 +534,13 @@ def _mariadb_division(tree: exp.Expr) -> None:
                                           expression=exp.Literal.number(0)))
 
 
-def _exact_divisions(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
-                     tables: Sequence[TableId], types: Mapping[TableId, Mapping[str, T]],
-                     rewrite: Callable[[exp.Select, Callable[[exp.Column], T | None]], None]
-                     ) -> None:
-    """Every SELECT computes the leader's quotients and AVGs as the leader does (``rewrite``:
-    ``views/mariadb_decimals.py`` or ``views/postgres_decimals.py``'s); a column's type from
-    ``types`` (the captured tables')."""
+def _per_select(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
+                tables: Sequence[TableId], types: Mapping[TableId, Mapping[str, T]],
+                rewrite: Callable[[exp.Select, Callable[[exp.Column], T | None]], None]) -> None:
+    """``rewrite(select, type_of)`` for every SELECT (the leaders' quotients and AVGs:
+    ``views/mariadb_decimals.py``, ``views/postgres_decimals.py``; rounding of doubles; MariaDB's
+    date arithmetic), ``type_of(column)`` what ``types`` says of a captured table's column
+    (None: not a captured column, or unknown)."""
     for select in [*tree.find_all(exp.Select), *(s for sub in subqueries.values()
                                                  for s in sub.find_all(exp.Select))]:
         aliases = _aliases_of(select, tables)
