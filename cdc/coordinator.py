@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from rich.console import Console
 from rich.progress import (
@@ -62,6 +63,7 @@ from cdc.source import (
 from cdc.status import StatusFile
 
 log = logging.getLogger("cdc.capture")
+T = TypeVar("T")
 
 
 def open_log(config: Config) -> tuple[ChangeLogWriter, EventCodec]:
@@ -73,6 +75,27 @@ def open_log(config: Config) -> tuple[ChangeLogWriter, EventCodec]:
         writer.close()
         raise
     return writer, codec
+
+
+#: seconds between a daemon's tries to reach an unavailable log: the first, and the most
+RETRY_FIRST_S = 0.2
+RETRY_MAX_S = 10.0
+
+
+def when_log_answers(what: str, call: Callable[[], T], stop: threading.Event) -> T | None:
+    """``call()``, tried again while it raises :class:`~cdc.errors.LogUnavailable` (brokers
+    down or restarting: what a daemon waits out, starting as running), after
+    :data:`RETRY_FIRST_S` seconds doubling up to :data:`RETRY_MAX_S`, with one warning per
+    try. None if ``stop`` is set first (a SIGTERM ends the wait at once); other errors raise."""
+    delay = RETRY_FIRST_S
+    while not stop.is_set():
+        try:
+            return call()
+        except LogUnavailable as exc:
+            log.warning("%s: %s; retrying the log in %.1f s", what, _first_line(exc), delay)
+            stop.wait(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+    return None
 
 
 def capture_sources(config: Config, names: Iterable[str] = ()) -> list[SourceConfig]:
@@ -264,6 +287,12 @@ class StreamRunner:
         if self.dispatcher.columns is not None:
             self.dispatcher.columns.check_log(self.dispatcher.codec.store)
 
+    def checked(self) -> bool:
+        """The refusals before streaming: bootstrapped, column rules that fit the log."""
+        self.stored_offset()
+        self.check_columns()
+        return True
+
     def stored_offset(self) -> SourceOffset:
         data = self.writer.source_offsets().get(self.name)
         if not data:
@@ -279,7 +308,7 @@ class StreamRunner:
         return offset
 
     def run(self) -> None:
-        delay = 0.2
+        delay = RETRY_FIRST_S
         retryable = self.connector.retryable() + (LogUnavailable,)
         while not self.stop.is_set():
             try:
@@ -291,14 +320,14 @@ class StreamRunner:
                 self.last_error = _first_line(exc)
                 self.observer.error(self.name, exc.__class__.__name__)
                 if self._streamed_recently:
-                    delay = 0.2  # it had been streaming: start the backoff over, once
+                    delay = RETRY_FIRST_S  # it had been streaming: start the backoff over, once
                     self._streamed_recently = False
                 log.warning("source %s: %s; %s in %.1f s", self.name, self.last_error,
                             "retrying the log" if isinstance(exc, LogUnavailable)
                             else "reconnecting", delay)
                 self._status("reconnecting", force=True)
                 self.stop.wait(delay)
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, RETRY_MAX_S)
         self._status("stopped", force=True)
 
     _streamed_recently = False
@@ -471,9 +500,10 @@ def run_capture(config: Config, sources: Sequence[SourceConfig], writer: ChangeL
         return
     runners = [StreamRunner(config, source, writer, codec, stop, observer=observer)
                for source in sources]
-    for runner in runners:
-        runner.stored_offset()  # refuse before starting anything
-        runner.check_columns()
+    for runner in runners:  # refuse before starting anything (waiting out a log outage)
+        if when_log_answers(f"source {runner.name}", runner.checked, stop) is None:
+            log.info("stopped before streaming started")
+            return
     errors: list[BaseException] = []
 
     def target(runner: StreamRunner) -> None:

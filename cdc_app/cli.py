@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -475,13 +476,10 @@ def metrics_option(key: str) -> Callable[[F], F]:
              "config; see docs/metrics.md).")
 
 
-def _stream_until_signalled(config: Config, sources: list[Any], writer: Any,
-                            codec: Any, metrics: Any = None) -> None:
-    """Run capture until SIGTERM or SIGINT; both drain what is buffered and exit 0."""
+def _capture_stop() -> threading.Event:
+    """The event SIGTERM and SIGINT set: capture drains what is buffered and exits 0 (also
+    while it still waits for the log at start)."""
     import signal
-    import threading
-
-    from cdc.coordinator import run_capture
 
     stop = threading.Event()
 
@@ -493,6 +491,15 @@ def _stream_until_signalled(config: Config, sources: list[Any], writer: Any,
     signal.signal(signal.SIGINT, request_stop)
     if shutdown.requested():  # a SIGTERM came while we were still starting up
         request_stop(signal.SIGTERM, None)
+    return stop
+
+
+def _stream_until_signalled(config: Config, sources: list[Any], writer: Any, codec: Any,
+                            metrics: Any = None, stop: threading.Event | None = None) -> None:
+    """Run capture until SIGTERM or SIGINT; both drain what is buffered and exit 0."""
+    from cdc.coordinator import run_capture
+
+    stop = stop or _capture_stop()
     if metrics is None:
         run_capture(config, sources, writer, codec, stop)
     else:
@@ -543,17 +550,25 @@ def bootstrap_cmd(config_path: str | None, sources: tuple[str, ...], follow: boo
 def capture_cmd(config_path: str | None, sources: tuple[str, ...],
                 metrics_port: int | None) -> None:
     """Stream changes into the log until stopped (SIGTERM drains and exits 0)."""
-    from cdc.coordinator import capture_sources, open_log
+    from cdc.coordinator import capture_sources, open_log, when_log_answers
 
     _setup_logging()
     config = _load(config_path)
     chosen = capture_sources(config, sources)
     metrics = _capture_metrics(config, chosen, metrics_port)
-    writer, codec = open_log(config)
+    stop = _capture_stop()
     try:
-        _stream_until_signalled(config, chosen, writer, codec, metrics)
+        # a daemon waits out brokers that are down or restarting when it starts, as it does
+        # while it runs (a service manager starts it beside them)
+        opened = when_log_answers("capture", lambda: open_log(config), stop)
+        if opened is None:
+            return
+        writer, codec = opened
+        try:
+            _stream_until_signalled(config, chosen, writer, codec, metrics, stop)
+        finally:
+            writer.close()
     finally:
-        writer.close()
         if metrics is not None:
             metrics.stop()
 

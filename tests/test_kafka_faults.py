@@ -166,6 +166,41 @@ def test_capture_waits_out_a_whole_broker_outage(own_broker: Any, pg_db: Databas
     assert text.count("Connection refused") < 20, "librdkafka's repeats are not dropped"
 
 
+def test_capture_started_while_the_brokers_are_down_waits_for_them(
+        own_broker: Any, pg_db: Database, tmp_path: Path) -> None:
+    """`cdc capture` started while the only broker is down (a service manager starts it beside
+    the brokers, or a broker restarts as it opens the log) waits for the log instead of exiting:
+    a SIGTERM ends that wait at once with exit 0; once the broker is up, the waiting daemon
+    streams what the leader committed meanwhile, and the history equals the audit trail."""
+    _seed(pg_db)
+    config, settings = _bootstrap(pg_db, tmp_path, kafka_yaml(own_broker))
+    own_broker.stop()
+    try:
+        first = Capture(config, tmp_path / "first.log").start()
+        wait_for(lambda: "retrying the log" in (tmp_path / "first.log").read_text(), 60,
+                 "the first capture to wait for the log")
+        started = time.monotonic()
+        assert first.terminate(30) == 0, (tmp_path / "first.log").read_text()[-3000:]
+        assert time.monotonic() - started < 10
+        capture = Capture(config, tmp_path / "capture.log").start()
+        wait_for(lambda: "retrying the log" in (tmp_path / "capture.log").read_text(), 60,
+                 "capture to wait for the log")
+        pg_db.execute("INSERT INTO items (id, v, amount, note) SELECT g, 1, g * 1.25, 'later' "
+                      f"FROM generate_series({SEEDED + 1}, {SEEDED + 50}) g")
+        pg_db.execute("INSERT INTO audit (id, v, op) SELECT g, 1, 'c' "
+                      f"FROM generate_series({SEEDED + 1}, {SEEDED + 50}) g")
+        time.sleep(2)
+        assert capture.alive(), (tmp_path / "capture.log").read_text()[-3000:]
+    finally:
+        own_broker.start()
+    wait_caught_up(pg_db, settings, 120)
+    text = (tmp_path / "capture.log").read_text()
+    assert capture.alive(), text[-3000:]
+    assert check_against_audit(pg_db, read_topic(settings, f"{pg_db.source}.public.items"))
+    assert capture.terminate() == 0, text[-3000:]
+    assert "Traceback" not in text and "error:" not in text
+
+
 @pytest.mark.slow
 def test_a_broker_of_three_killed_and_restarted_under_load(kafka_cluster: Any, pg_db: Database,
                                                            tmp_path: Path) -> None:

@@ -75,7 +75,7 @@ from cdc.log.base import (
     StoredRecord,
     TopicInfo,
 )
-from cdc.log.kafka_errors import AUTHENTICATION, kafka_error
+from cdc.log.kafka_errors import AUTHENTICATION, TRANSIENT, kafka_error
 from cdc.log.kafka_schemas import assigned, committed_reader, idempotent_producer
 from cdc.log.partitioner import partition_for
 from cdc.preflight import Part, Step, environment_set
@@ -91,11 +91,10 @@ _CLIENT_LOG = logging.getLogger("cdc.kafka.client")
 _LOG = logging.getLogger(__name__)
 
 
-#: answers to a watermark read that a moment later are different (leader elections)
-_TRANSIENT_READS = frozenset({
-    KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
-    KafkaError.REQUEST_TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+#: answers to a watermark read that a moment later are different: every outage's error (a
+#: broker's handle torn down as it leaves, too) and leader elections
+_TRANSIENT_READS = frozenset(TRANSIENT | {
+    KafkaError.OFFSET_NOT_AVAILABLE,
     # the shared consumer closed by another thread's outage (``_read_failure``): a new one
     KafkaError._DESTROY})
 
