@@ -612,7 +612,11 @@ def test_tpch_queries_as_views_equal_postgres(tpch: dict[str, list[list[str]]],
         print(f"  {name:4} {why}")
     assert not report.mismatches, "\n".join(f"{q.name} after batch {n}: {text}"
                                             for q, n, text in report.mismatches)
-    assert len(report.accepted) + len(report.refused) == len(QUERIES)
+    assert not report.refused, report.refused  # all 22 run on the leader and the state
+    print("incremental: " + " ".join(sorted(report.incremental)))
+    # aggregates without GROUP BY are kept as running totals
+    assert {"q06", "q14", "q19"} <= set(report.incremental), report.incremental
+    assert len(report.accepted) == len(QUERIES)
     assert report.comparisons == len(report.accepted) * (BATCHES + 1), report.summary()
 
 

@@ -107,6 +107,13 @@ VIEWS: dict[str, tuple[str, list[str]]] = {
     # columns named without their table, resolved through the catalog (the tables' columns)
     "unqualified": ("SELECT name, count(sku) AS n, sum(amount) AS total FROM customers c "
                     "LEFT JOIN orders o ON c.id = customer_id GROUP BY name", ["name"]),
+    # aggregates without GROUP BY, kept as partial sums per key-hash bucket: over a join, with
+    # an AVG (its SUM and COUNT) and a quotient of sums; and a HAVING that empties the view
+    "totals": ("SELECT 1 AS one, sum(o.amount) AS total, count(*) AS n, count(c.region) AS "
+               "regions, avg(o.amount) AS mean, sum(o.amount) / count(*) AS per FROM orders o "
+               "JOIN customers c ON c.id = o.customer_id WHERE o.sku <> 'e'", ["one"]),
+    "if_many": ("SELECT 'all' AS k, count(*) AS n, sum(o.amount) AS total FROM orders o "
+                "WHERE o.amount > 30 HAVING count(*) > 3", ["k"]),
     # outside the incremental class: recomputed whole
     "ranked_all": ("SELECT o.id, row_number() OVER (ORDER BY o.amount, o.id) AS r "
                    "FROM orders o", ["id"]),
@@ -162,7 +169,8 @@ def test_views_are_classified_with_the_reason() -> None:
         ("SELECT o.id, c.name FROM orders o LEFT JOIN customers c ON c.id > o.customer_id",
          "no equality"),
         ("SELECT o.id FROM orders o INTERSECT SELECT c.id FROM customers c", "INTERSECT"),
-        ("SELECT 1 AS id, count(*) AS n FROM orders o", "without GROUP BY"),
+        ("SELECT 1 AS id, count(DISTINCT o.sku) AS n FROM orders o", "without GROUP BY"),
+        ("SELECT 1 AS id, max(o.amount) AS n FROM orders o", "without GROUP BY"),
         ("SELECT o.customer_id AS id, rank() OVER (PARTITION BY o.customer_id ORDER BY "
          "count(*)) AS r FROM orders o GROUP BY o.customer_id", "over GROUP BY"),
         ("SELECT d.id FROM (SELECT o.customer_id AS id, count(*) AS n FROM orders o "

@@ -137,7 +137,8 @@ def _run_on_empty_state(name: str, plan: ViewPlan,
                        ).fetchall()
         for part in (*plan.subviews.values(), plan):
             for sql in (part.full_sql, part.scope_lineage_sql, part.lineage_sql,
-                        part.lineage_early_sql, part.lineage_late_sql, part.restricted_sql):
+                        part.lineage_early_sql, part.lineage_late_sql, part.restricted_sql,
+                        part.delta_sql):
                 if sql:
                     db.execute(f"EXPLAIN {sql}").fetchall()
     except duckdb.Error as exc:

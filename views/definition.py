@@ -16,7 +16,10 @@ not (with why, and the nearest rewrite that is):
   outer join's ``ON`` holds at least one equality between its two sides), with GROUP BY/HAVING
   and any deterministic aggregate, or with window functions that share PARTITION BY
   expressions (no GROUP BY then). Each key column is an output column whose expression is no
-  aggregate and no window; with GROUP BY, each is one of the grouping expressions.
+  aggregate and no window; with GROUP BY, each is one of the grouping expressions. SUM and
+  COUNT without GROUP BY (an AVG's parts too) are kept as running totals: a one-row table of
+  the state that each batch moves by the changed tuples' contributions, new minus old
+  (:func:`_split_global_aggregate`).
 
 A batch of base-table changes is then applied by **keyed recomputation** (``docs/views.md``).
 Every tuple of the view's joins belongs to one *scope*: its key (the key expressions' values)
@@ -79,6 +82,16 @@ AFFECTED = "_cdc_affected"        # (k0, k1, ...): the view keys to recompute
 SCOPES = "_cdc_scopes"            # (s0, s1, ...): with windows, the partitions to recompute
 #: the schema of the state's tables that hold an aggregating subquery's rows (``s0``, ``s1``...)
 SUB_SCHEMA = "_cdc_sub"
+#: marks the SELECT that reads an aggregate's running totals (:func:`_split_global_aggregate`)
+_TOTALS = "cdc_totals"
+#: marks the aggregating subquery that computes them
+_RUNNING = "cdc_running_totals"
+#: the alias of the running totals' table in that SELECT, and its columns: a SUM's total of
+#: its non-NULL values and their count, a COUNT's count
+_TOTALS_ALIAS = "_cdc_t"
+_GROUP_COLUMN = "cdc_all"
+_SUM_COLUMN = "cdc_sum{index}"
+_COUNT_COLUMN = "cdc_count{index}"
 
 @dataclass(frozen=True)
 class Described:
@@ -174,6 +187,10 @@ class ViewPlan:
     #: ``views/state.py``
     lineage_early_sql: str | None = None
     lineage_late_sql: str | None = None
+    #: an aggregate's running totals (:func:`_split_global_aggregate`): the query of the
+    #: contributions of the tuples a batch's changes reach (on the state before the batch's
+    #: write, then after it), one row shaped as the totals' row
+    delta_sql: str | None = None
     #: each aggregating subquery in FROM, kept as a table of the state (``_cdc_sub.s<i>``):
     #: its own plan over captured tables, keyed by its GROUP BY columns
     subviews: dict[TableId, ViewPlan] = field(default_factory=dict)
@@ -256,6 +273,7 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
                          {table: {c: leader_numeric(f.kind, f.state_type)
                                   for c, f in columns.items()}
                           for table, columns in described.items()}, postgres_divisions)
+    _split_global_aggregate(tree, subqueries, captured, kinds)
     indexes: dict[TableId, int] = {}
     known = [*captured, *subqueries]
     references = _resolve_tables(name, tree, known, indexes)
@@ -325,7 +343,35 @@ def _subview(name: str, table: TableId, inner: exp.Select, captured: Sequence[Ta
     plan.tree = inner
     if compiled.scope_lineage is None and not plan.blocking:
         plan.lineage_sql, plan.restricted_sql = compiled.lineage, compiled.restricted
+        if inner.meta.get(_RUNNING):
+            plan.delta_sql = _delta_sql(inner, references)
     return plan
+
+
+def _delta_sql(inner: exp.Select, references: Sequence[BaseTable]) -> str:
+    """The running totals' contributions of the tuples a batch's changes reach (each tuple
+    once: the branches of :func:`_lineage_union` are told apart by every reference's key),
+    shaped as the totals' row (:func:`_split_global_aggregate`)."""
+    keys: list[exp.Expr] = [_quoted_alias_column(ref.alias, KEY_COLUMN) for ref in references]
+    arguments: list[exp.Expr] = []
+    totals: list[exp.Expr] = [exp.Literal.number(0).as_(_GROUP_COLUMN)]
+    for projection in inner.expressions[1:]:
+        node = projection.unalias()  # COUNT(x), or COALESCE(SUM(x), 0)
+        counted = isinstance(node, exp.Count)
+        aggregate = node if counted else node.find(exp.Sum)
+        assert aggregate is not None
+        argument = aggregate.this
+        if isinstance(argument, exp.Star):
+            total: exp.Expr = exp.Count(this=exp.Star())
+        else:
+            column = exp.column(f"d{len(keys) + len(arguments)}", table="_d")
+            arguments.append(argument)
+            total = exp.Count(this=column) if counted else exp.Coalesce(
+                this=exp.Sum(this=column), expressions=[exp.Literal.number(0)])
+        totals.append(total.as_(projection.alias))
+    union = _lineage_union(inner, references, [*keys, *arguments],
+                           _joins(inner, references, []), "d")
+    return str(exp.select(*totals).from_(f"({union}) AS _d").sql(dialect="duckdb"))
 
 
 def _set_queries(plan: ViewPlan, tree: exp.Query, compiled: Sequence[_Branch]) -> None:
@@ -996,6 +1042,86 @@ def _aggregating(select: exp.Expr) -> bool:
         and not any(True for _ in select.find_all(exp.Window, exp.Subquery))
 
 
+def _split_global_aggregate(tree: exp.Query, subqueries: dict[TableId, exp.Select],
+                            tables: Sequence[TableId],
+                            kinds: Mapping[TableId, Mapping[str, str]]) -> None:
+    """An aggregate without GROUP BY over captured tables -- SUM and COUNT of exact values (an
+    AVG's parts too; no DISTINCT, FILTER or double: a running sum of doubles drifts) -- becomes
+    two SELECTs with the same rows: an aggregating subquery of its *running totals* (one row,
+    a table of the state: per SUM the sum of its non-NULL values and their count, per COUNT
+    its count), which a batch moves by the contributions of the tuples its changes reach, new
+    minus old (``ViewPlan.delta_sql``); and ``tree`` over that row: a SUM is its total, NULL
+    when it counted none; a COUNT its count (0 over none). Both keep DuckDB's types of the
+    aggregates they replace (a SUM of DECIMAL(38, s) or HUGEINT stays one; COUNT is BIGINT).
+    Run after the leaders' rewrites, so the expressions around the aggregates (a quotient of
+    two SUMs, an AVG's exact quotient) are kept as they are."""
+    if not isinstance(tree, exp.Select) or tree.args.get("group") is not None \
+            or not isinstance(tree.args.get("from_"), exp.From) \
+            or any(tree.args.get(arg) for arg in ("limit", "offset", "qualify", "distinct")) \
+            or any(True for _ in tree.find_all(exp.Window, exp.Subquery)) \
+            or any(table.db == SUB_SCHEMA for table in tree.find_all(exp.Table)):
+        return
+    aliases = _aliases_of(tree, tables)
+
+    def kind_of(column: exp.Column) -> str | None:
+        table = aliases.get(column.table) if column.table else \
+            next(iter(aliases.values())) if len(aliases) == 1 else None
+        return None if table is None else kinds.get(table, {}).get(column.name)
+
+    aggregates = [node for node in tree.find_all(exp.AggFunc)]
+    if not aggregates or not all(_summable(node, kind_of) for node in aggregates):
+        return
+    unique: dict[str, exp.AggFunc] = {}
+    for node in aggregates:
+        unique.setdefault(node.sql(), node)
+    index_of = {text: index for index, text in enumerate(unique)}
+    totals: list[exp.Expr] = [exp.Literal.number(0).as_(_GROUP_COLUMN)]
+    for index, node in enumerate(unique.values()):
+        if isinstance(node, exp.Sum):
+            totals.append(exp.Coalesce(this=node.copy(), expressions=[exp.Literal.number(0)])
+                          .as_(_SUM_COLUMN.format(index=index)))
+        totals.append(exp.Count(this=node.this.copy()).as_(_COUNT_COLUMN.format(index=index)))
+    inner = exp.Select(expressions=totals)
+    inner.set("from_", tree.args["from_"].copy())
+    inner.set("joins", [join.copy() for join in tree.args.get("joins") or []] or None)
+    where = tree.args.get("where")
+    inner.set("where", where.copy() if where is not None else None)
+    inner = inner.group_by(exp.column(_GROUP_COLUMN), copy=False)  # one group, or none
+    inner.meta[_RUNNING] = True
+    table = TableId(SUB_SCHEMA, f"s{len(subqueries)}")
+    subqueries[table] = inner
+    for node in aggregates:
+        node.replace(_from_totals(node, index_of[node.sql()]))
+    tree.set("from_", exp.From(this=exp.Table(
+        this=exp.to_identifier(table.table), db=exp.to_identifier(SUB_SCHEMA),
+        alias=exp.TableAlias(this=exp.to_identifier(_TOTALS_ALIAS)))))
+    tree.set("joins", None)
+    tree.set("where", None)
+    tree.meta[_TOTALS] = True
+
+
+def _summable(node: exp.AggFunc, kind_of: Callable[[exp.Column], str | None]) -> bool:
+    """Whether :func:`_split_global_aggregate` can keep ``node`` as a running total."""
+    if not isinstance(node, (exp.Sum, exp.Count)) or isinstance(node.this, exp.Distinct) \
+            or isinstance(node.parent, exp.Filter) \
+            or any(True for _ in node.this.find_all(exp.AggFunc)):
+        return False
+    return isinstance(node, exp.Count) or not _double(node.this, kind_of)
+
+
+def _from_totals(node: exp.AggFunc, index: int) -> exp.Expr:
+    """``node`` computed from the running totals' row (its columns ``index``)."""
+    count = exp.Sum(this=exp.column(_COUNT_COLUMN.format(index=index), table=_TOTALS_ALIAS))
+    if isinstance(node, exp.Sum):
+        total = exp.Sum(this=exp.column(_SUM_COLUMN.format(index=index), table=_TOTALS_ALIAS))
+        total.meta.update(node.meta)  # an AVG's part stays one (check-config names the AVG)
+        return exp.Case(ifs=[exp.If(this=exp.GT(this=count, expression=exp.Literal.number(0)),
+                                    true=total)])
+    count.meta.update(node.meta)
+    return exp.Cast(this=exp.Coalesce(this=count, expressions=[exp.Literal.number(0)]),
+                    to=exp.DataType.build("BIGINT"))
+
+
 def _merge_subqueries(select: exp.Select, operators: list[Operator],
                       subqueries: dict[TableId, exp.Select]) -> None:
     """Each subquery in FROM (or a join) that only filters and projects one table (in FROM:
@@ -1201,11 +1327,15 @@ def _classify(select: exp.Select, operators: list[Operator]) -> None:
     for construct in dict.fromkeys(_aggregate_name(node) for node in aggregates):
         if group is not None:
             operators.append(Operator(construct, True))
+        elif select.meta.get(_TOTALS):
+            operators.append(Operator(f"{construct} without GROUP BY (a running total)", True))
         else:
             operators.append(Operator(f"{construct} without GROUP BY", False,
                                       "one row over the whole table: each change recomputes "
-                                      "it from every row", "GROUP BY a column, so a change "
-                                      "recomputes its group only"))
+                                      "it from every row (only SUM, COUNT and AVG of exact "
+                                      "numbers are kept as running totals)",
+                                      "GROUP BY a column, so a change recomputes its group "
+                                      "only"))
 
 
 def _in_from(node: exp.Expr, select: exp.Select) -> bool:
@@ -1494,7 +1624,10 @@ def _restricted(select: exp.Select, references: Sequence[BaseTable],
     filter is part of the WHERE, so whole groups and partitions are kept."""
     restricted = _state_tree(select, references)
     restricted.set("order", None)
-    restricted = restricted.where(_exists_in(table, exprs, prefix), copy=False)
+    if select.meta.get(_TOTALS):  # its one row from the totals, and only if they moved
+        restricted = restricted.having(_exists_in(table, exprs, prefix), copy=False)
+    else:
+        restricted = restricted.where(_exists_in(table, exprs, prefix), copy=False)
     return str(restricted.sql(dialect="duckdb"))
 
 

@@ -414,14 +414,23 @@ class ViewState:
         4. every branch on the new state."""
         self._stage(True, self._captured)
         for table, sub in self.plan.subviews.items():
-            self._affect(_sub_affected(table), sub.lineage_sql or "")
+            if sub.delta_sql:  # running totals: the reached tuples' contributions, old
+                self._q(f"CREATE OR REPLACE TEMP TABLE {_contributions(table, True)} AS "
+                        f"{sub.delta_sql}")
+            else:
+                self._affect(_sub_affected(table), sub.lineage_sql or "")
         self._affect(AFFECTED, self.plan.lineage_early_sql or "")
         newest = self._newest_position()
         self._write_base(self._captured)
         self._stage(False, self._captured)
         for table, sub in self.plan.subviews.items():
-            self._affect(_sub_affected(table), sub.lineage_sql or "")
-            self._stage_subview(table, newest)
+            if sub.delta_sql:
+                self._q(f"CREATE OR REPLACE TEMP TABLE {_contributions(table, False)} AS "
+                        f"{sub.delta_sql}")
+                self._stage_totals(table, newest)
+            else:
+                self._affect(_sub_affected(table), sub.lineage_sql or "")
+                self._stage_subview(table, newest)
         self._stage(True, self._subs)
         self._affect(AFFECTED, self.plan.lineage_late_sql or "")
         self._write_base(self._subs, markers=False)
@@ -459,6 +468,28 @@ class ViewState:
         same = " AND ".join(f"o.{n} IS NOT DISTINCT FROM {new}.{n}" for n in names)
         self._q(f"DELETE FROM {new} WHERE NOT {DELETED} AND EXISTS (SELECT 1 FROM {held} o "
                 f"WHERE o.{KEY_COLUMN} = {new}.{KEY_COLUMN} AND {same})")
+
+    def _stage_totals(self, table: TableId, position: bytes) -> None:
+        """The running totals' row of subquery ``table`` moved by the batch, staged as a
+        captured table's change (``_cdc_new_<i>``, ``_cdc_held_<i>``): each total plus the
+        reached tuples' contributions after the write minus those before; nothing staged
+        when none moved (``views/definition.py``: ``_split_global_aggregate``)."""
+        index = self.plan.tables.index(table)
+        new, held = NEW.format(index=index), HELD.format(index=index)
+        names = [name for name, _ in self.columns[table]]
+        key = self._sub_key(["0"])
+        self._held(table, held, f"SELECT {key} AS k")
+        after, before = _contributions(table, False), _contributions(table, True)
+        totals = ", ".join(
+            f"0 AS {_quote(name)}" if position_in_row == 0 else
+            f"coalesce(h.{_quote(name)}, 0) + a.{_quote(name)} - b.{_quote(name)} "
+            f"AS {_quote(name)}" for position_in_row, name in enumerate(names))
+        moved = " OR ".join(f"a.{_quote(name)} IS DISTINCT FROM b.{_quote(name)}"
+                            for name in names[1:])
+        self._q(f"CREATE OR REPLACE TEMP TABLE {new} AS SELECT k.k AS {KEY_COLUMN}, "
+                f"{key_hash('k.k')} AS {KEY_HASH}, ?::BLOB AS {POSITION}, false AS {DELETED}, "
+                f"{totals} FROM (SELECT {key} AS k) k CROSS JOIN {after} a CROSS JOIN {before} b "
+                f"LEFT JOIN {held} h ON h.{KEY_COLUMN} = k.k WHERE {moved}", [position])
 
     def _refill_subview(self, table: TableId) -> None:
         """Subquery ``table``'s rows recomputed whole (the view is recomputed whole)."""
@@ -775,6 +806,12 @@ def state_meta(path: Path, view: str, name: str, value: str | None = None) -> st
         return None if row is None else str(row[0])
     finally:
         db.close()
+
+
+def _contributions(table: TableId, before: bool) -> str:
+    """The temporary table of running totals ``table``'s contributions (its ``delta_sql``),
+    ``before`` the batch's write or after it."""
+    return f"_cdc_{'before' if before else 'after'}_{table.table}"
 
 
 def _sub_affected(table: TableId) -> str:

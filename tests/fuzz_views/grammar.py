@@ -14,7 +14,8 @@ queries — in the leader's own dialect (PostgreSQL or MariaDB).
 * **Batches**: inserts, updates (of values and of keys) and deletes, each batch one leader
   transaction.
 * **Queries**: every construct the views accept — filters and projections, INNER/LEFT joins
-  (and comma joins), GROUP BY with HAVING, DISTINCT, every aggregate, subqueries in FROM,
+  (and comma joins), GROUP BY with HAVING, aggregates without GROUP BY, DISTINCT, every
+  aggregate, subqueries in FROM,
   windows with PARTITION BY, UNION ALL, CASE, string and date functions, ORDER BY ... LIMIT —
   each with the key a user would give it.
 """
@@ -293,7 +294,8 @@ class Queries:
     # ---------------------------------------------------------------------- shapes
     def query(self, number: int) -> Query:
         shapes = [self.filtered, self.grouped, self.joined, self.distinct, self.windowed,
-                  self.union, self.subquery, self.limited, self.comma_join, self.semi_join]
+                  self.union, self.subquery, self.limited, self.comma_join, self.semi_join,
+                  self.totalled]
         return self.rng.choice(shapes)(f"q{number}")
 
     def _where(self, alias: str, table: Table, chance: float = 0.7) -> str:
@@ -322,6 +324,23 @@ class Queries:
                                   f" HAVING max(t.id) > {self.rng.randint(5, 20)}"))
         return Query(name, f"SELECT {group} AS g, {aggregates} FROM {table.name} t"
                      + self._where("t", table, 0.4) + f" GROUP BY {group}{having}", ("g",))
+
+    def totalled(self, name: str) -> Query:
+        """Aggregates without GROUP BY (one row, or none under a HAVING), over one table or a
+        join (the engine keeps SUM and COUNT as partial aggregates per key-hash bucket)."""
+        rng = self.rng
+        if rng.random() < 0.5:
+            table = rng.choice(self.schema.tables)
+            alias, source, where = "t", f"{table.name} t", self._where("t", table, 0.6)
+        else:
+            left, table, on = self._pair()
+            alias = "r"
+            source = f"{left.name} l {rng.choice(('JOIN', 'LEFT JOIN'))} {table.name} r ON {on}"
+            where = self._where("l", left, 0.4)
+        aggregates = ", ".join(f"{self.aggregate(alias, table)} AS a{i}"
+                               for i in range(rng.randint(1, 3)))
+        having = rng.choice(("", "", " HAVING count(*) > 2"))
+        return Query(name, f"SELECT 1 AS g, {aggregates} FROM {source}{where}{having}", ("g",))
 
     def _pair(self) -> tuple[Table, Table, str]:
         """Two tables and an equality between columns of one kind (ints when none match)."""

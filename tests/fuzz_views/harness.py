@@ -40,6 +40,8 @@ class Report:
     time_zone: str = "UTC"
     refused: dict[str, str] = field(default_factory=dict)
     accepted: list[str] = field(default_factory=list)
+    #: the accepted queries kept incrementally (the others are recomputed whole)
+    incremental: list[str] = field(default_factory=list)
     mismatches: list[Mismatch] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -178,6 +180,8 @@ class World:
                 self.states[name] = ViewState(self.directory / f"{name}.duckdb", plan,
                                               columns_of)
                 self.report.accepted.append(name)
+                if plan.mode == "incremental":
+                    self.report.incremental.append(name)
         self._reader = reader_from(log_settings(self.config))
         from cdc.avro import EventCodec
         from cdc.reading import Decoder
