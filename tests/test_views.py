@@ -366,6 +366,40 @@ def test_incremental_views_equal_recomputation_after_every_batch(tmp_path: Path,
         state.close()
 
 
+def test_a_state_kept_whole_before_running_totals_continues_with_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A view of aggregates without GROUP BY whose state was made when such views were
+    recomputed whole: opened with the running totals' plan, its next batch rebuilds the totals
+    and the view equals its SQL recomputed, batch after batch."""
+    import views.definition as definition
+
+    sql = ("SELECT 1 AS one, sum(o.amount) AS total, count(*) AS n, avg(o.amount) AS mean "
+           "FROM orders o JOIN customers c ON c.id = o.customer_id WHERE c.region IS NOT NULL")
+    with monkeypatch.context() as patched:
+        patched.setattr(definition, "_split_global_aggregate", lambda *_args: None)
+        old = analyze("t", sql, ["one"], "postgres", CAPTURED, catalog)
+    new = analyze("t", sql, ["one"], "postgres", CAPTURED, catalog)
+    assert (old.mode, new.mode) == ("recompute", "incremental")
+    rng, position = random.Random(5), 0
+    state = ViewState(tmp_path / "t.duckdb", old, lambda table: COLUMNS[table])
+    for _ in range(5):
+        batch, position = _random_batch(rng, position)
+        state.apply(batch)
+        state.drained()
+    before = state.rows()
+    state.close()
+    state = ViewState(tmp_path / "t.duckdb", new, lambda table: COLUMNS[table])
+    try:
+        assert state.rows() == before
+        for _ in range(10):
+            batch, position = _random_batch(rng, position)
+            state.apply(batch)
+            state.drained()
+            assert state.rows() == state.recompute()
+    finally:
+        state.close()
+
+
 def test_a_match_appearing_retracts_the_null_extended_tuple(tmp_path: Path) -> None:
     """LEFT JOIN lineage, deterministically: a customer appearing moves its order out of the
     'none' group (the null-extension branch), a region change moves it between groups (the

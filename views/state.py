@@ -751,8 +751,15 @@ class ViewState:
                 for key, row in self._q("SELECT k, row FROM _cdc_view")}
 
     def recompute(self) -> dict[str, dict[str, Any]]:
-        """The view computed whole from the state now (what the rows must equal)."""
-        names, types, rows = self._run(self.plan.full_sql)
+        """The view computed whole from the base tables now (what the rows must equal): an
+        aggregating subquery's rows, or running totals, computed from them too, not read from
+        the tables the batches keep."""
+        sql = self.plan.full_sql
+        for table, sub in self.plan.subviews.items():
+            fresh = f"_cdc_fresh_{table.table}"
+            self._q(f"CREATE OR REPLACE TEMP VIEW {fresh} AS {sub.full_sql}")
+            sql = sql.replace(_table_sql(table), fresh)
+        names, types, rows = self._run(sql)
         positions = [names.index(column) for column in self.plan.key]
         forms = self._forms(names, types)
         return {self._key_text([row[i] for i in positions]): forms(row) for row in rows}
