@@ -114,6 +114,15 @@ VIEWS: dict[str, tuple[str, list[str]]] = {
                "JOIN customers c ON c.id = o.customer_id WHERE o.sku <> 'e'", ["one"]),
     "if_many": ("SELECT 'all' AS k, count(*) AS n, sum(o.amount) AS total FROM orders o "
                 "WHERE o.amount > 30 HAVING count(*) > 3", ["k"]),
+    # subqueries in WHERE joined as aggregating subqueries: EXISTS, IN, and a correlated
+    # scalar subquery (no group: a NULL comparison, the row dropped as the leader drops it)
+    "buyers": ("SELECT c.id, c.name FROM customers c WHERE c.region IS NOT NULL AND EXISTS "
+               "(SELECT * FROM orders o WHERE o.customer_id = c.id AND o.amount > 20)", ["id"]),
+    "northern": ("SELECT o.id, o.amount FROM orders o WHERE o.customer_id IN (SELECT c.id "
+                 "FROM customers c WHERE c.region = 'n')", ["id"]),
+    "above_own_mean": ("SELECT o.id, o.amount FROM orders o WHERE o.amount > (SELECT "
+                       "avg(p.amount) * 1.1 FROM orders p WHERE p.customer_id = o.customer_id "
+                       "AND p.sku <> 'a')", ["id"]),
     # outside the incremental class: recomputed whole
     "ranked_all": ("SELECT o.id, row_number() OVER (ORDER BY o.amount, o.id) AS r "
                    "FROM orders o", ["id"]),
@@ -285,8 +294,8 @@ def test_incremental_strict_refuses_a_recomputed_construct_naming_the_rewrite() 
         str(error.value)
     assert error.value.fix and "PARTITION BY" in error.value.fix
     with pytest.raises(ViewDefinitionError) as error:
-        plan("SELECT o.id FROM orders o WHERE o.customer_id IN (SELECT c.id FROM customers c)",
-             ["id"], strict=True)
+        plan("SELECT o.id FROM orders o WHERE o.customer_id NOT IN (SELECT c.id FROM "
+             "customers c)", ["id"], strict=True)
     assert "subquery in WHERE" in str(error.value) and "JOIN" in (error.value.fix or "")
     running = plan(VIEWS["running"][0], ["id"], strict=True)
     assert [op.construct for op in running.operators] == [

@@ -8,9 +8,10 @@ state (DuckDB: ``views/state.py``). :func:`analyze` parses it, rewrites it into 
 not (with why, and the nearest rewrite that is):
 
 * **normal form** (same rows on every state): a non-recursive ``WITH`` is inlined as subqueries
-  in FROM; a subquery in FROM that selects, filters and projects (no aggregate, window,
-  DISTINCT or LIMIT) is merged into the query around it; ``SELECT DISTINCT`` becomes a GROUP
-  BY of every output column.
+  in FROM; ``EXISTS``, ``IN`` and correlated scalar subqueries in the WHERE become grouped
+  subqueries in FROM (:func:`_decorrelate`); a subquery in FROM that selects, filters and
+  projects (no aggregate, window, DISTINCT or LIMIT) is merged into the query around it;
+  ``SELECT DISTINCT`` becomes a GROUP BY of every output column.
 * **incremental**: ``SELECT``s (alone, or branches of UNION [ALL]) over captured tables joined
   with INNER, LEFT, RIGHT and FULL equi-joins (a RIGHT or FULL join as the first join; an
   outer join's ``ON`` holds at least one equality between its two sides), with GROUP BY/HAVING
@@ -269,6 +270,7 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
         _per_select(tree, subqueries, captured, state_types, _mariadb_wall_clock)
         _per_select(tree, subqueries, captured, state_types, mariadb_divisions)
     else:
+        _per_select(tree, subqueries, captured, kinds, _postgres_elapsed)
         _per_select(tree, subqueries, captured,
                          {table: {c: leader_numeric(f.kind, f.state_type)
                                   for c, f in columns.items()}
@@ -567,9 +569,184 @@ def _normalize(tree: exp.Query, operators: list[Operator],
         _qualify_columns(tree, captured, catalog)
     tree = _inline_ctes(tree, operators)
     for select in _selects(tree):
+        _decorrelate(select)
         _merge_subqueries(select, operators, subqueries)
         _distinct_as_group(select, operators)
     return tree
+
+
+#: the alias of a subquery in WHERE made a subquery in FROM (:func:`_decorrelate`) and its
+#: columns: the correlated (or IN's) values, and a scalar subquery's value
+_SEMI_ALIAS = "_cdc_e{index}"
+_SEMI_KEY = "cdc_k{index}"
+_SEMI_VALUE = "cdc_v"
+#: comparisons whose one side may be a scalar subquery :func:`_decorrelate` joins
+_SCALAR_COMPARED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+#: what a scalar subquery's value may be made of besides its aggregates (NULL when they are)
+_NULL_PRESERVING = (exp.Column, exp.Literal, exp.Paren, exp.Add, exp.Sub, exp.Mul, exp.Div,
+                    exp.Neg, exp.Cast)
+
+
+def _decorrelate(select: exp.Select) -> None:
+    """Each conjunct of ``select``'s WHERE that is ``EXISTS (...)``, ``x IN (SELECT ...)`` or
+    a comparison with a scalar subquery, whose subquery reads tables (no nested subquery,
+    window or LIMIT) and refers to ``select`` only through equalities, becomes a subquery in
+    FROM that groups by the correlated values (so it holds each once: an aggregating subquery
+    the state keeps like a view), comma-joined, with those equalities in the WHERE:
+
+    * ``EXISTS (SELECT ... WHERE i = o AND local)`` joins ``(SELECT i ... WHERE local GROUP BY
+      i)`` on ``i = o``: a row has a match exactly when the subquery has one;
+    * ``x IN (SELECT y ... WHERE local)`` (uncorrelated) joins the distinct ``y``s on ``y =
+      x`` (NULL matches nothing either way; a grouped subquery selecting its GROUP BY value is
+      joined as it is);
+    * ``x op (SELECT f(agg) ... WHERE i = o AND local)``, ``agg`` not a COUNT and ``f`` plain
+      arithmetic (NULL over no rows, as the scalar subquery is), joins ``(SELECT i, f(agg)
+      ... GROUP BY i)`` and compares ``x`` with its value: no group is a NULL comparison, a
+      row dropped either way.
+
+    ``NOT EXISTS``, ``NOT IN``, conjuncts under OR and uncorrelated scalar subqueries stay
+    (recomputed whole)."""
+    where = select.args.get("where")
+    if where is None or not select.args.get("from_"):
+        return
+    outer = {node.alias_or_name for node in [select.args["from_"].this,
+                                             *(j.this for j in select.args.get("joins") or [])]}
+    conjuncts = list(where.this.flatten()) if isinstance(where.this, exp.And) else [where.this]
+    kept: list[exp.Expr] = []
+    joined = 0
+    for conjunct in conjuncts:
+        alias = _SEMI_ALIAS.format(index=joined)
+        made = _semi_join(conjunct, outer, alias)
+        if made is None:
+            kept.append(conjunct.copy())
+            continue
+        inner, conditions = made
+        select.append("joins", exp.Join(this=exp.Subquery(
+            this=inner, alias=exp.TableAlias(this=exp.to_identifier(alias)))))
+        kept.extend(conditions)
+        joined += 1
+    if joined:
+        select.set("where", exp.Where(this=exp.and_(*kept)))
+
+
+def _semi_join(conjunct: exp.Expr, outer: set[str], alias: str
+               ) -> tuple[exp.Select, list[exp.Expr]] | None:
+    """The subquery in FROM and the WHERE conditions that replace ``conjunct`` (see
+    :func:`_decorrelate`), or None."""
+    if isinstance(conjunct, exp.Exists) and isinstance(conjunct.this, exp.Select):
+        found = _correlation(conjunct.this, outer)
+        if found is None or not found[0] or conjunct.this.args.get("group") is not None:
+            return None
+        pairs, local = found
+        return _grouped(conjunct.this, [inner for inner, _ in pairs], local, None), \
+            _matched_on(alias, [outer_side for _, outer_side in pairs])
+    if isinstance(conjunct, exp.In) and isinstance(conjunct.args.get("query"), exp.Subquery) \
+            and isinstance(conjunct.args["query"].this, exp.Select):
+        sub = conjunct.args["query"].this
+        found = _correlation(sub, outer)
+        if found is None or found[0] or len(sub.expressions) != 1:
+            return None
+        value = sub.expressions[0].unalias()
+        if sub.args.get("group") is None:
+            inner = _grouped(sub, [value], found[1], None)
+        elif _canonical(value) in {_canonical(e) for e in _grouping(sub)}:
+            inner = sub.copy()
+            inner.set("expressions", [value.copy().as_(_SEMI_KEY.format(index=0))])
+        else:
+            return None
+        return inner, _matched_on(alias, [conjunct.this])
+    if isinstance(conjunct, _SCALAR_COMPARED):
+        sides = [conjunct.this, conjunct.expression]
+        scalar = [side for side in sides if isinstance(side, exp.Subquery)]
+        if len(scalar) != 1 or not isinstance(scalar[0].this, exp.Select):
+            return None
+        sub = scalar[0].this
+        found = _correlation(sub, outer)
+        if found is None or not found[0] or len(sub.expressions) != 1 \
+                or sub.args.get("group") is not None or not _null_when_empty(sub.expressions[0]):
+            return None
+        pairs, local = found
+        inner = _grouped(sub, [inner for inner, _ in pairs], local, sub.expressions[0].unalias())
+        compared = conjunct.copy()
+        compared.set("this" if conjunct.this is scalar[0] else "expression",
+                     exp.column(_SEMI_VALUE, table=alias))
+        return inner, [*_matched_on(alias, [outer_side for _, outer_side in pairs]), compared]
+    return None
+
+
+def _correlation(sub: exp.Select, outer: set[str]
+                 ) -> tuple[list[tuple[exp.Expr, exp.Expr]], list[exp.Expr]] | None:
+    """A subquery's correlated equalities (``(inner side, outer side)``) and its own
+    conjuncts, or None when it refers to the outer query otherwise, names a column without
+    its table, nests a subquery, or windows, limits or is DISTINCT."""
+    if any(sub.args.get(arg) for arg in ("limit", "offset", "qualify", "distinct", "with_")) \
+            or any(node is not sub for node in sub.find_all(exp.Select)) \
+            or any(True for _ in sub.find_all(exp.Window)) or not sub.args.get("from_"):
+        return None
+    nodes = [sub.args["from_"].this, *(join.this for join in sub.args.get("joins") or [])]
+    if not all(isinstance(node, exp.Table) for node in nodes):
+        return None
+    inner = {node.alias_or_name for node in nodes}
+    columns = [column for column in sub.find_all(exp.Column)]
+    if any(not column.table for column in columns):
+        return None
+    where = sub.args.get("where")
+    conjuncts = [] if where is None else list(where.this.flatten()) \
+        if isinstance(where.this, exp.And) else [where.this]
+    if any(column.table not in inner for column in columns
+           if not any(column is node or column in node.find_all(exp.Column)
+                      for node in conjuncts)):
+        return None  # the outer query named in the SELECT, a join's ON or GROUP BY
+    pairs: list[tuple[exp.Expr, exp.Expr]] = []
+    local: list[exp.Expr] = []
+    for conjunct in conjuncts:
+        named = {column.table for column in conjunct.find_all(exp.Column)}
+        if named <= inner:
+            local.append(conjunct)
+            continue
+        if not named - inner <= outer or not isinstance(conjunct, exp.EQ):
+            return None
+        left = {column.table for column in conjunct.this.find_all(exp.Column)}
+        right = {column.table for column in conjunct.expression.find_all(exp.Column)}
+        if left and left <= inner and right and not right & inner:
+            pairs.append((conjunct.this, conjunct.expression))
+        elif right and right <= inner and left and not left & inner:
+            pairs.append((conjunct.expression, conjunct.this))
+        else:
+            return None
+    return pairs, local
+
+
+def _grouped(sub: exp.Select, keys: Sequence[exp.Expr], local: Sequence[exp.Expr],
+             value: exp.Expr | None) -> exp.Select:
+    """``sub``'s tables, filtered by ``local``, grouped by ``keys`` (``cdc_k0`` ...), with
+    ``value`` as ``cdc_v``."""
+    inner = exp.Select(expressions=[key.copy().as_(_SEMI_KEY.format(index=index))
+                                    for index, key in enumerate(keys)]
+                       + ([value.copy().as_(_SEMI_VALUE)] if value is not None else []))
+    inner.set("from_", sub.args["from_"].copy())
+    inner.set("joins", [join.copy() for join in sub.args.get("joins") or []] or None)
+    if local:
+        inner.set("where", exp.Where(this=exp.and_(*[c.copy() for c in local])))
+    return inner.group_by(*[key.copy() for key in keys], copy=False)
+
+
+def _matched_on(alias: str, outer_sides: Sequence[exp.Expr]) -> list[exp.Expr]:
+    """The subquery ``alias``'s key columns equal to ``outer_sides``."""
+    return [exp.EQ(this=exp.column(_SEMI_KEY.format(index=index), table=alias),
+                   expression=side.copy()) for index, side in enumerate(outer_sides)]
+
+
+def _null_when_empty(projection: exp.Expr) -> bool:
+    """Whether a scalar subquery's value is NULL over no rows when its aggregates are (no
+    COUNT; only arithmetic, casts and literals around them)."""
+    aggregates = [node for node in projection.find_all(exp.AggFunc)]
+    if not aggregates or any(isinstance(node, exp.Count) for node in aggregates):
+        return False
+    return all(isinstance(node, (*_NULL_PRESERVING, exp.AggFunc, exp.Alias, exp.Identifier,
+                                 exp.DataType, exp.Star))
+               or node.find_ancestor(exp.AggFunc) is not None
+               for node in projection.walk())
 
 
 def _mariadb_division(tree: exp.Expr) -> None:
@@ -696,6 +873,34 @@ def _postgres_extract(tree: exp.Expr) -> None:
             continue
         node.replace(exp.Paren(this=exp.Mul(this=exp.Cast(this=micros, to=_MICROSECONDS.copy()),
                                             expression=_ONE_MICROSECOND.copy())))
+
+
+#: PostgreSQL's difference of two instants: the elapsed microseconds as whole days and time
+#: (``interval_justify_hours``); DuckDB's subtracts them as wall-clock readings in the session's
+#: time zone (an hour off across a DST change). The macro is ``views.types.ELAPSED_MACRO``
+_TIMES = frozenset({LogicalKind.TIMESTAMP.value, LogicalKind.TIMESTAMPTZ.value,
+                    LogicalKind.DATE.value})
+_TIME_TYPES = (exp.DataType.Type.TIMESTAMP, exp.DataType.Type.TIMESTAMPTZ, exp.DataType.Type.DATE)
+
+
+def _postgres_elapsed(select: exp.Select, kind_of: Callable[[exp.Column], str | None]) -> None:
+    """``a - b`` of two instants, at least one a ``timestamptz`` (a column or a cast), becomes
+    ``cdc_pg_elapsed(a, b)``: PostgreSQL's interval between them (``select`` only)."""
+    def kind(node: exp.Expr) -> str | None:
+        if isinstance(node, exp.Column):
+            return kind_of(node)
+        if isinstance(node, exp.Cast) and node.to.this in _TIME_TYPES:
+            return "timestamptz" if node.to.this is exp.DataType.Type.TIMESTAMPTZ else \
+                "timestamp"
+        return None
+
+    for node in list(select.find_all(exp.Sub)):
+        if node.find_ancestor(exp.Select) is not select:
+            continue
+        kinds = (kind(node.this), kind(node.expression))
+        if LogicalKind.TIMESTAMPTZ.value in kinds and all(k in _TIMES for k in kinds):
+            node.replace(exp.Anonymous(this="cdc_pg_elapsed",
+                                       expressions=[node.this.copy(), node.expression.copy()]))
 
 
 def _apply_column_lists(tree: exp.Query) -> None:
@@ -1311,9 +1516,13 @@ def _classify(select: exp.Select, operators: list[Operator]) -> None:
         if node is not select and not _in_from(node, select):
             operators.append(Operator("subquery in WHERE or SELECT", False,
                                       "its result depends on rows outside the changed ones' "
-                                      "groups", "write IN/EXISTS as a JOIN (with GROUP BY or "
-                                      "DISTINCT on the key), a scalar subquery as a JOIN to "
-                                      "an aggregating view"))
+                                      "groups (EXISTS, IN and correlated scalar subqueries "
+                                      "are kept when ANDed in the WHERE and correlated by "
+                                      "equalities of qualified columns)",
+                                      "write NOT EXISTS / NOT IN as a LEFT JOIN to the "
+                                      "grouped subquery keeping the unmatched rows, a "
+                                      "scalar subquery over a whole table as a JOIN to an "
+                                      "aggregating view"))
             break
     if select.args.get("limit") or select.args.get("offset"):
         operators.append(_LIMIT)

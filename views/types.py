@@ -55,7 +55,17 @@ def set_up_state(db: Any, time_zone: str = "UTC") -> Any:
     PostgreSQL's exact quotient defined (``views/postgres_decimals.py``). Returns ``db``."""
     db.execute("SET TimeZone = ?", [time_zone])
     define_macros(db)
+    db.execute(ELAPSED_MACRO)
     return db
+
+
+#: PostgreSQL's ``timestamptz`` difference (``views/definition.py``: ``_postgres_elapsed``):
+#: the elapsed microseconds, as whole days (toward zero) and the rest
+ELAPSED_MACRO = (
+    "CREATE OR REPLACE TEMP MACRO cdc_pg_elapsed(a, b) AS "
+    "to_days(CAST((epoch_us(CAST(a AS TIMESTAMPTZ)) - epoch_us(CAST(b AS TIMESTAMPTZ))) "
+    "// 86400000000 AS INTEGER)) + to_microseconds((epoch_us(CAST(a AS TIMESTAMPTZ)) - "
+    "epoch_us(CAST(b AS TIMESTAMPTZ))) % 86400000000)")
 
 
 def duckdb_type(logical: Logical) -> str:
@@ -111,11 +121,32 @@ def json_form(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, dt.time):
         return value.isoformat(timespec="microseconds")
+    if isinstance(value, dt.timedelta):
+        return iso_duration(value)
     if isinstance(value, bytes | bytearray | memoryview):
         import base64
 
         return base64.b64encode(bytes(value)).decode()
     return str(value)
+
+
+def iso_duration(value: dt.timedelta) -> str:
+    """An interval of days and time as PostgreSQL prints it under ``IntervalStyle iso_8601``
+    (what ``cdc verify`` reads from it): whole days, then hours, minutes and seconds, each
+    part signed as the whole and truncated toward zero (``P90DT1H30M``, ``PT-1H``,
+    ``PT1.5S``, ``PT0S``) -- the form of a difference of two timestamps."""
+    micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+    sign = -1 if micros < 0 else 1
+    days, rest = divmod(abs(micros), 86_400_000_000)
+    hours, rest = divmod(rest, 3_600_000_000)
+    minutes, rest = divmod(rest, 60_000_000)
+    seconds = Decimal(rest).scaleb(-6).normalize()
+    time = "".join(f"{sign * amount}{unit}" for amount, unit in ((hours, "H"), (minutes, "M"))
+                   if amount)
+    if seconds:
+        time += f"{'-' if sign < 0 else ''}{seconds:f}S"
+    text = "P" + (f"{sign * days}D" if days else "") + (f"T{time}" if time else "")
+    return text if text != "P" else "PT0S"
 
 
 def same_cell(leader: str, follower: str, tolerant: bool) -> bool:

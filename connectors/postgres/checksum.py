@@ -33,6 +33,7 @@ from typing import Any
 
 import fastavro
 import psycopg
+from psycopg.types.string import TextLoader
 
 from cdc.avro import json_form, value_schema
 from cdc.events import TableId, encode_key, topic_name
@@ -319,7 +320,11 @@ class PostgresLeader(Leader):
             with self.conn.transaction():
                 self.conn.execute("SET TRANSACTION READ ONLY")
                 self.conn.execute("SELECT set_config('TimeZone', %s, true)", (time_zone,))
-                cursor = self.conn.execute(sql)  # type: ignore[arg-type] - the user's own SQL
+                cursor = self.conn.cursor()
+                # the session's IntervalStyle is iso_8601 (capture parses it; psycopg cannot):
+                # an interval comes back as that text, which verify compares canonically
+                cursor.adapters.register_loader("interval", TextLoader)
+                cursor.execute(sql)  # type: ignore[arg-type] - the user's own SQL
                 names = [column.name for column in cursor.description or []]
                 return names, list(cursor.fetchall())
         except psycopg.Error as exc:

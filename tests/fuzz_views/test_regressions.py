@@ -225,3 +225,21 @@ def test_mariadb_timestamp_in_the_views_time_zone(tmp_path: Path, mariadb_server
             [Query('q0', _ZONED_SQL, ('id',))], time_zone=zone),
             mariadb_server, tmp_path / zone.replace("/", "-"))
         assert report.accepted == ["q0"] and report.comparisons == 2
+
+
+def test_postgres_difference_of_instants_is_the_elapsed_interval(tmp_path: Path,
+                                                                 pg_cluster: Any) -> None:
+    """Seed 45578: ``timestamptz - timestamp`` in Europe/Berlin is the elapsed time (across the
+    spring DST change: 181 days 21:30, not DuckDB's wall-clock 22:30), shown as PostgreSQL's
+    ``iso_8601`` interval; ``cdc verify`` reads the leader's interval as that text (it died
+    on psycopg's loader before)."""
+    report = replay(Case(
+        'postgres', ['CREATE TABLE f1 (id int PRIMARY KEY, b1 timestamptz(0))'],
+        ["INSERT INTO f1 VALUES (22, TIMESTAMP '2024-06-30 22:30:00'), "
+         "(3, TIMESTAMP '2024-03-31 01:30:00'), (4, TIMESTAMP '2023-12-31 23:00:00'), "
+         "(5, NULL)"],
+        [["UPDATE f1 SET b1 = b1 - interval '200 days 3 hours'"]],
+        [Query('q5', "SELECT t.id, t.b1 - TIMESTAMP '2024-01-01 00:00:00' AS v0 FROM f1 t",
+               ('id',))], time_zone='Europe/Berlin'),
+        pg_cluster, tmp_path)
+    assert report.accepted == ["q5"] and report.comparisons == 2
