@@ -488,6 +488,11 @@ def _first_line(exc: BaseException) -> str:
     return str(text).strip().splitlines()[0]
 
 
+def stopped_before_streaming() -> None:
+    """Say that a SIGTERM came before any source streamed (nothing was started)."""
+    log.info("stopped before streaming started")
+
+
 def run_capture(config: Config, sources: Sequence[SourceConfig], writer: ChangeLogWriter,
                 codec: EventCodec, stop: threading.Event,
                 observer: CaptureObserver = NO_OBSERVER) -> None:
@@ -496,13 +501,13 @@ def run_capture(config: Config, sources: Sequence[SourceConfig], writer: ChangeL
     If ``stop`` is already set (a SIGTERM during start-up), nothing is started or checked.
     """
     if stop.is_set():
-        log.info("stopped before streaming started")
+        stopped_before_streaming()
         return
     runners = [StreamRunner(config, source, writer, codec, stop, observer=observer)
                for source in sources]
     for runner in runners:  # refuse before starting anything (waiting out a log outage)
         if when_log_answers(f"source {runner.name}", runner.checked, stop) is None:
-            log.info("stopped before streaming started")
+            stopped_before_streaming()
             return
     errors: list[BaseException] = []
 

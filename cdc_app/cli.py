@@ -550,7 +550,12 @@ def bootstrap_cmd(config_path: str | None, sources: tuple[str, ...], follow: boo
 def capture_cmd(config_path: str | None, sources: tuple[str, ...],
                 metrics_port: int | None) -> None:
     """Stream changes into the log until stopped (SIGTERM drains and exits 0)."""
-    from cdc.coordinator import capture_sources, open_log, when_log_answers
+    from cdc.coordinator import (
+        capture_sources,
+        open_log,
+        stopped_before_streaming,
+        when_log_answers,
+    )
 
     _setup_logging()
     config = _load(config_path)
@@ -562,6 +567,7 @@ def capture_cmd(config_path: str | None, sources: tuple[str, ...],
         # while it runs (a service manager starts it beside them)
         opened = when_log_answers("capture", lambda: open_log(config), stop)
         if opened is None:
+            stopped_before_streaming()
             return
         writer, codec = opened
         try:
