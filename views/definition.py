@@ -693,9 +693,8 @@ def _correlation(sub: exp.Select, outer: set[str]
     where = sub.args.get("where")
     conjuncts = [] if where is None else list(where.this.flatten()) \
         if isinstance(where.this, exp.And) else [where.this]
-    if any(column.table not in inner for column in columns
-           if not any(column is node or column in node.find_all(exp.Column)
-                      for node in conjuncts)):
+    in_where = {id(column) for node in conjuncts for column in node.find_all(exp.Column)}
+    if any(column.table not in inner for column in columns if id(column) not in in_where):
         return None  # the outer query named in the SELECT, a join's ON or GROUP BY
     pairs: list[tuple[exp.Expr, exp.Expr]] = []
     local: list[exp.Expr] = []
