@@ -366,8 +366,11 @@ def _delta_sql(inner: exp.Select, references: Sequence[BaseTable]) -> str:
         if isinstance(argument, exp.Star):
             total: exp.Expr = exp.Count(this=exp.Star())
         else:
-            column = exp.column(f"d{len(keys) + len(arguments)}", table="_d")
-            arguments.append(argument)
+            texts = [known.sql() for known in arguments]
+            if argument.sql() not in texts:  # a SUM's argument is its COUNT's too
+                texts.append(argument.sql())
+                arguments.append(argument)
+            column = exp.column(f"d{len(keys) + texts.index(argument.sql())}", table="_d")
             total = exp.Count(this=column) if counted else exp.Coalesce(
                 this=exp.Sum(this=column), expressions=[exp.Literal.number(0)])
         totals.append(total.as_(projection.alias))
@@ -765,14 +768,21 @@ def _per_select(tree: exp.Query, subqueries: Mapping[TableId, exp.Select],
     (None: not a captured column, or unknown)."""
     for select in [*tree.find_all(exp.Select), *(s for sub in subqueries.values()
                                                  for s in sub.find_all(exp.Select))]:
-        aliases = _aliases_of(select, tables)
+        rewrite(select, _type_of(select, tables, types))
 
-        def type_of(column: exp.Column, aliases: Mapping[str, TableId] = aliases) -> T | None:
-            table = aliases.get(column.table) if column.table else \
-                next(iter(aliases.values())) if len(aliases) == 1 else None
-            return None if table is None else types.get(table, {}).get(column.name)
 
-        rewrite(select, type_of)
+def _type_of(select: exp.Select, tables: Sequence[TableId],
+             types: Mapping[TableId, Mapping[str, T]]) -> Callable[[exp.Column], T | None]:
+    """What ``types`` says of a column of ``select``'s captured tables (None: not one of
+    them, or unknown); a column without its table is the one table's."""
+    aliases = _aliases_of(select, tables)
+
+    def type_of(column: exp.Column) -> T | None:
+        table = aliases.get(column.table) if column.table else \
+            next(iter(aliases.values())) if len(aliases) == 1 else None
+        return None if table is None else types.get(table, {}).get(column.name)
+
+    return type_of
 
 
 def _round_doubles(select: exp.Select, kind_of: Callable[[exp.Column], str | None]) -> None:
@@ -889,8 +899,8 @@ def _postgres_elapsed(select: exp.Select, kind_of: Callable[[exp.Column], str | 
         if isinstance(node, exp.Column):
             return kind_of(node)
         if isinstance(node, exp.Cast) and node.to.this in _TIME_TYPES:
-            return "timestamptz" if node.to.this is exp.DataType.Type.TIMESTAMPTZ else \
-                "timestamp"
+            zoned = node.to.this is exp.DataType.Type.TIMESTAMPTZ
+            return str((LogicalKind.TIMESTAMPTZ if zoned else LogicalKind.TIMESTAMP).value)
         return None
 
     for node in list(select.find_all(exp.Sub)):
@@ -1265,13 +1275,7 @@ def _split_global_aggregate(tree: exp.Query, subqueries: dict[TableId, exp.Selec
             or any(True for _ in tree.find_all(exp.Window, exp.Subquery)) \
             or any(table.db == SUB_SCHEMA for table in tree.find_all(exp.Table)):
         return
-    aliases = _aliases_of(tree, tables)
-
-    def kind_of(column: exp.Column) -> str | None:
-        table = aliases.get(column.table) if column.table else \
-            next(iter(aliases.values())) if len(aliases) == 1 else None
-        return None if table is None else kinds.get(table, {}).get(column.name)
-
+    kind_of = _type_of(tree, tables, kinds)
     aggregates = [node for node in tree.find_all(exp.AggFunc)]
     if not aggregates or not all(_summable(node, kind_of) for node in aggregates):
         return
