@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+import views.state
 from cdc.events import TableId
 from cdc.logical import blank_padded_length
 from tests.faults import fault_env
@@ -123,6 +124,12 @@ VIEWS: dict[str, tuple[str, list[str]]] = {
     "above_own_mean": ("SELECT o.id, o.amount FROM orders o WHERE o.amount > (SELECT "
                        "avg(p.amount) * 1.1 FROM orders p WHERE p.customer_id = o.customer_id "
                        "AND p.sku <> 'a')", ["id"]),
+    # ORDER BY ... LIMIT: the first rows kept with a buffer past them (ties by the key), one
+    # grouped, one past an OFFSET ordering NULLs first
+    "top_spenders": ("SELECT o.customer_id, sum(o.amount) AS total, count(*) AS n FROM orders o "
+                     "GROUP BY o.customer_id ORDER BY total DESC, n LIMIT 3", ["customer_id"]),
+    "page": ("SELECT o.id, o.amount, c.region FROM orders o LEFT JOIN customers c "
+             "ON c.id = o.customer_id ORDER BY c.region DESC, o.amount LIMIT 4 OFFSET 2", ["id"]),
     # outside the incremental class: recomputed whole
     "ranked_all": ("SELECT o.id, row_number() OVER (ORDER BY o.amount, o.id) AS r "
                    "FROM orders o", ["id"]),
@@ -172,7 +179,7 @@ def test_views_are_classified_with_the_reason() -> None:
         ("SELECT o.id, row_number() OVER (ORDER BY o.id) AS r FROM orders o", "window"),
         ("SELECT o.id FROM orders o WHERE o.customer_id IN (SELECT id FROM customers)",
          "subquery"),
-        ("SELECT o.id FROM orders o ORDER BY o.id LIMIT 5", "LIMIT"),
+        ("SELECT o.id FROM orders o LIMIT 5", "LIMIT"),
         ("SELECT o.id, c.name FROM orders o JOIN customers c ON c.id = o.customer_id "
          "FULL JOIN orders b ON b.id = o.id", "after the first join"),
         ("SELECT o.id, c.name FROM orders o LEFT JOIN customers c ON c.id > o.customer_id",
@@ -372,6 +379,46 @@ def test_incremental_views_equal_recomputation_after_every_batch(tmp_path: Path,
         assert rebuilt.rows() == states[name].rows(), name
         rebuilt.close()
     for state in states.values():
+        state.close()
+
+
+def test_the_first_rows_of_a_limit_follow_every_batch_through_a_small_buffer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ORDER BY ... LIMIT with a buffer of one row past the LIMIT (``TOP_BUFFER``): rows leave
+    the first places, enter them from below the buffer, change in place; after each batch the
+    followers' rows equal the view recomputed whole, and both ways of finding the first rows
+    again were taken (from the rows kept, and from the whole ranking when too few were)."""
+    monkeypatch.setattr(views.state, "TOP_BUFFER", 1)
+    taken: list[bool] = []
+    first_again = ViewState._first_again
+
+    def spied(self: ViewState, computed: str, ordered: str, cap: int) -> bool | None:
+        found = first_again(self, computed, ordered, cap)
+        taken.append(found is not None)
+        return found
+
+    monkeypatch.setattr(ViewState, "_first_again", spied)
+    rng = random.Random(7)
+    states = [_state(tmp_path, name, sql, ["id"]) for name, sql in (
+        ("cheapest", "SELECT o.id, o.amount FROM orders o ORDER BY o.amount, o.sku DESC LIMIT 3"),
+        ("second_page", "SELECT o.id, o.sku FROM orders o WHERE o.amount > 5 "
+                        "ORDER BY o.sku DESC, o.amount LIMIT 2 OFFSET 2"))]
+    held: list[dict[str, Any]] = [{}, {}]
+    position = 0
+    for _ in range(40):
+        batch, position = _random_batch(rng, position)
+        for state, followed in zip(states, held, strict=True):
+            state.apply(batch)
+            for change in state.pending():
+                if change.row is None:
+                    followed.pop(change.key)
+                else:
+                    followed[change.key] = change.row
+            state.drained()
+            assert followed == state.rows() == state.recompute(), state.plan.name
+            assert len(followed) <= (3 if state is states[0] else 2)
+    assert True in taken and False in taken, taken
+    for state in states:
         state.close()
 
 

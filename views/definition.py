@@ -83,6 +83,8 @@ AFFECTED = "_cdc_affected"        # (k0, k1, ...): the view keys to recompute
 SCOPES = "_cdc_scopes"            # (s0, s1, ...): with windows, the partitions to recompute
 #: the schema of the state's tables that hold an aggregating subquery's rows (``s0``, ``s1``...)
 SUB_SCHEMA = "_cdc_sub"
+#: the hidden output columns of an ORDER BY ... LIMIT view's ORDER BY values (:class:`TopK`)
+ORDER_COLUMN = "_cdc_o{index}"
 #: marks the SELECT that reads an aggregate's running totals (:func:`_split_global_aggregate`)
 _TOTALS = "cdc_totals"
 #: marks the aggregating subquery that computes them
@@ -157,6 +159,27 @@ class Operator:
         return f"{self.construct}: recomputed whole ({self.reason}; instead: {self.rewrite})"
 
 
+@dataclass(frozen=True)
+class TopK:
+    """A view's ``ORDER BY ... LIMIT n [OFFSET m]``, kept incrementally (``views/state.py``).
+
+    The view's queries (:attr:`ViewPlan.full_sql`, :attr:`ViewPlan.restricted_sql`) are its
+    SELECT without the ORDER BY, LIMIT and OFFSET, with one more output per ORDER BY item
+    (:data:`ORDER_COLUMN`: its value, as the leader orders it); the state keeps every row of that
+    query and, in order, its first ``offset + limit`` rows plus a buffer. The followers hold
+    the rows at places ``offset + 1 .. offset + limit``. Rows equal in every ORDER BY item are
+    ordered by their key's text: the rows shown equal the leader's except where rows tie at
+    the last place shown (or at the OFFSET), where the leader picks any of them."""
+
+    #: the hidden output columns, one per ORDER BY item
+    columns: tuple[str, ...]
+    #: the ORDER BY over those columns (DuckDB SQL, without ``ORDER BY``), directions and NULL
+    #: placement as the leader's
+    order: str
+    limit: int
+    offset: int
+
+
 @dataclass
 class ViewPlan:
     """What :func:`analyze` found out about a view."""
@@ -192,6 +215,8 @@ class ViewPlan:
     #: contributions of the tuples a batch's changes reach (on the state before the batch's
     #: write, then after it), one row shaped as the totals' row
     delta_sql: str | None = None
+    #: ORDER BY ... LIMIT kept incrementally (None: no LIMIT, or one recomputed with the view)
+    top: TopK | None = None
     #: each aggregating subquery in FROM, kept as a table of the state (``_cdc_sub.s<i>``):
     #: its own plan over captured tables, keyed by its GROUP BY columns
     subviews: dict[TableId, ViewPlan] = field(default_factory=dict)
@@ -283,6 +308,8 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
                 for table, inner in subqueries.items()}
     columns = _output_columns(name, tree)
     _check_key(name, key, columns)
+    limited = tree.copy()
+    top = _top_k(tree, operators)
     branches = _set_branches(tree, operators)
     compiled = [_compile(name, branch, _resolve_tables(name, branch, known, indexes),
                          [columns.index(column) for column in key], operators,
@@ -293,7 +320,8 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
                                   "their lineage would need the subquery's old rows",
                                   "make the subquery a view of its own"))
     plan = ViewPlan(name, "incremental", "", list(indexes), references, columns, list(key),
-                    _state_sql(tree, references), subviews=subviews, operators=operators)
+                    _state_sql(tree, references), top=top, subviews=subviews,
+                    operators=operators)
     plan.padded = {table: lengths for table, lengths in padded.items()  # the tables it reads
                    if table in captured and table in indexes}
     plan.icu = {table: {column: locale for column, locale in locales.items()
@@ -303,8 +331,12 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     blocking = plan.blocking
     if blocking:
         plan.mode, plan.reason = "recompute", f"{blocking[0].construct}: {blocking[0].reason}"
-    plan.outputs = _outputs(tree)
-    plan.tree = tree
+        if top is not None:  # recomputed whole with its LIMIT
+            tree, plan.top = limited, None
+            plan.full_sql = _state_sql(tree, references)
+    plan.outputs = {column: expression for column, expression in _outputs(tree).items()
+                    if column in columns}
+    plan.tree = limited
     plan.referenced = _referenced(tree, references)
     for sub in subviews.values():
         for table, read in sub.referenced.items():
@@ -377,6 +409,33 @@ def _delta_sql(inner: exp.Select, references: Sequence[BaseTable]) -> str:
     union = _lineage_union(inner, references, [*keys, *arguments],
                            _joins(inner, references, []), "d")
     return str(exp.select(*totals).from_(f"({union}) AS _d").sql(dialect="duckdb"))
+
+
+def _top_k(tree: exp.Query, operators: list[Operator]) -> TopK | None:
+    """A SELECT's ``ORDER BY ... LIMIT n [OFFSET m]`` (n and m numbers) taken off ``tree`` as a
+    :class:`TopK`, each ORDER BY item becoming a hidden output; None (``tree`` unchanged) for
+    anything else (recomputed: :data:`_LIMIT`)."""
+    if not isinstance(tree, exp.Select) or tree.meta.get(_TOTALS):
+        return None
+    order, limit, offset = (tree.args.get(arg) for arg in ("order", "limit", "offset"))
+    counts = [part.expression if part is not None else exp.Literal.number(0)
+              for part in (limit, offset)]
+    if order is None or limit is None or \
+            not all(isinstance(c, exp.Literal) and c.is_int for c in counts):
+        return None
+    columns, ordering = [], []
+    for index, ordered in enumerate(order.expressions):
+        column = ORDER_COLUMN.format(index=index)
+        columns.append(column)
+        tree.select(ordered.this.copy().as_(column, quoted=True), copy=False)
+        ranked = ordered.copy()
+        ranked.set("this", exp.column(exp.to_identifier(column, quoted=True)))
+        ordering.append(ranked.sql(dialect="duckdb"))
+    for arg in ("order", "limit", "offset"):
+        tree.set(arg, None)
+    operators.append(Operator("ORDER BY ... LIMIT (the first rows, a buffer past them kept)",
+                              True))
+    return TopK(tuple(columns), ", ".join(ordering), int(counts[0].name), int(counts[1].name))
 
 
 def _set_queries(plan: ViewPlan, tree: exp.Query, compiled: Sequence[_Branch]) -> None:

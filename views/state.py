@@ -59,6 +59,11 @@ _ROWS_SCANNED = re.compile(r'"total_rows_scanned":\s*(\d+)')
 #: written before formats were marked: format 1). Format 2 added :data:`KEY_HASH` to the base
 #: tables (a format-1 file is upgraded in place when opened)
 FORMAT = 2
+#: a view's ORDER BY ... LIMIT (``views.definition.TopK``): every row of the view without its
+#: LIMIT with its ORDER BY values (``_cdc_rank``), and the first rows in that order
+#: (``_cdc_top``: ``pos`` 1, 2, ...; ``shown``: the places the followers hold). The first rows
+#: kept are ``offset + limit`` and at least this many more (or as many more as ``limit``)
+TOP_BUFFER = 100
 #: the state's named values (format, definition, position, watermark ...)
 _META_TABLE = "CREATE TABLE IF NOT EXISTS _cdc_meta (name VARCHAR PRIMARY KEY, value VARCHAR)"
 _META_READ = "SELECT value FROM _cdc_meta WHERE name = ?"
@@ -207,12 +212,47 @@ class ViewState:
                             f"rtrim({_quote(column)}, ' ')")
             self.set_meta("padded", padding)
             self.set_meta("stale", "1")
-        if self.meta("sql") != self.plan.full_sql or \
+        definition = self._definition()
+        if self.meta("sql") != definition or \
                 (self.meta("time_zone") or "UTC") != self.plan.time_zone:
             # a new definition: the next batch recomputes the whole view and compares
-            self.set_meta("sql", self.plan.full_sql)
+            self._keep_shown_only()
+            self.set_meta("sql", definition)
             self.set_meta("time_zone", self.plan.time_zone)
             self.set_meta("stale", "1")
+        if self.plan.top is not None:
+            self._create_top()
+
+    def _definition(self) -> str:
+        """What the state was computed for: the view's SQL over it, and its LIMIT."""
+        top = self.plan.top
+        return self.plan.full_sql if top is None else \
+            f"{self.plan.full_sql} ORDER BY {top.order} LIMIT {top.limit} OFFSET {top.offset}"
+
+    def _tables(self) -> set[str]:
+        return {str(row[0]) for row in self._q(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'")}
+
+    def _keep_shown_only(self) -> None:
+        """Before a new definition: the view's rows become those the followers hold (an
+        earlier ORDER BY ... LIMIT's shown rows), and its ranking goes."""
+        if "_cdc_top" in self._tables():
+            self._q("DELETE FROM _cdc_view WHERE k NOT IN (SELECT k FROM _cdc_top WHERE shown)")
+            self._q("DROP TABLE _cdc_top")
+            self._q("DROP TABLE IF EXISTS _cdc_rank")
+
+    def _create_top(self) -> None:
+        """The ranking tables of an ORDER BY ... LIMIT (see :data:`TOP_BUFFER`); made new, the
+        rows the view holds are marked shown (the next batch, stale, ranks them all)."""
+        if "_cdc_top" in self._tables():
+            return
+        top = self.plan.top
+        assert top is not None
+        kinds = {str(row[0]): str(row[1]) for row in self._q(f"DESCRIBE {self.plan.full_sql}")}
+        ordered = ", ".join(f"{_quote(c)} {kinds[c]}" for c in top.columns)
+        self._q(f"CREATE TABLE _cdc_rank (k VARCHAR, {ordered})")
+        self._q(f"CREATE TABLE _cdc_top (k VARCHAR, {ordered}, pos BIGINT, shown BOOLEAN)")
+        self._q("INSERT INTO _cdc_top (k, shown) SELECT k, true FROM _cdc_view")
 
     def _ensure_table(self, table: TableId, extra: Iterable[str] = ()) -> None:
         """Create the state table of ``table``, or add the columns it lacks."""
@@ -340,7 +380,7 @@ class ViewState:
                 self._lap(result, "lineage")
                 rows = self._run(self.plan.full_sql)
                 self._lap(result, "recompute")
-                upserts, deletes = self._diff(rows, None)
+                fresh, upserts, deletes = self._diff(rows, None)
             else:
                 if self.plan.subviews:
                     self._lineage_through_subviews()
@@ -353,7 +393,9 @@ class ViewState:
                 self._lap(result, "lineage")
                 rows = self._run(self.plan.restricted_sql or "")
                 self._lap(result, "recompute")
-                upserts, deletes = self._diff(rows, affected)
+                fresh, upserts, deletes = self._diff(rows, affected)
+            shown = None if self.plan.top is None else \
+                self._rank(fresh, upserts, deletes, full)
             newest = self._newest_position()
             self._lap(result, "diff")
         except duckdb.Error as exc:
@@ -363,10 +405,11 @@ class ViewState:
                             f"{self.path} and checkpoint to rebuild it") from None
         result.recomputed = full
         position = self._next_position(newest)
-        recorded = self._record(upserts, deletes, position)
+        recorded = self._record(upserts, deletes, position, shown)
         if stale:
             self.set_meta("stale", "0")
-        result.upserts, result.deletes = len(upserts), len(deletes)
+        result.upserts = sum(change.row is not None for change in recorded)
+        result.deletes = len(recorded) - result.upserts
         self._lap(result, "record")
         return result, recorded
 
@@ -637,6 +680,12 @@ class ViewState:
     def _run(self, sql: str) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
         """``sql``'s column names, DuckDB types and rows; decimals come as their text (their
         JSON form, made by DuckDB rather than per value in Python)."""
+        top = self.plan.top
+        if top is not None:  # kept numbered, with its ORDER BY values, for _rank
+            self._q(f"CREATE OR REPLACE TEMP TABLE _cdc_fresh AS SELECT row_number() OVER () "
+                    f"AS _cdc_n, * FROM ({sql})")
+            hidden = ", ".join(_quote(column) for column in top.columns)
+            sql = f"SELECT * EXCLUDE (_cdc_n, {hidden}) FROM _cdc_fresh ORDER BY _cdc_n"
         decimals = [name for name, kind in self.output_types()
                     if kind.upper().startswith("DECIMAL")]
         if decimals:
@@ -653,8 +702,10 @@ class ViewState:
     def output_types(self) -> list[tuple[str, str]]:
         """The view's columns and their DuckDB types, as its SQL declares them."""
         if self._output is None:
+            hidden = self.plan.top.columns if self.plan.top is not None else ()
             self._output = [(str(row[0]), str(row[1]))
-                            for row in self._q(f"DESCRIBE {self.plan.full_sql}")]
+                            for row in self._q(f"DESCRIBE {self.plan.full_sql}")
+                            if row[0] not in hidden]
         return self._output
 
     def _forms(self, names: Sequence[str], types: Sequence[str]
@@ -684,9 +735,10 @@ class ViewState:
 
     def _diff(self, result: tuple[list[str], list[str], list[tuple[Any, ...]]],
               affected: list[tuple[Any, ...]] | None
-              ) -> tuple[dict[str, tuple[str, dict[str, Any]]], list[str]]:
-        """The rows to upsert (key -> (row JSON, row)) and the keys to delete, comparing
-        ``result`` with the view's rows (all of them when ``affected`` is None)."""
+              ) -> tuple[list[str], dict[str, tuple[str, dict[str, Any]]], list[str]]:
+        """The keys of ``result``'s rows (in its order), the rows to upsert (key -> (row JSON,
+        row)) and the keys to delete, comparing ``result`` with the view's rows (all of them
+        when ``affected`` is None)."""
         import pyarrow as pa
 
         names, types, rows = result
@@ -713,7 +765,79 @@ class ViewState:
                 self.db.unregister("_cdc_keys")
         upserts = {key: new for key, new in fresh.items() if held.get(key) != new[0]}
         deletes = [key for key in held if key not in fresh]
-        return upserts, deletes
+        return list(fresh), upserts, deletes
+
+    def _rank(self, fresh: Sequence[str], upserts: Mapping[str, tuple[str, dict[str, Any]]],
+              deletes: Sequence[str], full: bool
+              ) -> tuple[dict[str, tuple[str, dict[str, Any]]], list[str]]:
+        """An ORDER BY ... LIMIT's round (:data:`TOP_BUFFER`): the ranking of the rows just
+        computed (``fresh``: their keys, in ``_cdc_fresh``'s order) and of the deleted keys
+        updated, the first rows found again, and what the followers must change: the shown
+        rows that are new or changed, and the keys no longer shown.
+
+        The first rows are found again from the ones kept, without the computed keys, plus
+        the computed rows that order before the last one kept (every row not kept orders
+        after it); when fewer than ``offset + limit`` remain, from the whole ranking."""
+        import pyarrow as pa
+
+        top = self.plan.top
+        assert top is not None
+        cap = top.offset + top.limit + max(top.limit, TOP_BUFFER)
+        ordered = ", ".join(_quote(column) for column in top.columns)
+        self.db.register("_cdc_keys", pa.table({
+            "_cdc_n": pa.array(range(1, len(fresh) + 1), pa.int64()),
+            "_cdc_k": pa.array(fresh, pa.string())}))
+        self.db.register("_cdc_dropped", pa.table({"k": pa.array(deletes, pa.string())}))
+        computed = (f"SELECT k._cdc_k AS k, {', '.join(f'f.{_quote(c)}' for c in top.columns)} "
+                    "FROM _cdc_fresh f JOIN _cdc_keys k USING (_cdc_n)")
+        try:
+            was_shown = {str(row[0]) for row in self._q("SELECT k FROM _cdc_top WHERE shown")}
+            if full:
+                self._q("DELETE FROM _cdc_rank")
+            else:
+                self._q("DELETE FROM _cdc_rank WHERE k IN (SELECT _cdc_k FROM _cdc_keys "
+                        "UNION ALL SELECT k FROM _cdc_dropped)")
+            self._q(f"INSERT INTO _cdc_rank {computed}")
+            found = None if full else self._first_again(computed, ordered, cap)
+            if found is None:
+                self._q(f"CREATE OR REPLACE TEMP TABLE _cdc_first AS SELECT k, {ordered} "
+                        f"FROM _cdc_rank ORDER BY {top.order}, k LIMIT {cap}")
+                found = int(self._q("SELECT count(*) FROM _cdc_rank")[0][0]) <= cap
+            self.set_meta("top_all", "1" if found else "0")
+            self._q(f"CREATE OR REPLACE TABLE _cdc_top AS SELECT *, pos > {top.offset} AND "
+                    f"pos <= {top.offset + top.limit} AS shown FROM (SELECT *, row_number() "
+                    f"OVER (ORDER BY {top.order}, k) AS pos FROM _cdc_first)")
+            shown = {str(row[0]) for row in self._q("SELECT k FROM _cdc_top WHERE shown")}
+        finally:
+            self.db.unregister("_cdc_keys")
+            self.db.unregister("_cdc_dropped")
+        entering = sorted(shown - was_shown - upserts.keys())
+        unchanged = {key: (text, json.loads(text)) for key, text in self._q(
+            "SELECT k, row FROM _cdc_view WHERE k IN (SELECT unnest(?))", [entering])
+        } if entering else {}
+        return ({key: upserts[key] if key in upserts else unchanged[key]
+                 for key in sorted(shown) if key in upserts or key not in was_shown},
+                sorted(was_shown - shown))
+
+    def _first_again(self, computed: str, ordered: str, cap: int) -> bool | None:
+        """The first rows found from those kept (see :meth:`_rank`) into ``_cdc_first``, and
+        whether they are all the view's rows; None when too few are certain."""
+        top = self.plan.top
+        assert top is not None
+        held_all = self.meta("top_all") == "1"
+        last = "" if held_all else (f" UNION ALL SELECT k, {ordered}, 1 FROM _cdc_top "
+                                    "WHERE pos = (SELECT max(pos) FROM _cdc_top)")
+        self._q(f"CREATE OR REPLACE TEMP TABLE _cdc_candidates AS SELECT *, row_number() OVER "
+                f"(ORDER BY {top.order}, k, b) AS p FROM (SELECT k, {ordered}, 0 AS b FROM "
+                "_cdc_top WHERE k NOT IN (SELECT _cdc_k FROM _cdc_keys UNION ALL SELECT k FROM "
+                f"_cdc_dropped) UNION ALL SELECT *, 0 FROM ({computed}){last})")
+        certain = int(self._q("SELECT coalesce(min(p) FILTER (WHERE b = 1), count(*) + 1) - 1 "
+                              "FROM _cdc_candidates")[0][0])
+        if not held_all and certain < top.offset + top.limit:
+            return None
+        self._q(f"CREATE OR REPLACE TEMP TABLE _cdc_first AS SELECT k, {ordered} "
+                f"FROM _cdc_candidates WHERE p <= {min(certain, cap)}")
+        return held_all and certain <= cap
 
     def _next_position(self, newest: bytes) -> bytes:
         last = bytes.fromhex(self.meta("position") or "")
@@ -722,33 +846,50 @@ class ViewState:
         return position
 
     def _record(self, upserts: Mapping[str, tuple[str, dict[str, Any]]],
-                deletes: Sequence[str], position: bytes) -> list[ViewChange]:
-        """The view's new rows, and the outbox; the outbox's new changes."""
+                deletes: Sequence[str], position: bytes,
+                shown: tuple[Mapping[str, tuple[str, dict[str, Any]]], Sequence[str]] | None
+                ) -> list[ViewChange]:
+        """The view's new rows, and the outbox (``shown``'s upserts and deletes when the
+        followers hold only some rows: :meth:`_rank`); the outbox's new changes."""
+        view = self._changes_table("_cdc_out", upserts, deletes)
+        outbox = view if shown is None else self._changes_table("_cdc_out_shown", *shown)
+        try:
+            if view:
+                self._q(f"DELETE FROM _cdc_view WHERE k IN (SELECT k FROM {view})")
+                self._q(f"INSERT INTO _cdc_view SELECT k, row FROM {view} "
+                        "WHERE row IS NOT NULL")
+            if outbox:
+                self._q(f"INSERT INTO _cdc_outbox SELECT seq, k, row, ? FROM {outbox}",
+                        [position])
+        finally:
+            for table in {view, outbox} - {""}:
+                self.db.unregister(table)
+        upserts, deletes = shown or (upserts, deletes)
+        return [*(ViewChange(key, position, row) for key, (_, row) in upserts.items()),
+                *(ViewChange(key, position, None) for key in deletes)]
+
+    def _changes_table(self, name: str, upserts: Mapping[str, tuple[str, dict[str, Any]]],
+                       deletes: Sequence[str]) -> str:
+        """Upserts then deletes as the registered table ``name`` (seq, k, row: NULL for a
+        delete); "" when there are none."""
         import pyarrow as pa
 
         keys = [*upserts, *deletes]
         if not keys:
-            return []
+            return ""
         rows = [text for text, _ in upserts.values()] + [None] * len(deletes)
-        self.db.register("_cdc_out", pa.table({
+        self.db.register(name, pa.table({
             "seq": pa.array(range(len(keys)), pa.int64()), "k": pa.array(keys, pa.string()),
             "row": pa.array(rows, pa.string())}))
-        try:
-            self._q("DELETE FROM _cdc_view WHERE k IN (SELECT k FROM _cdc_out)")
-            self._q("INSERT INTO _cdc_view SELECT k, row FROM _cdc_out "
-                    "WHERE row IS NOT NULL")
-            self._q("INSERT INTO _cdc_outbox SELECT seq, k, row, ? FROM _cdc_out",
-                    [position])
-        finally:
-            self.db.unregister("_cdc_out")
-        return [*(ViewChange(key, position, row) for key, (_, row) in upserts.items()),
-                *(ViewChange(key, position, None) for key in deletes)]
+        return name
 
     # ------------------------------------------------------------------------- reading
     def rows(self) -> dict[str, dict[str, Any]]:
         """The view's rows as the state holds them (key -> row JSON form)."""
+        shown = "" if self.plan.top is None else \
+            " WHERE k IN (SELECT k FROM _cdc_top WHERE shown)"
         return {key: json.loads(row)
-                for key, row in self._q("SELECT k, row FROM _cdc_view")}
+                for key, row in self._q(f"SELECT k, row FROM _cdc_view{shown}")}
 
     def recompute(self) -> dict[str, dict[str, Any]]:
         """The view computed whole from the base tables now (what the rows must equal): an
@@ -762,7 +903,21 @@ class ViewState:
         names, types, rows = self._run(sql)
         positions = [names.index(column) for column in self.plan.key]
         forms = self._forms(names, types)
-        return {self._key_text([row[i] for i in positions]): forms(row) for row in rows}
+        view = {self._key_text([row[i] for i in positions]): forms(row) for row in rows}
+        top = self.plan.top
+        if top is None:
+            return view
+        import pyarrow as pa
+
+        self.db.register("_cdc_keys", pa.table({
+            "_cdc_n": pa.array(range(1, len(view) + 1), pa.int64()),
+            "_cdc_k": pa.array(list(view), pa.string())}))
+        try:
+            first = self._q(f"SELECT _cdc_k FROM _cdc_fresh JOIN _cdc_keys USING (_cdc_n) "
+                            f"ORDER BY {top.order}, _cdc_k LIMIT {top.limit} OFFSET {top.offset}")
+        finally:
+            self.db.unregister("_cdc_keys")
+        return {str(key): view[str(key)] for (key,) in first}
 
 
 
