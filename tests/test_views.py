@@ -130,6 +130,14 @@ VIEWS: dict[str, tuple[str, list[str]]] = {
                      "GROUP BY o.customer_id ORDER BY total DESC, n LIMIT 3", ["customer_id"]),
     "page": ("SELECT o.id, o.amount, c.region FROM orders o LEFT JOIN customers c "
              "ON c.id = o.customer_id ORDER BY c.region DESC, o.amount LIMIT 4 OFFSET 2", ["id"]),
+    # NOT EXISTS as a LEFT JOIN keeping the unmatched rows; [NOT] EXISTS correlated by one <>
+    # too (TPC-H Q21: another order of the customer's, none of another sku)
+    "idle": ("SELECT c.id, c.name FROM customers c WHERE NOT EXISTS (SELECT * FROM orders o "
+             "WHERE o.customer_id = c.id AND o.amount > 10)", ["id"]),
+    "mixed": ("SELECT o.id, o.sku FROM orders o WHERE EXISTS (SELECT * FROM orders p WHERE "
+              "p.customer_id = o.customer_id AND p.sku <> o.sku) AND NOT EXISTS (SELECT * FROM "
+              "orders q WHERE q.customer_id = o.customer_id AND q.sku <> o.sku AND "
+              "q.amount > 40)", ["id"]),
     # outside the incremental class: recomputed whole
     "ranked_all": ("SELECT o.id, row_number() OVER (ORDER BY o.amount, o.id) AS r "
                    "FROM orders o", ["id"]),

@@ -56,7 +56,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import sqlglot
 from sqlglot import exp
@@ -642,6 +642,8 @@ def _normalize(tree: exp.Query, operators: list[Operator],
 _SEMI_ALIAS = "_cdc_e{index}"
 _SEMI_KEY = "cdc_k{index}"
 _SEMI_VALUE = "cdc_v"
+#: the least and greatest value of the column a subquery compares with ``<>`` to the outer row
+_SEMI_LEAST, _SEMI_GREATEST = "cdc_min", "cdc_max"
 #: comparisons whose one side may be a scalar subquery :func:`_decorrelate` joins
 _SCALAR_COMPARED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
 #: what a scalar subquery's value may be made of besides its aggregates (NULL when they are)
@@ -664,10 +666,17 @@ def _decorrelate(select: exp.Select) -> None:
     * ``x op (SELECT f(agg) ... WHERE i = o AND local)``, ``agg`` not a COUNT and ``f`` plain
       arithmetic (NULL over no rows, as the scalar subquery is), joins ``(SELECT i, f(agg)
       ... GROUP BY i)`` and compares ``x`` with its value: no group is a NULL comparison, a
-      row dropped either way.
+      row dropped either way;
+    * ``NOT EXISTS (SELECT ... WHERE i = o AND local)`` is a LEFT JOIN of the same grouped
+      subquery, keeping the rows it does not match (``cdc_k0 IS NULL``: a NULL ``o`` matches
+      nothing, as it satisfies no ``i = o``);
+    * ``[NOT] EXISTS`` correlated by equalities and one ``c <> v`` (``c`` the subquery's, ``v``
+      the outer row's; TPC-H Q21): the grouped subquery also keeps ``min(c)`` and ``max(c)``;
+      a group has a row whose ``c <> v`` holds exactly when ``min(c) <> v OR max(c) <> v`` does
+      (both ignore NULLs; a NULL ``v`` holds for none).
 
-    ``NOT EXISTS``, ``NOT IN``, conjuncts under OR and uncorrelated scalar subqueries stay
-    (recomputed whole)."""
+    ``NOT IN`` (its NULL rule reads the whole subquery), conjuncts under OR and uncorrelated
+    scalar subqueries stay (recomputed whole)."""
     where = select.args.get("where")
     if where is None or not select.args.get("from_"):
         return
@@ -682,9 +691,13 @@ def _decorrelate(select: exp.Select) -> None:
         if made is None:
             kept.append(conjunct.copy())
             continue
-        inner, conditions = made
-        select.append("joins", exp.Join(this=exp.Subquery(
-            this=inner, alias=exp.TableAlias(this=exp.to_identifier(alias)))))
+        inner, conditions, on = made
+        join = exp.Join(this=exp.Subquery(this=inner,
+                                          alias=exp.TableAlias(this=exp.to_identifier(alias))))
+        if on:  # an anti-join: the rows the subquery does not match
+            join.set("side", "LEFT")
+            join.set("on", exp.and_(*on))
+        select.append("joins", join)
         kept.extend(conditions)
         joined += 1
     if joined:
@@ -692,31 +705,28 @@ def _decorrelate(select: exp.Select) -> None:
 
 
 def _semi_join(conjunct: exp.Expr, outer: set[str], alias: str
-               ) -> tuple[exp.Select, list[exp.Expr]] | None:
-    """The subquery in FROM and the WHERE conditions that replace ``conjunct`` (see
-    :func:`_decorrelate`), or None."""
-    if isinstance(conjunct, exp.Exists) and isinstance(conjunct.this, exp.Select):
-        found = _correlation(conjunct.this, outer)
-        if found is None or not found[0] or conjunct.this.args.get("group") is not None:
-            return None
-        pairs, local = found
-        return _grouped(conjunct.this, [inner for inner, _ in pairs], local, None), \
-            _matched_on(alias, [outer_side for _, outer_side in pairs])
+               ) -> tuple[exp.Select, list[exp.Expr], list[exp.Expr]] | None:
+    """The subquery in FROM, the WHERE conditions that replace ``conjunct`` and, for a LEFT
+    JOIN (an anti-join), its ON (see :func:`_decorrelate`); None when it cannot."""
+    negated = isinstance(conjunct, exp.Not) and isinstance(conjunct.this, exp.Exists)
+    exists = conjunct.this if negated else conjunct
+    if isinstance(exists, exp.Exists) and isinstance(exists.this, exp.Select):
+        return _exists_join(exists.this, outer, alias, negated)
     if isinstance(conjunct, exp.In) and isinstance(conjunct.args.get("query"), exp.Subquery) \
             and isinstance(conjunct.args["query"].this, exp.Select):
         sub = conjunct.args["query"].this
         found = _correlation(sub, outer)
-        if found is None or found[0] or len(sub.expressions) != 1:
+        if found is None or found.pairs or found.unequal or len(sub.expressions) != 1:
             return None
         value = sub.expressions[0].unalias()
         if sub.args.get("group") is None:
-            inner = _grouped(sub, [value], found[1], None)
+            inner = _grouped(sub, [value], found.local)
         elif _canonical(value) in {_canonical(e) for e in _grouping(sub)}:
             inner = sub.copy()
             inner.set("expressions", [value.copy().as_(_SEMI_KEY.format(index=0))])
         else:
             return None
-        return inner, _matched_on(alias, [conjunct.this])
+        return inner, _matched_on(alias, [conjunct.this]), []
     if isinstance(conjunct, _SCALAR_COMPARED):
         sides = [conjunct.this, conjunct.expression]
         scalar = [side for side in sides if isinstance(side, exp.Subquery)]
@@ -724,23 +734,60 @@ def _semi_join(conjunct: exp.Expr, outer: set[str], alias: str
             return None
         sub = scalar[0].this
         found = _correlation(sub, outer)
-        if found is None or not found[0] or len(sub.expressions) != 1 \
+        if found is None or not found.pairs or found.unequal or len(sub.expressions) != 1 \
                 or sub.args.get("group") is not None or not _null_when_empty(sub.expressions[0]):
             return None
-        pairs, local = found
-        inner = _grouped(sub, [inner for inner, _ in pairs], local, sub.expressions[0].unalias())
+        inner = _grouped(sub, [inner for inner, _ in found.pairs], found.local,
+                         sub.expressions[0].unalias().as_(_SEMI_VALUE))
         compared = conjunct.copy()
         compared.set("this" if conjunct.this is scalar[0] else "expression",
                      exp.column(_SEMI_VALUE, table=alias))
-        return inner, [*_matched_on(alias, [outer_side for _, outer_side in pairs]), compared]
+        return inner, [*_matched_on(alias, [outer_side for _, outer_side in found.pairs]),
+                       compared], []
     return None
 
 
-def _correlation(sub: exp.Select, outer: set[str]
-                 ) -> tuple[list[tuple[exp.Expr, exp.Expr]], list[exp.Expr]] | None:
-    """A subquery's correlated equalities (``(inner side, outer side)``) and its own
-    conjuncts, or None when it refers to the outer query otherwise, names a column without
-    its table, nests a subquery, or windows, limits or is DISTINCT."""
+def _exists_join(sub: exp.Select, outer: set[str], alias: str, negated: bool
+                 ) -> tuple[exp.Select, list[exp.Expr], list[exp.Expr]] | None:
+    """``[NOT] EXISTS (sub)`` as a join to ``sub`` grouped by its correlated values (see
+    :func:`_decorrelate`)."""
+    found = _correlation(sub, outer)
+    if found is None or not found.pairs or sub.args.get("group") is not None \
+            or len(found.unequal) > 1:
+        return None
+    values: list[exp.Expr] = []
+    unequal: exp.Expr | None = None
+    if found.unequal:
+        compared, other = found.unequal[0]
+        values = [exp.Min(this=compared.copy()).as_(_SEMI_LEAST),
+                  exp.Max(this=compared.copy()).as_(_SEMI_GREATEST)]
+        unequal = exp.paren(exp.or_(*[exp.NEQ(this=exp.column(name, table=alias),
+                                              expression=other.copy())
+                                      for name in (_SEMI_LEAST, _SEMI_GREATEST)]))
+    inner = _grouped(sub, [inner for inner, _ in found.pairs], found.local, *values)
+    matched = _matched_on(alias, [outer_side for _, outer_side in found.pairs])
+    if not negated:
+        return inner, [*matched, *([unequal] if unequal is not None else [])], []
+    if unequal is None:
+        return inner, [exp.Is(this=exp.column(_SEMI_KEY.format(index=0), table=alias),
+                              expression=exp.Null())], matched
+    return inner, [exp.Not(this=exp.Coalesce(this=unequal, expressions=[exp.false()]))], matched
+
+
+class _Correlated(NamedTuple):
+    """A subquery's references to the outer query, and its own conjuncts."""
+
+    #: the equalities, as (inner side, outer side)
+    pairs: list[tuple[exp.Expr, exp.Expr]]
+    #: the ``<>`` comparisons, as (inner side, outer side)
+    unequal: list[tuple[exp.Expr, exp.Expr]]
+    local: list[exp.Expr]
+
+
+def _correlation(sub: exp.Select, outer: set[str]) -> _Correlated | None:
+    """A subquery's correlated equalities and ``<>`` comparisons and its own conjuncts, or
+    None when it refers to the outer query otherwise, names a column without its table, nests
+    a subquery, or windows, limits or is DISTINCT."""
     if any(sub.args.get(arg) for arg in ("limit", "offset", "qualify", "distinct", "with_")) \
             or any(node is not sub for node in sub.find_all(exp.Select)) \
             or any(True for _ in sub.find_all(exp.Window)) or not sub.args.get("from_"):
@@ -758,33 +805,33 @@ def _correlation(sub: exp.Select, outer: set[str]
     in_where = {id(column) for node in conjuncts for column in node.find_all(exp.Column)}
     if any(column.table not in inner for column in columns if id(column) not in in_where):
         return None  # the outer query named in the SELECT, a join's ON or GROUP BY
-    pairs: list[tuple[exp.Expr, exp.Expr]] = []
-    local: list[exp.Expr] = []
+    found = _Correlated([], [], [])
     for conjunct in conjuncts:
         named = {column.table for column in conjunct.find_all(exp.Column)}
         if named <= inner:
-            local.append(conjunct)
+            found.local.append(conjunct)
             continue
-        if not named - inner <= outer or not isinstance(conjunct, exp.EQ):
+        if not named - inner <= outer or not isinstance(conjunct, exp.EQ | exp.NEQ):
             return None
         left = {column.table for column in conjunct.this.find_all(exp.Column)}
         right = {column.table for column in conjunct.expression.find_all(exp.Column)}
         if left and left <= inner and right and not right & inner:
-            pairs.append((conjunct.this, conjunct.expression))
+            pair = (conjunct.this, conjunct.expression)
         elif right and right <= inner and left and not left & inner:
-            pairs.append((conjunct.expression, conjunct.this))
+            pair = (conjunct.expression, conjunct.this)
         else:
             return None
-    return pairs, local
+        (found.pairs if isinstance(conjunct, exp.EQ) else found.unequal).append(pair)
+    return found
 
 
 def _grouped(sub: exp.Select, keys: Sequence[exp.Expr], local: Sequence[exp.Expr],
-             value: exp.Expr | None) -> exp.Select:
+             *values: exp.Expr) -> exp.Select:
     """``sub``'s tables, filtered by ``local``, grouped by ``keys`` (``cdc_k0`` ...), with
-    ``value`` as ``cdc_v``."""
+    ``values`` (named) after them."""
     inner = exp.Select(expressions=[key.copy().as_(_SEMI_KEY.format(index=index))
                                     for index, key in enumerate(keys)]
-                       + ([value.copy().as_(_SEMI_VALUE)] if value is not None else []))
+                       + [value.copy() for value in values])
     inner.set("from_", sub.args["from_"].copy())
     inner.set("joins", [join.copy() for join in sub.args.get("joins") or []] or None)
     if local:
@@ -1578,13 +1625,12 @@ def _classify(select: exp.Select, operators: list[Operator]) -> None:
         if node is not select and not _in_from(node, select):
             operators.append(Operator("subquery in WHERE or SELECT", False,
                                       "its result depends on rows outside the changed ones' "
-                                      "groups (EXISTS, IN and correlated scalar subqueries "
-                                      "are kept when ANDed in the WHERE and correlated by "
-                                      "equalities of qualified columns)",
-                                      "write NOT EXISTS / NOT IN as a LEFT JOIN to the "
-                                      "grouped subquery keeping the unmatched rows, a "
-                                      "scalar subquery over a whole table as a JOIN to an "
-                                      "aggregating view"))
+                                      "groups ([NOT] EXISTS, IN and correlated scalar "
+                                      "subqueries are kept when ANDed in the WHERE and "
+                                      "correlated by equalities of qualified columns)",
+                                      "write NOT IN as NOT EXISTS when neither side can be "
+                                      "NULL, a scalar subquery over a whole table as a JOIN "
+                                      "to an aggregating view"))
             break
     if select.args.get("limit") or select.args.get("offset"):
         operators.append(_LIMIT)
