@@ -614,9 +614,10 @@ def test_tpch_queries_as_views_equal_postgres(tpch: dict[str, list[list[str]]],
                                             for q, n, text in report.mismatches)
     assert not report.refused, report.refused  # all 22 run on the leader and the state
     print("incremental: " + " ".join(sorted(report.incremental)))
-    # aggregates without GROUP BY are kept as running totals, EXISTS as a grouped subquery,
-    # ORDER BY ... LIMIT as the first rows and a buffer
-    assert {"q02", "q03", "q04", "q06", "q10", "q14", "q18", "q19"} <= set(report.incremental), \
+    # aggregates without GROUP BY are kept as running totals, [NOT] EXISTS, NOT IN and scalar
+    # subqueries as joins to grouped subqueries, ORDER BY ... LIMIT as the first rows and a
+    # buffer: all but three (issue 45: Q15's max over a WITH, Q17, Q20's nesting)
+    assert set(report.incremental) == {name for name, *_ in QUERIES} - {"q15", "q17", "q20"}, \
         report.incremental
     assert len(report.accepted) == len(QUERIES)
     assert report.comparisons == len(report.accepted) * (BATCHES + 1), report.summary()

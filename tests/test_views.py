@@ -138,6 +138,18 @@ VIEWS: dict[str, tuple[str, list[str]]] = {
               "p.customer_id = o.customer_id AND p.sku <> o.sku) AND NOT EXISTS (SELECT * FROM "
               "orders q WHERE q.customer_id = o.customer_id AND q.sku <> o.sku AND "
               "q.amount > 40)", ["id"]),
+    # NOT IN with its NULL rule: a NULL region of bob's empties it, no bob at all keeps all
+    "unlike_bob": ("SELECT c.id, c.region FROM customers c WHERE c.region NOT IN (SELECT "
+                   "b.region FROM customers b WHERE b.name = 'bob')", ["id"]),
+    # scalar subqueries over a whole table: in the WHERE (TPC-H Q22, inside a subquery in
+    # FROM with a NOT EXISTS), and in a HAVING (Q11: the groups kept, compared in a WHERE)
+    "above_mean_all": ("SELECT d.sku, count(*) AS n FROM (SELECT o.id, o.sku FROM orders o "
+                       "WHERE o.amount > (SELECT avg(p.amount) FROM orders p WHERE p.sku <> "
+                       "'a') AND NOT EXISTS (SELECT * FROM customers c WHERE c.id = "
+                       "o.customer_id AND c.region = 'n')) d GROUP BY d.sku", ["sku"]),
+    "heavy": ("SELECT o.customer_id, sum(o.amount) AS total FROM orders o GROUP BY "
+              "o.customer_id HAVING sum(o.amount) > (SELECT sum(p.amount) * 0.1 FROM orders p) "
+              "AND count(*) > 1", ["customer_id"]),
     # outside the incremental class: recomputed whole
     "ranked_all": ("SELECT o.id, row_number() OVER (ORDER BY o.amount, o.id) AS r "
                    "FROM orders o", ["id"]),

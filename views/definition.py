@@ -631,6 +631,7 @@ def _normalize(tree: exp.Query, operators: list[Operator],
         _qualify_columns(tree, captured, catalog)
     tree = _inline_ctes(tree, operators)
     for select in _selects(tree):
+        _having_scalar(select)
         _decorrelate(select)
         _merge_subqueries(select, operators, subqueries)
         _distinct_as_group(select, operators)
@@ -651,6 +652,55 @@ _NULL_PRESERVING = (exp.Column, exp.Literal, exp.Paren, exp.Add, exp.Sub, exp.Mu
                     exp.Neg, exp.Cast)
 
 
+#: the alias of a grouped SELECT moved into FROM by :func:`_having_scalar`, and its hidden
+#: outputs (the HAVING's sides compared with scalar subqueries)
+_HAVING_ALIAS = "_cdc_g"
+_HAVING_SIDE = "cdc_h{index}"
+
+
+def _having_scalar(select: exp.Select) -> None:
+    """A grouped SELECT whose HAVING compares an aggregate with a scalar subquery (TPC-H
+    Q11's threshold: ``HAVING sum(v) > (SELECT sum(v) * 0.0001 ...)``) becomes a SELECT of its
+    groups -- itself without those comparisons, each compared side a hidden output -- that
+    compares them in its WHERE, where :func:`_decorrelate` joins the subqueries: the groups
+    are kept as a table of the state, and only groups change when rows do. Left as it is
+    when the ORDER BY names anything but output columns."""
+    having = select.args.get("having")
+    if having is None or select.args.get("group") is None:
+        return
+    conjuncts = list(having.this.flatten()) if isinstance(having.this, exp.And) else [having.this]
+    compared = [c for c in conjuncts if isinstance(c, _SCALAR_COMPARED)
+                and any(isinstance(side, exp.Subquery) for side in (c.this, c.expression))]
+    outputs = [projection.alias_or_name for projection in select.selects]
+    order = select.args.get("order")
+    if not compared or len(set(outputs)) != len(outputs) or "*" in outputs or (
+            order is not None and not all(isinstance(o.this, exp.Column) and not o.this.table
+                                          and o.this.name in outputs
+                                          for o in order.expressions)):
+        return
+    inner = select.copy()
+    for arg in ("order", "limit", "offset"):
+        inner.set(arg, None)
+    rest = [c.copy() for c in conjuncts if c not in compared]
+    inner.set("having", exp.Having(this=exp.and_(*rest)) if rest else None)
+    conditions = []
+    for index, comparison in enumerate(compared):
+        side = "expression" if isinstance(comparison.this, exp.Subquery) else "this"
+        hidden = _HAVING_SIDE.format(index=index)
+        inner.select(comparison.args[side].copy().as_(hidden), copy=False)
+        condition = comparison.copy()
+        condition.set(side, exp.column(hidden, table=_HAVING_ALIAS))
+        conditions.append(condition)
+    select.set("expressions", [exp.column(exp.to_identifier(name, quoted=True),
+                                          table=_HAVING_ALIAS).as_(name, quoted=True)
+                               for name in outputs])
+    select.set("from_", exp.From(this=exp.Subquery(
+        this=inner, alias=exp.TableAlias(this=exp.to_identifier(_HAVING_ALIAS)))))
+    for arg in ("joins", "group", "having"):
+        select.set(arg, None)
+    select.set("where", exp.Where(this=exp.and_(*conditions)))
+
+
 def _decorrelate(select: exp.Select) -> None:
     """Each conjunct of ``select``'s WHERE that is ``EXISTS (...)``, ``x IN (SELECT ...)`` or
     a comparison with a scalar subquery, whose subquery reads tables (no nested subquery,
@@ -666,7 +716,10 @@ def _decorrelate(select: exp.Select) -> None:
     * ``x op (SELECT f(agg) ... WHERE i = o AND local)``, ``agg`` not a COUNT and ``f`` plain
       arithmetic (NULL over no rows, as the scalar subquery is), joins ``(SELECT i, f(agg)
       ... GROUP BY i)`` and compares ``x`` with its value: no group is a NULL comparison, a
-      row dropped either way;
+      row dropped either way. Uncorrelated (TPC-H Q22's average), the subquery is grouped by
+      the constant 1 and LEFT JOINed on it: one row, none over no rows (a NULL comparison
+      again); its one group is recomputed when its tables change, and a new value revisits
+      every row compared with it;
     * ``NOT EXISTS (SELECT ... WHERE i = o AND local)`` is a LEFT JOIN of the same grouped
       subquery, keeping the rows it does not match (``cdc_k0 IS NULL``: a NULL ``o`` matches
       nothing, as it satisfies no ``i = o``);
@@ -675,8 +728,14 @@ def _decorrelate(select: exp.Select) -> None:
       a group has a row whose ``c <> v`` holds exactly when ``min(c) <> v OR max(c) <> v`` does
       (both ignore NULLs; a NULL ``v`` holds for none).
 
-    ``NOT IN`` (its NULL rule reads the whole subquery), conjuncts under OR and uncorrelated
-    scalar subqueries stay (recomputed whole)."""
+    * ``x NOT IN (SELECT y ... WHERE local)`` (uncorrelated) holds when no ``y`` is ``x``, NULL
+      or compared with a NULL ``x``, or when there is no ``y`` at all: two LEFT JOINs, the
+      distinct ``y``s on ``y = x`` and one row saying whether a ``y`` is NULL (``GROUP BY 1``:
+      absent when there is none; its one group recomputed when the subquery's tables change,
+      its row changing only when that answer does).
+
+    A subquery in FROM that only filters and projects is decorrelated first, then merged
+    (:func:`_merge_subqueries`). Conjuncts under OR stay (recomputed whole)."""
     where = select.args.get("where")
     if where is None or not select.args.get("from_"):
         return
@@ -691,42 +750,52 @@ def _decorrelate(select: exp.Select) -> None:
         if made is None:
             kept.append(conjunct.copy())
             continue
-        inner, conditions, on = made
-        join = exp.Join(this=exp.Subquery(this=inner,
-                                          alias=exp.TableAlias(this=exp.to_identifier(alias))))
-        if on:  # an anti-join: the rows the subquery does not match
-            join.set("side", "LEFT")
-            join.set("on", exp.and_(*on))
-        select.append("joins", join)
+        joins, conditions = made
+        for name, inner, on in joins:
+            join = exp.Join(this=exp.Subquery(
+                this=inner, alias=exp.TableAlias(this=exp.to_identifier(name))))
+            if on:  # an anti-join: the rows the subquery does not match
+                join.set("side", "LEFT")
+                join.set("on", exp.and_(*on))
+            select.append("joins", join)
         kept.extend(conditions)
         joined += 1
     if joined:
         select.set("where", exp.Where(this=exp.and_(*kept)))
 
 
-def _semi_join(conjunct: exp.Expr, outer: set[str], alias: str
-               ) -> tuple[exp.Select, list[exp.Expr], list[exp.Expr]] | None:
-    """The subquery in FROM, the WHERE conditions that replace ``conjunct`` and, for a LEFT
-    JOIN (an anti-join), its ON (see :func:`_decorrelate`); None when it cannot."""
-    negated = isinstance(conjunct, exp.Not) and isinstance(conjunct.this, exp.Exists)
-    exists = conjunct.this if negated else conjunct
-    if isinstance(exists, exp.Exists) and isinstance(exists.this, exp.Select):
-        return _exists_join(exists.this, outer, alias, negated)
-    if isinstance(conjunct, exp.In) and isinstance(conjunct.args.get("query"), exp.Subquery) \
-            and isinstance(conjunct.args["query"].this, exp.Select):
-        sub = conjunct.args["query"].this
+#: the subqueries in FROM that replace a conjunct (each: its alias, SELECT and, for a LEFT
+#: JOIN, its ON), and the WHERE conditions that replace it
+_Joined = tuple[list[tuple[str, exp.Select, list[exp.Expr]]], list[exp.Expr]]
+
+
+def _semi_join(conjunct: exp.Expr, outer: set[str], alias: str) -> _Joined | None:
+    """What replaces ``conjunct`` (see :func:`_decorrelate`); None when it cannot."""
+    negated = isinstance(conjunct, exp.Not)
+    positive = conjunct.this if negated else conjunct
+    if isinstance(positive, exp.Exists) and isinstance(positive.this, exp.Select):
+        made = _exists_join(positive.this, outer, alias, negated)
+        return None if made is None else ([(alias, made[0], made[2])], made[1])
+    if isinstance(positive, exp.In) and isinstance(positive.args.get("query"), exp.Subquery) \
+            and isinstance(positive.args["query"].this, exp.Select):
+        sub = positive.args["query"].this
         found = _correlation(sub, outer)
         if found is None or found.pairs or found.unequal or len(sub.expressions) != 1:
             return None
         value = sub.expressions[0].unalias()
         if sub.args.get("group") is None:
             inner = _grouped(sub, [value], found.local)
-        elif _canonical(value) in {_canonical(e) for e in _grouping(sub)}:
+        elif not negated and _canonical(value) in {_canonical(e) for e in _grouping(sub)}:
             inner = sub.copy()
             inner.set("expressions", [value.copy().as_(_SEMI_KEY.format(index=0))])
         else:
             return None
-        return inner, _matched_on(alias, [conjunct.this]), []
+        matched = _matched_on(alias, [positive.this])
+        if not negated:
+            return [(alias, inner, [])], matched
+        return _not_in(sub, found.local, value, positive.this, alias, inner, matched)
+    if negated:
+        return None
     if isinstance(conjunct, _SCALAR_COMPARED):
         sides = [conjunct.this, conjunct.expression]
         scalar = [side for side in sides if isinstance(side, exp.Subquery)]
@@ -734,17 +803,45 @@ def _semi_join(conjunct: exp.Expr, outer: set[str], alias: str
             return None
         sub = scalar[0].this
         found = _correlation(sub, outer)
-        if found is None or not found.pairs or found.unequal or len(sub.expressions) != 1 \
+        if found is None or found.unequal or len(sub.expressions) != 1 \
                 or sub.args.get("group") is not None or not _null_when_empty(sub.expressions[0]):
             return None
-        inner = _grouped(sub, [inner for inner, _ in found.pairs], found.local,
-                         sub.expressions[0].unalias().as_(_SEMI_VALUE))
         compared = conjunct.copy()
         compared.set("this" if conjunct.this is scalar[0] else "expression",
                      exp.column(_SEMI_VALUE, table=alias))
-        return inner, [*_matched_on(alias, [outer_side for _, outer_side in found.pairs]),
-                       compared], []
+        value = sub.expressions[0].unalias().as_(_SEMI_VALUE)
+        if not found.pairs:  # over the whole subquery: one row (none over no rows)
+            one = exp.Literal.number(1)
+            inner = _grouped(sub, [one], found.local, value)
+            return [(alias, inner, _matched_on(alias, [one]))], [compared]
+        inner = _grouped(sub, [inner for inner, _ in found.pairs], found.local, value)
+        return [(alias, inner, [])], [
+            *_matched_on(alias, [outer_side for _, outer_side in found.pairs]), compared]
     return None
+
+
+def _not_in(sub: exp.Select, local: Sequence[exp.Expr], value: exp.Expr, tested: exp.Expr,
+            alias: str, distinct: exp.Select, matched: list[exp.Expr]) -> _Joined:
+    """``tested NOT IN (sub)`` as two LEFT JOINs (see :func:`_decorrelate`)."""
+    nulls = f"{alias}z"
+    one = exp.Literal.number(1)
+    flag = exp.Select(expressions=[one.copy().as_(_SEMI_KEY.format(index=0)), exp.LogicalOr(
+        this=exp.Is(this=value.copy(), expression=exp.Null())).as_(_SEMI_VALUE)])
+    flag.set("from_", sub.args["from_"].copy())
+    flag.set("joins", [join.copy() for join in sub.args.get("joins") or []] or None)
+    if local:
+        flag.set("where", exp.Where(this=exp.and_(*[c.copy() for c in local])))
+    flag = flag.group_by(one.copy(), copy=False)
+    none = exp.Is(this=exp.column(_SEMI_KEY.format(index=0), table=nulls),
+                  expression=exp.Null())
+    unmatched = exp.and_(
+        exp.Not(this=exp.Is(this=tested.copy(), expression=exp.Null())),
+        exp.Is(this=exp.column(_SEMI_KEY.format(index=0), table=alias), expression=exp.Null()),
+        exp.Not(this=exp.column(_SEMI_VALUE, table=nulls)))
+    return ([(alias, distinct, matched),
+             (nulls, flag, [exp.EQ(this=exp.column(_SEMI_KEY.format(index=0), table=nulls),
+                                   expression=one.copy())])],
+            [exp.paren(exp.or_(none, exp.paren(unmatched)))])
 
 
 def _exists_join(sub: exp.Select, outer: set[str], alias: str, negated: bool
@@ -1345,13 +1442,15 @@ def _inline_ctes(tree: exp.Query, operators: list[Operator]) -> exp.Query:
     return tree
 
 
-def _plain(select: exp.Expr) -> bool:
-    """A SELECT that only filters and projects its FROM and joins."""
+def _plain(select: exp.Expr, subqueries: bool = False) -> bool:
+    """A SELECT that only filters and projects its FROM and joins (and may have
+    ``subqueries``)."""
     return isinstance(select, exp.Select) and not any(
         select.args.get(arg) for arg in ("group", "having", "distinct", "limit", "offset",
                                          "qualify", "with_")) \
         and not _has_aggregate(select.expressions) \
-        and not any(True for _ in select.find_all(exp.Window, exp.Subquery))
+        and not any(True for _ in select.find_all(exp.Window)) \
+        and (subqueries or not any(True for _ in select.find_all(exp.Subquery)))
 
 
 def _aggregating(select: exp.Expr) -> bool:
@@ -1449,6 +1548,9 @@ def _merge_subqueries(select: exp.Select, operators: list[Operator],
         if not isinstance(node, exp.Subquery):
             continue
         inner = node.this
+        if isinstance(inner, exp.Select) and not _aggregating(inner) and _plain(inner, True):
+            _decorrelate(inner)  # its subqueries in WHERE joined: merged with it below
+            _merge_subqueries(inner, operators, subqueries)
         if _aggregating(inner):
             table = TableId(SUB_SCHEMA, f"s{len(subqueries)}")
             subqueries[table] = inner
@@ -1815,7 +1917,7 @@ def _join_refusal(join: exp.Join, side: str, kind: str, position: int
 def _equalities(condition: exp.Expr | None, mine: str, others: set[str]
                 ) -> list[tuple[str, exp.Expr]]:
     """The terms ``mine.col = expr`` of ``condition`` (an AND of terms) whose ``expr`` reads
-    only ``others``."""
+    only ``others``, or is a constant (``ON z.k = 1``: every tuple matches the same rows)."""
     pairs: list[tuple[str, exp.Expr]] = []
     if condition is None:
         return pairs
@@ -1824,10 +1926,15 @@ def _equalities(condition: exp.Expr | None, mine: str, others: set[str]
             continue
         for here, there in ((term.this, term.expression), (term.expression, term.this)):
             if isinstance(here, exp.Column) and here.table == mine and \
-                    _aliases_in(there) and _aliases_in(there) <= others:
+                    _aliases_in(there) <= others and (_aliases_in(there) or _constant(there)):
                 pairs.append((here.name, there))
                 break
     return pairs
+
+
+def _constant(expression: exp.Expr) -> bool:
+    return all(isinstance(node, exp.Literal | exp.Paren | exp.Neg | exp.Cast | exp.DataType)
+               for node in expression.walk())
 
 
 # --------------------------------------------------------------------------- the queries
