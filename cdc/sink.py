@@ -89,6 +89,9 @@ class ApplyStats:
     #: rows the sink's own storage engine read to apply the batch, by its own count (a view:
     #: DuckDB's profiler over every query of the batch); 0 where not measured
     scanned: int = 0
+    #: a view's keys recomputed only because a scalar subquery over a whole table changed
+    #: its value and their comparison with it flipped
+    revisited: int = 0
     #: seconds per step of the apply, where the sink measures them (a view: opening its state,
     #: the gate, the lineage, ..., writing its followers)
     phases: dict[str, float] = field(default_factory=dict)

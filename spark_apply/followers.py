@@ -30,6 +30,8 @@ class FollowerProgress:
     skipped: int = 0
     #: rows the sink's storage engine read (a view's state: :attr:`ApplyStats.scanned`)
     scanned: int = 0
+    #: a view's keys recomputed as a scalar subquery's value moved (:attr:`ApplyStats.revisited`)
+    revisited: int = 0
     #: seconds from the newest applied record's commit at the source to its apply
     lag_s: float | None = None
     #: per change event (c/u/d) applied: commit at the source -> batch applied

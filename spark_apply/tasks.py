@@ -74,6 +74,8 @@ class TaskReport:
     skipped: int = 0
     #: rows the sink's storage engine read (:attr:`cdc.sink.ApplyStats.scanned`)
     scanned: int = 0
+    #: :attr:`cdc.sink.ApplyStats.revisited`
+    revisited: int = 0
     newest_ts_ms: int | None = None
     records_by_topic: dict[str, int] = field(default_factory=dict)
     latency_by_topic: dict[str, LatencyHistogram] = field(default_factory=dict)
@@ -100,7 +102,7 @@ class TaskReport:
 
 
 #: the counts a report carries and a follower's progress sums (:func:`add_counts`)
-COUNTS = ("records", "changes", "written", "deleted", "skipped", "scanned")
+COUNTS = ("records", "changes", "written", "deleted", "skipped", "scanned", "revisited")
 
 
 def add_counts(total: Any, more: TaskReport) -> None:
@@ -208,7 +210,7 @@ def apply_changes(sink: Sink, changes: Sequence[Change], report: TaskReport) -> 
     report.sink_seconds = time.monotonic() - began
     report.changes = len(changes)
     report.written, report.deleted, report.skipped = stats.written, stats.deleted, stats.skipped
-    report.scanned = stats.scanned
+    report.scanned, report.revisited = stats.scanned, stats.revisited
     report.phases = dict(stats.phases)
     stamps: dict[str, list[int]] = {}
     for change in changes:

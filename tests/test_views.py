@@ -150,6 +150,22 @@ VIEWS: dict[str, tuple[str, list[str]]] = {
     "heavy": ("SELECT o.customer_id, sum(o.amount) AS total FROM orders o GROUP BY "
               "o.customer_id HAVING sum(o.amount) > (SELECT sum(p.amount) * 0.1 FROM orders p) "
               "AND count(*) > 1", ["customer_id"]),
+    # subqueries within subqueries, each kept as a table of the state: a scalar max over an
+    # aggregating subquery (TPC-H Q15), an IN holding an IN and a correlated scalar (Q20)
+    "best_customers": ("SELECT t.customer_id, t.total FROM (SELECT o.customer_id, "
+                       "sum(o.amount) AS total FROM orders o GROUP BY o.customer_id) t WHERE "
+                       "t.total = (SELECT max(u.total) FROM (SELECT p.customer_id, sum(p.amount) "
+                       "AS total FROM orders p GROUP BY p.customer_id) u)", ["customer_id"]),
+    "stocked": ("SELECT c.id, c.name FROM customers c WHERE c.id IN (SELECT o.customer_id FROM "
+                "orders o WHERE o.sku IN (SELECT p.sku FROM orders p WHERE p.amount > 40) AND "
+                "o.amount > (SELECT 0.5 * avg(q.amount) FROM orders q WHERE q.sku = o.sku))",
+                ["id"]),
+    # running totals over a join to a grouped subquery (TPC-H Q17: below a fifth of the
+    # part's mean): the old tuples summed in two halves, captured changes' and the subquery's
+    "below_own_mean": ("SELECT 1 AS one, sum(o.amount) AS total, count(*) AS n FROM orders o, "
+                       "customers c WHERE c.id = o.customer_id AND o.amount < (SELECT "
+                       "avg(p.amount) FROM orders p WHERE p.customer_id = o.customer_id)",
+                       ["one"]),
     # outside the incremental class: recomputed whole
     "ranked_all": ("SELECT o.id, row_number() OVER (ORDER BY o.amount, o.id) AS r "
                    "FROM orders o", ["id"]),
@@ -321,8 +337,8 @@ def test_incremental_strict_refuses_a_recomputed_construct_naming_the_rewrite() 
         str(error.value)
     assert error.value.fix and "PARTITION BY" in error.value.fix
     with pytest.raises(ViewDefinitionError) as error:
-        plan("SELECT o.id FROM orders o WHERE o.customer_id NOT IN (SELECT c.id FROM "
-             "customers c)", ["id"], strict=True)
+        plan("SELECT o.id FROM orders o WHERE o.amount > 5 OR o.customer_id NOT IN (SELECT "
+             "c.id FROM customers c)", ["id"], strict=True)
     assert "subquery in WHERE" in str(error.value) and "JOIN" in (error.value.fix or "")
     running = plan(VIEWS["running"][0], ["id"], strict=True)
     assert [op.construct for op in running.operators] == [
@@ -357,17 +373,27 @@ def _random_batch(rng: random.Random, position: int) -> tuple[list[BaseChange], 
     return list(changes.values()), position
 
 
+#: the views the second seed leaves out (issue 45's subqueries, running totals over them and
+#: LIMIT: the costliest per batch here; the TPC-H test and the fuzzer hold them against the
+#: leader)
+FIRST_SEED_ONLY = frozenset({"top_spenders", "page", "idle", "mixed", "unlike_bob",
+                             "above_mean_all", "heavy", "best_customers", "stocked",
+                             "below_own_mean"})
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_incremental_views_equal_recomputation_after_every_batch(tmp_path: Path,
                                                                  seed: int) -> None:
     """After each random batch, each view's rows equal its SQL recomputed whole on the same
     state, the outbox holds exactly the changed rows, and a replayed batch changes nothing."""
     rng = random.Random(seed)
-    states = {name: _state(tmp_path, name, sql, key) for name, (sql, key) in VIEWS.items()}
+    views = {name: view for name, view in VIEWS.items()
+             if seed == 0 or name not in FIRST_SEED_ONLY}
+    states = {name: _state(tmp_path, name, sql, key) for name, (sql, key) in views.items()}
     compacted: dict[tuple[TableId, str], BaseChange] = {}  # the log after compaction
-    held: dict[str, dict[str, Any]] = {name: {} for name in VIEWS}
-    last = {name: b"" for name in VIEWS}
-    emitted = dict.fromkeys(VIEWS, 0)
+    held: dict[str, dict[str, Any]] = {name: {} for name in views}
+    last = {name: b"" for name in views}
+    emitted = dict.fromkeys(views, 0)
     position = 0
     for _ in range(25):
         batch, position = _random_batch(rng, position)
@@ -393,7 +419,7 @@ def test_incremental_views_equal_recomputation_after_every_batch(tmp_path: Path,
             again = state.apply(batch)
             assert again.applied == 0 and not state.pending()
     assert all(emitted.values()), emitted  # every view had rows to maintain
-    for name, (sql, key) in VIEWS.items():  # rebuilt from offset 0 of the compacted log
+    for name, (sql, key) in views.items():  # rebuilt from offset 0 of the compacted log
         rebuilt = _state(tmp_path / "rebuilt", name, sql, key)
         rebuilt.apply(list(compacted.values()))
         assert rebuilt.rows() == states[name].rows(), name

@@ -16,7 +16,17 @@ from cdc.errors import CdcError
 from cdc.events import TableId
 from cdc.source import Leader
 from views import collation
-from views.definition import AFFECTED, IMAGES, KEY_COLUMN, LINEAGE, SCOPES, ViewPlan
+from views.definition import (
+    AFFECTED,
+    FLIP,
+    FLIP_NEW,
+    IMAGES,
+    KEY_COLUMN,
+    LINEAGE,
+    NEW,
+    SCOPES,
+    ViewPlan,
+)
 from views.sink import declared_columns, schema_store, view_plan
 
 if TYPE_CHECKING:
@@ -127,9 +137,12 @@ def _run_on_empty_state(name: str, plan: ViewPlan,
             data = ", ".join(f'"{column}" {kind}' for column, kind in columns)
             _create_state_table(db, plan.tables.index(table), table, data)
         for table, sub in plan.subviews.items():  # typed by its SQL over those tables
-            data = ", ".join(f'"{row[0]}" {row[1]}'
-                             for row in db.execute(f"DESCRIBE {sub.full_sql}").fetchall())
+            described = db.execute(f"DESCRIBE {sub.full_sql}").fetchall()
+            data = ", ".join(f'"{row[0]}" {row[1]}' for row in described)
             _create_state_table(db, plan.tables.index(table), table, data)
+            db.execute(f"CREATE TEMP TABLE {FLIP.format(index=plan.tables.index(table))} ("
+                       + ", ".join([data, *(f'"{FLIP_NEW.format(name=row[0])}" {row[1]}'
+                                            for row in described)]) + ")").fetchall()
             _create_affected(db, f"{AFFECTED}_{table.table}", sub)
         _create_affected(db, AFFECTED, plan)
         if plan.scope_lineage_sql is not None:
@@ -138,7 +151,8 @@ def _run_on_empty_state(name: str, plan: ViewPlan,
         for part in (*plan.subviews.values(), plan):
             for sql in (part.full_sql, part.scope_lineage_sql, part.lineage_sql,
                         part.lineage_early_sql, part.lineage_late_sql, part.restricted_sql,
-                        part.delta_sql):
+                        part.delta_sql, part.delta_early_sql, part.delta_late_sql,
+                        *part.flip_sql.values()):
                 if sql:
                     db.execute(f"EXPLAIN {sql}").fetchall()
     except duckdb.Error as exc:
@@ -158,6 +172,8 @@ def _create_state_table(db: Any, index: int, table: TableId, data: str) -> None:
     db.execute(f"CREATE TEMP TABLE {LINEAGE.format(index=index)} "
                f'("{KEY_COLUMN}" VARCHAR, {data})').fetchall()
     db.execute(f"CREATE TEMP TABLE {IMAGES.format(index=index)} ({data})").fetchall()
+    db.execute(f'CREATE TEMP TABLE {NEW.format(index=index)} ("{KEY_COLUMN}" VARCHAR, {data})'
+               ).fetchall()
 
 
 def _create_affected(db: Any, name: str, plan: ViewPlan) -> None:

@@ -54,7 +54,7 @@ table name that exactly one captured table has.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
@@ -80,6 +80,14 @@ KEY_COLUMN = "_cdc_key"
 LINEAGE = "_cdc_lineage_{index}"
 IMAGES = "_cdc_images_{index}"     # the old and new images of those rows (the table's columns)
 AFFECTED = "_cdc_affected"        # (k0, k1, ...): the view keys to recompute
+#: a table's changes of the batch, typed (:data:`KEY_COLUMN`, ``views.state.KEY_HASH``,
+#: ``views.state.POSITION``, ``views.state.DELETED``, its columns: names no captured column
+#: can take); after the gate, only those newer than the state's
+NEW = "_cdc_new_{index}"
+#: a one-row subquery's old and new row side by side (its columns, then each as ``<name>__new``;
+#: NULLs for a row absent): what :func:`_flip_branch` reads
+FLIP = "_cdc_flip_{index}"
+FLIP_NEW = "{name}__new"
 SCOPES = "_cdc_scopes"            # (s0, s1, ...): with windows, the partitions to recompute
 #: the schema of the state's tables that hold an aggregating subquery's rows (``s0``, ``s1``...)
 SUB_SCHEMA = "_cdc_sub"
@@ -89,6 +97,9 @@ ORDER_COLUMN = "_cdc_o{index}"
 _TOTALS = "cdc_totals"
 #: marks the aggregating subquery that computes them
 _RUNNING = "cdc_running_totals"
+#: marks a subquery grouped by a constant (one row, none over no rows): a scalar subquery over
+#: a whole table, NOT IN's NULL flag (:func:`_decorrelate`)
+_ONE_ROW = "cdc_one_row"
 #: the alias of the running totals' table in that SELECT, and its columns: a SUM's total of
 #: its non-NULL values and their count, a COUNT's count
 _TOTALS_ALIAS = "_cdc_t"
@@ -215,8 +226,17 @@ class ViewPlan:
     #: contributions of the tuples a batch's changes reach (on the state before the batch's
     #: write, then after it), one row shaped as the totals' row
     delta_sql: str | None = None
+    #: when the totals also read subqueries' tables: the contributions before the batch, in
+    #: two halves -- of the tuples the captured tables' changes reach (run before their
+    #: write), and of those only the subqueries' changes reach (after it, before theirs)
+    delta_early_sql: str | None = None
+    delta_late_sql: str | None = None
     #: ORDER BY ... LIMIT kept incrementally (None: no LIMIT, or one recomputed with the view)
     top: TopK | None = None
+    #: per one-row subquery it reads (its index in :attr:`tables`) whose columns only its WHERE
+    #: compares: the lineage branch of the keys whose comparison flips when that row changes
+    #: (:func:`_flip_branch`), instead of that subquery's own branches
+    flip_sql: dict[int, str] = field(default_factory=dict)
     #: each aggregating subquery in FROM, kept as a table of the state (``_cdc_sub.s<i>``):
     #: its own plan over captured tables, keyed by its GROUP BY columns
     subviews: dict[TableId, ViewPlan] = field(default_factory=dict)
@@ -304,16 +324,18 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     indexes: dict[TableId, int] = {}
     known = [*captured, *subqueries]
     references = _resolve_tables(name, tree, known, indexes)
-    subviews = {table: _subview(name, table, inner, captured, indexes, operators)
+    subviews = {table: _subview(name, table, inner, known, indexes, operators,
+                                {t for t, i in subqueries.items() if i.meta.get(_ONE_ROW)})
                 for table, inner in subqueries.items()}
     columns = _output_columns(name, tree)
     _check_key(name, key, columns)
     limited = tree.copy()
     top = _top_k(tree, operators)
     branches = _set_branches(tree, operators)
+    one_row = {table for table, inner in subqueries.items() if inner.meta.get(_ONE_ROW)}
     compiled = [_compile(name, branch, _resolve_tables(name, branch, known, indexes),
                          [columns.index(column) for column in key], operators,
-                         len(branches) > 1, AFFECTED)
+                         len(branches) > 1, AFFECTED, one_row if len(branches) == 1 else ())
                 for branch in branches]
     if subviews and (len(compiled) != 1 or compiled[0].scope_lineage is not None):
         operators.append(Operator("aggregating subquery beside a UNION or a window", False,
@@ -340,16 +362,20 @@ def analyze(name: str, sql: str, key: Sequence[str], dialect: str,
     plan.referenced = _referenced(tree, references)
     for sub in subviews.values():
         for table, read in sub.referenced.items():
-            plan.referenced.setdefault(table, set()).update(read)
+            if table.schema != SUB_SCHEMA:
+                plan.referenced.setdefault(table, set()).update(read)
     if not blocking:
         _set_queries(plan, tree, compiled)
     return plan
 
 
-def _subview(name: str, table: TableId, inner: exp.Select, captured: Sequence[TableId],
-             indexes: dict[TableId, int], operators: list[Operator]) -> ViewPlan:
+def _subview(name: str, table: TableId, inner: exp.Select, known: Sequence[TableId],
+             indexes: dict[TableId, int], operators: list[Operator],
+             one_row: Collection[TableId] = ()) -> ViewPlan:
     """The plan of an aggregating subquery in FROM, kept in the state as ``table``: keyed by
-    its GROUP BY columns, which must all be among its outputs."""
+    its GROUP BY columns, which must all be among its outputs. It may read the tables of
+    subqueries of its own (``known``: the captured tables and every subquery's; those it
+    reads come before it in ``ViewPlan.subviews``)."""
     label = f"{name} (subquery {table.table})"
     columns = _output_columns(label, inner)
     projections = {column: projection.unalias()
@@ -362,13 +388,13 @@ def _subview(name: str, table: TableId, inner: exp.Select, captured: Sequence[Ta
         operators.append(Operator("aggregating subquery without its GROUP BY columns in its "
                                   "SELECT", False, "its rows cannot be told apart",
                                   "add every GROUP BY column to the subquery's SELECT"))
-    references = _resolve_tables(label, inner, captured, indexes)
+    references = _resolve_tables(label, inner, known, indexes)
     if len(key) < len(grouped):
         return ViewPlan(label, "recompute", "", list(dict.fromkeys(r.table for r in references)),
                         references, columns, key or columns, _state_sql(inner, references))
     own: list[Operator] = []
     compiled = _compile(label, inner, references, [columns.index(c) for c in key], own,
-                        False, f"{AFFECTED}_{table.table}")
+                        False, f"{AFFECTED}_{table.table}", one_row)
     operators.extend(op for op in own if not op.incremental)
     plan = ViewPlan(label, "incremental", "", list(dict.fromkeys(r.table for r in references)),
                     references, columns, key, _state_sql(inner, references), operators=own)
@@ -377,15 +403,27 @@ def _subview(name: str, table: TableId, inner: exp.Select, captured: Sequence[Ta
     plan.tree = inner
     if compiled.scope_lineage is None and not plan.blocking:
         plan.lineage_sql, plan.restricted_sql = compiled.lineage, compiled.restricted
+        plan.lineage_early_sql, plan.lineage_late_sql = compiled.early, compiled.late
+        plan.flip_sql = compiled.flips
         if inner.meta.get(_RUNNING):
             plan.delta_sql = _delta_sql(inner, references)
+            if compiled.late is not None:  # it reads subqueries: the old tuples in halves
+                plan.delta_early_sql = _delta_sql(
+                    inner, references, lambda ref: ref.table.schema != SUB_SCHEMA)
+                plan.delta_late_sql = _delta_sql(
+                    inner, references, lambda ref: ref.table.schema == SUB_SCHEMA,
+                    [ref for ref in references if ref.table.schema != SUB_SCHEMA])
     return plan
 
 
-def _delta_sql(inner: exp.Select, references: Sequence[BaseTable]) -> str:
+def _delta_sql(inner: exp.Select, references: Sequence[BaseTable],
+               reached: Callable[[BaseTable], bool] | None = None,
+               unchanged: Sequence[BaseTable] = ()) -> str:
     """The running totals' contributions of the tuples a batch's changes reach (each tuple
     once: the branches of :func:`_lineage_union` are told apart by every reference's key),
-    shaped as the totals' row (:func:`_split_global_aggregate`)."""
+    shaped as the totals' row (:func:`_split_global_aggregate`): the changes of the
+    references ``reached`` accepts (all by default), in tuples whose rows of ``unchanged``
+    (captured tables) are none the batch changed."""
     keys: list[exp.Expr] = [_quoted_alias_column(ref.alias, KEY_COLUMN) for ref in references]
     arguments: list[exp.Expr] = []
     totals: list[exp.Expr] = [exp.Literal.number(0).as_(_GROUP_COLUMN)]
@@ -407,8 +445,15 @@ def _delta_sql(inner: exp.Select, references: Sequence[BaseTable]) -> str:
                 this=exp.Sum(this=column), expressions=[exp.Literal.number(0)])
         totals.append(total.as_(projection.alias))
     union = _lineage_union(inner, references, [*keys, *arguments],
-                           _joins(inner, references, []), "d")
-    return str(exp.select(*totals).from_(f"({union}) AS _d").sql(dialect="duckdb"))
+                           _joins(inner, references, []), "d", reached)
+    if not union:  # no tuple: every total 0
+        union = "SELECT " + ", ".join(f"NULL AS d{i}" for i in range(len(keys) + len(arguments))) \
+            + " WHERE false"
+    query = exp.select(*totals).from_(f"({union}) AS _d")
+    for ref in unchanged:
+        query = query.where(f"_d.d{references.index(ref)} NOT IN (SELECT {KEY_COLUMN} FROM "
+                            f"{NEW.format(index=ref.index)})", copy=False)
+    return str(query.sql(dialect="duckdb"))
 
 
 def _top_k(tree: exp.Query, operators: list[Operator]) -> TopK | None:
@@ -443,6 +488,7 @@ def _set_queries(plan: ViewPlan, tree: exp.Query, compiled: Sequence[_Branch]) -
         plan.scope_lineage_sql = compiled[0].scope_lineage
     if plan.subviews:
         plan.lineage_early_sql, plan.lineage_late_sql = compiled[0].early, compiled[0].late
+        plan.flip_sql = compiled[0].flips
     plan.lineage_sql = " UNION ".join(branch.lineage for branch in compiled)
     joiner = " UNION ALL " if isinstance(tree, exp.Union) and not tree.args.get("distinct") \
         else " UNION "
@@ -701,7 +747,7 @@ def _having_scalar(select: exp.Select) -> None:
     select.set("where", exp.Where(this=exp.and_(*conditions)))
 
 
-def _decorrelate(select: exp.Select) -> None:
+def _decorrelate(select: exp.Select, prefix: str = "") -> None:
     """Each conjunct of ``select``'s WHERE that is ``EXISTS (...)``, ``x IN (SELECT ...)`` or
     a comparison with a scalar subquery, whose subquery reads tables (no nested subquery,
     window or LIMIT) and refers to ``select`` only through equalities, becomes a subquery in
@@ -719,7 +765,7 @@ def _decorrelate(select: exp.Select) -> None:
       row dropped either way. Uncorrelated (TPC-H Q22's average), the subquery is grouped by
       the constant 1 and LEFT JOINed on it: one row, none over no rows (a NULL comparison
       again); its one group is recomputed when its tables change, and a new value revisits
-      every row compared with it;
+      only the rows whose comparison with it flips (:func:`_flip_branch`);
     * ``NOT EXISTS (SELECT ... WHERE i = o AND local)`` is a LEFT JOIN of the same grouped
       subquery, keeping the rows it does not match (``cdc_k0 IS NULL``: a NULL ``o`` matches
       nothing, as it satisfies no ``i = o``);
@@ -734,8 +780,10 @@ def _decorrelate(select: exp.Select) -> None:
       absent when there is none; its one group recomputed when the subquery's tables change,
       its row changing only when that answer does).
 
-    A subquery in FROM that only filters and projects is decorrelated first, then merged
-    (:func:`_merge_subqueries`). Conjuncts under OR stay (recomputed whole)."""
+    A subquery in FROM is decorrelated first, then merged or kept as a table of the state
+    (:func:`_merge_subqueries`); so is a subquery in WHERE before it is joined (TPC-H Q20's IN
+    holds an IN and a correlated scalar subquery), its aliases under ``prefix``. Conjuncts
+    under OR stay (recomputed whole)."""
     where = select.args.get("where")
     if where is None or not select.args.get("from_"):
         return
@@ -745,7 +793,7 @@ def _decorrelate(select: exp.Select) -> None:
     kept: list[exp.Expr] = []
     joined = 0
     for conjunct in conjuncts:
-        alias = _SEMI_ALIAS.format(index=joined)
+        alias = prefix + _SEMI_ALIAS.format(index=joined)
         made = _semi_join(conjunct, outer, alias)
         if made is None:
             kept.append(conjunct.copy())
@@ -772,7 +820,10 @@ _Joined = tuple[list[tuple[str, exp.Select, list[exp.Expr]]], list[exp.Expr]]
 def _semi_join(conjunct: exp.Expr, outer: set[str], alias: str) -> _Joined | None:
     """What replaces ``conjunct`` (see :func:`_decorrelate`); None when it cannot."""
     negated = isinstance(conjunct, exp.Not)
-    positive = conjunct.this if negated else conjunct
+    positive = (conjunct.this if negated else conjunct).copy()
+    for sub in [node for node in positive.find_all(exp.Select)
+                if node.find_ancestor(exp.Select) is None]:
+        _decorrelate(sub, f"{alias}_")  # its subquery's own subqueries joined first
     if isinstance(positive, exp.Exists) and isinstance(positive.this, exp.Select):
         made = _exists_join(positive.this, outer, alias, negated)
         return None if made is None else ([(alias, made[0], made[2])], made[1])
@@ -796,8 +847,8 @@ def _semi_join(conjunct: exp.Expr, outer: set[str], alias: str) -> _Joined | Non
         return _not_in(sub, found.local, value, positive.this, alias, inner, matched)
     if negated:
         return None
-    if isinstance(conjunct, _SCALAR_COMPARED):
-        sides = [conjunct.this, conjunct.expression]
+    if isinstance(positive, _SCALAR_COMPARED):
+        sides = [positive.this, positive.expression]
         scalar = [side for side in sides if isinstance(side, exp.Subquery)]
         if len(scalar) != 1 or not isinstance(scalar[0].this, exp.Select):
             return None
@@ -806,13 +857,14 @@ def _semi_join(conjunct: exp.Expr, outer: set[str], alias: str) -> _Joined | Non
         if found is None or found.unequal or len(sub.expressions) != 1 \
                 or sub.args.get("group") is not None or not _null_when_empty(sub.expressions[0]):
             return None
-        compared = conjunct.copy()
-        compared.set("this" if conjunct.this is scalar[0] else "expression",
+        compared = positive.copy()
+        compared.set("this" if positive.this is scalar[0] else "expression",
                      exp.column(_SEMI_VALUE, table=alias))
         value = sub.expressions[0].unalias().as_(_SEMI_VALUE)
         if not found.pairs:  # over the whole subquery: one row (none over no rows)
             one = exp.Literal.number(1)
             inner = _grouped(sub, [one], found.local, value)
+            inner.meta[_ONE_ROW] = True
             return [(alias, inner, _matched_on(alias, [one]))], [compared]
         inner = _grouped(sub, [inner for inner, _ in found.pairs], found.local, value)
         return [(alias, inner, [])], [
@@ -832,6 +884,7 @@ def _not_in(sub: exp.Select, local: Sequence[exp.Expr], value: exp.Expr, tested:
     if local:
         flag.set("where", exp.Where(this=exp.and_(*[c.copy() for c in local])))
     flag = flag.group_by(one.copy(), copy=False)
+    flag.meta[_ONE_ROW] = True
     none = exp.Is(this=exp.column(_SEMI_KEY.format(index=0), table=nulls),
                   expression=exp.Null())
     unmatched = exp.and_(
@@ -883,17 +936,21 @@ class _Correlated(NamedTuple):
 
 def _correlation(sub: exp.Select, outer: set[str]) -> _Correlated | None:
     """A subquery's correlated equalities and ``<>`` comparisons and its own conjuncts, or
-    None when it refers to the outer query otherwise, names a column without its table, nests
-    a subquery, or windows, limits or is DISTINCT."""
+    None when it refers to the outer query otherwise, names a column without its table, has a
+    subquery outside its FROM (those in FROM are kept as tables of the state), or windows,
+    limits or is DISTINCT."""
     if any(sub.args.get(arg) for arg in ("limit", "offset", "qualify", "distinct", "with_")) \
-            or any(node is not sub for node in sub.find_all(exp.Select)) \
+            or any(node is not sub and not _in_from(node, sub)
+                   for node in sub.find_all(exp.Select)) \
             or any(True for _ in sub.find_all(exp.Window)) or not sub.args.get("from_"):
         return None
     nodes = [sub.args["from_"].this, *(join.this for join in sub.args.get("joins") or [])]
-    if not all(isinstance(node, exp.Table) for node in nodes):
+    if not all(isinstance(node, exp.Table) or (isinstance(node, exp.Subquery) and node.alias)
+               for node in nodes):
         return None
     inner = {node.alias_or_name for node in nodes}
-    columns = [column for column in sub.find_all(exp.Column)]
+    columns = [column for column in sub.find_all(exp.Column)
+               if column.find_ancestor(exp.Select) is sub]
     if any(not column.table for column in columns):
         return None
     where = sub.args.get("where")
@@ -1453,12 +1510,13 @@ def _plain(select: exp.Expr, subqueries: bool = False) -> bool:
         and (subqueries or not any(True for _ in select.find_all(exp.Subquery)))
 
 
-def _aggregating(select: exp.Expr) -> bool:
-    """A GROUP BY over tables (no window, LIMIT, DISTINCT ON or nested subquery): kept in
-    the state as a table of its own, maintained like a view."""
+def _aggregating(select: exp.Expr, subqueries: bool = False) -> bool:
+    """A GROUP BY over tables (no window, LIMIT, DISTINCT ON or nested subquery, unless
+    ``subqueries``): kept in the state as a table of its own, maintained like a view."""
     return isinstance(select, exp.Select) and select.args.get("group") is not None \
         and not any(select.args.get(arg) for arg in ("limit", "offset", "qualify", "with_")) \
-        and not any(True for _ in select.find_all(exp.Window, exp.Subquery))
+        and not any(True for _ in select.find_all(exp.Window)) \
+        and (subqueries or not any(True for _ in select.find_all(exp.Subquery)))
 
 
 def _split_global_aggregate(tree: exp.Query, subqueries: dict[TableId, exp.Select],
@@ -1478,8 +1536,9 @@ def _split_global_aggregate(tree: exp.Query, subqueries: dict[TableId, exp.Selec
             or not isinstance(tree.args.get("from_"), exp.From) \
             or any(tree.args.get(arg) for arg in ("limit", "offset", "qualify", "distinct")) \
             or any(True for _ in tree.find_all(exp.Window, exp.Subquery)) \
-            or any(table.db == SUB_SCHEMA for table in tree.find_all(exp.Table)):
-        return
+            or (any(table.db == SUB_SCHEMA for table in tree.find_all(exp.Table))
+                and any(join.side for join in tree.args.get("joins") or [])):
+        return  # over a subquery's table: inner joins only (see ViewPlan.delta_late_sql)
     kind_of = _type_of(tree, tables, kinds)
     aggregates = [node for node in tree.find_all(exp.AggFunc)]
     if not aggregates or not all(_summable(node, kind_of) for node in aggregates):
@@ -1548,9 +1607,9 @@ def _merge_subqueries(select: exp.Select, operators: list[Operator],
         if not isinstance(node, exp.Subquery):
             continue
         inner = node.this
-        if isinstance(inner, exp.Select) and not _aggregating(inner) and _plain(inner, True):
-            _decorrelate(inner)  # its subqueries in WHERE joined: merged with it below
-            _merge_subqueries(inner, operators, subqueries)
+        if isinstance(inner, exp.Select) and (_plain(inner, True) or _aggregating(inner, True)):
+            _decorrelate(inner, f"{node.alias_or_name}_")  # its subqueries in WHERE joined,
+            _merge_subqueries(inner, operators, subqueries)  # its own kept first
         if _aggregating(inner):
             table = TableId(SUB_SCHEMA, f"s{len(subqueries)}")
             subqueries[table] = inner
@@ -1688,13 +1747,16 @@ class _Branch:
     #: those of the subqueries' changes
     early: str | None = None
     late: str | None = None
+    #: :attr:`ViewPlan.flip_sql`
+    flips: dict[int, str] = field(default_factory=dict)
 
 
 def _compile(name: str, select: exp.Select, references: Sequence[BaseTable],
              key_positions: Sequence[int], operators: list[Operator], in_union: bool,
-             affected: str) -> _Branch:
+             affected: str, one_row: Collection[TableId] = ()) -> _Branch:
     """Classify ``select`` (its operators appended to ``operators``) and, when every one so
-    far is incremental, build its lineage and restricted queries."""
+    far is incremental, build its lineage and restricted queries (``one_row``: the subqueries'
+    tables that hold one row at most: :func:`_flip_branch`)."""
     _classify(select, operators)
     joins = _joins(select, references, operators)
     projections = [projection.unalias() for projection in select.expressions]
@@ -1705,19 +1767,75 @@ def _compile(name: str, select: exp.Select, references: Sequence[BaseTable],
     if any(not operator.incremental for operator in operators):
         return _Branch("", "")
     if scope is None:
-        branch = _Branch(_lineage_union(select, references, key_exprs, joins, "k"),
-                         _restricted(select, references, key_exprs, affected, "k"))
+        flipped = [position for position in range(len(references))
+                   if _flips(select, references, position, one_row)]
+        others = [ref for position, ref in enumerate(references) if position not in flipped]
+        branch = _Branch(_lineage_union(select, references, key_exprs, joins, "k",
+                                        lambda ref: ref in others),
+                         _restricted(select, references, key_exprs, affected, "k"),
+                         flips={references[position].index: _flip_branch(
+                             select, references, key_exprs, position) for position in flipped})
         if any(ref.table.schema == SUB_SCHEMA for ref in references):  # the two halves too
             branch.early = _lineage_union(select, references, key_exprs, joins, "k",
                                           lambda ref: ref.table.schema != SUB_SCHEMA)
             branch.late = _lineage_union(select, references, key_exprs, joins, "k",
-                                         lambda ref: ref.table.schema == SUB_SCHEMA)
+                                         lambda ref: ref.table.schema == SUB_SCHEMA
+                                         and ref in others)
         return branch
     keys = _keys_of(_state_tree(select, references), key_exprs, "k").where(
         _exists_in(SCOPES, scope, "s"), copy=False)
     return _Branch(str(keys.sql(dialect="duckdb")),
                    _restricted(select, references, scope, SCOPES, "s"),
                    _lineage_union(select, references, scope, joins, "s"))
+
+
+def _flips(select: exp.Select, references: Sequence[BaseTable], position: int,
+           one_row: Collection[TableId]) -> bool:
+    """Whether reference ``position`` is a one-row subquery's joined after the first table
+    whose columns ``select`` reads only in its WHERE and in that join's ON (on its own
+    columns alone): a new row of it changes which tuples the WHERE keeps, nothing else."""
+    if position == 0 or references[position].table not in one_row:
+        return False
+    alias = references[position].alias
+    join = (select.args.get("joins") or [])[position - 1]
+    where, on = select.args.get("where"), join.args.get("on")
+    if on is not None and any(column.table != alias for column in on.find_all(exp.Column)):
+        return False
+    return all(_inside(column, where) or _inside(column, on)
+               for column in select.find_all(exp.Column) if column.table == alias)
+
+
+def _inside(node: exp.Expr, container: exp.Expr | None) -> bool:
+    while node is not None:
+        if node is container:
+            return True
+        node = node.parent  # type: ignore[assignment]  # None above the root
+    return False
+
+
+def _flip_branch(select: exp.Select, references: Sequence[BaseTable], exprs: Sequence[exp.Expr],
+                 position: int) -> str:
+    """The keys of the tuples the WHERE keeps with one-row subquery ``position``'s old row
+    and not with its new one, or the other way round (:data:`FLIP`: NULLs for a row absent,
+    as its LEFT JOIN gives): TPC-H Q22's customers between the old and new average. The
+    WHERE's other conjuncts, the joins among the other tables, are kept as they are."""
+    ref = references[position]
+    tree = _state_tree(select, references, {position: FLIP.format(index=ref.index)})
+    tree.args["joins"][position - 1].set("on", exp.true())  # its one row, old and new
+    where = tree.args["where"].this
+    conjuncts = list(where.flatten()) if isinstance(where, exp.And) else [where]
+    mine = [c for c in conjuncts
+            if any(column.table == ref.alias for column in c.find_all(exp.Column))]
+    rest = [c for c in conjuncts if all(c is not m for m in mine)]
+    old = exp.and_(*[c.copy() for c in mine])
+    new = old.copy()
+    for column in new.find_all(exp.Column):
+        if column.table == ref.alias:
+            column.set("this", exp.to_identifier(FLIP_NEW.format(name=column.name), quoted=True))
+    flipped = exp.NEQ(this=exp.Coalesce(this=exp.paren(old), expressions=[exp.false()]),
+                      expression=exp.Coalesce(this=exp.paren(new), expressions=[exp.false()]))
+    tree.set("where", exp.Where(this=exp.and_(*rest, flipped)))
+    return str(_keys_of(tree, exprs, "k").sql(dialect="duckdb"))
 
 
 def _classify(select: exp.Select, operators: list[Operator]) -> None:

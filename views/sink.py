@@ -260,7 +260,8 @@ class ViewSink(Sink):
                   "followers": leftover + flushed - committed,
                   "close": time.perf_counter() - flushed}
         return ApplyStats(written=result.upserts, deleted=result.deletes,
-                          skipped=result.skipped, scanned=result.scanned, phases=phases)
+                          skipped=result.skipped, scanned=result.scanned,
+                          revisited=result.revisited, phases=phases)
 
     def _commit_state(self, state: ViewState, changes: Sequence[Change]) -> BatchResult:
         """Step 2 of a batch: its changes of the view's base tables gated into the state, the

@@ -36,9 +36,12 @@ from cdc.events import TableId
 from cdc.sink import canonical_text
 from views.definition import (
     AFFECTED,
+    FLIP,
+    FLIP_NEW,
     IMAGES,
     KEY_COLUMN,
     LINEAGE,
+    NEW,
     SCOPES,
     SUB_SCHEMA,
     ViewPlan,
@@ -72,10 +75,6 @@ _META_WRITE = "INSERT OR REPLACE INTO _cdc_meta VALUES (?, ?)"
 LOCK_WAIT_S = 120.0
 #: above this share of a table's rows touched by one batch, the view is recomputed whole
 RECOMPUTE_SHARE = 0.25
-#: a table's changes of the batch, typed (:data:`KEY_COLUMN`, :data:`KEY_HASH`,
-#: :data:`POSITION`, :data:`DELETED`, its columns: names no captured column can take); after the
-#: gate, only those newer than the state's
-NEW = "_cdc_new_{index}"
 #: in a :data:`NEW` table: the change is a delete
 DELETED = "_cdc_deleted"
 #: the state's rows of the batch's keys of a table, before the batch (_cdc_rowid, then the
@@ -133,6 +132,9 @@ class BatchResult:
     recomputed: bool = False
     #: rows DuckDB's scans read for the batch (its profiler, summed over the batch's queries)
     scanned: int = 0
+    #: keys recomputed because a one-row subquery's value moved and their comparison with it
+    #: flipped (``ViewPlan.flip_sql``: a scalar subquery over a whole table)
+    revisited: int = 0
     #: seconds per step: gate, lineage (with the base tables' write), recompute (the view's
     #: SQL on the affected keys), diff, record (view rows and outbox), commit
     phases: dict[str, float] = field(default_factory=dict)
@@ -164,9 +166,12 @@ class ViewState:
         self._lock = threading.Lock()
         #: (index, table) of the captured tables, and of the aggregating subqueries' tables
         self._captured = [(i, t) for i, t in enumerate(plan.tables) if t.schema != SUB_SCHEMA]
-        self._subs = [(i, t) for i, t in enumerate(plan.tables) if t.schema == SUB_SCHEMA]
+        #: in the order of ``plan.subviews``: a subquery after those it reads
+        self._subs = [(plan.tables.index(t), t) for t in plan.subviews]
         #: the temporary tables of affected keys filled so far in this batch
         self._affected: set[str] = set()
+        #: the keys a moved one-row subquery made recomputed in this batch (:meth:`_flip`)
+        self._revisited = 0
         self.columns: dict[TableId, list[tuple[str, str]]] = {}
         #: the view's output columns and DuckDB types
         self._output: list[tuple[str, str]] | None = None
@@ -373,6 +378,7 @@ class ViewState:
         try:
             full = stale or self.plan.mode == "recompute" or self._mostly_touched(won)
             self._affected = set()
+            self._revisited = 0
             if full:
                 self._write_base(self._captured)
                 for table in self.plan.subviews:
@@ -389,7 +395,7 @@ class ViewState:
                     self._write_base(self._captured)
                     self._lineage(before=False)
                 affected = self._distinct_affected()
-                result.affected = len(affected)
+                result.affected, result.revisited = len(affected), self._revisited
                 self._lap(result, "lineage")
                 rows = self._run(self.plan.restricted_sql or "")
                 self._lap(result, "recompute")
@@ -447,10 +453,11 @@ class ViewState:
         """The lineage of a view with aggregating subqueries in FROM (each kept as a table of
         the state, maintained like a view of its own):
 
-        1. before the write, the subqueries' affected keys and the lineage branches of the
-           captured tables' changes (on the old state, the subqueries' old rows included);
-        2. the captured tables are written; each subquery's affected keys after it, its rows
-           recomputed for them and compared with its table: its changes;
+        1. before the write, the lineage branches of the captured tables' changes, the view's
+           and each subquery's (on the old state, the subqueries' old rows included);
+        2. the captured tables are written; then per subquery, those it reads first
+           (:meth:`_settle`): its affected keys after the write, its rows recomputed for them
+           and compared with its table: its changes;
         3. the branches of the subqueries' changes, on the new captured tables (a tuple that
            also involved a changed captured row was found in 1), then the subqueries' tables
            are written;
@@ -459,26 +466,72 @@ class ViewState:
         for table, sub in self.plan.subviews.items():
             if sub.delta_sql:  # running totals: the reached tuples' contributions, old
                 self._q(f"CREATE OR REPLACE TEMP TABLE {_contributions(table, True)} AS "
-                        f"{sub.delta_sql}")
+                        f"{sub.delta_early_sql or sub.delta_sql}")
             else:
-                self._affect(_sub_affected(table), sub.lineage_sql or "")
+                nested = sub.lineage_late_sql is not None  # reads subqueries: their half later
+                self._affect(_sub_affected(table),
+                             (sub.lineage_early_sql if nested else sub.lineage_sql) or "")
         self._affect(AFFECTED, self.plan.lineage_early_sql or "")
         newest = self._newest_position()
         self._write_base(self._captured)
         self._stage(False, self._captured)
-        for table, sub in self.plan.subviews.items():
+        self._settle(self.plan, AFFECTED, newest)
+
+    def _settle(self, plan: ViewPlan, affected: str, newest: bytes) -> None:
+        """Steps 2 to 4 of :meth:`_lineage_through_subviews` for the subqueries ``plan`` (the
+        view, or a subquery) reads, adding to ``affected`` the keys of ``plan`` their changes
+        reach; the subqueries each of them reads first."""
+        reads = {reference.table for reference in plan.references}
+        subs = [(index, table) for index, table in self._subs if table in reads]
+        for _, table in subs:
+            sub = self.plan.subviews[table]
+            if sub.lineage_late_sql is not None:  # it reads subqueries
+                self._settle(sub, _sub_affected(table), newest)
+            elif not sub.delta_sql:
+                self._affect(_sub_affected(table), sub.lineage_sql or "")
             if sub.delta_sql:
                 self._q(f"CREATE OR REPLACE TEMP TABLE {_contributions(table, False)} AS "
                         f"{sub.delta_sql}")
                 self._stage_totals(table, newest)
             else:
-                self._affect(_sub_affected(table), sub.lineage_sql or "")
                 self._stage_subview(table, newest)
-        self._stage(True, self._subs)
-        self._affect(AFFECTED, self.plan.lineage_late_sql or "")
-        self._write_base(self._subs, markers=False)
-        self._stage(False, self._subs)
-        self._affect(AFFECTED, self.plan.lineage_sql or "")
+        self._stage(True, subs)
+        for index, sql in plan.flip_sql.items():
+            self._flip(index, sql, affected)
+        if plan.delta_late_sql:  # running totals: the old tuples only subqueries reach
+            totals = self._table_of(plan)
+            before = _contributions(totals, True)
+            names = [name for name, _ in self.columns[totals]]
+            summed = ", ".join(f"sum({_quote(name)}) AS {_quote(name)}" for name in names[1:])
+            self._q(f"CREATE OR REPLACE TEMP TABLE {before} AS SELECT 0 AS {_quote(names[0])}, "
+                    f"{summed} FROM (SELECT * FROM {before} UNION ALL {plan.delta_late_sql})")
+        else:
+            self._affect(affected, plan.lineage_late_sql or "")
+        self._write_base(subs, markers=False)
+        self._stage(False, subs)
+        if not plan.delta_sql:
+            self._affect(affected, plan.lineage_sql or "")
+
+    def _flip(self, index: int, sql: str, affected: str) -> None:
+        """Add to ``affected`` the keys whose comparison with one-row subquery ``index``'s
+        row flips with this batch's change of it (``views.definition.FLIP``: staged from its
+        old row and its new one), if it changed; counted in :attr:`BatchResult.revisited`."""
+        new = NEW.format(index=index)
+        if not self._q(f"SELECT count(*) FROM {new}")[0][0]:
+            return
+        names = [name for name, _ in self.columns[self.plan.tables[index]]]
+        self._q(f"CREATE OR REPLACE TEMP TABLE {FLIP.format(index=index)} AS SELECT "
+                + ", ".join([*(f"o.{_quote(n)}" for n in names), *(
+                    f"n.{_quote(n)} AS {_quote(FLIP_NEW.format(name=n))}" for n in names)])
+                + f" FROM (SELECT 1) _one LEFT JOIN {LINEAGE.format(index=index)} o ON true "
+                f"LEFT JOIN (SELECT * FROM {new} WHERE NOT {DELETED}) n ON true")
+        self._q(f"CREATE OR REPLACE TEMP TABLE _cdc_flipped AS {sql}")
+        self._revisited += int(self._q("SELECT count(*) FROM _cdc_flipped")[0][0])
+        self._affect(affected, "SELECT * FROM _cdc_flipped")
+
+    def _table_of(self, sub: ViewPlan) -> TableId:
+        """The state's table of subquery plan ``sub``."""
+        return next(table for table, plan in self.plan.subviews.items() if plan is sub)
 
     @staticmethod
     def _sub_key(columns: Sequence[str]) -> str:
@@ -895,11 +948,17 @@ class ViewState:
         """The view computed whole from the base tables now (what the rows must equal): an
         aggregating subquery's rows, or running totals, computed from them too, not read from
         the tables the batches keep."""
-        sql = self.plan.full_sql
-        for table, sub in self.plan.subviews.items():
-            fresh = f"_cdc_fresh_{table.table}"
-            self._q(f"CREATE OR REPLACE TEMP VIEW {fresh} AS {sub.full_sql}")
-            sql = sql.replace(_table_sql(table), fresh)
+        fresh: dict[str, str] = {}
+
+        def computed(sql: str) -> str:  # each subquery's table read as its SQL computed now
+            for table, name in fresh.items():
+                sql = sql.replace(table, name)
+            return sql
+        for table, sub in self.plan.subviews.items():  # a subquery after those it reads
+            name = f"_cdc_fresh_{table.table}"
+            self._q(f"CREATE OR REPLACE TEMP VIEW {name} AS {computed(sub.full_sql)}")
+            fresh[_table_sql(table)] = name
+        sql = computed(self.plan.full_sql)
         names, types, rows = self._run(sql)
         positions = [names.index(column) for column in self.plan.key]
         forms = self._forms(names, types)

@@ -43,6 +43,10 @@ class Report:
     #: the accepted queries kept incrementally (the others are recomputed whole)
     incremental: list[str] = field(default_factory=list)
     mismatches: list[Mismatch] = field(default_factory=list)
+    #: per incremental query, the keys its batches recomputed, and of them those revisited
+    #: because a scalar subquery's value moved (``BatchResult.revisited``)
+    affected: dict[str, int] = field(default_factory=dict)
+    revisited: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
         return (f"fuzz_views seed {self.seed} ({self.dialect}, {self.time_zone}): "
@@ -212,13 +216,17 @@ class World:
 
         for name, state in list(self.states.items()):
             try:
-                state.apply(base)
+                result = state.apply(base)
             except ViewError as exc:  # accepted at check time, then stopped: a failure
                 self.report.mismatches.append((self.queries[name], self.report.batches,
                                                f"the view stopped: {exc}"))
                 state.close()
                 del self.states[name]
                 continue
+            if not result.recomputed:
+                self.report.affected[name] = self.report.affected.get(name, 0) + result.affected
+                self.report.revisited[name] = \
+                    self.report.revisited.get(name, 0) + result.revisited
             state.drained()
 
     def _caught_up(self) -> None:
