@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test test-quick lint fuzz-views bench-guard bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views bench-sql clean
+.PHONY: setup demo test test-quick lint fuzz-views bench-guard bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views bench-tpch-views bench-sql clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -71,6 +71,11 @@ bench-apply-tables: setup
 # 50,000 changes), and the SQL follower's changes/s into PostgreSQL
 bench-views: setup
 	$(PY) bench/views.py $(BENCH_ARGS)
+
+# the 22 TPC-H queries as views: each round of ~1,000 changes kept by the engine vs the same SQL
+# recomputed by DuckDB over the same state (TPC-H at --scale 0.1 by default; no servers)
+bench-tpch-views: setup
+	$(PY) bench/tpch_views.py $(BENCH_ARGS)
 
 # The SQL follower's writes (SqlSink.apply) vs PostgreSQL's COPY and SQLite's executemany
 bench-sql: setup

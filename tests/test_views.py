@@ -375,7 +375,7 @@ def _random_batch(rng: random.Random, position: int) -> tuple[list[BaseChange], 
 
 #: the views the second seed leaves out (issue 45's subqueries, running totals over them and
 #: LIMIT: the costliest per batch here; the TPC-H test and the fuzzer hold them against the
-#: leader)
+#: leader); the second seed also plays fewer batches (the suite's time: issue 45)
 FIRST_SEED_ONLY = frozenset({"top_spenders", "page", "idle", "mixed", "unlike_bob",
                              "above_mean_all", "heavy", "best_customers", "stocked",
                              "below_own_mean"})
@@ -395,7 +395,7 @@ def test_incremental_views_equal_recomputation_after_every_batch(tmp_path: Path,
     last = {name: b"" for name in views}
     emitted = dict.fromkeys(views, 0)
     position = 0
-    for _ in range(25):
+    for _ in range(25 if seed == 0 else 15):
         batch, position = _random_batch(rng, position)
         compacted.update({(change.table, change.key): change for change in batch})
         for name, state in states.items():
