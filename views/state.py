@@ -837,9 +837,7 @@ class ViewState:
         assert top is not None
         cap = top.offset + top.limit + max(top.limit, TOP_BUFFER)
         ordered = ", ".join(_quote(column) for column in top.columns)
-        self.db.register("_cdc_keys", pa.table({
-            "_cdc_n": pa.array(range(1, len(fresh) + 1), pa.int64()),
-            "_cdc_k": pa.array(fresh, pa.string())}))
+        self._register_keys(fresh)
         self.db.register("_cdc_dropped", pa.table({"k": pa.array(deletes, pa.string())}))
         computed = (f"SELECT k._cdc_k AS k, {', '.join(f'f.{_quote(c)}' for c in top.columns)} "
                     "FROM _cdc_fresh f JOIN _cdc_keys k USING (_cdc_n)")
@@ -871,6 +869,15 @@ class ViewState:
         return ({key: upserts[key] if key in upserts else unchanged[key]
                  for key in sorted(shown) if key in upserts or key not in was_shown},
                 sorted(was_shown - shown))
+
+    def _register_keys(self, keys: Sequence[str]) -> None:
+        """``_cdc_keys``: the key text (``_cdc_k``) of each row of ``_cdc_fresh`` by its number
+        (``_cdc_n``, from 1 in the order :meth:`_run` fetched them)."""
+        import pyarrow as pa
+
+        self.db.register("_cdc_keys", pa.table({
+            "_cdc_n": pa.array(range(1, len(keys) + 1), pa.int64()),
+            "_cdc_k": pa.array(keys, pa.string())}))
 
     def _first_again(self, computed: str, ordered: str, cap: int) -> bool | None:
         """The first rows found from those kept (see :meth:`_rank`) into ``_cdc_first``, and
@@ -966,11 +973,7 @@ class ViewState:
         top = self.plan.top
         if top is None:
             return view
-        import pyarrow as pa
-
-        self.db.register("_cdc_keys", pa.table({
-            "_cdc_n": pa.array(range(1, len(view) + 1), pa.int64()),
-            "_cdc_k": pa.array(list(view), pa.string())}))
+        self._register_keys(list(view))
         try:
             first = self._q(f"SELECT _cdc_k FROM _cdc_fresh JOIN _cdc_keys USING (_cdc_n) "
                             f"ORDER BY {top.order}, _cdc_k LIMIT {top.limit} OFFSET {top.offset}")
