@@ -596,6 +596,11 @@ class Config(_Strict):
     #: where the file was read from (set by :func:`load_config`, not by the user)
     base_dir: Path = Field(default=Path("."), exclude=True)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its state, unpickled into this process's :func:`config_model` (the
+        class is built at run time: plain pickle cannot find it by name)."""
+        return (_config_from_state, (self.__getstate__(),))
+
     @model_validator(mode="after")
     def _unique_sources(self) -> Config:
         names = [source.name for source in self.sources]
@@ -782,6 +787,14 @@ def config_model() -> type[Config]:
         sources=(list[source], Field(default_factory=list)),
         followers=(dict[str, follower], Field(default_factory=dict)))
     return model
+
+
+def _config_from_state(state: dict[Any, Any]) -> Config:
+    """A pickled :class:`Config` (:meth:`Config.__reduce__`) rebuilt."""
+    model = config_model()
+    config = model.__new__(model)
+    config.__setstate__(state)
+    return config
 
 
 def forget_kinds() -> None:

@@ -82,7 +82,8 @@ def read_status(log_path: Path, source: str, path: Path | None = None
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (one of another user counts as running)."""
+    """Whether process ``pid`` runs (one of another user counts as running; a zombie, dead
+    but not yet reaped by its parent, does not)."""
     if pid <= 0:
         return False
     try:
@@ -91,7 +92,11 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def directory_bytes(path: Path) -> int:

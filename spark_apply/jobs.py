@@ -160,15 +160,20 @@ class ApplyJob:
     _reading_since: float = 0.0
     _impatient: bool = False
     _failure: BaseException | None = None
+    #: the views' states held open by this process (local mode: views/host.py)
+    view_host: Any = None
     #: unique to this run (processes and executors keep one sink per run and follower)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @classmethod
     def prepare(cls, config: Config, names: Sequence[str], stop: threading.Event | None = None,
-                observer: Any = None, wait_out: bool = False) -> ApplyJob:
+                observer: Any = None, wait_out: bool = False,
+                master: str | None = None) -> ApplyJob:
         """Validate the followers, the log and every sink's connection; no Spark yet. With
         ``wait_out`` (a continuous run), an unreachable log or follower is waited for
-        (:mod:`spark_apply.outages`) until ``stop`` is set; otherwise it is the error."""
+        (:mod:`spark_apply.outages`) until ``stop`` is set; otherwise it is the error. In
+        local mode (``master``, else the config's) this process hosts the views' states
+        (``views/host.py``); on a cluster their tasks reach the hosts they start."""
         stop = stop or threading.Event()
 
         def check(attempt: Callable[[], Any], followers: list[str]) -> None:
@@ -190,9 +195,15 @@ class ApplyJob:
             if name in config.views:
                 _refuse_lost_view_state(config, name)
         sinks: dict[str, Sink] = {}
+        host = None
         try:
+            views = [name for name in chosen if name in config.views]
+            if views and (master or config.spark.master).startswith("local"):
+                from views.host import ViewHost
+
+                host = ViewHost(config, views)
             for name in chosen:
-                sinks[name] = open_target(config, name)
+                sinks[name] = open_target(config, name, host, stops_host=True)
             # each sink's check connects, a view's opens its state: side by side
             with ThreadPoolExecutor(max_workers=min(4, len(chosen)),
                                     thread_name_prefix="cdc-check") as pool:
@@ -201,9 +212,11 @@ class ApplyJob:
         except BaseException:
             for sink in sinks.values():
                 sink.close()
+            if host is not None:
+                host.close()
             raise
         return cls(config, chosen, sinks, {name: FollowerProgress(name) for name in chosen},
-                   stop=stop)
+                   stop=stop, view_host=host)
 
     def checkpoint(self, name: str) -> Path:
         """Follower ``name``'s progress folder (``spark_apply/progress.py``)."""
@@ -591,6 +604,8 @@ class ApplyJob:
                 follower.runner.close()
         for sink in self.sinks.values():
             sink.close()
+        if self.view_host is not None:
+            self.view_host.close()
 
 
 def _make_folder(name: str, folder: Path) -> None:
@@ -633,7 +648,7 @@ def run_apply(config: Config, names: Sequence[str], once: bool,
     loop, stop. ``stop`` (set by a SIGTERM handler) ends a continuous run; a stop requested
     before the loop starts means no batch runs. ``master`` overrides the config's
     ``spark.master``. Returns the finished job (its ``progress``)."""
-    job = ApplyJob.prepare(config, names, stop, observer, wait_out=not once)
+    job = ApplyJob.prepare(config, names, stop, observer, wait_out=not once, master=master)
     for progress in job.progress.values():
         progress.observer = observer  # metrics: cdc_app.metrics.ApplyMetrics
     try:

@@ -160,13 +160,14 @@ class FollowerHandle:
         return sink
 
 
-def open_target(config: Config, name: str) -> Sink:
-    """What ``cdc apply`` writes for ``name``: a view's sink (``views/sink.py``: it writes
-    through its followers' sinks) or a follower's own (:func:`cdc.sink.open_sink`)."""
+def open_target(config: Config, name: str, host: Any = None, stops_host: bool = False) -> Sink:
+    """What ``cdc apply`` writes for ``name``: a view's sink (``views/host.py``: its steps run
+    where its state is held open -- ``host``, this process's own, or the live host of its
+    lease) or a follower's own (:func:`cdc.sink.open_sink`)."""
     if name in config.views:
-        from views.sink import ViewSink
+        from views.host import HostedView
 
-        return ViewSink(config, name)
+        return HostedView(config, name, host, stops_host)
     return open_sink(config, name)
 
 

@@ -63,6 +63,7 @@ from tests.sparkkit import (
     group_freeze,
     tree_watch,
 )
+from views.host import Lease, LeaseRecord
 
 pytestmark = [pytest.mark.timeout(1200)]
 
@@ -523,6 +524,13 @@ def test_views_of_every_construct_survive_kills_and_equal_the_leader(
         kill_worker(cluster, roots, phase)
         cluster.wait_worker(cluster.start_worker())
         more_batches(1)
+        state = tmp_path / "state" / "views" / "revenue.duckdb"
+        killed = kill_view_host(state, roots, phase)
+        wait_for(lambda: (Lease(state).read() or killed).epoch > killed.epoch, 120,
+                 "a host taking the killed one's lease over")
+        more_batches(1)
+        taken = Lease(state).read()
+        assert taken is not None and taken.live() and taken.pid != killed.pid
         with driver_watch(roots) as watch:
             watch.wait_moving()
             watch.kill(phase, lambda: (os.killpg(apply.pid, signal.SIGKILL), apply.wait(30)),
@@ -552,11 +560,27 @@ def test_views_of_every_construct_survive_kills_and_equal_the_leader(
         capture_code = capture.terminate()
     assert_views_verified(verified, len(views) + 1)
     assert apply_code == 0, (tmp_path / "apply.log").read_text(errors="replace")[-3000:]
+    for name in views:  # the states' hosts stopped with the run that used them
+        record = Lease(tmp_path / "state" / "views" / f"{name}.duckdb").read()
+        assert record is not None and record.kind == "host" and not record.live(), record
     assert capture_code == 0
     # Spark's own record: every view's batches ran as executor tasks, none in the driver
     for name in views:
         tasks = apply_tasks(tmp_path / "events", name)
         assert tasks["executor"] >= 1 and tasks["driver"] == 0, (name, tasks)
+
+
+def kill_view_host(state: Path, roots: list[Path], phase: str) -> LeaseRecord:
+    """SIGKILL the process holding a view's state open (``views/host.py``) while a batch of
+    the view is in flight: the batch's task sends it again to a host that takes the lease
+    over. Its lease before the kill."""
+    record = Lease(state).read()
+    assert record is not None and record.kind == "host" and record.live(), record
+    with tree_watch("view state host", lambda: [record.pid], roots) as watch:
+        watch.wait_moving()
+        watch.kill(phase, lambda: os.kill(record.pid, signal.SIGKILL),
+                   lambda: committed_batches(roots), aim=60, read_before=True)
+    return record
 
 
 def views_section(source: str, names: list[str], trigger: dict[str, str],

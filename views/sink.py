@@ -194,8 +194,11 @@ class ViewSink(Sink):
     #: one call per micro-batch (whole transactions) in one executor task, never split
     placement = Placement.WHOLE_BATCH
 
-    def __init__(self, config: Config, name: str) -> None:
+    def __init__(self, config: Config, name: str, keep_open: bool = False) -> None:
         self.name = name
+        #: the state stays open between steps (its host holds the lease: views/host.py)
+        self.keep_open = keep_open
+        self._state: ViewState | None = None
         self.config = config
         self.view = config.views[name]
         self.plan = view_plan(config, name)
@@ -223,12 +226,36 @@ class ViewSink(Sink):
     def opened(self) -> Iterator[ViewState]:
         """The view's state, open for one step (a batch, a watermark, a read) and closed
         after it: the file is locked while open, and the next batch's task may run in another
-        process or on another machine."""
-        state = ViewState(self.config.view_state(self.name), self.plan, self._columns_of)
+        process or on another machine. With :attr:`keep_open` (a host's view), opened once and
+        kept until :meth:`close`."""
+        if self.keep_open:
+            if self._state is None:
+                self._state = self._open()
+            try:
+                yield self._state
+            except BaseException:  # opened again by the next step: nothing half-done kept
+                self._state.close()
+                self._state = None
+                raise
+            return
+        state = self._open()
         try:
             yield state
         finally:
             state.close()
+
+    def _open(self) -> ViewState:
+        return ViewState(self.config.view_state(self.name), self.plan, self._columns_of)
+
+    def _meta(self, name: str, value: str | None = None) -> str | None:
+        """Meta value ``name`` of the state (or, given ``value``, set it): through the open
+        state when it is kept open, else by a meta-only open of the file."""
+        if self._state is None:
+            return state_meta(self.config.view_state(self.name), self.name, name, value)
+        if value is not None:
+            self._state.set_meta(name, value)
+            return value
+        return self._state.meta(name)
 
     def _columns_of(self, table: TableId) -> list[tuple[str, str]]:
         if self._store is None:
@@ -311,13 +338,12 @@ class ViewSink(Sink):
         for shared in self._shared.values():
             with shared.lock:
                 shared.sink.set_watermark(watermark_name(self.name), offset)
-        state_meta(self.config.view_state(self.name), self.name, "watermark",
-                   json.dumps(dict(offset)))
+        self._meta("watermark", json.dumps(dict(offset)))
 
     def watermark(self, source: str) -> dict[str, Any] | None:
         if source != self.view.source:
             return None
-        text = state_meta(self.config.view_state(self.name), self.name, "watermark")
+        text = self._meta("watermark")
         return None if text is None else dict(json.loads(text))
 
     # --------------------------------------------------------------------------- reading
@@ -331,6 +357,9 @@ class ViewSink(Sink):
             return iter(sorted(state.rows()))
 
     def close(self) -> None:
+        if self._state is not None:
+            self._state.close()
+            self._state = None
         for follower in self._shared:
             _release(self.config, follower)
         self._shared = {}

@@ -47,6 +47,10 @@ _TYPES = {LogicalKind.BOOLEAN: "BOOLEAN", LogicalKind.INT16: "BIGINT",
           LogicalKind.TIMESTAMPTZ: "TIMESTAMPTZ"}
 
 
+#: the write-ahead log's size at which DuckDB checkpoints a view's state (a state held open
+#: between batches checkpoints when this much was written, and at close: views/host.py)
+CHECKPOINT_THRESHOLD = "64MB"
+
 
 def set_up_state(db: Any, time_zone: str = "UTC") -> Any:
     """``db`` (a DuckDB connection to a view's state) set up as every one is: ``timestamptz``
@@ -54,6 +58,7 @@ def set_up_state(db: Any, time_zone: str = "UTC") -> Any:
     a ``timestamp`` literal), as ``cdc verify``'s leader session computes them, and
     PostgreSQL's exact quotient defined (``views/postgres_decimals.py``). Returns ``db``."""
     db.execute("SET TimeZone = ?", [time_zone])
+    db.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
     define_macros(db)
     db.execute(ELAPSED_MACRO)
     return db
