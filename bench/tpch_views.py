@@ -14,8 +14,10 @@ updates of the columns the queries filter and sum on (about 1,000 changes a roun
 applied with :meth:`views.state.ViewState.apply`. Per query: its plan's mode, the median
 round's seconds, DuckDB's rows scanned (its profiler) and the keys recomputed (of them revisited
 because a scalar subquery's value moved), the recomputation's seconds, and whether the view's
-rows equal the recomputation after the last round. No servers, no Spark: the engine's own cost
-(``bench/tpch.py``, issue 45's point 3, adds capture, a Delta follower, Spark and PostgreSQL).
+rows equal the recomputation after the last round, and its state file's size (against one
+copy of every table: what a state shared by the views would hold). No servers, no Spark: the
+engine's own cost (``bench/tpch.py``, issue 45's point 3, adds capture, a Delta follower, Spark
+and PostgreSQL).
 """
 
 from __future__ import annotations
@@ -192,9 +194,30 @@ def main() -> None:
                                                  for c, _k in TABLES[table.table][0]])
                 results["queries"][name] = _measure(state, load, rounds)
                 state.close()
+                results["queries"][name]["state_mb"] = _megabytes(state.path)
                 progress.advance(task)
+            progress.update(task, description="one copy of every table")
+            results["shared_copy_mb"] = _shared_copy(Path(folder), load, captured)
     _report(console, results)
     print(json.dumps(results))
+
+
+def _megabytes(path: Path) -> float:
+    return round(path.stat().st_size / 1e6, 1)
+
+
+def _shared_copy(folder: Path, load: list[BaseChange], captured: list[TableId]) -> float:
+    """The size of one copy of every table (the state of a view that reads them all, loaded
+    by the same batch): what a state shared by every view would hold."""
+    sql = " UNION ALL ".join(f"SELECT '{name}' AS t, count(*) AS n FROM {name}"
+                             for name in TABLES)
+    plan = analyze("all_tables", sql, ["t"], "postgres", captured, lambda: CATALOG)
+    state = ViewState(folder / "all_tables.duckdb", plan,
+                      lambda table: [(c, CATALOG[table][c].state_type)
+                                     for c, _k in TABLES[table.table][0]])
+    state.apply(load)
+    state.close()
+    return _megabytes(state.path)
 
 
 def _measure(state: ViewState, load: list[BaseChange], rounds: list[list[BaseChange]]
@@ -238,6 +261,11 @@ def _report(console: Console, results: dict[str, Any]) -> None:
                       f"{one['speedup']}x", f"{one['scanned']:,}",
                       f"{one['affected']} ({one['revisited']})", str(one["equal"]))
     console.print(table)
+    private = sum(one["state_mb"] for one in results["queries"].values())
+    results["private_states_mb"] = round(private, 1)
+    console.print(f"state files: {private:,.1f} MB for the {len(results['queries'])} views, "
+                  f"one copy of every table {results['shared_copy_mb']:,.1f} MB "
+                  f"({private / max(results['shared_copy_mb'], 0.1):.1f}x)")
     speedups = [one["speedup"] for one in results["queries"].values()]
     if speedups:
         results["median_speedup"] = round(statistics.median(speedups), 1)

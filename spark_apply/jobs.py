@@ -168,12 +168,14 @@ class ApplyJob:
     @classmethod
     def prepare(cls, config: Config, names: Sequence[str], stop: threading.Event | None = None,
                 observer: Any = None, wait_out: bool = False,
-                master: str | None = None) -> ApplyJob:
+                master: str | None = None, once: bool = False) -> ApplyJob:
         """Validate the followers, the log and every sink's connection; no Spark yet. With
         ``wait_out`` (a continuous run), an unreachable log or follower is waited for
         (:mod:`spark_apply.outages`) until ``stop`` is set; otherwise it is the error. In
         local mode (``master``, else the config's) this process hosts the views' states
-        (``views/host.py``); on a cluster their tasks reach the hosts they start."""
+        (``views/host.py``); on a cluster their tasks reach the hosts they start, which a
+        continuous run stops at its end and a ``once`` run leaves to the next (each stops when
+        idle)."""
         stop = stop or threading.Event()
 
         def check(attempt: Callable[[], Any], followers: list[str]) -> None:
@@ -203,7 +205,7 @@ class ApplyJob:
 
                 host = ViewHost(config, views)
             for name in chosen:
-                sinks[name] = open_target(config, name, host, stops_host=True)
+                sinks[name] = open_target(config, name, host, stops_host=not once)
             # each sink's check connects, a view's opens its state: side by side
             with ThreadPoolExecutor(max_workers=min(4, len(chosen)),
                                     thread_name_prefix="cdc-check") as pool:
@@ -648,7 +650,8 @@ def run_apply(config: Config, names: Sequence[str], once: bool,
     loop, stop. ``stop`` (set by a SIGTERM handler) ends a continuous run; a stop requested
     before the loop starts means no batch runs. ``master`` overrides the config's
     ``spark.master``. Returns the finished job (its ``progress``)."""
-    job = ApplyJob.prepare(config, names, stop, observer, wait_out=not once, master=master)
+    job = ApplyJob.prepare(config, names, stop, observer, wait_out=not once, master=master,
+                             once=once)
     for progress in job.progress.values():
         progress.observer = observer  # metrics: cdc_app.metrics.ApplyMetrics
     try:

@@ -2168,9 +2168,38 @@ def _restricted(select: exp.Select, references: Sequence[BaseTable],
     restricted.set("order", None)
     if select.meta.get(_TOTALS):  # its one row from the totals, and only if they moved
         restricted = restricted.having(_exists_in(table, exprs, prefix), copy=False)
-    else:
+    elif not _filter_first(restricted, exprs, table, prefix):
         restricted = restricted.where(_exists_in(table, exprs, prefix), copy=False)
     return str(restricted.sql(dialect="duckdb"))
+
+
+def _filter_first(select: exp.Select, exprs: Sequence[exp.Expr], table: str,
+                  prefix: str) -> bool:
+    """When ``exprs`` read one inner-joined table reference of ``select`` only, filter that
+    reference's rows before the joins (``(SELECT * FROM t AS a WHERE EXISTS ...) AS a``):
+    DuckDB applies a correlated EXISTS over the whole join otherwise, after joining every
+    row (TPC-H Q21: the supplier's name, filtered after lineitem x orders x two subqueries).
+    An outer join's null-extended side is never filtered first (its NULLs would change)."""
+    aliases = {column.table for expression in exprs
+               for column in expression.find_all(exp.Column)}
+    joins = select.args.get("joins") or []
+    if len(aliases) != 1 or "" in aliases or any(
+            (join.side or "").upper() in ("RIGHT", "FULL") for join in joins):
+        return False
+    alias = aliases.pop()
+    for node in _table_nodes(select):
+        if node.alias_or_name != alias:
+            continue
+        parent = node.parent
+        inner = isinstance(parent, exp.From) or (
+            isinstance(parent, exp.Join) and not parent.side)
+        if not inner or parent is None or parent.parent is not select:
+            return False
+        filtered = exp.select("*").from_(node.copy()).where(_exists_in(table, exprs, prefix))
+        node.replace(exp.Subquery(this=filtered, alias=exp.TableAlias(
+            this=exp.to_identifier(alias, quoted=True))))
+        return True
+    return False
 
 
 def _state_sql(tree: exp.Query, references: Sequence[BaseTable]) -> str:
