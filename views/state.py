@@ -73,6 +73,9 @@ _META_READ = "SELECT value FROM _cdc_meta WHERE name = ?"
 _META_WRITE = "INSERT OR REPLACE INTO _cdc_meta VALUES (?, ?)"
 #: how long a batch's task waits for the state file another process holds open
 LOCK_WAIT_S = 120.0
+#: up to this many keys, a batch's rows are looked up in the index on their hashes (DuckDB's
+#: ``index_scan_max_count``: a longer list of constants is scanned for, not looked up)
+HASH_LIST_MAX = 2048
 #: above this share of a table's rows touched by one batch, the view is recomputed whole
 RECOMPUTE_SHARE = 0.25
 #: in a :data:`NEW` table: the change is a delete
@@ -189,9 +192,10 @@ class ViewState:
     # ------------------------------------------------------------------------- set-up
     def _create(self) -> None:
         db = self.db
-        # no indexes: the batch's rows are found by a scan of the key hashes (KEY_HASH), while
-        # an ART index is loaded whole by each open and rewritten by each checkpoint (keys stay
-        # unique: every write deletes the batch's keys, then inserts them)
+        # each base table has an index on its key hashes (KEY_HASH): loaded whole by the first
+        # lookup after an open and rewritten by each checkpoint, it pays now that the state is
+        # held open between batches and checkpointed at DuckDB's threshold (views/host.py); keys
+        # stay unique: every write deletes the batch's keys, then inserts them
         db.execute("CREATE TABLE IF NOT EXISTS _cdc_gone (tbl VARCHAR, k VARCHAR, pos BLOB)")
         db.execute("CREATE TABLE IF NOT EXISTS _cdc_view (k VARCHAR, row VARCHAR)")
         db.execute("CREATE TABLE IF NOT EXISTS _cdc_outbox (seq BIGINT, k VARCHAR, row VARCHAR, "
@@ -284,14 +288,20 @@ class ViewState:
             self.columns[table] = [(name, kind) for name, kind in rows
                                    if name not in (KEY_COLUMN, KEY_HASH, POSITION)]
             have = {name for name, _ in self.columns[table]}
+            self._q(f"CREATE INDEX IF NOT EXISTS {_hash_index(table)} ON {_table_sql(table)} "
+                    f"({_quote(KEY_HASH)})")
         wanted = dict(declared)
         for name in extra:
             wanted.setdefault(name, "VARCHAR")
         held = dict(self.columns[table])
         for name, kind in wanted.items():  # timestamptz was held as its text before
             if kind == "TIMESTAMPTZ" and held.get(name) == "VARCHAR":
+                # DuckDB retypes no column of a table with an index: dropped, made again
+                self._q(f"DROP INDEX IF EXISTS {_quote(table.schema)}.{_hash_index(table)}")
                 self._q(f"ALTER TABLE {_table_sql(table)} ALTER {_quote(name)} SET DATA TYPE "
                         "TIMESTAMPTZ")
+                self._q(f"CREATE INDEX {_hash_index(table)} ON {_table_sql(table)} "
+                        f"({_quote(KEY_HASH)})")
                 self.columns[table] = [(n, kind if n == name else k)
                                        for n, k in self.columns[table]]
                 self.set_meta("stale", "1")
@@ -620,12 +630,17 @@ class ViewState:
 
     def _held(self, table: TableId, held: str, keys: str) -> None:
         """The temporary table ``held``: the rows of ``table`` whose key is one of ``keys`` (a
-        query of one column ``k``) with their row ids. One scan of the table's key hashes, then
-        the few rows found are checked by their key text (32 bits: at 10M rows a batch of 1,000
-        keys finds about two rows of other keys, dropped here)."""
+        query of one column ``k``) with their row ids, found by their key hashes, then checked
+        by their key text (32 bits: at 10M rows a batch of 1,000 keys finds about two rows of
+        other keys, dropped here). Up to :data:`HASH_LIST_MAX` hashes, as a list of constants,
+        which DuckDB looks up in the table's index on the hash (kept loaded while the state is
+        held open: views/host.py); more, by a scan of the hash column joined to them."""
+        hashes = [int(row[0]) for row in
+                  self._q(f"SELECT DISTINCT {key_hash('k')} FROM ({keys})")]
+        found = f"IN ({', '.join(map(str, hashes))})" if 0 < len(hashes) <= HASH_LIST_MAX \
+            else f"IN (SELECT {key_hash('k')} FROM ({keys}))"
         self._q(f"CREATE OR REPLACE TEMP TABLE {held} AS SELECT rowid AS {ROWID}, * "
-                f"FROM {_table_sql(table)} WHERE {KEY_HASH} IN "
-                f"(SELECT {key_hash('k')} FROM ({keys}))")
+                f"FROM {_table_sql(table)} WHERE {KEY_HASH} {found}")
         self._q(f"DELETE FROM {held} WHERE {KEY_COLUMN} NOT IN (SELECT k FROM ({keys}))")
 
     def _newest_position(self) -> bytes:
@@ -1030,6 +1045,11 @@ def state_meta(path: Path, view: str, name: str, value: str | None = None) -> st
         return None if row is None else str(row[0])
     finally:
         db.close()
+
+
+def _hash_index(table: TableId) -> str:
+    """The name of ``table``'s index on its key hashes (in the table's schema)."""
+    return _quote(f"{table.table}__cdc_h")
 
 
 def _contributions(table: TableId, before: bool) -> str:
