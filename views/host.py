@@ -64,7 +64,7 @@ from cdc.errors import CdcError
 from cdc.events import topic_name
 from cdc.sink import ApplyStats, Change, Placement, Sink
 from cdc.status import pid_alive
-from views.sink import ViewSink, view_plan, view_topic
+from views.sink import ViewSink, batch_rows, view_plan, view_topic
 from views.state import ViewError
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ START_WAIT_S = 60.0
 #: how often a caller waiting for a reply checks that the host's lease is still live
 POLL_S = 1.0
 #: the calls that write the state (a host checks its lease before each)
-WRITES = frozenset({"apply", "check", "set_watermark"})
+WRITES = frozenset({"apply_rows", "check", "set_watermark"})
 
 
 def fingerprint(config: Config, name: str) -> str:
@@ -401,7 +401,7 @@ class HostedView(Sink):
         self._call("check")
 
     def apply(self, changes: Sequence[Change]) -> ApplyStats:
-        result: ApplyStats = self._call("apply", list(changes), start=True)
+        result: ApplyStats = self._call("apply_rows", batch_rows(changes), start=True)
         return result
 
     def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:

@@ -144,6 +144,15 @@ def declared_columns(store: Any, source: str, table: TableId) -> list[tuple[str,
             for column, logical in logical_columns(schema).items()]
 
 
+#: one change of a batch as a view takes it: ``(topic, key, position, row or None)``
+BatchRow = tuple[str, str, bytes, "Mapping[str, Any] | None"]
+
+
+def batch_rows(changes: Sequence[Change]) -> list[BatchRow]:
+    """What a view reads of ``changes``."""
+    return [(change.topic, change.key, change.position, change.row) for change in changes]
+
+
 @dataclass
 class _Shared:
     """One follower's sink, shared by every view of this process that it holds (a search
@@ -270,10 +279,15 @@ class ViewSink(Sink):
 
     # -------------------------------------------------------------------------- apply
     def apply(self, changes: Sequence[Change]) -> ApplyStats:
-        with collector_paused():  # a batch's short-lived rows: cdc/heap.py
-            return self._apply(changes)
+        return self.apply_rows(batch_rows(changes))
 
-    def _apply(self, changes: Sequence[Change]) -> ApplyStats:
+    def apply_rows(self, rows: Sequence[BatchRow]) -> ApplyStats:
+        """:meth:`apply` of a batch given as :func:`batch_rows` (how a state host is sent it:
+        plain tuples pickle about four times faster than changes)."""
+        with collector_paused():  # a batch's short-lived rows: cdc/heap.py
+            return self._apply(rows)
+
+    def _apply(self, changes: Sequence[BatchRow]) -> ApplyStats:
         started = time.perf_counter()
         with self.opened() as state:
             opened = time.perf_counter()
@@ -290,12 +304,12 @@ class ViewSink(Sink):
                           skipped=result.skipped, scanned=result.scanned,
                           revisited=result.revisited, phases=phases)
 
-    def _commit_state(self, state: ViewState, changes: Sequence[Change]) -> BatchResult:
+    def _commit_state(self, state: ViewState, changes: Sequence[BatchRow]) -> BatchResult:
         """Step 2 of a batch: its changes of the view's base tables gated into the state, the
         view's changed rows recorded in the outbox, in one transaction (committed on return;
         the followers are written after)."""
-        base = [BaseChange(self.topics[change.topic], change.key, change.position, change.row)
-                for change in changes if change.topic in self.topics]
+        base = [BaseChange(self.topics[topic], key, position, row)
+                for topic, key, position, row in changes if topic in self.topics]
         self._refuse_lost_columns(base)
         return state.apply(base)
 
