@@ -439,8 +439,8 @@ class HostedView(Sink):
                     return self._direct_call(method, args)
                 record = self._start()
             if record.kind != "host":
-                raise ViewError(f"view {self.name}: {HostBusy(record).problem}",
-                                HostBusy(record).fix)
+                busy = HostBusy(record)
+                raise ViewError(f"view {self.name}: {busy.problem}", busy.fix)
             try:
                 status, value = self._send(record, method, args)
             except (OSError, EOFError):  # the host died or cannot be reached: taken over
@@ -465,7 +465,9 @@ class HostedView(Sink):
         return list(result) if method == "keys" else result
 
     def _send(self, record: LeaseRecord, method: str, args: Sequence[Any]) -> tuple[str, Any]:
-        if self._connection is None or self._record != record:
+        # the same holder (its renewals change only ``renewed``): the connection kept
+        if self._connection is None or self._record is None or \
+                (self._record.epoch, self._record.pid) != (record.epoch, record.pid):
             self._hang_up()
             self._connection = _connect(record)
             self._record = record
