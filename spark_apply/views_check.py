@@ -54,7 +54,7 @@ def check_in_spark(spark: Any, name: str, sql: str, dialect: str,
     for table, columns in tables.items():
         schema = ", ".join(f"`{column}` {spark_type(kind)}" for column, kind in columns)
         spark.createDataFrame([], schema).createOrReplaceTempView(temp_view_name(table))
-    translated = spark_sql(_qualified(sql, dialect, list(tables)), dialect)
+    translated = spark_view_sql(sql, dialect, list(tables))
     try:
         return list(spark.sql(translated).columns)
     except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException and parse errors
@@ -63,6 +63,11 @@ def check_in_spark(spark: Any, name: str, sql: str, dialect: str,
                        f"dialect): {first}",
                        f"write views.{name}.sql in SQL the leader and Spark both understand "
                        "(standard functions and operators)") from None
+
+
+def spark_view_sql(sql: str, dialect: str, tables: Sequence[TableId]) -> str:
+    """A view's ``sql`` (bare table names among ``tables`` allowed) in Spark's dialect."""
+    return spark_sql(_qualified(sql, dialect, tables), dialect)
 
 
 def _qualified(sql: str, dialect: str, tables: Sequence[TableId]) -> str:
