@@ -1,5 +1,5 @@
 # `make demo` and `make test` install whatever is missing first (scripts/setup.sh), then run.
-.PHONY: setup demo test test-quick lint fuzz-views bench-guard bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views bench-tpch-views bench-sql clean
+.PHONY: setup demo test test-quick lint fuzz-views bench-guard bench bench-pg bench-mysql bench-apply bench-apply-variants bench-apply-tables bench-kafka bench-views bench-tpch-views bench-tpch bench-sql clean
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -76,6 +76,11 @@ bench-views: setup
 # recomputed by DuckDB over the same state (TPC-H at --scale 0.1 by default; no servers)
 bench-tpch-views: setup
 	$(PY) bench/tpch_views.py $(BENCH_ARGS)
+
+# TPC-H end to end: PostgreSQL at --scale 1, captured, the 22 queries as views in a Delta follower
+# kept by one cdc apply; each round against Spark and PostgreSQL recomputing the query
+bench-tpch: setup
+	$(PY) bench/tpch.py $(BENCH_ARGS)
 
 # The SQL follower's writes (SqlSink.apply) vs PostgreSQL's COPY and SQLite's executemany
 bench-sql: setup
