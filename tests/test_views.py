@@ -598,6 +598,32 @@ def test_base_columns_named_like_the_states_own_are_kept_apart(tmp_path: Path) -
     state.close()
 
 
+def test_a_batchs_values_reach_the_state_whatever_their_json_types(tmp_path: Path) -> None:
+    """A batch's rows go to the state column by column in one Arrow pass when a column's values
+    are all strings, all integers or all booleans; a column mixing them (text and a number),
+    holding objects, or missing from some rows takes the per-value path: the same rows."""
+    table = TableId("public", "t")
+    columns = [("id", "BIGINT"), ("note", "VARCHAR"), ("n", "DECIMAL(12,2)"), ("ok", "BOOLEAN")]
+    plan = analyze("mixed", "SELECT t.id, t.note, t.n, t.ok FROM public.t t", ["id"],
+                   "postgres", [table])
+    state = ViewState(tmp_path / "mixed.duckdb", plan, lambda _: columns)
+    rows = {1: {"id": 1, "note": "plain", "n": "2.50", "ok": True},
+            2: {"id": 2, "note": 7, "n": 3, "ok": False},  # a number in the text column
+            3: {"id": 3, "note": {"a": [1, "x"]}},  # an object; n and ok missing
+            4: {"id": 4, "note": None, "n": None, "ok": None}}
+    state.apply([BaseChange(table, f'{{"id":{key}}}', bytes([key]), row)
+                 for key, row in rows.items()])
+    assert state.rows() == {
+        '{"id":1}': {"id": 1, "note": "plain", "n": "2.50", "ok": True},
+        '{"id":2}': {"id": 2, "note": "7", "n": "3.00", "ok": False},
+        '{"id":3}': {"id": 3, "note": '{"a":[1,"x"]}', "n": None, "ok": None},
+        '{"id":4}': {"id": 4, "note": None, "n": None, "ok": None}}
+    state.apply([BaseChange(table, '{"id":5}', b"\x05", {"id": 5, "note": "only", "n": 1,
+                                                           "ok": False})])
+    assert state.rows()['{"id":5}'] == {"id": 5, "note": "only", "n": "1.00", "ok": False}
+    state.close()
+
+
 def test_a_crash_before_the_outbox_is_drained_writes_it_again(tmp_path: Path) -> None:
     state = _state(tmp_path, "revenue", REVENUE, ["customer_id"])
     customer = BaseChange(CUSTOMERS, '{"id":1}', b"\x01", {"id": 1, "name": "ann", "region": "n"})

@@ -680,10 +680,9 @@ class ViewState:
                 "k": pa.array([c.key for c in batch], pa.string()),
                 "pos": pa.array([c.position for c in batch], pa.binary()),
                 "gone": pa.array([row is None for row in rows], pa.bool_())}
+            structs = _as_struct(rows)
             for number, (name, _) in enumerate(columns):
-                staged[f"c{number}"] = pa.array(
-                    [None if row is None else _cell(row.get(name)) for row in rows],
-                    pa.string())
+                staged[f"c{number}"] = _staged_column(structs, name, rows)
             self.db.register("_cdc_staged", pa.table(staged))
             try:
                 padded = self.plan.padded.get(table, {})
@@ -1003,6 +1002,39 @@ def key_hash(key: str) -> str:
     :data:`KEY_HASH` holds: 32 bits of its MD5, a function whose value no DuckDB version may
     change (the state file keeps it)."""
     return f"CAST(md5_number_lower({key}) >> 32 AS UINTEGER)"
+
+
+#: Arrow's types of a column of JSON-form values converted in one pass (no per-value Python):
+#: strings as they are, integers and booleans as themselves (the state's CAST reads them as it
+#: reads their text), or no value at all
+_STAGED_AS_IS = frozenset({"string", "int64", "bool", "null"})
+
+
+def _as_struct(rows: list[dict[str, Any] | None]) -> Any:
+    """The batch's rows as one Arrow struct array (Arrow infers each field's type over every
+    row, in one pass), or None when a field's values mix types Arrow cannot put in one."""
+    import pyarrow as pa
+
+    try:
+        return pa.array([{} if row is None else row for row in rows])
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        return None
+
+
+def _staged_column(structs: Any, name: str, rows: list[dict[str, Any] | None]) -> Any:
+    """Column ``name`` of the batch's rows: as Arrow inferred it when its values are all
+    strings or all integers (or missing); otherwise each value's text (:func:`_cell`)."""
+    import pyarrow as pa
+
+    if structs is not None:
+        kind = structs.type  # no batch row has a field: not a struct (an empty batch)
+        if not pa.types.is_struct(kind) or kind.get_field_index(name) < 0:
+            return pa.nulls(len(structs), pa.string())
+        column = structs.field(name)
+        if str(column.type) in _STAGED_AS_IS:
+            return column
+    return pa.array([None if row is None else _cell(row.get(name)) for row in rows],
+                    pa.string())
 
 
 def _cell(value: Any) -> str | None:
