@@ -1010,7 +1010,7 @@ def key_hash(key: str) -> str:
 _STAGED_AS_IS = frozenset({"string", "int64", "bool", "null"})
 
 
-def _as_struct(rows: list[dict[str, Any] | None]) -> Any:
+def _as_struct(rows: Sequence[Mapping[str, Any] | None]) -> Any:
     """The batch's rows as one Arrow struct array (Arrow infers each field's type over every
     row, in one pass), or None when a field's values mix types Arrow cannot put in one."""
     import pyarrow as pa
@@ -1021,7 +1021,7 @@ def _as_struct(rows: list[dict[str, Any] | None]) -> Any:
         return None
 
 
-def _staged_column(structs: Any, name: str, rows: list[dict[str, Any] | None]) -> Any:
+def _staged_column(structs: Any, name: str, rows: Sequence[Mapping[str, Any] | None]) -> Any:
     """Column ``name`` of the batch's rows: as Arrow inferred it when its values are all
     strings or all integers (or missing); otherwise each value's text (:func:`_cell`)."""
     import pyarrow as pa
