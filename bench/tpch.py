@@ -47,6 +47,7 @@ Phases:
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 import statistics
@@ -354,14 +355,17 @@ def verify_all(config: Any, names: list[str]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- recomputing
 
 def spark_recompute(root: Path, chosen: list[tuple[str, str, tuple[str, ...]]],
-                    runs: int) -> dict[str, float]:
-    """Each query in Spark over the ``base`` follower's Delta tables: best of ``runs``."""
+                    runs: int) -> dict[str, float | None]:
+    """Each query in Spark over the ``base`` follower's Delta tables: best of ``runs`` (None:
+    Spark failed it)."""
     from cdc.events import TableId
     from sinks.delta import table_dir
     from spark_apply.session import spark_session
     from spark_apply.views_check import spark_view_sql, temp_view_name
 
-    spark = spark_session(master="local[2]", app_name="bench-tpch-recompute", conf={})
+    # the driver's default 1 GB does not hold the broadcast joins Spark plans at scale 0.3+
+    spark = spark_session(master="local[2]", app_name="bench-tpch-recompute",
+                          conf={"spark.driver.memory": "6g"})
     tables = [TableId("public", name) for name in TABLES]
     for table in tables:
         columns = []
@@ -377,17 +381,22 @@ def spark_recompute(root: Path, chosen: list[tuple[str, str, tuple[str, ...]]],
         path = table_dir(root / "base", f"{SOURCE}.public.{table.table}")
         spark.sql(f"SELECT {', '.join(columns)} FROM delta.`{path}` WHERE NOT _cdc_deleted") \
             .createOrReplaceTempView(temp_view_name(table))
-    out: dict[str, float] = {}
+    out: dict[str, float | None] = {}
     with progress_bar(console, info=False) as bar:
         task = bar.add_task("recompute in Spark", total=len(chosen) * runs)
         spark.sql(spark_view_sql(chosen[0][1], "postgres", tables)).collect()  # JIT warm-up
         for name, sql, _key in chosen:
             translated = spark_view_sql(sql, "postgres", tables)
-            best = float("inf")
+            best: float | None = float("inf")
             for _ in range(runs):
                 started = time.perf_counter()
-                spark.sql(translated).collect()
-                best = min(best, time.perf_counter() - started)
+                try:
+                    spark.sql(translated).collect()
+                except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+                    console.print(f"  {name}: Spark failed: {str(exc).splitlines()[0][:200]}")
+                    best = None
+                    break
+                best = min(best or float("inf"), time.perf_counter() - started)
                 bar.advance(task)
             out[name] = best
     spark.stop()
@@ -471,6 +480,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stop(capture)
             capture_out.close()
             results["capture_tail"] = tail(root / "capture.out", 5)
+        _save(args, results, measured)
         spark = spark_recompute(root, chosen, args.spark_runs)
         postgres = pg_recompute(dsn, chosen, args.pg_timeout)
         state_mb = {n: round((root / f"{n}.duckdb").stat().st_size / 1e6, 1) for n in names}
@@ -479,17 +489,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def figures(measured: dict[str, Any], spark: dict[str, float],
+def _save(args: argparse.Namespace, results: dict[str, Any], measured: dict[str, Any]) -> None:
+    """What the run measured so far, into ``--partial`` (a failure later keeps it)."""
+    if args.partial:
+        per_view = {name: {key: value for key, value in one.items()}
+                    for name, one in measured["per_view"].items()}
+        Path(args.partial).write_text(json.dumps(
+            {**results, "per_view": per_view, "together_s": measured["together_s"],
+             "p50": measured["latency"].quantile(0.5), "p99": measured["latency"].quantile(0.99)},
+            default=str))
+
+
+def figures(measured: dict[str, Any], spark: dict[str, float | None],
             postgres: dict[str, float | None], state_mb: dict[str, float],
             verify: dict[str, Any]) -> dict[str, Any]:
     per_query = {}
     for name, one in measured["per_view"].items():
         round_s = statistics.median(one["s"])
         pg_s = postgres.get(name)
+        spark_s = spark.get(name)
         per_query[name] = {
-            "round_s": round(round_s, 4), "spark_s": round(spark[name], 3),
+            "round_s": round(round_s, 4),
+            "spark_s": None if spark_s is None else round(spark_s, 3),
             "pg_s": None if pg_s is None else round(pg_s, 3),
-            "speedup_spark": round(spark[name] / max(round_s, 1e-6), 1),
+            "speedup_spark": None if spark_s is None else round(spark_s / max(round_s, 1e-6), 1),
             "speedup_pg": None if pg_s is None else round(pg_s / max(round_s, 1e-6), 1),
             "rows_scanned": int(statistics.median(one["scanned"])),
             "batches": int(statistics.median(one["batches"])),
@@ -497,7 +520,8 @@ def figures(measured: dict[str, Any], spark: dict[str, float],
                          for phase, spent in one.get("phases", {}).items()},
             "keys": int(sum(one["keys"])), "revisited": int(sum(one["revisited"])),
             "state_mb": state_mb[name], "equal": verify[name]}
-    speedups = [one["speedup_spark"] for one in per_query.values()]
+    speedups = [one["speedup_spark"] for one in per_query.values()
+                if one["speedup_spark"] is not None] or [0.0]
     latency = measured["latency"]
     p50, p99 = latency.quantile(0.5), latency.quantile(0.99)
     out = {"queries": per_query, "round_changes": measured["changed"],
@@ -520,9 +544,10 @@ def report(results: dict[str, Any]) -> None:
                    "rows scanned", "keys (revisited)", "state MB", "equal"):
         table.add_column(column, justify="left" if column == "query" else "right")
     for name, one in results["queries"].items():
-        table.add_row(name, f"{one['round_s']:.3f}", f"{one['spark_s']:.2f}",
+        table.add_row(name, f"{one['round_s']:.3f}",
+                      "failed" if one["spark_s"] is None else f"{one['spark_s']:.2f}",
                       "timeout" if one["pg_s"] is None else f"{one['pg_s']:.2f}",
-                      f"{one['speedup_spark']}x",
+                      "-" if one["speedup_spark"] is None else f"{one['speedup_spark']}x",
                       "-" if one["speedup_pg"] is None else f"{one['speedup_pg']}x",
                       f"{one['rows_scanned']:,}", f"{one['keys']} ({one['revisited']})",
                       f"{one['state_mb']:,.1f}", "yes" if one["equal"] is True else "NO")
@@ -546,6 +571,8 @@ def main() -> None:
     parser.add_argument("--queries", default=",".join(name for name, *_ in QUERIES))
     parser.add_argument("--spark-runs", type=int, default=1)
     parser.add_argument("--pg-timeout", type=float, default=600)
+    parser.add_argument("--partial", default=None, help="a file for the results measured "
+                        "before the recomputations (kept if a later phase fails)")
     parser.add_argument("--work", default=None, help="the run's folder's parent (default: "
                         "the system's temporary folder)")
     started = time.perf_counter()
