@@ -1023,7 +1023,8 @@ def _as_struct(rows: Sequence[Mapping[str, Any] | None]) -> Any:
 
 def _staged_column(structs: Any, name: str, rows: Sequence[Mapping[str, Any] | None]) -> Any:
     """Column ``name`` of the batch's rows: as Arrow inferred it when its values are all
-    strings or all integers (or missing); otherwise each value's text (:func:`_cell`)."""
+    strings, all integers or all booleans (or missing, :data:`_STAGED_AS_IS`); otherwise each
+    value's text (:func:`_cell`)."""
     import pyarrow as pa
 
     if structs is not None:
