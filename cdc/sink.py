@@ -234,6 +234,20 @@ class Sink(ABC):
         version gate. Returns once the
         writes are done; a crash in the middle leaves each key either old or new."""
 
+    def apply_behind(self, changes: Sequence[Change]) -> ApplyStats:
+        """:meth:`apply` of a batch that the log already holds more of the follower's records
+        right after (it catches up on a backlog). On return every change is held behind the
+        version gate, as after :meth:`apply`; a sink may leave *derived* work that the next
+        batch redoes to the batch that ends the backlog (a view being built writes its base
+        tables and computes its rows once, then). Such a sink does that work at the latest in
+        the first :meth:`apply` or :meth:`caught_up` after. Default: :meth:`apply`."""
+        return self.apply(changes)
+
+    def caught_up(self) -> None:  # noqa: B027 (optional: sinks that leave nothing for later)
+        """Called instead of :meth:`apply` for a batch without changes for this sink that ends
+        a backlog (the log held nothing more of its records when it was planned): the work
+        :meth:`apply_behind` left is done now."""
+
     @abstractmethod
     def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:
         """Record that every change of ``source`` before ``offset`` is applied."""

@@ -119,6 +119,11 @@ def main(ctx: click.Context, log_level: str | None, log_format: str) -> None:
     logs.setup(log_level, log_format, daemon=ctx.invoked_subcommand in DAEMONS)
     if ctx.invoked_subcommand not in DAEMONS:
         shutdown.release()
+    else:  # `kill -QUIT PID` prints every thread's stack to stderr, as a JVM does
+        import faulthandler
+        import signal
+
+        faulthandler.register(signal.SIGQUIT, all_threads=True)
     warning = missing_warning()
     if warning is not None:
         click.echo(warning, err=True)

@@ -75,6 +75,8 @@ __all__ = ["ApplyError", "ApplyJob", "FollowerProgress", "run_apply"]
 STOP_POLL_S = 0.1
 #: how long a read of the log may go unanswered before its followers are said to wait
 LOG_PATIENCE_S = 10.0
+#: after a stop's grace, how long the batches whose Spark jobs were cancelled get to end
+CANCEL_WAIT_S = 20.0
 #: the longest the loop sleeps between two looks at the log (a follower's own
 #: ``trigger_interval`` may be longer)
 POLL_S = 0.05
@@ -160,6 +162,8 @@ class ApplyJob:
     _reading_since: float = 0.0
     _impatient: bool = False
     _failure: BaseException | None = None
+    #: :meth:`stop_queries` waited once (a second call only counts what ended)
+    _drained: bool = False
     #: the views' states held open by this process (local mode: views/host.py)
     view_host: Any = None
     #: unique to this run (processes and executors keep one sink per run and follower)
@@ -591,10 +595,21 @@ class ApplyJob:
                     last_error=failed.problem if failed else None)
 
     def stop_queries(self, grace: float = 60.0) -> None:
-        """Let the running batches finish (up to ``grace`` s) and count them."""
+        """Let the running batches finish (up to ``grace`` s) and count them. Spark jobs still
+        running then are cancelled (their batches fail, and are planned again from the progress
+        records next run), so a batch stuck in Spark cannot hold the process past its stop."""
         running = [f.running for f in self._followers.values() if f.running is not None]
-        if running:
-            wait_futures(running, timeout=grace)
+        if running and not self._drained:
+            self._drained = True
+            _, late = wait_futures(running, timeout=grace)
+            if late and self._spark is not None:
+                log.warning("%d batch(es) still running %.0f s after the stop: cancelling their "
+                            "Spark jobs", len(late), grace)
+                self._spark.sparkContext.cancelAllJobs()
+                wait_futures(late, timeout=CANCEL_WAIT_S)
+                for follower in self._followers.values():
+                    if follower.running in late:  # not a failure: replayed by the next run
+                        follower.running = follower.ahead = None
         self._collect()
 
     def close(self) -> None:

@@ -96,6 +96,12 @@ class Share:
             out["watermarks"] = member.start["watermarks"]
         return out
 
+    def reaches_the_end(self) -> bool:
+        """Whether the share ends at the complete end of its topics when planned (its end then
+        carries the watermarks, :func:`spark_apply.source.next_end`); else the log holds more of
+        them after it."""
+        return "watermarks" in self.end
+
     def watermarks_of(self, member: Member) -> dict[str, Any]:
         """The end's watermarks of ``member``'s sources (none unless the end is complete)."""
         return {source: offset for source, offset in (self.end.get("watermarks") or {}).items()

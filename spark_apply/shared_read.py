@@ -82,6 +82,9 @@ class Batch:
     shipment: Shipment | None = None
     #: what reading and folding cost and counted (records per topic, newest commit)
     report: TaskReport = field(default_factory=TaskReport)
+    #: the log held more of the follower's records after ``end`` when it was planned (the
+    #: batch does not reach the complete end: ``Sink.apply_behind``)
+    behind: bool = False
 
 
 def _ranges_of(share: Share, topics: frozenset[str]) -> list[Range]:
@@ -114,7 +117,7 @@ def cut(log: ChangeLogReader, decoder: Decoder, state: Committed, read: Read,
             topics = member.topics(state)
             batch = out[member.name] = Batch(
                 member.name, _ranges_of(share, topics), share.end_of(member, state),
-                share.watermarks_of(member))
+                share.watermarks_of(member), behind=not share.reaches_the_end())
             form = forms[member.name]
             if form is Takes.RANGES:
                 continue

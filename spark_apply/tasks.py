@@ -61,6 +61,8 @@ class ApplyTask:
     ranges: tuple[Range, ...]
     index: int = 0
     count: int = 1
+    #: the log holds more of the follower's records after the batch (``Batch.behind``)
+    behind: bool = False
 
 
 @dataclass
@@ -120,16 +122,18 @@ def add_phases(total: dict[str, float], more: dict[str, float]) -> None:
         total[phase] = total.get(phase, 0.0) + seconds
 
 
-def plan_tasks(ranges: Sequence[Range], tasks: int, split_keys: bool) -> list[ApplyTask]:
+def plan_tasks(ranges: Sequence[Range], tasks: int, split_keys: bool,
+               behind: bool = False) -> list[ApplyTask]:
     """At most ``tasks`` tasks over ``ranges``. ``split_keys`` (the sink's
     ``Sink.placement`` is ``BY_OWNER``): every task reads every range and keeps the keys it owns;
-    otherwise whole ranges are spread over the tasks, balanced by length (largest first)."""
+    otherwise whole ranges are spread over the tasks, balanced by length (largest first).
+    ``behind``: the batch's (:attr:`ApplyTask.behind`)."""
     if not ranges:
         return []
     if split_keys and tasks > 1:
         whole = tuple(ranges)
-        return [ApplyTask(whole, index, tasks) for index in range(tasks)]
-    return [ApplyTask(tuple(group)) for group in balance(ranges, tasks)]
+        return [ApplyTask(whole, index, tasks, behind) for index in range(tasks)]
+    return [ApplyTask(tuple(group), behind=behind) for group in balance(ranges, tasks)]
 
 
 # ------------------------------------------------------------------------- the follower handle
@@ -184,11 +188,11 @@ def run_task(handle: FollowerHandle, task: ApplyTask, sink: Sink | None = None) 
         sink = handle.sink()
         sink.refresh()
     records = raw_records(reader, task.ranges, _owner_filter(task, sink))
-    return apply_records(handle, records, decoder.change, sink)
+    return apply_records(handle, records, decoder.change, sink, task.behind)
 
 
 def apply_records(handle: FollowerHandle, records: Iterable[RawRecord], decode: Decode,
-                  sink: Sink | None = None) -> TaskReport:
+                  sink: Sink | None = None, behind: bool = False) -> TaskReport:
     """Fold ``records`` (every record of the keys they hold), decode the winners with
     ``decode`` (``None``: a truncate, dropped), write them into the follower; the report."""
     started, cpu = time.monotonic(), time.thread_time()
@@ -199,14 +203,21 @@ def apply_records(handle: FollowerHandle, records: Iterable[RawRecord], decode: 
     changes = fold_raw(records, decode, not sink.folds, report)
     report.read_seconds = time.monotonic() - started
     report.read_cpu_seconds = time.thread_time() - cpu
-    return apply_changes(sink, changes, report)
+    return apply_changes(sink, changes, report, behind)
 
 
-def apply_changes(sink: Sink, changes: Sequence[Change], report: TaskReport) -> TaskReport:
+def apply_changes(sink: Sink, changes: Sequence[Change], report: TaskReport,
+                  behind: bool = False) -> TaskReport:
     """Write ``changes`` (folded for ``sink``) behind its version gate; ``report`` completed
-    with what the sink did and the changes' latency (commit at the source -> written)."""
+    with what the sink did and the changes' latency (commit at the source -> written).
+    ``behind``: the log holds more of the follower's records right after the batch
+    (``Sink.apply_behind``; an empty batch that ends a backlog is ``Sink.caught_up``)."""
     began = time.monotonic()
-    stats = sink.apply(changes) if changes else ApplyStats()
+    stats = ApplyStats()
+    if changes:
+        stats = sink.apply_behind(changes) if behind else sink.apply(changes)
+    elif not behind:
+        sink.caught_up()
     applied = time.time()
     report.sink_seconds = time.monotonic() - began
     report.changes = len(changes)

@@ -6,6 +6,7 @@ exactly, never prints a traceback, and ``cdc verify`` passes afterwards."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -63,10 +64,19 @@ def _verify(config: Path, follower: str) -> None:
 
 
 def _clean_exit(process: Any, log_file: Path) -> str:
-    """SIGTERM (unless it has exited): the drain, exit 0, no traceback; its log."""
+    """SIGTERM (unless it has exited): the drain (a batch gets 60 s, then its Spark jobs are
+    cancelled), exit 0, no traceback; its log."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
-    code = process.wait(90)
+    try:
+        code = process.wait(150)
+    except subprocess.TimeoutExpired:  # where it hangs: every thread's stack (cdc_app/cli.py)
+        process.send_signal(signal.SIGQUIT)
+        time.sleep(3)
+        process.kill()
+        process.wait(30)
+        raise AssertionError("no exit 150 s after SIGTERM:\n"
+                             + log_file.read_text()[-12000:]) from None
     text = log_file.read_text()
     assert code == 0, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
@@ -153,6 +163,10 @@ def test_apply_waits_out_its_redis_restarting_under_load(pg_db: Database,
         assert "cannot reach Redis" in health(port, "/readyz")[1]
         restart.join()
         wait_for(lambda: _ready(port), 120, "apply to apply again")
+        apply.send_signal(signal.SIGQUIT)  # every thread's stack to its stderr; it goes on
+        log_text = (tmp_path / "apply.log").read_text
+        wait_for(lambda: "most recent call first" in log_text(), 30, "the threads' stacks")
+        assert "spark_apply/jobs.py" in log_text() and apply.poll() is None
         load.finish()
         wait_caught_up(pg_db, tmp_path / "log")
         _verify(config, "cache")

@@ -643,6 +643,40 @@ def test_a_crash_before_the_outbox_is_drained_writes_it_again(tmp_path: Path) ->
     reopened.close()
 
 
+def test_a_backlog_builds_the_view_once_at_its_end(tmp_path: Path) -> None:
+    """While the view is not computed yet, a batch with more behind it (``defer``) only writes
+    the base tables: nothing to the outbox, the view stays stale (also across a reopen, as
+    after a crash); the batch that ends the backlog computes it whole, equal to the view
+    maintained batch by batch. A view already computed is maintained even when deferred."""
+    rng = random.Random(7)
+    batches, position = [], 1
+    for _ in range(6):
+        batch, position = _random_batch(rng, position)
+        batches.append(batch)
+    built = _state(tmp_path, "built", REVENUE, ["customer_id"])
+    for batch in batches[:3]:
+        result = built.apply(batch, defer=True)
+        assert result.deferred and not built.pending() and built.is_stale()
+    built.close()
+    built = _state(tmp_path, "built", REVENUE, ["customer_id"])  # reopened mid-backlog
+    assert built.is_stale() and not built.rows()
+    built.apply(batches[3], defer=True)
+    last = built.apply(batches[4])
+    assert last.recomputed and not last.deferred and not built.is_stale()
+    kept = _state(tmp_path, "kept", REVENUE, ["customer_id"])
+    for batch in batches[:5]:
+        kept.apply(batch)
+        kept.drained()
+    assert built.rows() == kept.rows() == built.recompute()
+    assert {c.key: c.row for c in built.pending()} == kept.rows()
+    built.drained()
+    after = built.apply(batches[5], defer=True)  # computed already: maintained, not deferred
+    assert not after.deferred and not after.recomputed and built.pending()
+    assert built.rows() == built.recompute()
+    built.close()
+    kept.close()
+
+
 def test_duplicate_keys_stop_the_view_with_the_fix(tmp_path: Path) -> None:
     lines = _state(tmp_path, "by_name", "SELECT c.name, c.id FROM customers c", ["name"])
     rows = [BaseChange(CUSTOMERS, f'{{"id":{i}}}', bytes([i]), {"id": i, "name": "ann"})

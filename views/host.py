@@ -79,7 +79,7 @@ START_WAIT_S = 60.0
 #: how often a caller waiting for a reply checks that the host's lease is still live
 POLL_S = 1.0
 #: the calls that write the state (a host checks its lease before each)
-WRITES = frozenset({"apply_rows", "check", "set_watermark"})
+WRITES = frozenset({"apply_rows", "caught_up", "check", "set_watermark"})
 
 
 def fingerprint(config: Config, name: str) -> str:
@@ -403,6 +403,13 @@ class HostedView(Sink):
     def apply(self, changes: Sequence[Change]) -> ApplyStats:
         result: ApplyStats = self._call("apply_rows", batch_rows(changes), start=True)
         return result
+
+    def apply_behind(self, changes: Sequence[Change]) -> ApplyStats:
+        result: ApplyStats = self._call("apply_rows", batch_rows(changes), True, start=True)
+        return result
+
+    def caught_up(self) -> None:
+        self._call("caught_up", start=True)
 
     def set_watermark(self, source: str, offset: Mapping[str, Any]) -> None:
         self._call("set_watermark", source, dict(offset))

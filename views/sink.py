@@ -281,19 +281,33 @@ class ViewSink(Sink):
     def apply(self, changes: Sequence[Change]) -> ApplyStats:
         return self.apply_rows(batch_rows(changes))
 
-    def apply_rows(self, rows: Sequence[BatchRow]) -> ApplyStats:
-        """:meth:`apply` of a batch given as :func:`batch_rows` (how a state host is sent it:
-        plain tuples pickle about four times faster than changes)."""
-        with collector_paused():  # a batch's short-lived rows: cdc/heap.py
-            return self._apply(rows)
+    def apply_behind(self, changes: Sequence[Change]) -> ApplyStats:
+        """A batch of a backlog: while the view is not computed yet (being built), only its
+        base tables are written (``ViewState.apply``'s ``defer``)."""
+        return self.apply_rows(batch_rows(changes), behind=True)
 
-    def _apply(self, changes: Sequence[BatchRow]) -> ApplyStats:
+    def caught_up(self) -> None:
+        """The end of a backlog without changes of the view's tables: a view left stale by
+        :meth:`apply_behind` is computed now."""
+        with self.opened() as state:
+            stale = state.is_stale()
+        if stale:
+            self.apply_rows([])
+
+    def apply_rows(self, rows: Sequence[BatchRow], behind: bool = False) -> ApplyStats:
+        """:meth:`apply` (``behind``: :meth:`apply_behind`) of a batch given as
+        :func:`batch_rows` (how a state host is sent it: plain tuples pickle about four times
+        faster than changes)."""
+        with collector_paused():  # a batch's short-lived rows: cdc/heap.py
+            return self._apply(rows, behind)
+
+    def _apply(self, changes: Sequence[BatchRow], behind: bool) -> ApplyStats:
         started = time.perf_counter()
         with self.opened() as state:
             opened = time.perf_counter()
             self._flush(state)  # a batch's outbox a crash left unwritten
             leftover = time.perf_counter() - opened
-            result = self._commit_state(state, changes)
+            result = self._commit_state(state, changes, behind)
             committed = time.perf_counter()
             self._flush(state)
             flushed = time.perf_counter()
@@ -304,14 +318,15 @@ class ViewSink(Sink):
                           skipped=result.skipped, scanned=result.scanned,
                           revisited=result.revisited, phases=phases)
 
-    def _commit_state(self, state: ViewState, changes: Sequence[BatchRow]) -> BatchResult:
+    def _commit_state(self, state: ViewState, changes: Sequence[BatchRow],
+                      behind: bool = False) -> BatchResult:
         """Step 2 of a batch: its changes of the view's base tables gated into the state, the
         view's changed rows recorded in the outbox, in one transaction (committed on return;
         the followers are written after)."""
         base = [BaseChange(self.topics[topic], key, position, row)
                 for topic, key, position, row in changes if topic in self.topics]
         self._refuse_lost_columns(base)
-        return state.apply(base)
+        return state.apply(base, defer=behind)
 
     def _refuse_lost_columns(self, changes: Sequence[BaseChange]) -> None:
         """A row without a column the view reads: the leader dropped or renamed it, and the

@@ -133,6 +133,8 @@ class BatchResult:
     upserts: int = 0
     deletes: int = 0
     recomputed: bool = False
+    #: only the base tables were written: the view is computed by a later batch (``defer``)
+    deferred: bool = False
     #: rows DuckDB's scans read for the batch (its profiler, summed over the batch's queries)
     scanned: int = 0
     #: keys recomputed because a one-row subquery's value moved and their comparison with it
@@ -351,15 +353,22 @@ class ViewState:
         self._outbox = []
 
     # ---------------------------------------------------------------------------- apply
-    def apply(self, changes: Sequence[BaseChange]) -> BatchResult:
+    def apply(self, changes: Sequence[BaseChange], defer: bool = False) -> BatchResult:
         """One batch (whole source transactions; at most one change per table and key), in
-        one transaction (see the module docstring). The outbox must be empty."""
+        one transaction (see the module docstring). The outbox must be empty.
+
+        ``defer``: more batches follow right behind this one (a backlog). While the view is
+        *stale* (its rows not computed from the base tables yet: a new state, a new
+        definition), such a batch only gates its changes into the base tables and leaves the
+        view stale: the first batch without ``defer`` computes the view once, from all of them,
+        instead of every batch of the backlog maintaining it. A view that is not stale is
+        maintained as always."""
         with self._lock:
             scanned = self.scanned
             self._lap_at = time.perf_counter()
             self._q("BEGIN TRANSACTION")
             try:
-                result, recorded = self._apply(changes)
+                result, recorded = self._apply(changes, defer)
             except BaseException:
                 self._q("ROLLBACK")
                 raise
@@ -370,7 +379,8 @@ class ViewState:
             result.scanned = self.scanned - scanned
             return result
 
-    def _apply(self, changes: Sequence[BaseChange]) -> tuple[BatchResult, list[ViewChange]]:
+    def _apply(self, changes: Sequence[BaseChange], defer: bool
+               ) -> tuple[BatchResult, list[ViewChange]]:
         import duckdb
 
         result = BatchResult()
@@ -382,8 +392,13 @@ class ViewState:
         self._lap(result, "gate")
         result.applied = sum(won.values())
         result.skipped = sum(counts.values()) - result.applied
-        stale = self.meta("stale") == "1"
+        stale = self.is_stale()
         if not result.applied and not stale:
+            return result, []
+        if stale and defer:
+            self._write_base(self._captured)
+            self._lap(result, "base")
+            result.deferred = True
             return result, []
         try:
             full = stale or self.plan.mode == "recompute" or self._mostly_touched(won)
@@ -660,6 +675,11 @@ class ViewState:
             if count > RECOMPUTE_SHARE * max(1, rows):
                 return True
         return False
+
+    def is_stale(self) -> bool:
+        """Whether the view's rows are not computed from the base tables yet (the next batch
+        without ``defer`` computes them whole)."""
+        return self.meta("stale") == "1"
 
     def _stage_new(self, by_table: Mapping[TableId, list[BaseChange]]) -> dict[TableId, int]:
         """Per table, the batch's changes typed (:data:`NEW`);

@@ -57,7 +57,7 @@ class ExecutorRunner(_SparkRunner):
         context = self.spark.sparkContext
         placement = self.sink.placement
         tasks = plan_tasks(batch.ranges, max(1, context.defaultParallelism) if placement.splits
-                           else 1, placement is Placement.BY_OWNER)
+                           else 1, placement is Placement.BY_OWNER, batch.behind)
         context.setJobDescription(f"cdc apply {self.name}: batch {self.batches}, "
                                   f"{len(tasks)} tasks")
         handle = self.handle

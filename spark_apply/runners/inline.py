@@ -43,4 +43,4 @@ class InlineRunner(Runner):
                             records_by_topic=dict(batch.report.records_by_topic),
                             newest_ts_ms=batch.report.newest_ts_ms,
                             read_seconds=batch.report.read_seconds)
-        return apply_changes(self.sink, batch.changes or [], report)
+        return apply_changes(self.sink, batch.changes or [], report, batch.behind)

@@ -37,8 +37,8 @@ def _stall_after_state_commit(module: ModuleType) -> None:
     sink = module.ViewSink
     commit = sink._commit_state
 
-    def _commit_state(self: Any, state: Any, changes: Any) -> Any:
-        result = commit(self, state, changes)
+    def _commit_state(self: Any, state: Any, changes: Any, behind: bool = False) -> Any:
+        result = commit(self, state, changes, behind)
         if result.upserts + result.deletes:
             Path(os.environ[VIEW_STALL]).touch()
             time.sleep(600)
