@@ -480,6 +480,18 @@ class ViewConfig(_Strict):
     #: ``date_trunc``, casts to ``date``) and shown in it, as on a leader session with this
     #: ``TimeZone`` (MariaDB: ``time_zone``); an IANA name
     time_zone: str = "UTC"
+    #: the most memory the view's state (its DuckDB) may use, in DuckDB's notation (``512MB``,
+    #: ``2GB``); past it DuckDB spills to disk beside the state. One ``cdc apply`` holds every
+    #: view's state it runs: their limits add up
+    memory_limit: str = "1GB"
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _memory_limit_ok(cls, value: str) -> str:
+        if not re.fullmatch(r"\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*", value,
+                            re.IGNORECASE):
+            raise ValueError(f"memory_limit {value!r} is not an amount such as 512MB or 2GB")
+        return value.strip()
 
     @field_validator("time_zone")
     @classmethod

@@ -273,3 +273,20 @@ def test_a_views_time_zone_is_an_iana_name(tmp_path: Path) -> None:
     said = error_of(tmp_path, GOOD + view + "    time_zone: Mars/Olympus\n")
     assert "views.v.time_zone" in said and "unknown time zone 'Mars/Olympus'" in said \
         and "Europe/Berlin" in said, said
+
+
+def test_a_views_memory_limit_is_an_amount_its_state_gets(tmp_path: Path) -> None:
+    from views.types import set_up_state
+
+    view = ("followers:\n  lite: {kind: sql, url: 'sqlite:///x.db'}\nviews:\n  v:\n"
+            "    source: shop\n    sql: SELECT o.id FROM orders o\n    key: [id]\n"
+            "    followers: [lite]\n")
+    assert load_config(write(tmp_path, GOOD + view)).views["v"].memory_limit == "1GB"
+    config = load_config(write(tmp_path, GOOD + view + "    memory_limit: 300MB\n"))
+    import duckdb
+
+    db = set_up_state(duckdb.connect(), "UTC", config.views["v"].memory_limit)
+    limit = db.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    assert limit.replace(" ", "") in ("286.1MiB", "300.0MB"), limit
+    said = error_of(tmp_path, GOOD + view + "    memory_limit: lots\n")
+    assert "views.v.memory_limit" in said and "512MB" in said, said

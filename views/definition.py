@@ -243,6 +243,8 @@ class ViewPlan:
     #: the session time zone its ``timestamptz`` values are computed and shown in (the
     #: view's ``time_zone``)
     time_zone: str = "UTC"
+    #: the most memory its state's DuckDB may use (the view's ``memory_limit``)
+    memory_limit: str = "1GB"
     #: per captured table, its ``character(n)`` columns and n: the state holds their values
     #: without the trailing blanks (``views/state.py``)
     padded: dict[TableId, dict[str, int]] = field(default_factory=dict)

@@ -71,6 +71,7 @@ def view_plan(config: Config, name: str) -> ViewPlan:
                    lambda: _catalog(schemas()))
     _refuse_ruled_columns(name, plan, source.columns)
     plan.time_zone = view.time_zone
+    plan.memory_limit = view.memory_limit
     if view.incremental == "strict" and plan.blocking:
         raise ViewDefinitionError(
             f"view {name} is set incremental: strict, but "

@@ -164,7 +164,7 @@ class ViewState:
         self.path = path
         self.columns_of = columns_of
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = _connect(path, plan.name, plan.time_zone)
+        self.db = _connect(path, plan.name, plan.time_zone, plan.memory_limit)
         #: rows read by the scans of every query so far (DuckDB's profiler: cheap, always on)
         self.scanned = 0
         self.db.execute("SET enable_profiling = 'no_output'")
@@ -1063,17 +1063,18 @@ def _cell(value: Any) -> str | None:
     return None if value is None else canonical_text(value)
 
 
-def _connect(path: Path, name: str, time_zone: str = "UTC") -> duckdb.DuckDBPyConnection:
-    """A read-write connection to the state file (its session in ``time_zone``), waiting up
-    to :data:`LOCK_WAIT_S` while another process holds it (the task of the batch before, a
-    speculative duplicate)."""
+def _connect(path: Path, name: str, time_zone: str = "UTC",
+             memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+    """A read-write connection to the state file (its session in ``time_zone``, using at most
+    ``memory_limit``), waiting up to :data:`LOCK_WAIT_S` while another process holds it (the
+    task of the batch before, a speculative duplicate)."""
     import duckdb
 
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
             connection = duckdb.connect(str(path))
-            set_up_state(connection, time_zone)
+            set_up_state(connection, time_zone, memory_limit)
             return connection
         except duckdb.Error as exc:
             if "lock" not in str(exc).lower() or time.monotonic() > deadline:

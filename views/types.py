@@ -52,12 +52,17 @@ _TYPES = {LogicalKind.BOOLEAN: "BOOLEAN", LogicalKind.INT16: "BIGINT",
 CHECKPOINT_THRESHOLD = "64MB"
 
 
-def set_up_state(db: Any, time_zone: str = "UTC") -> Any:
+def set_up_state(db: Any, time_zone: str = "UTC", memory_limit: str | None = None) -> Any:
     """``db`` (a DuckDB connection to a view's state) set up as every one is: ``timestamptz``
     values computed in the view's ``time_zone`` (``extract``, ``date_trunc``, comparisons with
     a ``timestamp`` literal), as ``cdc verify``'s leader session computes them, and
-    PostgreSQL's exact quotient defined (``views/postgres_decimals.py``). Returns ``db``."""
+    PostgreSQL's exact quotient defined (``views/postgres_decimals.py``); at most
+    ``memory_limit`` of memory (the view's: DuckDB's own default is 80% of the machine *per
+    database*, and one process holds many views' states; past it DuckDB spills to
+    ``<state>.tmp``). Returns ``db``."""
     db.execute("SET TimeZone = ?", [time_zone])
+    if memory_limit is not None:
+        db.execute("SET memory_limit = ?", [memory_limit])
     db.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
     define_macros(db)
     db.execute(ELAPSED_MACRO)
