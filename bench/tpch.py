@@ -50,6 +50,7 @@ import argparse
 import json
 import random
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -178,7 +179,8 @@ def write(conn: psycopg.Connection[Any], transactions: list[list[str]]) -> int:
 
 # ------------------------------------------------------------------------------ the pipeline
 
-def write_config(root: Path, dsn: str, chosen: list[tuple[str, str, tuple[str, ...]]]) -> Path:
+def write_config(root: Path, dsn: str, chosen: list[tuple[str, str, tuple[str, ...]]],
+                 view_memory: str) -> Path:
     tables = [f"public.{name}" for name in TABLES]
     document = {
         "log": {"path": str(root / "log"), "partitions": 8, "fsync": False,
@@ -192,7 +194,7 @@ def write_config(root: Path, dsn: str, chosen: list[tuple[str, str, tuple[str, .
                           "tables": ["public.region"], "checkpoint": str(root / "ck-wh")}},
         "views": {name: {"source": SOURCE, "sql": sql, "key": list(key),
                          "followers": ["warehouse"], "state": str(root / f"{name}.duckdb"),
-                         "checkpoint": str(root / f"ck-{name}")}
+                         "checkpoint": str(root / f"ck-{name}"), "memory_limit": view_memory}
                   for name, sql, key in chosen},
         "spark": {"master": "local[2,3]"}}
     path = root / "cdc.yaml"
@@ -432,7 +434,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     chosen = queries(args.scale, wanted)
     names = [name for name, _sql, _key in chosen]
     results: dict[str, Any] = {"scale": args.scale, "rounds": args.rounds, "orders": args.orders,
-                               "updates": args.updates, "uptime_start": uptime()}
+                               "updates": args.updates, "view_memory": args.view_memory,
+                               "uptime_start": uptime()}
     with tempfile.TemporaryDirectory(prefix="cdc-bench-tpch-", dir=args.work) as folder, \
             ThrowawayPostgres(settings={"shared_buffers": "512MB", "work_mem": "64MB",
                                         "max_wal_size": "4GB"}) as pg:
@@ -447,7 +450,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["rows"] = load_leader(dsn, root / "tbl")
         results["leader_load_s"] = round(time.perf_counter() - started, 1)
         changes = Changes(dsn, 45)
-        config_path = write_config(root, dsn, chosen)
+        config_path = write_config(root, dsn, chosen, args.view_memory)
         config = load_config(config_path)
 
         console.print("cdc bootstrap (the snapshot) ...")
@@ -568,6 +571,8 @@ def main() -> None:
                         help="rounds written as they commit, for commit -> visible")
     parser.add_argument("--queries", default=",".join(name for name, *_ in QUERIES))
     parser.add_argument("--spark-runs", type=int, default=1)
+    parser.add_argument("--view-memory", default="1GB",
+                        help="each view's memory_limit (22 views add up: 400MB at SF1 on 23 GB)")
     parser.add_argument("--pg-timeout", type=float, default=600)
     parser.add_argument("--partial", default=None, help="a file for the results measured "
                         "before the recomputations (kept if a later phase fails)")
@@ -576,6 +581,8 @@ def main() -> None:
     started = time.perf_counter()
     results = run(parser.parse_args())
     results["total_s"] = round(time.perf_counter() - started, 1)
+    # this process ran apply (its views' states) and Spark's driver side: its peak resident set
+    results["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     report(results)
 
 
