@@ -624,6 +624,27 @@ def test_a_batchs_values_reach_the_state_whatever_their_json_types(tmp_path: Pat
     state.close()
 
 
+def test_views_handed_the_same_rows_share_their_arrow_staging(tmp_path: Path) -> None:
+    """Two views given one batch's very row objects (as the loop hands them in one process)
+    stage them from one Arrow struct; rows that are other objects with equal values get
+    their own — and both views hold exactly their rows."""
+    from views.state import _as_struct
+
+    rows = [{"id": n, "customer_id": n % 9, "amount": f"{n}.25", "sku": "ab"[n % 2]}
+            for n in range(1, 1501)]
+    batch = [BaseChange(ORDERS, f'{{"id":{row["id"]}}}', row["id"].to_bytes(4, "big"), row)
+             for row in rows]
+    assert _as_struct(rows) is _as_struct([change.row for change in batch])
+    assert _as_struct(rows) is not _as_struct([dict(row) for row in rows])
+    states = [_state(tmp_path, name, EXTREMES, ["customer_id"]) for name in ("one", "two")]
+    for state in states:
+        state.apply(batch)
+        assert state.rows() == state.recompute() and len(state.rows()) == 9
+    assert states[0].rows() == states[1].rows()
+    for state in states:
+        state.close()
+
+
 def test_a_crash_before_the_outbox_is_drained_writes_it_again(tmp_path: Path) -> None:
     state = _state(tmp_path, "revenue", REVENUE, ["customer_id"])
     customer = BaseChange(CUSTOMERS, '{"id":1}', b"\x01", {"id": 1, "name": "ann", "region": "n"})
