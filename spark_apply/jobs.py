@@ -63,7 +63,7 @@ from spark_apply.planning import Member, Read, plan_cycle
 from spark_apply.runners.base import Runner
 from spark_apply.runners.choice import choose
 from spark_apply.session import start_spark
-from spark_apply.shared_read import Batch, Takes, cut
+from spark_apply.shared_read import Batch, Decoded, Takes, cut
 from spark_apply.stale import refuse_if_stale
 from spark_apply.tasks import FollowerHandle, TaskReport, open_target
 
@@ -158,6 +158,8 @@ class ApplyJob:
     _reader_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="cdc-read"))
     _reading: Future[Any] | None = None
+    #: the changes the reads decoded, kept for the next reads (``spark_apply/shared_read.py``)
+    _decoded: Decoded = field(default_factory=Decoded)
     _reading_ready: list[str] = field(default_factory=list)
     _reading_since: float = 0.0
     _impatient: bool = False
@@ -408,7 +410,8 @@ class ApplyJob:
         def takes(name: str) -> Takes:
             runner = followers[name].runner
             return Takes.RANGES if runner is None else runner.takes
-        return cut(reader, decoder, state, read, takes, lambda name: not self.sinks[name].folds)
+        return cut(reader, decoder, state, read, takes, lambda name: not self.sinks[name].folds,
+                   self._decoded)
 
     def _dispatch(self, name: str, batch: Batch) -> None:
         follower = self._followers[name]

@@ -10,7 +10,10 @@ Contracts, stated exactly:
   (``Sink.folds`` False) — once per fold kind, then each follower gets the fold of its own
   topics, in the form its runner takes (:class:`~spark_apply.runners.base.Takes`):
   - ``CHANGES`` (runners in this process: views, driver sinks): decoded here, each record at
-    most once however many take it (decoded changes are shared, never modified);
+    most once however many take it (decoded changes are shared, never modified) — and, with a
+    :class:`Decoded` kept by the run, at most once across its reads while it is among the
+    newest decoded (groups of followers at their own offsets, as views being built, read the
+    same records one after the other);
   - ``FOLDED`` (a follower's own process): the undecoded winners, pickled once per fold however
     many processes take it (:class:`Shipment`); each process decodes what it writes. Measured:
     unpickling a decoded change costs about twice its decoding, so decoding where the writes
@@ -91,11 +94,40 @@ def _ranges_of(share: Share, topics: frozenset[str]) -> list[Range]:
     return [item for item in share.ranges if item.topic in topics]
 
 
+#: :class:`Decoded`'s default: the changes kept (a lineitem change is ~1.5 KB: ~225 MB)
+DECODED_KEPT = 150_000
+
+Mark = tuple[str, int, bytes, bytes, bool]
+
+
+class Decoded:
+    """Changes decoded by one run's reads, the newest ``kept`` of them, for the next reads
+    (used by one thread at a time: the loop's reader)."""
+
+    def __init__(self, kept: int = DECODED_KEPT) -> None:
+        self.kept = kept
+        self._seen: dict[Mark, Change | None] = {}
+        self.hits = 0
+
+    def get(self, mark: Mark) -> tuple[bool, Change | None]:
+        """(found, its change) for the record ``mark`` names."""
+        if mark in self._seen:
+            self.hits += 1
+            return True, self._seen[mark]
+        return False, None
+
+    def put(self, mark: Mark, change: Change | None) -> None:
+        self._seen[mark] = change
+        while len(self._seen) > self.kept:  # the oldest first (a dict keeps its insertion order)
+            del self._seen[next(iter(self._seen))]
+
+
 def cut(log: ChangeLogReader, decoder: Decoder, state: Committed, read: Read,
-        takes: Callable[[str], Takes], history: Callable[[str], bool]) -> dict[str, Batch]:
+        takes: Callable[[str], Takes], history: Callable[[str], bool],
+        kept: Decoded | None = None) -> dict[str, Batch]:
     """Every member's :class:`Batch` of ``read`` (see the module docstring). ``takes``: what a
     follower's runner takes; ``history``: whether its sink keeps every position (``Sink.folds``
-    False)."""
+    False); ``kept``: the changes earlier reads decoded (default: none kept)."""
     started = time.monotonic()
     forms = {member.name: _form(share, member.name, takes) for share in read.shares
              for member in share.members}
@@ -105,7 +137,7 @@ def cut(log: ChangeLogReader, decoder: Decoder, state: Committed, read: Read,
     if needed:
         topics = frozenset().union(*(share.topics for share in needed))
         records = list(raw_records(log, [item for item in read.ranges if item.topic in topics]))
-    decode = _cached(decoder)
+    decode = _cached(decoder, kept)
     out: dict[str, Batch] = {}
     for share in read.shares:
         folds: dict[bool, tuple[Folded, TaskReport]] = {}
@@ -166,14 +198,21 @@ def _count(batch: Batch, report: TaskReport, topics: frozenset[str]) -> None:
     mine.newest_ts_ms = max(stamps) if stamps else None
 
 
-def _cached(decoder: Decoder) -> Callable[[Range, bytes, bytes, bytes | None], Change | None]:
-    """``decoder.change`` remembering its answers for the read (each record decoded once)."""
-    seen: dict[tuple[str, int, bytes, bytes, bool], Change | None] = {}
+def _cached(decoder: Decoder, kept: Decoded | None
+            ) -> Callable[[Range, bytes, bytes, bytes | None], Change | None]:
+    """``decoder.change`` remembering its answers for the read (each record decoded once), and
+    finding those of earlier reads in ``kept`` (which keeps this read's too)."""
+    seen: dict[Mark, Change | None] = {}
 
     def decode(item: Range, key: bytes, position: bytes, payload: bytes | None) -> Change | None:
         mark = (item.topic, item.partition, key, position, payload is None)
         if mark in seen:
             return seen[mark]
-        change = seen[mark] = decoder.change(item, key, position, payload)
+        found, change = (False, None) if kept is None else kept.get(mark)
+        if not found:
+            change = decoder.change(item, key, position, payload)
+            if kept is not None:
+                kept.put(mark, change)
+        seen[mark] = change
         return change
     return decode

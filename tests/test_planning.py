@@ -17,7 +17,7 @@ import pytest
 from cdc.reading import Decoder, open_log
 from cdc.sink import Change
 from spark_apply.planning import Member, Read, plan_cycle
-from spark_apply.shared_read import Batch, Takes, cut
+from spark_apply.shared_read import Batch, Decoded, Takes, cut
 from spark_apply.tasks import TaskReport, decode_folded
 from tests.test_spark_source import SOURCE, Log
 
@@ -155,6 +155,36 @@ def test_a_follower_a_little_behind_joins_the_read_one_far_behind_reads_alone(
     reads, _, _ = plan(log, after)
     names = [[m.name for m in share.members] for read in reads for share in read.shares]
     assert ["lead", "near"] in names and len(reads) == 2
+
+
+def test_groups_reading_the_same_records_in_turn_decode_them_once(log: Log) -> None:
+    """Two followers at their own offsets (views being built) read the same records in two
+    reads: with the run's ``Decoded`` the second read decodes nothing and hands out the very
+    changes of the first; with room for fewer, they are decoded again; the batches are the
+    same either way. The first batch of a backlog is ``behind``, the one reaching the end
+    is not."""
+    log.append(120)
+    (first,), _, _ = plan(log, [member("fast", budget=60)])
+    assert first.shares[0].reaches_the_end() is False
+    reader, plain = open_log(f'{{"backend": "local", "path": "{log.path}"}}')
+    state = reader.committed()
+    for kept, decoded_again in ((Decoded(), 0), (Decoded(kept=10), None)):
+        counting = Counting(plain)
+        one = cut(reader, counting, state, first, lambda _: Takes.CHANGES, lambda _: False,
+                  kept)["fast"]
+        assert one.behind and counting.calls == len(one.changes or []) > 10
+        (again,), _, _ = plan(log, [member("slow", budget=60)])
+        calls = counting.calls
+        two = cut(reader, counting, state, again, lambda _: Takes.CHANGES, lambda _: False,
+                  kept)["slow"]
+        assert [c.key for c in two.changes or []] == [c.key for c in one.changes or []]
+        if decoded_again == 0:
+            assert counting.calls == calls and kept.hits == len(one.changes or [])
+            assert all(a is b for a, b in zip(one.changes or [], two.changes or []))
+        else:  # a sequential read through a smaller store: decoded again (same changes)
+            assert 0 < counting.calls - calls <= len(one.changes or [])
+    (whole,), _, _ = plan(log, [member("all")])
+    assert whole.shares[0].reaches_the_end() and not batches(log, whole)["all"].behind
 
 
 def test_only_the_source_offset_moved_gives_a_watermark_batch(log: Log) -> None:
