@@ -180,7 +180,7 @@ def test_groups_reading_the_same_records_in_turn_decode_them_once(log: Log) -> N
         assert [c.key for c in two.changes or []] == [c.key for c in one.changes or []]
         if decoded_again == 0:
             assert counting.calls == calls and kept.hits == len(one.changes or [])
-            assert all(a is b for a, b in zip(one.changes or [], two.changes or []))
+            assert all(a is b for a, b in zip(one.changes or [], two.changes or [], strict=True))
         else:  # a sequential read through a smaller store: decoded again (same changes)
             assert 0 < counting.calls - calls <= len(one.changes or [])
     (whole,), _, _ = plan(log, [member("all")])
