@@ -30,6 +30,7 @@ import enum
 import pickle
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,7 +107,7 @@ class Decoded:
 
     def __init__(self, kept: int = DECODED_KEPT) -> None:
         self.kept = kept
-        self._seen: dict[Mark, Change | None] = {}
+        self._seen: OrderedDict[Mark, Change | None] = OrderedDict()
         self.hits = 0
 
     def get(self, mark: Mark) -> tuple[bool, Change | None]:
@@ -118,8 +119,8 @@ class Decoded:
 
     def put(self, mark: Mark, change: Change | None) -> None:
         self._seen[mark] = change
-        while len(self._seen) > self.kept:  # the oldest first (a dict keeps its insertion order)
-            del self._seen[next(iter(self._seen))]
+        while len(self._seen) > self.kept:  # the oldest first (O(1): a plain dict's first key
+            self._seen.popitem(last=False)  # is found past every slot deleted before it)
 
 
 def cut(log: ChangeLogReader, decoder: Decoder, state: Committed, read: Read,
