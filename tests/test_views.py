@@ -1601,3 +1601,23 @@ def test_mariadb_round_of_a_double_is_half_to_even(tmp_path: Path, mysql_db: Any
                     (None if value is None else float(value)), (found[0], column, row, value)
     finally:
         state.close()
+
+
+def test_a_state_out_of_memory_names_the_views_memory_limit(tmp_path: Path) -> None:
+    """DuckDB out of the view's ``memory_limit`` is a ViewError naming the setting to raise
+    (not the schema-change fix of other SQL failures), and the batch left nothing behind."""
+    table = TableId("public", "t")
+    columns = [("id", "BIGINT"), ("g", "BIGINT"), ("s", "VARCHAR")]
+    plan = analyze("tight", "SELECT t.s, count(DISTINCT t.g) AS n FROM public.t t GROUP BY t.s",
+                   ["s"], "postgres", [table])
+    plan.memory_limit = "8MB"
+    state = ViewState(tmp_path / "tight.duckdb", plan, lambda _: columns)
+    batch = [BaseChange(table, f'{{"id":{n}}}', n.to_bytes(8, "big"),
+                        {"id": n, "g": n, "s": "x" * 200 + str(n % 50000)})
+             for n in range(200_000)]
+    with pytest.raises(ViewError) as raised:
+        state.apply(batch)
+    said = str(raised.value)
+    assert "ran out of memory (8MB" in said and "views.tight.memory_limit" in said, said
+    assert "schema" not in said and not state.rows() and not state.pending()
+    state.close()

@@ -369,8 +369,15 @@ class ViewState:
             self._q("BEGIN TRANSACTION")
             try:
                 result, recorded = self._apply(changes, defer)
-            except BaseException:
+            except BaseException as exc:
                 self._q("ROLLBACK")
+                if type(exc).__name__ == "OutOfMemoryException":  # duckdb's
+                    raise ViewError(
+                        f"view {self.plan.name}: its state ran out of memory "
+                        f"({self.plan.memory_limit}: {str(exc).splitlines()[0]})",
+                        f"raise views.{self.plan.name}.memory_limit (the views of one `cdc "
+                        "apply` add up) and run `cdc apply` again: the view resumes where it "
+                        "stopped") from None
                 raise
             self._q("COMMIT")
             self._lap(result, "commit")
@@ -429,6 +436,8 @@ class ViewState:
                 self._rank(fresh, upserts, deletes, full)
             newest = self._newest_position()
             self._lap(result, "diff")
+        except duckdb.OutOfMemoryException:
+            raise
         except duckdb.Error as exc:
             raise ViewError(f"view {self.plan.name}: its SQL failed on the state ({exc})",
                             "a base table's schema may have changed under the view (a dropped "
