@@ -263,10 +263,14 @@ def test_log_formats_and_lossy_modes_are_refused_with_the_reason() -> None:
     assert "fix: remove it, or set format: json" in str(raised.value)
 
 
-def test_a_views_time_zone_is_an_iana_name(tmp_path: Path) -> None:
-    view = ("followers:\n  lite: {kind: sql, url: 'sqlite:///x.db'}\nviews:\n  v:\n"
+#: a config's tail with one view ``v`` (into a SQLite follower)
+ONE_VIEW = ("followers:\n  lite: {kind: sql, url: 'sqlite:///x.db'}\nviews:\n  v:\n"
             "    source: shop\n    sql: SELECT o.id FROM orders o\n    key: [id]\n"
             "    followers: [lite]\n")
+
+
+def test_a_views_time_zone_is_an_iana_name(tmp_path: Path) -> None:
+    view = ONE_VIEW
     assert load_config(write(tmp_path, GOOD + view)).views["v"].time_zone == "UTC"
     config = load_config(write(tmp_path, GOOD + view + "    time_zone: Europe/Berlin\n"))
     assert config.views["v"].time_zone == "Europe/Berlin"
@@ -278,9 +282,7 @@ def test_a_views_time_zone_is_an_iana_name(tmp_path: Path) -> None:
 def test_a_views_memory_limit_is_an_amount_its_state_gets(tmp_path: Path) -> None:
     from views.types import set_up_state
 
-    view = ("followers:\n  lite: {kind: sql, url: 'sqlite:///x.db'}\nviews:\n  v:\n"
-            "    source: shop\n    sql: SELECT o.id FROM orders o\n    key: [id]\n"
-            "    followers: [lite]\n")
+    view = ONE_VIEW
     assert load_config(write(tmp_path, GOOD + view)).views["v"].memory_limit == "1GB"
     config = load_config(write(tmp_path, GOOD + view + "    memory_limit: 300MB\n"))
     import duckdb
