@@ -371,7 +371,9 @@ class ViewState:
                 result, recorded = self._apply(changes, defer)
             except BaseException as exc:
                 self._q("ROLLBACK")
-                if type(exc).__name__ == "OutOfMemoryException":  # duckdb's
+                import duckdb
+
+                if isinstance(exc, duckdb.OutOfMemoryException):
                     raise ViewError(
                         f"view {self.plan.name}: its state ran out of memory "
                         f"({self.plan.memory_limit}: {str(exc).splitlines()[0]})",
